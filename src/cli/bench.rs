@@ -1,0 +1,114 @@
+//! `strata bench`: prompt processing and generation speed, measured like llama-bench (pp: a batch of `-p`
+//! tokens from an empty cache; tg: `-n` tokens decoded one at a time from an empty cache; one warm-up run
+//! each, then `-r` timed repetitions, mean and standard deviation).
+
+use std::time::Instant;
+
+use clap::Args;
+use rand::{Rng, SeedableRng};
+
+use strata::model::Model;
+use strata::threadpool::ThreadPool;
+
+use super::{load, EngineArgs, ModelArgs};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens of the pp test (0 = skip)
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens of the tg test (0 = skip)
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Timed repetitions of each test
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub reps: u32,
+    /// Print one JSON object instead of a table
+    #[arg(long = "json")]
+    pub json: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+pub fn main(a: BenchArgs) -> anyhow::Result<()> {
+    let loaded = load(&a.model)?;
+    let model = &loaded.model;
+    let pool = a.engine.pool();
+    let ctx = (a.n_prompt.max(a.n_gen)).max(1);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let prompt: Vec<u32> = (0..a.n_prompt).map(|_| rng.gen_range(0..model.cfg.n_vocab as u32)).collect();
+
+    let pp = if a.n_prompt > 0 {
+        Some(measure(a.reps, || run_pp(model, &pool, &a.engine, &prompt, ctx), a.n_prompt)?)
+    } else {
+        None
+    };
+    let tg = if a.n_gen > 0 {
+        Some(measure(a.reps, || run_tg(model, &pool, &a.engine, a.n_gen, ctx), a.n_gen)?)
+    } else {
+        None
+    };
+    let name = loaded.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    if a.json {
+        let obj = serde_json::json!({
+            "model": name,
+            "threads": pool.n_threads(),
+            "kv": format!("{:?}", a.engine.kv).to_lowercase(),
+            "n_prompt": a.n_prompt,
+            "n_gen": a.n_gen,
+            "repetitions": a.reps,
+            "pp_tok_s": pp.map(|s| s.0),
+            "pp_tok_s_stddev": pp.map(|s| s.1),
+            "tg_tok_s": tg.map(|s| s.0),
+            "tg_tok_s_stddev": tg.map(|s| s.1),
+        });
+        println!("{obj}");
+    } else {
+        println!("| model | size | threads | kv | test | t/s |");
+        println!("| --- | ---: | ---: | --- | --- | ---: |");
+        let size = format!("{:.2} MiB", model.weight_bytes() as f64 / (1 << 20) as f64);
+        let kv = format!("{:?}", a.engine.kv).to_lowercase();
+        for (test, s) in [(format!("pp{}", a.n_prompt), pp), (format!("tg{}", a.n_gen), tg)] {
+            if let Some((mean, sd)) = s {
+                println!("| {name} | {size} | {} | {kv} | {test} | {mean:.2} ± {sd:.2} |", pool.n_threads());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One warm-up run, then `reps` timed runs of `f`; returns (mean, stddev) of tokens per second.
+fn measure(reps: u32, mut f: impl FnMut() -> anyhow::Result<f64>, n_tokens: usize) -> anyhow::Result<(f64, f64)> {
+    f()?;
+    let mut rates = Vec::new();
+    for _ in 0..reps {
+        let secs = f()?;
+        rates.push(n_tokens as f64 / secs);
+    }
+    let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+    let var = rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (rates.len().max(2) - 1) as f64;
+    Ok((mean, var.sqrt()))
+}
+
+fn run_pp(model: &Model, pool: &ThreadPool, e: &EngineArgs, prompt: &[u32], ctx: usize) -> anyhow::Result<f64> {
+    let mut kv = model.new_kv(e.kv, ctx)?;
+    let t = Instant::now();
+    for chunk in prompt.chunks(e.batch as usize) {
+        model.forward(pool, &mut kv, chunk, &[chunk.len() - 1])?;
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn run_tg(model: &Model, pool: &ThreadPool, e: &EngineArgs, n: usize, ctx: usize) -> anyhow::Result<f64> {
+    let mut kv = model.new_kv(e.kv, ctx)?;
+    let mut token = 1u32.min(model.cfg.n_vocab as u32 - 1);
+    let t = Instant::now();
+    for _ in 0..n {
+        let logits = model.forward(pool, &mut kv, &[token], &[0])?;
+        // Feed back the argmax so the work depends on the previous step, as in real decoding.
+        token = logits.row(0).iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32;
+    }
+    Ok(t.elapsed().as_secs_f64())
+}

@@ -1,0 +1,108 @@
+//! `strata chat`: a conversation with the model's own chat template, interactive or one turn.
+//!
+//! The live sequence stays between turns, so each turn reads only what the template added since the last
+//! one (the engine reuses the common prefix).
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use anyhow::Context;
+use clap::Args;
+
+use strata::engine::{generate, GenerateParams, Sequence};
+use strata::tokenizer::{ChatMessage, ChatTemplate};
+
+use super::{load, EngineArgs, ModelArgs, SamplingArgs};
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Send this one message, print the reply and exit
+    #[arg(long = "message")]
+    pub message: Option<String>,
+    /// A system message at the start of the conversation
+    #[arg(long = "system")]
+    pub system: Option<String>,
+    /// Most tokens per reply
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+    pub n_predict: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+pub fn main(a: ChatArgs) -> anyhow::Result<()> {
+    let sampler = a.sampling.config()?;
+    let loaded = load(&a.model)?;
+    let template = ChatTemplate::from_gguf(&loaded.model.file).context("cannot read the chat template")?;
+    let pool = a.engine.pool();
+    let mut seq = Sequence::new(&loaded.model, a.engine.kv, a.engine.context(&loaded.model))?;
+    let mut history: Vec<ChatMessage> = Vec::new();
+    if let Some(s) = &a.system {
+        history.push(ChatMessage { role: "system".into(), content: s.clone() });
+    }
+    let params = GenerateParams {
+        max_tokens: a.n_predict,
+        sampler,
+        ignore_eos: false,
+        stop: a.sampling.stop.clone(),
+        top_logprobs: 0,
+        batch: a.engine.batch as usize,
+    };
+    let interactive = a.message.is_none() && std::io::stdin().is_terminal();
+    if interactive {
+        eprintln!("strata chat: {} (Ctrl-D to quit, /reset to start over)", loaded.path.display());
+    }
+    let mut one = a.message.clone();
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        let user = match one.take() {
+            Some(m) => m,
+            None if a.message.is_some() => break,
+            None => {
+                if interactive {
+                    eprint!("> ");
+                    let _ = std::io::stderr().flush();
+                }
+                match lines.next() {
+                    Some(line) => line.context("cannot read from standard input")?,
+                    None => break,
+                }
+            }
+        };
+        if user.trim() == "/reset" {
+            history.retain(|m| m.role == "system");
+            seq.clear();
+            continue;
+        }
+        if user.trim().is_empty() {
+            continue;
+        }
+        history.push(ChatMessage { role: "user".into(), content: user });
+        let rendered = template.render(&history, true)?;
+        let prompt = super::tokenize_prompt_templated(&loaded.tokenizer, &rendered);
+        let stdout = std::io::stdout();
+        let g = generate(&loaded.model, &loaded.tokenizer, &pool, &mut seq, &prompt, &params, |t| {
+            let mut o = stdout.lock();
+            let _ = o.write_all(t.as_bytes());
+            let _ = o.flush();
+        });
+        let g = match g {
+            Ok(g) => g,
+            Err(e) => {
+                // The conversation survives a failed turn: drop the message and report.
+                history.pop();
+                if a.message.is_some() {
+                    return Err(e).context("generation failed");
+                }
+                eprintln!("strata: error: {e}");
+                continue;
+            }
+        };
+        println!();
+        history.push(ChatMessage { role: "assistant".into(), content: g.text.trim().to_owned() });
+    }
+    Ok(())
+}

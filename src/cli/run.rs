@@ -1,0 +1,85 @@
+//! `strata run`: one raw prompt, one continuation, as text or as one JSON object.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::Args;
+
+use strata::engine::{generate, GenerateParams, Sequence};
+
+use super::{load, tokenize_prompt, EngineArgs, ModelArgs, SamplingArgs};
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt, sent raw (special tokens such as <|im_start|> are parsed)
+    #[arg(short = 'p', long = "prompt")]
+    pub prompt: String,
+    /// Most tokens to generate
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n_predict: usize,
+    /// Do not stop at end-of-generation tokens (they are never sampled)
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
+    /// Print one JSON object: {"text", "tokens", "prompt_tokens", "top_logprobs"}
+    #[arg(long = "json")]
+    pub json: bool,
+    /// With --json: the K most likely tokens and their log-probabilities at every step
+    #[arg(long = "top-logprobs", value_name = "K", default_value_t = 0)]
+    pub top_logprobs: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+pub fn main(a: RunArgs) -> anyhow::Result<()> {
+    let sampler = a.sampling.config()?;
+    let loaded = load(&a.model)?;
+    let pool = a.engine.pool();
+    let prompt = tokenize_prompt(&loaded.tokenizer, &a.prompt);
+    let mut seq = Sequence::new(&loaded.model, a.engine.kv, a.engine.context(&loaded.model))?;
+    let params = GenerateParams {
+        max_tokens: a.n_predict,
+        sampler,
+        ignore_eos: a.ignore_eos,
+        stop: a.sampling.stop.clone(),
+        top_logprobs: a.top_logprobs,
+        batch: a.engine.batch as usize,
+    };
+    let stdout = std::io::stdout();
+    let json = a.json;
+    let g = generate(&loaded.model, &loaded.tokenizer, &pool, &mut seq, &prompt, &params, |text| {
+        if !json {
+            let mut out = stdout.lock();
+            let _ = out.write_all(text.as_bytes());
+            let _ = out.flush();
+        }
+    })
+    .context("generation failed")?;
+    if json {
+        let obj = serde_json::json!({
+            "text": g.text,
+            "tokens": g.tokens,
+            "prompt_tokens": g.prompt_tokens,
+            "top_logprobs": g.top_logprobs,
+            "stop_reason": g.stop_reason,
+            "prompt_ms": g.prompt_ms,
+            "gen_ms": g.gen_ms,
+        });
+        println!("{obj}");
+    } else {
+        println!();
+        eprintln!(
+            "strata: prompt {} tokens in {:.0} ms ({:.1} tok/s), {} generated in {:.0} ms ({:.1} tok/s)",
+            g.prompt_tokens,
+            g.prompt_ms,
+            g.prompt_tokens as f64 / (g.prompt_ms / 1e3),
+            g.tokens.len(),
+            g.gen_ms,
+            g.tokens.len() as f64 / (g.gen_ms / 1e3).max(1e-9),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! The request loop of one sequence: reuse of a cached prefix, prompt processing in chunks, decoding with a
+//! sampler, stop conditions, and the timings of each phase.
+//!
+//! It owns no model state beyond the live sequence (tokens + KV cache); the model is shared and immutable.
+
+use std::time::Instant;
+
+use crate::model::{KvCache, KvType, Model, ModelError};
+use crate::sample::{log_softmax_top_k, Sampler, SamplerConfig, StopCheck, StopStrings};
+use crate::threadpool::ThreadPool;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// Default tokens per prompt-processing batch.
+pub const DEFAULT_BATCH: usize = 512;
+
+/// A live sequence: the tokens whose K and V rows are in `kv`.
+pub struct Sequence {
+    pub tokens: Vec<u32>,
+    pub kv: KvCache,
+}
+
+impl Sequence {
+    pub fn new(model: &Model, kv_type: KvType, max_tokens: usize) -> Result<Sequence, ModelError> {
+        Ok(Sequence { tokens: Vec::new(), kv: model.new_kv(kv_type, max_tokens)? })
+    }
+
+    /// Forgets every token.
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.kv.truncate(0);
+    }
+}
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    pub max_tokens: usize,
+    pub sampler: SamplerConfig,
+    /// Never stop at (nor sample) end-of-generation tokens.
+    pub ignore_eos: bool,
+    pub stop: Vec<String>,
+    /// Record the k most likely tokens with log-probabilities at every step (0 = off).
+    pub top_logprobs: usize,
+    pub batch: usize,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        GenerateParams {
+            max_tokens: 128,
+            sampler: SamplerConfig::default(),
+            ignore_eos: false,
+            stop: Vec::new(),
+            top_logprobs: 0,
+            batch: DEFAULT_BATCH,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// An end-of-generation token.
+    Eog,
+    /// A stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The context is full.
+    Context,
+}
+
+/// The result of one generation.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    pub stop_reason: StopReason,
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose state came from the live sequence instead of being read.
+    pub reused_tokens: usize,
+    pub prompt_ms: f64,
+    pub gen_ms: f64,
+}
+
+/// Reads `prompt` into `seq`, reusing the longest common prefix with what `seq` holds; returns the logits of
+/// the last prompt position and how many tokens were reused.
+pub fn prefill(
+    model: &Model,
+    pool: &ThreadPool,
+    seq: &mut Sequence,
+    prompt: &[u32],
+    batch: usize,
+) -> Result<(Vec<f32>, usize), EngineError> {
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    if prompt.len() > seq.kv.max_tokens {
+        return Err(ModelError::ContextOverflow { needed: prompt.len(), max: seq.kv.max_tokens }.into());
+    }
+    let common = seq.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    // At least the last prompt token is read again: its logits are needed.
+    let reused = common.min(prompt.len() - 1);
+    seq.tokens.truncate(reused);
+    seq.kv.truncate(reused);
+    let rest = &prompt[reused..];
+    let mut last = Vec::new();
+    for chunk in rest.chunks(batch.max(1)) {
+        let logits = model.forward(pool, &mut seq.kv, chunk, &[chunk.len() - 1])?;
+        seq.tokens.extend_from_slice(chunk);
+        last = logits.data;
+    }
+    Ok((last, reused))
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+}
+
+/// Generates after `prompt`: prefill (reusing `seq`'s common prefix), then decode until a stop condition.
+/// `on_text` receives the text as it is produced (never a split UTF-8 character, never part of a stop
+/// string).
+pub fn generate(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    pool: &ThreadPool,
+    seq: &mut Sequence,
+    prompt: &[u32],
+    params: &GenerateParams,
+    mut on_text: impl FnMut(&str),
+) -> Result<Generation, EngineError> {
+    let t0 = Instant::now();
+    let (mut logits, reused) = prefill(model, pool, seq, prompt, params.batch)?;
+    let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    let t1 = Instant::now();
+    let mut sampler = Sampler::new(params.sampler.clone());
+    let eog = tokenizer.eog_ids();
+    let banned: Vec<u32> = if params.ignore_eos { eog.to_vec() } else { Vec::new() };
+    let mut stream = StreamDecoder::new();
+    let stops = StopStrings::new(params.stop.iter().cloned());
+    let mut out = Generation {
+        tokens: Vec::new(),
+        text: String::new(),
+        top_logprobs: Vec::new(),
+        stop_reason: StopReason::Length,
+        prompt_tokens: prompt.len(),
+        reused_tokens: reused,
+        prompt_ms,
+        gen_ms: 0.0,
+    };
+    let mut emitted = 0; // bytes of out.text already passed to on_text
+    while out.tokens.len() < params.max_tokens {
+        if params.top_logprobs > 0 {
+            out.top_logprobs.push(log_softmax_top_k(&logits, params.top_logprobs));
+        }
+        let id = sampler.sample(&logits, &seq.tokens, &banned);
+        out.tokens.push(id);
+        if !params.ignore_eos && eog.contains(&id) {
+            out.stop_reason = StopReason::Eog;
+            break;
+        }
+        out.text.push_str(&stream.push(tokenizer, id));
+        let held_back = match stops.check(&out.text) {
+            StopCheck::Stop { cut_at } => {
+                out.text.truncate(cut_at);
+                out.stop_reason = StopReason::Stop;
+                break;
+            }
+            StopCheck::Continue { held_back_bytes } => held_back_bytes,
+        };
+        let safe = out.text.len() - held_back;
+        if safe > emitted {
+            on_text(&out.text[emitted..safe]);
+            emitted = safe;
+        }
+        if out.tokens.len() >= params.max_tokens {
+            break;
+        }
+        if seq.kv.len() >= seq.kv.max_tokens {
+            out.stop_reason = StopReason::Context;
+            break;
+        }
+        let l = model.forward(pool, &mut seq.kv, &[id], &[0])?;
+        seq.tokens.push(id);
+        logits = l.data;
+    }
+    if out.stop_reason != StopReason::Stop {
+        out.text.push_str(&stream.finish());
+    }
+    if out.text.len() > emitted {
+        on_text(&out.text[emitted..]);
+    }
+    out.gen_ms = t1.elapsed().as_secs_f64() * 1e3;
+    Ok(out)
+}

@@ -1,0 +1,73 @@
+//! Errors of the GGUF reader: what went wrong and where in the file.
+
+use std::path::PathBuf;
+
+/// A GGUF file could not be read. `offset` is the byte offset in the file where the problem was found.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind} (at byte offset {offset})")]
+pub struct GgufError {
+    pub kind: GgufErrorKind,
+    pub offset: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GgufErrorKind {
+    #[error("cannot open {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("not a GGUF file: magic is {found:?}, expected \"GGUF\"")]
+    BadMagic { found: [u8; 4] },
+    #[error("unsupported GGUF version {0} (supported: 2 and 3)")]
+    UnsupportedVersion(u32),
+    #[error("file is truncated: needed {needed} bytes for {what}, only {available} left")]
+    Truncated {
+        what: &'static str,
+        needed: u64,
+        available: u64,
+    },
+    #[error("unknown metadata value type {0}")]
+    UnknownValueType(u32),
+    #[error("string is not valid UTF-8 ({what})")]
+    BadUtf8 { what: &'static str },
+    #[error("{what} is too large: {value}")]
+    TooLarge { what: &'static str, value: u64 },
+    #[error("metadata arrays nested deeper than {0} levels")]
+    TooDeep(usize),
+    #[error("duplicate {what} {name:?}")]
+    Duplicate { what: &'static str, name: String },
+    #[error("tensor {name:?} has unknown tensor type {type_id}")]
+    UnknownTensorType { name: String, type_id: u32 },
+    #[error("tensor {name:?} has {n_dims} dimensions (at most 4 are allowed)")]
+    BadDims { name: String, n_dims: u32 },
+    #[error("tensor {name:?}: shape {dims:?} does not fit type {ty} (rows must be whole blocks; size must not overflow)")]
+    BadShape {
+        name: String,
+        dims: Vec<u64>,
+        ty: crate::quant::GgmlType,
+    },
+    #[error("tensor {name:?}: data offset {offset} is not a multiple of the alignment {alignment}")]
+    Misaligned {
+        name: String,
+        offset: u64,
+        alignment: u64,
+    },
+    #[error("tensor {name:?}: data [{start}, {end}) lies outside the file's {file_bytes} bytes")]
+    DataOutOfBounds {
+        name: String,
+        start: u64,
+        end: u64,
+        file_bytes: u64,
+    },
+    #[error("general.alignment {0} is not a power of two")]
+    BadAlignment(u64),
+}
+
+impl GgufError {
+    pub(crate) fn new(kind: GgufErrorKind, offset: u64) -> Self {
+        GgufError { kind, offset }
+    }
+}

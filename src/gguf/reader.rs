@@ -1,0 +1,360 @@
+//! Parsing of a GGUF file (v2 and v3) from a memory map: header, metadata, tensor index, and bounds checks
+//! of every tensor's data against the file.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::error::{GgufError, GgufErrorKind};
+use super::value::{GgufArray, GgufValue, GgufValueType};
+use super::{DEFAULT_ALIGNMENT, GGUF_MAGIC};
+use crate::quant::GgmlType;
+
+/// Arrays nested deeper than this are refused (real files use depth 1).
+const MAX_NESTING: usize = 8;
+/// No single string may exceed this (the longest real ones are chat templates of a few KiB).
+const MAX_STRING_BYTES: u64 = 256 << 20;
+
+/// One tensor of the index.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Dimensions in ggml order: `dims[0]` is the row length (the contiguous one).
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+    /// Offset of the data from the start of the file.
+    pub file_offset: u64,
+    /// Bytes of the data.
+    pub n_bytes: u64,
+}
+
+impl TensorInfo {
+    /// Number of values.
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+    /// Number of rows (all dimensions but the first).
+    pub fn n_rows(&self) -> u64 {
+        self.dims.iter().skip(1).product()
+    }
+}
+
+/// The backing bytes of a GGUF file: a memory map, or an owned buffer (tests, fuzzing).
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+/// An open, validated GGUF file.
+pub struct GgufFile {
+    bytes: Bytes,
+    pub version: u32,
+    pub alignment: u64,
+    /// Metadata in file order.
+    pub metadata: Vec<(String, GgufValue)>,
+    index: HashMap<String, usize>,
+    pub tensors: Vec<TensorInfo>,
+    tensor_index: HashMap<String, usize>,
+    /// Offset of the tensor data section.
+    pub data_offset: u64,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("version", &self.version)
+            .field("n_metadata", &self.metadata.len())
+            .field("n_tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+impl GgufFile {
+    /// Opens and validates the file at `path` (memory-mapped; nothing is copied).
+    pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
+        let io = |source| GgufError::new(GgufErrorKind::Io { path: path.to_path_buf(), source }, 0);
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: the map is read-only. Strata never writes model files; a file changed by another
+        // process while mapped is outside what any mmap-based loader can defend against.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        Self::parse(Bytes::Mapped(map))
+    }
+
+    /// Parses a GGUF image held in memory.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
+        Self::parse(Bytes::Owned(bytes))
+    }
+
+    fn data(&self) -> &[u8] {
+        match &self.bytes {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+
+    fn parse(bytes: Bytes) -> Result<GgufFile, GgufError> {
+        let buf: &[u8] = match &bytes {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        };
+        let mut r = Cursor { buf, pos: 0 };
+        let magic_bytes = r.take(4, "magic")?;
+        let magic: [u8; 4] = [magic_bytes[0], magic_bytes[1], magic_bytes[2], magic_bytes[3]];
+        if magic != GGUF_MAGIC {
+            return Err(GgufError::new(GgufErrorKind::BadMagic { found: magic }, 0));
+        }
+        let version = r.u32("version")?;
+        if version != 2 && version != 3 {
+            return Err(GgufError::new(GgufErrorKind::UnsupportedVersion(version), 4));
+        }
+        let n_tensors_at = r.pos as u64;
+        let n_tensors = r.u64("tensor count")?;
+        let n_kv_at = r.pos as u64;
+        let n_kv = r.u64("metadata count")?;
+        // Each key-value pair needs at least 8 (key length) + 4 (type) + 1 bytes; each tensor info at
+        // least 8 + 4 + 4 + 8. A count that cannot fit in the rest of the file is refused before allocating.
+        r.check_count(n_kv, 13, "metadata count", n_kv_at)?;
+        r.check_count(n_tensors, 24, "tensor count", n_tensors_at)?;
+
+        let mut metadata = Vec::with_capacity(n_kv as usize);
+        let mut index = HashMap::with_capacity(n_kv as usize);
+        for _ in 0..n_kv {
+            let key_at = r.pos as u64;
+            let key = r.string("metadata key")?;
+            let ty_at = r.pos as u64;
+            let ty = r.u32("metadata value type")?;
+            let ty = GgufValueType::from_u32(ty)
+                .ok_or_else(|| GgufError::new(GgufErrorKind::UnknownValueType(ty), ty_at))?;
+            let value = r.value(ty, 0)?;
+            if index.insert(key.clone(), metadata.len()).is_some() {
+                return Err(GgufError::new(GgufErrorKind::Duplicate { what: "metadata key", name: key }, key_at));
+            }
+            metadata.push((key, value));
+        }
+
+        let alignment = match index.get("general.alignment").map(|&i| &metadata[i].1) {
+            None => DEFAULT_ALIGNMENT,
+            Some(v) => {
+                let a = v.as_u64().unwrap_or(0);
+                if a == 0 || !a.is_power_of_two() {
+                    return Err(GgufError::new(GgufErrorKind::BadAlignment(a), n_kv_at));
+                }
+                a
+            }
+        };
+
+        struct Raw {
+            name: String,
+            dims: Vec<u64>,
+            ty: GgmlType,
+            rel_offset: u64,
+            n_bytes: u64,
+            at: u64,
+        }
+        let mut raws = Vec::with_capacity(n_tensors as usize);
+        let mut tensor_index = HashMap::with_capacity(n_tensors as usize);
+        for i in 0..n_tensors as usize {
+            let at = r.pos as u64;
+            let name = r.string("tensor name")?;
+            let n_dims = r.u32("tensor dimension count")?;
+            if n_dims == 0 || n_dims > 4 {
+                return Err(GgufError::new(GgufErrorKind::BadDims { name, n_dims }, at));
+            }
+            let mut dims = Vec::with_capacity(n_dims as usize);
+            for _ in 0..n_dims {
+                dims.push(r.u64("tensor dimension")?);
+            }
+            let ty_at = r.pos as u64;
+            let type_id = r.u32("tensor type")?;
+            let ty = GgmlType::from_id(type_id)
+                .ok_or_else(|| GgufError::new(GgufErrorKind::UnknownTensorType { name: name.clone(), type_id }, ty_at))?;
+            let rel_offset = r.u64("tensor data offset")?;
+            let n_bytes = tensor_bytes(ty, &dims)
+                .ok_or_else(|| GgufError::new(GgufErrorKind::BadShape { name: name.clone(), dims: dims.clone(), ty }, at))?;
+            if rel_offset % alignment != 0 {
+                return Err(GgufError::new(
+                    GgufErrorKind::Misaligned { name, offset: rel_offset, alignment },
+                    at,
+                ));
+            }
+            if tensor_index.insert(name.clone(), i).is_some() {
+                return Err(GgufError::new(GgufErrorKind::Duplicate { what: "tensor name", name }, at));
+            }
+            raws.push(Raw { name, dims, ty, rel_offset, n_bytes, at });
+        }
+
+        let data_offset = align_up(r.pos as u64, alignment);
+        let file_bytes = buf.len() as u64;
+        let mut tensors = Vec::with_capacity(raws.len());
+        for raw in raws {
+            let start = data_offset.checked_add(raw.rel_offset);
+            let end = start.and_then(|s| s.checked_add(raw.n_bytes));
+            match (start, end) {
+                (Some(start), Some(end)) if end <= file_bytes => tensors.push(TensorInfo {
+                    name: raw.name,
+                    dims: raw.dims,
+                    ty: raw.ty,
+                    file_offset: start,
+                    n_bytes: raw.n_bytes,
+                }),
+                _ => {
+                    return Err(GgufError::new(
+                        GgufErrorKind::DataOutOfBounds {
+                            name: raw.name,
+                            start: start.unwrap_or(u64::MAX),
+                            end: end.unwrap_or(u64::MAX),
+                            file_bytes,
+                        },
+                        raw.at,
+                    ))
+                }
+            }
+        }
+        Ok(GgufFile { bytes, version, alignment, metadata, index, tensors, tensor_index, data_offset })
+    }
+
+    /// The metadata value under `key`.
+    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    /// The tensor named `name`.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The data bytes of `t` (bounds were checked when the file was opened).
+    pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        &self.data()[t.file_offset as usize..(t.file_offset + t.n_bytes) as usize]
+    }
+
+    /// Total size of the file in bytes.
+    pub fn file_bytes(&self) -> u64 {
+        self.data().len() as u64
+    }
+
+    /// Advises the kernel that all tensor data will be read soon (a faster first pass over the weights).
+    pub fn advise_willneed(&self) {
+        #[cfg(unix)]
+        if let Bytes::Mapped(m) = &self.bytes {
+            let _ = m.advise(memmap2::Advice::WillNeed);
+        }
+    }
+}
+
+/// Bytes of a tensor of type `ty` and dimensions `dims`, or `None` when rows are not whole blocks or the
+/// size overflows.
+fn tensor_bytes(ty: GgmlType, dims: &[u64]) -> Option<u64> {
+    let row = ty.row_bytes(*dims.first()?)?;
+    dims[1..].iter().try_fold(row, |acc, &d| acc.checked_mul(d))
+}
+
+fn align_up(x: u64, alignment: u64) -> u64 {
+    x.div_ceil(alignment) * alignment
+}
+
+/// A bounds-checked reader over the file's bytes.
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn remaining(&self) -> u64 {
+        (self.buf.len() - self.pos) as u64
+    }
+
+    fn take(&mut self, n: u64, what: &'static str) -> Result<&'a [u8], GgufError> {
+        if n > self.remaining() {
+            return Err(GgufError::new(
+                GgufErrorKind::Truncated { what, needed: n, available: self.remaining() },
+                self.pos as u64,
+            ));
+        }
+        let s = &self.buf[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], GgufError> {
+        let s = self.take(N as u64, what)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+
+    fn u32(&mut self, what: &'static str) -> Result<u32, GgufError> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    fn u64(&mut self, what: &'static str) -> Result<u64, GgufError> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    /// Refuses a count of items of at least `min_item_bytes` each that cannot fit in the rest of the file.
+    fn check_count(&self, count: u64, min_item_bytes: u64, what: &'static str, at: u64) -> Result<(), GgufError> {
+        match count.checked_mul(min_item_bytes) {
+            Some(need) if need <= self.remaining() => Ok(()),
+            _ => Err(GgufError::new(GgufErrorKind::TooLarge { what, value: count }, at)),
+        }
+    }
+
+    fn string(&mut self, what: &'static str) -> Result<String, GgufError> {
+        let at = self.pos as u64;
+        let len = self.u64(what)?;
+        if len > MAX_STRING_BYTES {
+            return Err(GgufError::new(GgufErrorKind::TooLarge { what: "string length", value: len }, at));
+        }
+        let bytes = self.take(len, what)?;
+        match std::str::from_utf8(bytes) {
+            Ok(s) => Ok(s.to_owned()),
+            Err(_) => Err(GgufError::new(GgufErrorKind::BadUtf8 { what }, at + 8)),
+        }
+    }
+
+    fn value(&mut self, ty: GgufValueType, depth: usize) -> Result<GgufValue, GgufError> {
+        const W: &str = "metadata value";
+        Ok(match ty {
+            GgufValueType::U8 => GgufValue::U8(self.array::<1>(W)?[0]),
+            GgufValueType::I8 => GgufValue::I8(self.array::<1>(W)?[0] as i8),
+            GgufValueType::U16 => GgufValue::U16(u16::from_le_bytes(self.array(W)?)),
+            GgufValueType::I16 => GgufValue::I16(i16::from_le_bytes(self.array(W)?)),
+            GgufValueType::U32 => GgufValue::U32(u32::from_le_bytes(self.array(W)?)),
+            GgufValueType::I32 => GgufValue::I32(i32::from_le_bytes(self.array(W)?)),
+            GgufValueType::F32 => GgufValue::F32(f32::from_le_bytes(self.array(W)?)),
+            GgufValueType::U64 => GgufValue::U64(u64::from_le_bytes(self.array(W)?)),
+            GgufValueType::I64 => GgufValue::I64(i64::from_le_bytes(self.array(W)?)),
+            GgufValueType::F64 => GgufValue::F64(f64::from_le_bytes(self.array(W)?)),
+            GgufValueType::Bool => {
+                let at = self.pos as u64;
+                match self.array::<1>(W)?[0] {
+                    0 => GgufValue::Bool(false),
+                    1 => GgufValue::Bool(true),
+                    b => return Err(GgufError::new(GgufErrorKind::TooLarge { what: "bool value", value: b as u64 }, at)),
+                }
+            }
+            GgufValueType::String => GgufValue::String(self.string("metadata string")?),
+            GgufValueType::Array => {
+                let at = self.pos as u64;
+                if depth >= MAX_NESTING {
+                    return Err(GgufError::new(GgufErrorKind::TooDeep(MAX_NESTING), at));
+                }
+                let elem = self.u32("array element type")?;
+                let elem_type = GgufValueType::from_u32(elem)
+                    .ok_or_else(|| GgufError::new(GgufErrorKind::UnknownValueType(elem), at))?;
+                let len_at = self.pos as u64;
+                let len = self.u64("array length")?;
+                let min_bytes = match elem_type {
+                    GgufValueType::String => 8,
+                    GgufValueType::Array => 12,
+                    t => t.fixed_bytes().unwrap_or(1),
+                };
+                self.check_count(len, min_bytes, "array length", len_at)?;
+                let mut values = Vec::with_capacity(len as usize);
+                for _ in 0..len {
+                    values.push(self.value(elem_type, depth + 1)?);
+                }
+                GgufValue::Array(GgufArray { elem_type, values })
+            }
+        })
+    }
+}

@@ -1,0 +1,149 @@
+//! A GGUF writer: metadata and tensors into a byte image. Test code and `strata`'s synthetic-model tool use
+//! it to make small models with random weights; it is the inverse of the reader.
+
+use super::value::{GgufValue, GgufValueType};
+use super::GGUF_MAGIC;
+use crate::quant::GgmlType;
+
+/// A GGUF image under construction.
+#[derive(Default)]
+pub struct GgufWriter {
+    metadata: Vec<(String, GgufValue)>,
+    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+    alignment: u64,
+}
+
+impl GgufWriter {
+    pub fn new() -> Self {
+        GgufWriter { metadata: Vec::new(), tensors: Vec::new(), alignment: super::DEFAULT_ALIGNMENT }
+    }
+
+    pub fn set(&mut self, key: &str, value: GgufValue) -> &mut Self {
+        if key == "general.alignment" {
+            if let Some(a) = value.as_u64() {
+                self.alignment = a.max(1);
+            }
+        }
+        self.metadata.retain(|(k, _)| k != key);
+        self.metadata.push((key.to_owned(), value));
+        self
+    }
+
+    /// Adds a tensor with ggml dimensions `dims` (row length first) and its raw data.
+    pub fn add_tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> &mut Self {
+        self.tensors.push((name.to_owned(), dims.to_vec(), ty, data));
+        self
+    }
+
+    /// The file image, in GGUF `version` (2 or 3; they share a layout).
+    pub fn to_bytes(&self, version: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&GGUF_MAGIC);
+        out.extend_from_slice(&version.to_le_bytes());
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
+        for (k, v) in &self.metadata {
+            put_str(&mut out, k);
+            out.extend_from_slice(&(value_type(v) as u32).to_le_bytes());
+            put_value(&mut out, v);
+        }
+        let mut offset = 0u64;
+        let mut offsets = Vec::new();
+        for (name, dims, ty, data) in &self.tensors {
+            put_str(&mut out, name);
+            out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            for d in dims {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            out.extend_from_slice(&ty.id().to_le_bytes());
+            out.extend_from_slice(&offset.to_le_bytes());
+            offsets.push(offset);
+            offset = (offset + data.len() as u64).div_ceil(self.alignment) * self.alignment;
+        }
+        let pad = |out: &mut Vec<u8>, a: u64| {
+            while out.len() as u64 % a != 0 {
+                out.push(0);
+            }
+        };
+        pad(&mut out, self.alignment);
+        let base = out.len() as u64;
+        for ((_, _, _, data), off) in self.tensors.iter().zip(offsets) {
+            out.resize((base + off) as usize, 0);
+            out.extend_from_slice(data);
+        }
+        pad(&mut out, self.alignment);
+        out
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn value_type(v: &GgufValue) -> GgufValueType {
+    match v {
+        GgufValue::U8(_) => GgufValueType::U8,
+        GgufValue::I8(_) => GgufValueType::I8,
+        GgufValue::U16(_) => GgufValueType::U16,
+        GgufValue::I16(_) => GgufValueType::I16,
+        GgufValue::U32(_) => GgufValueType::U32,
+        GgufValue::I32(_) => GgufValueType::I32,
+        GgufValue::F32(_) => GgufValueType::F32,
+        GgufValue::Bool(_) => GgufValueType::Bool,
+        GgufValue::String(_) => GgufValueType::String,
+        GgufValue::Array(_) => GgufValueType::Array,
+        GgufValue::U64(_) => GgufValueType::U64,
+        GgufValue::I64(_) => GgufValueType::I64,
+        GgufValue::F64(_) => GgufValueType::F64,
+    }
+}
+
+fn put_value(out: &mut Vec<u8>, v: &GgufValue) {
+    match v {
+        GgufValue::U8(x) => out.push(*x),
+        GgufValue::I8(x) => out.push(*x as u8),
+        GgufValue::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::Bool(x) => out.push(*x as u8),
+        GgufValue::String(s) => put_str(out, s),
+        GgufValue::Array(a) => {
+            out.extend_from_slice(&(a.elem_type as u32).to_le_bytes());
+            out.extend_from_slice(&(a.values.len() as u64).to_le_bytes());
+            for x in &a.values {
+                put_value(out, x);
+            }
+        }
+        GgufValue::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+    }
+}
+
+/// Shorthands for building metadata values.
+impl GgufValue {
+    pub fn str(s: &str) -> GgufValue {
+        GgufValue::String(s.to_owned())
+    }
+    pub fn strs<S: AsRef<str>>(items: &[S]) -> GgufValue {
+        GgufValue::Array(super::GgufArray {
+            elem_type: GgufValueType::String,
+            values: items.iter().map(|s| GgufValue::str(s.as_ref())).collect(),
+        })
+    }
+    pub fn f32s(items: &[f32]) -> GgufValue {
+        GgufValue::Array(super::GgufArray {
+            elem_type: GgufValueType::F32,
+            values: items.iter().map(|&x| GgufValue::F32(x)).collect(),
+        })
+    }
+    pub fn i32s(items: &[i32]) -> GgufValue {
+        GgufValue::Array(super::GgufArray {
+            elem_type: GgufValueType::I32,
+            values: items.iter().map(|&x| GgufValue::I32(x)).collect(),
+        })
+    }
+}

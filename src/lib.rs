@@ -1,0 +1,13 @@
+//! Strata: run large language models locally. The engine library behind the `strata` binary.
+//!
+//! Module map (see docs/ARCHITECTURE.md): `gguf` reads model files, `quant` holds the block formats and
+//! their arithmetic, `tokenizer` turns text into tokens and back (and renders chat templates), `model`
+//! holds the architecture and the forward pass, `sample` picks tokens, `engine` runs requests.
+
+pub mod gguf;
+pub mod quant;
+pub mod threadpool;
+pub mod model;
+pub mod tokenizer;
+pub mod sample;
+pub mod engine;

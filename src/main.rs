@@ -1,0 +1,58 @@
+//! The `strata` command line: glue over the library. Each subcommand lives in `cli/`.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "strata",
+    version,
+    about = "Run large language models locally (GGUF models on the CPU; GPUs and layer split to come)",
+    long_about = "Strata runs GGUF language models on your own machine.\n\nWith no -m, the default model \
+                  (SmolLM2-135M-Instruct Q4_1, fetched by scripts/fetch-model) is used; STRATA_MODEL overrides it."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a continuation of a raw prompt (special tokens parsed, the model's BOS rule).
+    Run(cli::run::RunArgs),
+    /// Chat with the model using its chat template (interactive, or one turn with --message).
+    Chat(cli::chat::ChatArgs),
+    /// Print the token ids of a text.
+    Tokenize(cli::tokenize::TokenizeArgs),
+    /// Perplexity of a text file, by llama.cpp's procedure (chunks of -c tokens, second halves scored).
+    Perplexity(cli::perplexity::PerplexityArgs),
+    /// Prompt-processing and generation speed, like llama-bench.
+    Bench(cli::bench::BenchArgs),
+    /// Model metadata, tensor types and the memory needed at a context size.
+    Info(cli::info::InfoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => return cli::report_usage_error(e),
+    };
+    let result = match cli.command {
+        Command::Run(a) => cli::run::main(a),
+        Command::Chat(a) => cli::chat::main(a),
+        Command::Tokenize(a) => cli::tokenize::main(a),
+        Command::Perplexity(a) => cli::perplexity::main(a),
+        Command::Bench(a) => cli::bench::main(a),
+        Command::Info(a) => cli::info::main(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("strata: error: {}", cli::one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}

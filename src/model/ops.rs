@@ -1,0 +1,252 @@
+//! The CPU arithmetic of the forward pass that is not a matrix product: RMSNorm, RoPE, SwiGLU, attention,
+//! and the threaded matrix products over quantized weights.
+//!
+//! Batch invariance is this module's promise: every value for a token is computed by the same operations in
+//! the same order whatever the batch it came in, so logits are bit-identical whether a prompt is read in one
+//! batch, in chunks, or token by token. Threads split rows or (token, head) pairs, never a reduction.
+
+use crate::quant;
+use crate::threadpool::{split_range, ThreadPool};
+
+use super::config::RopeKind;
+use super::kv::{KvCache, KvRows};
+use super::weights::QTensor;
+
+/// A raw view of a mutable slice shared by threads that write disjoint elements.
+#[derive(Clone, Copy)]
+pub struct SharedMut<T> {
+    ptr: *mut T,
+    len: usize,
+}
+// SAFETY: users write disjoint indices from different threads (asserted by construction at each use).
+unsafe impl<T> Send for SharedMut<T> {}
+unsafe impl<T> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    pub fn new(s: &mut [T]) -> Self {
+        SharedMut { ptr: s.as_mut_ptr(), len: s.len() }
+    }
+    /// The sub-slice `start..start + len`.
+    ///
+    /// # Safety
+    /// No two threads may hold overlapping sub-slices at the same time.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
+        assert!(start + len <= self.len);
+        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
+    }
+}
+
+/// `out = x / rms(x) * w`, with the mean of squares summed in f64 as ggml does.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = (v * scale) * g;
+    }
+}
+
+/// Cos/sin of every rotated pair at one position: `(cos, sin)` for `rope_dims / 2` pairs.
+pub fn rope_table(pos: usize, rope_dims: usize, base: f32) -> Vec<(f32, f32)> {
+    // ggml advances theta by repeated multiplication; doing the same keeps us close to llama.cpp.
+    let theta_scale = base.powf(-2.0 / rope_dims as f32);
+    let mut theta = pos as f32;
+    (0..rope_dims / 2)
+        .map(|_| {
+            let cs = (theta.cos(), theta.sin());
+            theta *= theta_scale;
+            cs
+        })
+        .collect()
+}
+
+/// Rotates one head's vector in place.
+pub fn rope_apply(x: &mut [f32], table: &[(f32, f32)], kind: RopeKind) {
+    let n = table.len();
+    for (i, &(c, s)) in table.iter().enumerate() {
+        let (a, b) = match kind {
+            RopeKind::Norm => (2 * i, 2 * i + 1),
+            RopeKind::Neox => (i, i + n),
+        };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}
+
+/// `g = silu(g) * u`, element-wise.
+pub fn swiglu(g: &mut [f32], u: &[f32]) {
+    for (a, &b) in g.iter_mut().zip(u) {
+        let v = *a;
+        *a = v / (1.0 + (-v).exp()) * b;
+    }
+}
+
+/// The bytes of one activation row of `n` values quantized for weight type `w_ty`.
+pub fn act_row_bytes(w_ty: quant::GgmlType, n: usize) -> usize {
+    let t = quant::vec_dot_type(w_ty);
+    t.row_bytes(n as u64).map(|b| b as usize).unwrap_or(0)
+}
+
+/// Quantizes `t_count` rows of `x` (each `n` wide) into `dst` for products with weights of type `w_ty`.
+pub fn quantize_acts(pool: &ThreadPool, w_ty: quant::GgmlType, x: &[f32], n: usize, dst: &mut [u8]) {
+    let rb = act_row_bytes(w_ty, n);
+    let t_count = x.len() / n;
+    let act_ty = quant::vec_dot_type(w_ty);
+    let run = |range: std::ops::Range<usize>, out: SharedMut<u8>| {
+        for t in range {
+            // SAFETY: each token's destination row is written by one thread only.
+            let d = unsafe { out.slice(t * rb, rb) };
+            quant::quantize_row_act(act_ty, &x[t * n..(t + 1) * n], d);
+        }
+    };
+    let out = SharedMut::new(dst);
+    if t_count < 4 {
+        run(0..t_count, out);
+    } else {
+        let n_chunks = pool.chunks_for(t_count);
+        pool.run(n_chunks, |c| run(split_range(c, n_chunks, t_count), out));
+    }
+}
+
+/// One product of a batched matmul: `out[t][r] = w[r] . act[t] (+ bias[r])` for `t` in the batch.
+pub struct MatJob<'a> {
+    pub w: &'a QTensor,
+    pub bias: Option<&'a [f32]>,
+    /// (t_count, w.rows)
+    pub out: SharedMut<f32>,
+}
+
+/// Rows of weights processed together per tile: their bytes stay in L1 while a tile of tokens passes.
+const ROW_TILE: usize = 16;
+/// Tokens dotted against one weight row at once by `vec_dot_multi`.
+const TOKEN_TILE: usize = 4;
+
+/// Runs several matrix products that share one quantized activation `act` (t_count rows of `act_rb`
+/// bytes), splitting their concatenated rows over the pool's threads.
+pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], act: &[u8], act_rb: usize, t_count: usize) {
+    let total_rows: usize = jobs.iter().map(|j| j.w.rows).sum();
+    let acts: Vec<&[u8]> = (0..t_count).map(|t| &act[t * act_rb..(t + 1) * act_rb]).collect();
+    // Split in units of ROW_TILE rows so tiles stay whole.
+    let n_tiles = total_rows.div_ceil(ROW_TILE);
+    let n_chunks = pool.chunks_for(n_tiles);
+    pool.run(n_chunks, |chunk| {
+        let tiles = split_range(chunk, n_chunks, n_tiles);
+        let (start, end) = (tiles.start * ROW_TILE, (tiles.end * ROW_TILE).min(total_rows));
+        let mut base = 0;
+        let mut tmp = [0f32; TOKEN_TILE];
+        for job in jobs {
+            let rows = job.w.rows;
+            let lo = start.max(base);
+            let hi = end.min(base + rows);
+            if lo < hi {
+                let (lo, hi) = (lo - base, hi - base);
+                let w = job.w;
+                let mut r0 = lo;
+                while r0 < hi {
+                    let r1 = (r0 + ROW_TILE).min(hi);
+                    let mut t0 = 0;
+                    while t0 < t_count {
+                        let t1 = (t0 + TOKEN_TILE).min(t_count);
+                        for r in r0..r1 {
+                            let row = w.row(r);
+                            if t1 - t0 == 1 {
+                                tmp[0] = quant::vec_dot(w.ty, w.cols, row, acts[t0]);
+                            } else {
+                                quant::vec_dot_multi(w.ty, w.cols, row, &acts[t0..t1], &mut tmp[..t1 - t0]);
+                            }
+                            let b = job.bias.map_or(0.0, |b| b[r]);
+                            for (k, t) in (t0..t1).enumerate() {
+                                // SAFETY: row r of this job is owned by this thread.
+                                unsafe { job.out.slice(t * rows + r, 1)[0] = tmp[k] + b };
+                            }
+                        }
+                        t0 = t1;
+                    }
+                    r0 = r1;
+                }
+            }
+            base += rows;
+        }
+    });
+}
+
+/// Shapes of an attention call.
+pub struct AttnShape {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+}
+
+/// Causal attention of `t_count` queries at positions `pos0..pos0 + t_count` over layer `layer` of `kv`
+/// (already holding those positions). `q`: (t_count, n_head * head_dim); `out`: same shape.
+pub fn attention(
+    pool: &ThreadPool,
+    kv: &KvCache,
+    layer: usize,
+    shape: &AttnShape,
+    q: &[f32],
+    pos0: usize,
+    t_count: usize,
+    out: &mut [f32],
+) {
+    let AttnShape { n_head, n_head_kv, head_dim } = *shape;
+    let q_dim = n_head * head_dim;
+    let kv_dim = n_head_kv * head_dim;
+    let group = n_head / n_head_kv;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let lkv = &kv.layers[layer];
+    let row_bytes = kv.ty.row_bytes(kv_dim);
+    let head_bytes = kv.ty.row_bytes(head_dim);
+    let shared_out = SharedMut::new(out);
+    let items = t_count * n_head;
+    let n_chunks = pool.chunks_for(items);
+    pool.run(n_chunks, |chunk| {
+        let mut scores: Vec<f32> = Vec::new();
+        for item in split_range(chunk, n_chunks, items) {
+            let (t, h) = (item / n_head, item % n_head);
+            let kvh = h / group;
+            let pos = pos0 + t;
+            let qv = &q[t * q_dim + h * head_dim..t * q_dim + (h + 1) * head_dim];
+            scores.clear();
+            let mut max = f32::NEG_INFINITY;
+            for j in 0..=pos {
+                let s = match &lkv.k {
+                    KvRows::F16(k) => {
+                        let at = j * kv_dim + kvh * head_dim;
+                        quant::dot_f16_f32(&k[at..at + head_dim], qv)
+                    }
+                    KvRows::Int8(k) => {
+                        let at = j * row_bytes + kvh * head_bytes;
+                        quant::dot_q8_0_f32(&k[at..at + head_bytes], qv)
+                    }
+                } * scale;
+                max = max.max(s);
+                scores.push(s);
+            }
+            let mut sum = 0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let inv = 1.0 / sum;
+            // SAFETY: each (token, head) output slice is written by one thread only.
+            let o = unsafe { shared_out.slice(t * q_dim + h * head_dim, head_dim) };
+            o.fill(0.0);
+            for (j, &p) in scores.iter().enumerate() {
+                let w = p * inv;
+                match &lkv.v {
+                    KvRows::F16(v) => {
+                        let at = j * kv_dim + kvh * head_dim;
+                        quant::axpy_f16(o, w, &v[at..at + head_dim]);
+                    }
+                    KvRows::Int8(v) => {
+                        let at = j * row_bytes + kvh * head_bytes;
+                        quant::axpy_q8_0(o, w, &v[at..at + head_bytes]);
+                    }
+                }
+            }
+        }
+    });
+}

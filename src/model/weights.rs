@@ -1,0 +1,136 @@
+//! The weights of a llama-shaped model: quantized matrices borrowed from the mapped GGUF file (nothing is
+//! copied), and small vectors (norms, biases) dequantized to f32 at load.
+
+use std::sync::Arc;
+
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant::{self, GgmlType};
+
+use super::config::ModelConfig;
+use super::ModelError;
+
+/// A matrix in its on-disk block format: `rows` rows of `cols` values, each row `row_bytes` bytes.
+pub struct QTensor {
+    file: Arc<GgufFile>,
+    info: TensorInfo,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+}
+
+impl QTensor {
+    /// All rows' bytes, row-major.
+    pub fn data(&self) -> &[u8] {
+        self.file.tensor_data(&self.info)
+    }
+
+    /// The bytes of row `r`.
+    pub fn row(&self, r: usize) -> &[u8] {
+        &self.data()[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Row `r` as f32 values (`out.len() == cols`).
+    pub fn dequantize_row_into(&self, r: usize, out: &mut [f32]) {
+        quant::dequantize_row(self.ty, self.row(r), out);
+    }
+}
+
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>, // (n_embd)
+    pub wq: QTensor,         // (q_dim rows, n_embd cols)
+    pub wk: QTensor,         // (kv_dim, n_embd)
+    pub wv: QTensor,         // (kv_dim, n_embd)
+    pub bq: Option<Vec<f32>>, // (q_dim), qwen2 only
+    pub bk: Option<Vec<f32>>, // (kv_dim)
+    pub bv: Option<Vec<f32>>, // (kv_dim)
+    pub wo: QTensor,         // (n_embd, q_dim)
+    pub ffn_norm: Vec<f32>,  // (n_embd)
+    pub w_gate: QTensor,     // (n_ff, n_embd)
+    pub w_up: QTensor,       // (n_ff, n_embd)
+    pub w_down: QTensor,     // (n_embd, n_ff)
+}
+
+pub struct Weights {
+    pub token_embd: QTensor, // (n_vocab, n_embd)
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>, // (n_embd)
+    /// The output head; the embedding matrix itself when the model ties them.
+    pub output: QTensor, // (n_vocab, n_embd)
+    pub tied_output: bool,
+}
+
+impl Weights {
+    pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Weights, ModelError> {
+        let matrix = |name: &str, rows: usize, cols: usize| -> Result<QTensor, ModelError> {
+            let info = file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
+            if info.dims.len() != 2 || info.dims[0] != cols as u64 || info.dims[1] != rows as u64 {
+                return Err(ModelError::TensorShape {
+                    name: name.to_owned(),
+                    expected: vec![cols as u64, rows as u64],
+                    found: info.dims.clone(),
+                });
+            }
+            if !GgmlType::WEIGHT_TYPES.contains(&info.ty) {
+                return Err(ModelError::TensorType { name: name.to_owned(), ty: info.ty });
+            }
+            Ok(QTensor {
+                file: file.clone(),
+                info: info.clone(),
+                ty: info.ty,
+                rows,
+                cols,
+                row_bytes: (info.n_bytes / rows as u64) as usize,
+            })
+        };
+        let vector = |name: &str, len: usize| -> Result<Vec<f32>, ModelError> {
+            let info = file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
+            if info.n_elements() != len as u64 || info.dims[0] != len as u64 {
+                return Err(ModelError::TensorShape {
+                    name: name.to_owned(),
+                    expected: vec![len as u64],
+                    found: info.dims.clone(),
+                });
+            }
+            if !GgmlType::WEIGHT_TYPES.contains(&info.ty) {
+                return Err(ModelError::TensorType { name: name.to_owned(), ty: info.ty });
+            }
+            let mut out = vec![0f32; len];
+            quant::dequantize_row(info.ty, file.tensor_data(info), &mut out);
+            Ok(out)
+        };
+        let optional_vector = |name: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
+            match file.tensor(name) {
+                Some(_) => vector(name, len).map(Some),
+                None => Ok(None),
+            }
+        };
+
+        let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let token_embd = matrix("token_embd.weight", cfg.n_vocab, d)?;
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for l in 0..cfg.n_layer {
+            let n = |s: &str| format!("blk.{l}.{s}");
+            layers.push(LayerWeights {
+                attn_norm: vector(&n("attn_norm.weight"), d)?,
+                wq: matrix(&n("attn_q.weight"), q, d)?,
+                wk: matrix(&n("attn_k.weight"), kv, d)?,
+                wv: matrix(&n("attn_v.weight"), kv, d)?,
+                bq: optional_vector(&n("attn_q.bias"), q)?,
+                bk: optional_vector(&n("attn_k.bias"), kv)?,
+                bv: optional_vector(&n("attn_v.bias"), kv)?,
+                wo: matrix(&n("attn_output.weight"), d, q)?,
+                ffn_norm: vector(&n("ffn_norm.weight"), d)?,
+                w_gate: matrix(&n("ffn_gate.weight"), ff, d)?,
+                w_up: matrix(&n("ffn_up.weight"), ff, d)?,
+                w_down: matrix(&n("ffn_down.weight"), d, ff)?,
+            });
+        }
+        let output_norm = vector("output_norm.weight", d)?;
+        let (output, tied_output) = match file.tensor("output.weight") {
+            Some(_) => (matrix("output.weight", cfg.n_vocab, d)?, false),
+            None => (matrix("token_embd.weight", cfg.n_vocab, d)?, true),
+        };
+        Ok(Weights { token_embd, layers, output_norm, output, tied_output })
+    }
+}

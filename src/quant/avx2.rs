@@ -1,0 +1,344 @@
+//! AVX2 + FMA + F16C kernels for x86_64: legacy-quant dot products (one or several activation columns),
+//! activation quantization, and the f32 / f16 dot products.
+//!
+//! Every kernel mirrors the lane structure of ggml-cpu's AVX2 code (`arch/x86/quants.c`, `vec.h`): eight
+//! f32 lanes, each holding the integer sum of four neighbouring products, scaled per block with one fma
+//! into a single accumulator, then ggml's `hsum_float_8`. Same operations in the same order means the
+//! same bits as llama.cpp on an AVX2 machine (given the same activations).
+//!
+//! The multi-column kernels are the one-column kernel with the column loop inside the block loop: the
+//! weight block is unpacked once, and each column then runs exactly the instructions it would run alone,
+//! so every column's result is bit-identical to `vec_dot` on that column (batch invariance).
+//!
+//! Safety: every function here must only be called after `is_x86_feature_detected!` confirmed avx2, fma
+//! and f16c (see `quant::simd`), with pointers valid for the stated number of blocks.
+
+use std::arch::x86_64::*;
+
+/// Legacy weight formats handled here, as const-generic tags.
+pub const Q4_0: u8 = 0;
+pub const Q4_1: u8 = 1;
+pub const Q5_0: u8 = 2;
+pub const Q5_1: u8 = 3;
+pub const Q8_0: u8 = 4;
+
+/// The f16 at `p` (integer conversion; see `blocks::f16_to_f32` for why not F16C here).
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    super::blocks::f16_to_f32((p as *const u16).read_unaligned())
+}
+
+/// The f16 at `p` in all eight lanes. Broadcasting before converting writes whole registers, so no
+/// lane is left to merge with a stale one (a scalar `vcvtph2ps` would chain to the accumulators).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bcast_f16(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16((p as *const i16).read_unaligned()))
+}
+
+/// The f16 at `p` in all four lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bcast_f16x4(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_set1_epi16((p as *const i16).read_unaligned()))
+}
+
+/// ggml's `hsum_float_8`: (hi + lo) halves, then pairs, then the last two lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_float_8(x: __m256) -> f32 {
+    let mut r = _mm256_extractf128_ps(x, 1);
+    r = _mm_add_ps(r, _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+/// 32 nibbles to 32 bytes: low nibbles of the 16 bytes first, then the high nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
+    let tmp = _mm_loadu_si128(p as *const __m128i);
+    let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+    _mm256_and_si256(_mm256_set1_epi8(0xF), bytes)
+}
+
+/// 32 bits to 32 bytes of 0x00 / 0xFF (bit j -> byte j).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
+    let x32 = (p as *const u32).read_unaligned();
+    let shuf = _mm256_set_epi64x(
+        0x0303030303030303,
+        0x0202020202020202,
+        0x0101010101010101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32 as i32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// Unsigned bytes `ax` times signed bytes `sy`, summed in fours, as 8 floats (exact integers).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mul_sum_us8_pairs_float(ax: __m256i, sy: __m256i) -> __m256 {
+    let dot = _mm256_maddubs_epi16(ax, sy);
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot))
+}
+
+/// Bytes per weight block, bytes per activation block, offset of the activation quants.
+const fn layout(k: u8) -> (usize, usize, usize) {
+    match k {
+        Q4_0 => (18, 34, 2),
+        Q4_1 => (20, 36, 4),
+        Q5_0 => (22, 34, 2),
+        Q5_1 => (24, 36, 4),
+        _ => (34, 34, 2),
+    }
+}
+
+/// Dot of `nb` weight blocks of format `K` at `w` against `C` activation rows `xs`, into `out[..C]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn legacy_dot<const K: u8, const C: usize>(
+    nb: usize,
+    w: *const u8,
+    xs: &[*const u8; C],
+    out: &mut [f32],
+) {
+    let (wb, xb, xq) = layout(K);
+    let signed = matches!(K, Q4_0 | Q5_0 | Q8_0);
+    let has_min = matches!(K, Q4_1 | Q5_1);
+    let mut acc = [_mm256_setzero_ps(); C];
+    // Every lane of `summs` carries the same scalar sum; lane 0 is the result.
+    let mut summs = [_mm_setzero_ps(); C];
+    for i in 0..nb {
+        let wp = w.add(i * wb);
+        let dw = bcast_f16(wp);
+        let qx = match K {
+            Q4_0 => _mm256_sub_epi8(bytes_from_nibbles_32(wp.add(2)), _mm256_set1_epi8(8)),
+            Q4_1 => bytes_from_nibbles_32(wp.add(4)),
+            Q5_0 => {
+                let hi = _mm256_andnot_si256(
+                    bytes_from_bits_32(wp.add(2)),
+                    _mm256_set1_epi8(0xF0u8 as i8),
+                );
+                _mm256_or_si256(bytes_from_nibbles_32(wp.add(6)), hi)
+            }
+            Q5_1 => {
+                let hi = _mm256_and_si256(bytes_from_bits_32(wp.add(4)), _mm256_set1_epi8(0x10));
+                _mm256_or_si256(bytes_from_nibbles_32(wp.add(8)), hi)
+            }
+            _ => _mm256_loadu_si256(wp.add(2) as *const __m256i),
+        };
+        // Signed weights: |w| times y with w's sign, so maddubs sees an unsigned left operand.
+        let ax = if signed { _mm256_sign_epi8(qx, qx) } else { qx };
+        let mw = if has_min {
+            bcast_f16x4(wp.add(2))
+        } else {
+            _mm_setzero_ps()
+        };
+        for c in 0..C {
+            let yp = xs[c].add(i * xb);
+            // set1(dw) * set1(dy) is set1(dw * dy): the same single rounding as ggml's scalar product.
+            let d = _mm256_mul_ps(dw, bcast_f16(yp));
+            let qy = _mm256_loadu_si256(yp.add(xq) as *const __m256i);
+            let sy = if signed { _mm256_sign_epi8(qy, qx) } else { qy };
+            let q = mul_sum_us8_pairs_float(ax, sy);
+            acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
+            if has_min {
+                // ggml writes `summs += m * s`; compilers contract that to an fma when FMA is enabled.
+                summs[c] = _mm_fmadd_ps(mw, bcast_f16x4(yp.add(2)), summs[c]);
+            }
+        }
+    }
+    for c in 0..C {
+        out[c] = hsum_float_8(acc[c]) + _mm_cvtss_f32(summs[c]);
+    }
+}
+
+/// `round_half_even(v * id)` as i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_round(v: __m256, id: __m256) -> __m256i {
+    _mm256_cvtps_epi32(_mm256_round_ps::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(
+        v, id,
+    )))
+}
+
+/// Quantizes one 32-value block as ggml-cpu's x86 `quantize_row_q8_0/1`: writes the 32 quants to `qs`
+/// and returns (d, sum of the quants) for the caller to store as q8_0 or q8_1.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn quantize_q8_block(x: *const f32, qs: *mut u8) -> (f32, i32) {
+    let v = [
+        _mm256_loadu_ps(x),
+        _mm256_loadu_ps(x.add(8)),
+        _mm256_loadu_ps(x.add(16)),
+        _mm256_loadu_ps(x.add(24)),
+    ];
+    let sign = _mm256_set1_ps(-0.0);
+    let mut max_abs = _mm256_andnot_ps(sign, v[0]);
+    for vi in &v[1..] {
+        max_abs = _mm256_max_ps(max_abs, _mm256_andnot_ps(sign, *vi));
+    }
+    let mut m4 = _mm_max_ps(
+        _mm256_extractf128_ps(max_abs, 1),
+        _mm256_castps256_ps128(max_abs),
+    );
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    let amax = _mm_cvtss_f32(m4);
+    let d = amax / 127.0;
+    let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+    let (i0, i1, i2, i3) = (
+        scale_round(v[0], id),
+        scale_round(v[1], id),
+        scale_round(v[2], id),
+        scale_round(v[3], id),
+    );
+    let s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    let sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<0b10_11_00_01>(s2)));
+    // Saturating packs interleave 128-bit halves; the permute restores value order.
+    let p01 = _mm256_packs_epi32(i0, i1);
+    let p23 = _mm256_packs_epi32(i2, i3);
+    let p = _mm256_packs_epi16(p01, p23);
+    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(qs as *mut __m256i, p);
+    (d, sum)
+}
+
+/// ggml's `GGML_F32x8_REDUCE` of four accumulators.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn reduce4(s: [__m256; 4]) -> f32 {
+    let a = _mm256_add_ps(s[0], s[2]);
+    let b = _mm256_add_ps(s[1], s[3]);
+    let x = _mm256_add_ps(a, b);
+    let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    let t1 = _mm_hadd_ps(t0, t0);
+    _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+}
+
+/// `ggml_vec_dot_f32`: four 8-lane fma accumulators over 32-value steps, then the tail in f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_f32(n: usize, a: *const f32, b: *const f32) -> f32 {
+    let np = n & !31;
+    let mut s = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i < np {
+        for (j, s) in s.iter_mut().enumerate() {
+            let (x, y) = (
+                _mm256_loadu_ps(a.add(i + 8 * j)),
+                _mm256_loadu_ps(b.add(i + 8 * j)),
+            );
+            *s = _mm256_fmadd_ps(x, y, *s);
+        }
+        i += 32;
+    }
+    let mut sum = reduce4(s);
+    for i in np..n {
+        sum = (*a.add(i)).mul_add(*b.add(i), sum);
+    }
+    sum
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_f16x8(p: *const u16) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+
+/// `ggml_vec_dot_f16` with the second operand either f16 (`b16`) or f32 (`b32`): the same four
+/// accumulators, the tail summed in f64 as ggml does.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_f16(n: usize, a: *const u16, b16: *const u16, b32: *const f32) -> f32 {
+    let np = n & !31;
+    let mut s = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i < np {
+        for (j, s) in s.iter_mut().enumerate() {
+            let x = load_f16x8(a.add(i + 8 * j));
+            let y = if b32.is_null() {
+                load_f16x8(b16.add(i + 8 * j))
+            } else {
+                _mm256_loadu_ps(b32.add(i + 8 * j))
+            };
+            *s = _mm256_fmadd_ps(x, y, *s);
+        }
+        i += 32;
+    }
+    let mut sum = reduce4(s) as f64;
+    for i in np..n {
+        let x = half::f16::from_bits(*a.add(i)).to_f32();
+        let y = if b32.is_null() {
+            half::f16::from_bits(*b16.add(i)).to_f32()
+        } else {
+            *b32.add(i)
+        };
+        sum += (x * y) as f64;
+    }
+    sum as f32
+}
+
+/// `dst[i] = fma(a, v[i], dst[i])` for f16 `v`; the tail uses the same scalar fma, so an element's
+/// result never depends on its position or on `n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy_f16(n: usize, dst: *mut f32, a: f32, v: *const u16) {
+    let va = _mm256_set1_ps(a);
+    let mut i = 0;
+    while i + 8 <= n {
+        let d = _mm256_fmadd_ps(va, load_f16x8(v.add(i)), _mm256_loadu_ps(dst.add(i)));
+        _mm256_storeu_ps(dst.add(i), d);
+        i += 8;
+    }
+    while i < n {
+        *dst.add(i) = a.mul_add(half::f16::from_bits(*v.add(i)).to_f32(), *dst.add(i));
+        i += 1;
+    }
+}
+
+/// Eight i8 at `p` as eight f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_i8x8(p: *const u8) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+}
+
+/// Dot of `nb` q8_0 blocks with f32 `q`: per block an 8-lane fma chain over the four groups of eight,
+/// scaled into one accumulator by the block's d; one final `hsum_float_8`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q8_0_f32(nb: usize, k: *const u8, q: *const f32) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let b = k.add(34 * i);
+        let qp = q.add(32 * i);
+        let mut s = _mm256_mul_ps(load_i8x8(b.add(2)), _mm256_loadu_ps(qp));
+        for g in 1..4 {
+            s = _mm256_fmadd_ps(
+                load_i8x8(b.add(2 + 8 * g)),
+                _mm256_loadu_ps(qp.add(8 * g)),
+                s,
+            );
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b)), s, acc);
+    }
+    hsum_float_8(acc)
+}
+
+/// `dst[j] = fma(a * d, v[j], dst[j])` over `nb` q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy_q8_0(nb: usize, dst: *mut f32, a: f32, v: *const u8) {
+    for i in 0..nb {
+        let b = v.add(34 * i);
+        let ad = _mm256_set1_ps(a * f16_at(b));
+        for g in 0..4 {
+            let p = dst.add(32 * i + 8 * g);
+            _mm256_storeu_ps(
+                p,
+                _mm256_fmadd_ps(ad, load_i8x8(b.add(2 + 8 * g)), _mm256_loadu_ps(p)),
+            );
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! Cross-path tests of the public quant API: SIMD against the scalar reference, batch invariance of the
+//! multi-column kernels, round trips, and length handling. Per-format known-value tests live beside the
+//! code (`dequant`, `quantize`, `blocks`).
+
+use super::*;
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn randn(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    // Roughly normal values with a few outliers, as activations look.
+    (0..n)
+        .map(|_| {
+            let v: f32 = (0..4).map(|_| rng.gen_range(-1.0f32..1.0)).sum();
+            if rng.gen_ratio(1, 50) {
+                v * 8.0
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+fn quantized(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let mut b = vec![0u8; row_len_bytes(ty, x.len()).unwrap()];
+    quantize_row(ty, x, &mut b);
+    b
+}
+
+fn act(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let ta = vec_dot_type(ty);
+    let mut b = vec![0u8; row_len_bytes(ta, x.len()).unwrap()];
+    quantize_row_act(ta, x, &mut b);
+    b
+}
+
+fn lengths(ty: GgmlType) -> &'static [usize] {
+    if ty.block_len() == QK_K {
+        &[256, 512, 1536]
+    } else {
+        &[32, 64, 576, 1536, 35 * 32]
+    }
+}
+
+/// `sum(|w_i * x_i|)` over the dequantized operands: the scale of a dot product's rounding error.
+fn abs_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let mut wd = vec![0f32; n];
+    let mut xd = vec![0f32; n];
+    dequantize_row(ty, w, &mut wd);
+    dequantize_row(vec_dot_type(ty), x, &mut xd);
+    wd.iter().zip(&xd).map(|(a, b)| (a * b).abs()).sum()
+}
+
+fn close(a: f32, b: f32, scale: f32, rel: f32) -> bool {
+    (a - b).abs() <= rel * (scale + b.abs())
+}
+
+#[test]
+fn vec_dot_matches_reference_for_every_type() {
+    let mut rng = StdRng::seed_from_u64(1);
+    for ty in GgmlType::WEIGHT_TYPES {
+        for &n in lengths(ty) {
+            for _ in 0..20 {
+                let w = quantized(ty, &randn(&mut rng, n));
+                let x = act(ty, &randn(&mut rng, n));
+                let got = vec_dot(ty, n, &w, &x);
+                let want = reference::vec_dot(ty, n, &w, &x);
+                let mag = abs_dot(ty, n, &w, &x);
+                assert!(
+                    (got - want).abs() <= 1e-5 * mag,
+                    "{ty} n={n}: simd {got} vs reference {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn vec_dot_approximates_the_float_dot() {
+    // The dot of quantized operands is close to the dot of their dequantized values, which checks the
+    // min / sum terms (q4_1's m * s, the K-quants' bsums) as well as the scales.
+    let mut rng = StdRng::seed_from_u64(2);
+    for ty in GgmlType::WEIGHT_TYPES {
+        let n = 512;
+        let w = quantized(ty, &randn(&mut rng, n));
+        let xf = randn(&mut rng, n);
+        let x = act(ty, &xf);
+        let mut wd = vec![0f32; n];
+        let mut xd = vec![0f32; n];
+        dequantize_row(ty, &w, &mut wd);
+        dequantize_row(vec_dot_type(ty), &x, &mut xd);
+        let want: f64 = wd.iter().zip(&xd).map(|(a, b)| (a * b) as f64).sum();
+        let mag: f64 = wd.iter().zip(&xd).map(|(a, b)| (a * b).abs() as f64).sum();
+        for got in [vec_dot(ty, n, &w, &x), reference::vec_dot(ty, n, &w, &x)] {
+            let err = (got as f64 - want).abs();
+            assert!(err <= 5e-3 * mag, "{ty}: {got} vs {want}");
+        }
+    }
+}
+
+#[test]
+fn multi_column_results_are_bit_identical_to_single_column() {
+    let mut rng = StdRng::seed_from_u64(3);
+    for ty in GgmlType::WEIGHT_TYPES {
+        let n = lengths(ty)[1];
+        let w = quantized(ty, &randn(&mut rng, n));
+        for n_cols in 1..=9 {
+            let cols: Vec<Vec<u8>> = (0..n_cols).map(|_| act(ty, &randn(&mut rng, n))).collect();
+            let xs: Vec<&[u8]> = cols.iter().map(|c| c.as_slice()).collect();
+            let mut out = vec![0f32; n_cols];
+            vec_dot_multi(ty, n, &w, &xs, &mut out);
+            for (c, x) in xs.iter().enumerate() {
+                let single = vec_dot(ty, n, &w, x);
+                assert_eq!(
+                    out[c].to_bits(),
+                    single.to_bits(),
+                    "{ty}: column {c} of {n_cols}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn dequantize_of_quantize_is_close_for_every_type() {
+    let mut rng = StdRng::seed_from_u64(4);
+    let max_rel_rms = |ty| match ty {
+        GgmlType::F32 => 0.0,
+        GgmlType::F16 => 1e-3,
+        GgmlType::BF16 => 5e-3,
+        GgmlType::Q8_0 => 0.01,
+        GgmlType::Q6K => 0.04,
+        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K => 0.08,
+        _ => 0.15,
+    };
+    for ty in GgmlType::WEIGHT_TYPES {
+        let n = 1024;
+        // Weights without outliers: one outlier makes a whole 4-bit block coarse, by design.
+        let x: Vec<f32> = (0..n)
+            .map(|_| rng.gen_range(-1.0f32..1.0) + rng.gen_range(-1.0f32..1.0))
+            .collect();
+        let mut y = vec![0f32; n];
+        dequantize_row(ty, &quantized(ty, &x), &mut y);
+        let rms =
+            |v: &mut dyn Iterator<Item = f32>| (v.map(|e| e * e).sum::<f32>() / n as f32).sqrt();
+        let err = rms(&mut x.iter().zip(&y).map(|(a, b)| a - b));
+        let scale = rms(&mut x.iter().copied());
+        assert!(
+            err <= max_rel_rms(ty) * scale,
+            "{ty}: rms error {err} for rms {scale}"
+        );
+    }
+}
+
+#[test]
+fn activation_quantization_is_the_same_on_every_path() {
+    let mut rng = StdRng::seed_from_u64(5);
+    for _ in 0..50 {
+        let mut x = randn(&mut rng, 96);
+        x[7] = 0.0;
+        x[40..72].fill(0.0); // an all-zero block
+        for ty in [GgmlType::Q8_0, GgmlType::Q8_1] {
+            let mut fast = vec![0u8; row_len_bytes(ty, 96).unwrap()];
+            quantize_row_act(ty, &x, &mut fast);
+            let bb = ty.block_bytes();
+            let mut slow = vec![0u8; fast.len()];
+            for (xb, b) in x.chunks_exact(QK).zip(slow.chunks_exact_mut(bb)) {
+                match ty {
+                    GgmlType::Q8_0 => quantize::q8_0_act(xb, b),
+                    _ => quantize::q8_1_act(xb, b),
+                }
+            }
+            assert_eq!(fast, slow, "{ty}");
+        }
+    }
+}
+
+#[test]
+fn attention_helpers_match_scalar_sums() {
+    let mut rng = StdRng::seed_from_u64(6);
+    for n in [1, 7, 32, 64, 100, 128] {
+        let a = randn(&mut rng, n);
+        let b = randn(&mut rng, n);
+        let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let mag: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (*x as f64 * *y as f64).abs())
+            .sum();
+        assert!(
+            (vec_dot_f32(&a, &b) as f64 - exact).abs() <= 1e-5 * mag + 1e-6,
+            "vec_dot_f32 n={n}"
+        );
+
+        let k: Vec<f16> = a.iter().map(|&v| f16::from_f32(v)).collect();
+        let exact: f64 = k
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| x.to_f32() as f64 * *y as f64)
+            .sum();
+        assert!(
+            (dot_f16_f32(&k, &b) as f64 - exact).abs() <= 1e-5 * mag + 1e-6,
+            "dot_f16_f32 n={n}"
+        );
+
+        let mut dst = b.clone();
+        axpy_f16(&mut dst, 0.5, &k);
+        for i in 0..n {
+            assert!(
+                close(dst[i], b[i] + 0.5 * k[i].to_f32(), 1e-6, 1e-6),
+                "axpy_f16 n={n} i={i}"
+            );
+        }
+    }
+    for n in [32, 64, 128, 256] {
+        let x = randn(&mut rng, n);
+        let q = randn(&mut rng, n);
+        let mut kb = vec![0u8; n / 32 * 34];
+        quantize_q8_0_row(&x, &mut kb);
+        let mut kd = vec![0f32; n];
+        dequantize_row(GgmlType::Q8_0, &kb, &mut kd);
+        let exact: f64 = kd.iter().zip(&q).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let mag: f64 = kd
+            .iter()
+            .zip(&q)
+            .map(|(x, y)| (*x as f64 * *y as f64).abs())
+            .sum();
+        assert!(
+            (dot_q8_0_f32(&kb, &q) as f64 - exact).abs() <= 1e-5 * mag,
+            "dot_q8_0_f32 n={n}"
+        );
+        let mut dst = q.clone();
+        axpy_q8_0(&mut dst, -2.0, &kb);
+        for i in 0..n {
+            assert!(
+                close(dst[i], q[i] - 2.0 * kd[i], 1e-5, 1e-5),
+                "axpy_q8_0 n={n} i={i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn axpy_result_of_an_element_does_not_depend_on_the_slice_around_it() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let v: Vec<f16> = randn(&mut rng, 37)
+        .iter()
+        .map(|&x| f16::from_f32(x))
+        .collect();
+    let base = randn(&mut rng, 37);
+    let mut whole = base.clone();
+    axpy_f16(&mut whole, 0.3, &v);
+    let mut parts = base.clone();
+    for (d, s) in parts.chunks_mut(5).zip(v.chunks(5)) {
+        axpy_f16(d, 0.3, s);
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&whole), bits(&parts));
+}
+
+#[test]
+fn bad_lengths_are_errors_for_file_data() {
+    let mut dst = [0f32; 32];
+    assert_eq!(
+        try_dequantize_row(GgmlType::Q4_0, &[0u8; 17], &mut dst),
+        Err(QuantError::WrongByteLen {
+            ty: GgmlType::Q4_0,
+            n_values: 32,
+            need_bytes: 18,
+            got_bytes: 17
+        })
+    );
+    let mut dst = [0f32; 33];
+    assert!(matches!(
+        try_dequantize_row(GgmlType::Q4_0, &[0u8; 18], &mut dst),
+        Err(QuantError::PartialBlock { .. })
+    ));
+    assert!(try_dequantize_row(GgmlType::Q4_0, &[0u8; 36], &mut [0f32; 64]).is_ok());
+}
+
+#[test]
+#[should_panic(expected = "vec_dot q4_1")]
+fn vec_dot_panics_on_short_activations() {
+    vec_dot(GgmlType::Q4_1, 64, &[0u8; 40], &[0u8; 36]);
+}
+
+#[test]
+#[should_panic(expected = "not a whole number")]
+fn quantize_row_act_panics_on_partial_block() {
+    let mut dst = [0u8; 34];
+    quantize_row_act(GgmlType::Q8_0, &[0.0; 31], &mut dst);
+}

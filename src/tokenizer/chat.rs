@@ -1,0 +1,423 @@
+//! Chat templates: the model's Jinja template (`tokenizer.chat_template`) rendered the way Hugging Face
+//! `apply_chat_template` renders it.
+//!
+//! It owns the template environment: minijinja with `trim_blocks` and `lstrip_blocks` on (as HF sets
+//! them), Python string/dict methods (`.strip()`, `.startswith()`, `.items()`, ...) through
+//! minijinja-contrib's pycompat, `raise_exception(msg)` as a typed error, a `tojson` filter that writes
+//! JSON the way Python's `json.dumps` does, and `strftime_now`. The context is `messages`,
+//! `add_generation_prompt`, `bos_token` and `eos_token`. Without a template in the file, ChatML is used,
+//! as llama.cpp does. It never tokenizes the rendered text.
+//!
+//! Known difference: maps are serialized with sorted keys (minijinja without `preserve_order`), where
+//! Python keeps insertion order; this only shows in templates that `tojson` whole dicts (tool schemas).
+
+use std::fmt::Write as _;
+
+use minijinja::value::Kwargs;
+use minijinja::{context, Environment, Error, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+
+use super::TokenizerError;
+use crate::gguf::{GgufFile, GgufValue};
+
+/// The ChatML template, used when a model file has none.
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + \
+message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// The prefix that marks an error as coming from `raise_exception`.
+const RAISED: &str = "raise_exception: ";
+
+/// One turn of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template with the BOS/EOS texts it may refer to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; `bos_token` and `eos_token` are the texts the template sees under those names.
+    pub fn new(
+        source: &str,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<ChatTemplate, TokenizerError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned("chat", source.to_owned())?;
+        Ok(ChatTemplate {
+            env,
+            source: source.to_owned(),
+            bos_token: bos_token.to_owned(),
+            eos_token: eos_token.to_owned(),
+        })
+    }
+
+    /// The template of a GGUF file (`tokenizer.chat_template`, ChatML when absent), with the texts of its
+    /// BOS and EOS tokens.
+    pub fn from_gguf(file: &GgufFile) -> Result<ChatTemplate, TokenizerError> {
+        let key = "tokenizer.chat_template";
+        let source = match file.get(key) {
+            None => CHATML_TEMPLATE,
+            Some(v) => v.as_str().ok_or(TokenizerError::WrongType {
+                key,
+                expected: "string",
+            })?,
+        };
+        let token_text = |id_key: &str| -> &str {
+            let id = file.get(id_key).and_then(GgufValue::as_u64);
+            let tokens = file
+                .get("tokenizer.ggml.tokens")
+                .and_then(GgufValue::as_array);
+            match (id, tokens) {
+                (Some(id), Some(t)) => usize::try_from(id)
+                    .ok()
+                    .and_then(|i| t.values.get(i))
+                    .and_then(GgufValue::as_str)
+                    .unwrap_or(""),
+                _ => "",
+            }
+        };
+        ChatTemplate::new(
+            source,
+            token_text("tokenizer.ggml.bos_token_id"),
+            token_text("tokenizer.ggml.eos_token_id"),
+        )
+    }
+
+    /// The template text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders a conversation; with `add_generation_prompt` the text ends where the assistant's reply
+    /// begins.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let template = self.env.get_template("chat")?;
+        let ctx = context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        };
+        template
+            .render(ctx)
+            .map_err(|e| match e.detail().and_then(|d| d.strip_prefix(RAISED)) {
+                Some(message) if e.kind() == ErrorKind::InvalidOperation => {
+                    TokenizerError::TemplateRaised {
+                        message: message.to_owned(),
+                    }
+                }
+                _ => TokenizerError::Template { source: e },
+            })
+    }
+}
+
+/// `raise_exception(message)`: HF templates call it to reject a conversation they cannot format.
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(
+        ErrorKind::InvalidOperation,
+        format!("{RAISED}{message}"),
+    ))
+}
+
+/// `value|tojson` / `tojson(indent=N)`: JSON as Python's `json.dumps(value, ensure_ascii=False)` writes it,
+/// with `", "` and `": "` separators (or newlines and `indent` spaces).
+fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent = match kwargs.get::<Option<Value>>("indent")?.or(indent) {
+        Some(v) if !v.is_none() => Some(usize::try_from(v)?),
+        _ => None,
+    };
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let mut out = String::new();
+    write_json(&json, indent, 0, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn write_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out: &mut String) {
+    use serde_json::Value as J;
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.extend(std::iter::repeat(' ').take(n * depth));
+        }
+    };
+    let sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        J::Null => out.push_str("null"),
+        J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        J::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => {
+                let _ = write!(out, "{i}");
+            }
+            (_, Some(u), _) => {
+                let _ = write!(out, "{u}");
+            }
+            (_, _, Some(f)) => {
+                // Python's repr of a float keeps ".0" on whole numbers, as `{:?}` does.
+                let _ = write!(out, "{f:?}");
+            }
+            _ => out.push_str("null"),
+        },
+        J::String(s) => write_json_str(s, out),
+        J::Array(items) if items.is_empty() => out.push_str("[]"),
+        J::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(sep);
+                }
+                newline(out, depth + 1);
+                write_json(item, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        J::Object(map) if map.is_empty() => out.push_str("{}"),
+        J::Object(map) => {
+            out.push('{');
+            for (i, (k, item)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(sep);
+                }
+                newline(out, depth + 1);
+                write_json_str(k, out);
+                out.push_str(": ");
+                write_json(item, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+    }
+}
+
+fn write_json_str(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0C}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// `strftime_now(format)`: the current UTC date and time, for templates that print today's date
+/// (Llama 3.1+). Supports `%Y %y %m %d %e %B %b %A %a %H %M %S %%`.
+fn strftime_now(format: String) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    strftime(secs, &format)
+}
+
+fn strftime(unix_secs: i64, format: &str) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
+    let days = unix_secs.div_euclid(86_400);
+    let tod = unix_secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let weekday = DAYS[days.rem_euclid(7) as usize];
+    let month_name = MONTHS[(month - 1) as usize];
+
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let _ = match chars.next() {
+            Some('Y') => write!(out, "{year}"),
+            Some('y') => write!(out, "{:02}", year.rem_euclid(100)),
+            Some('m') => write!(out, "{month:02}"),
+            Some('d') => write!(out, "{day:02}"),
+            Some('e') => write!(out, "{day:2}"),
+            Some('B') => write!(out, "{month_name}"),
+            Some('b') => write!(out, "{}", &month_name[..3]),
+            Some('A') => write!(out, "{weekday}"),
+            Some('a') => write!(out, "{}", &weekday[..3]),
+            Some('H') => write!(out, "{:02}", tod / 3600),
+            Some('M') => write!(out, "{:02}", tod / 60 % 60),
+            Some('S') => write!(out, "{:02}", tod % 60),
+            Some('%') => write!(out, "%"),
+            Some(other) => write!(out, "%{other}"),
+            None => write!(out, "%"),
+        };
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msgs(pairs: &[(&str, &str)]) -> Vec<ChatMessage> {
+        pairs
+            .iter()
+            .map(|(r, c)| ChatMessage::new(*r, *c))
+            .collect()
+    }
+
+    #[test]
+    fn chatml_fallback_renders_turns_and_prompt() {
+        let t = ChatTemplate::new(CHATML_TEMPLATE, "", "").expect("compiles");
+        let out = t.render(&msgs(&[("user", "Hi")]), true).expect("renders");
+        assert_eq!(
+            out,
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let out = t.render(&msgs(&[("user", "Hi")]), false).expect("renders");
+        assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n");
+    }
+
+    #[test]
+    fn llama3_style_template_uses_bos_trim_and_loop_index() {
+        let src = "{% set loop_messages = messages %}{% for message in loop_messages %}\
+{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' %}\
+{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}\
+{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+        let t = ChatTemplate::new(src, "<|begin_of_text|>", "<|eot_id|>").expect("compiles");
+        let out = t
+            .render(&msgs(&[("system", "Be brief. "), ("user", " Hi")]), true)
+            .expect("renders");
+        assert_eq!(
+            out,
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>\
+<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+    }
+
+    #[test]
+    fn raise_exception_becomes_typed_error() {
+        let src = "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}\
+{% endif %}{{ m.content }}{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").expect("compiles");
+        match t.render(&msgs(&[("system", "x")]), false) {
+            Err(TokenizerError::TemplateRaised { message }) => {
+                assert_eq!(message, "System role not supported")
+            }
+            other => panic!("expected TemplateRaised, got {other:?}"),
+        }
+        assert_eq!(
+            t.render(&msgs(&[("user", "ok")]), false).expect("renders"),
+            "ok"
+        );
+    }
+
+    #[test]
+    fn python_string_methods_loop_vars_and_block_trimming() {
+        let src = "{% for m in messages %}\n{% if m.content.startswith('  ') %}{{ m.content.strip() }}{% else %}\
+{{ m.content.upper() }}{% endif %}{% if not loop.last %},{% endif %}\n{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").expect("compiles");
+        assert_eq!(
+            t.render(&msgs(&[("user", "  a "), ("user", "b")]), false)
+                .expect("renders"),
+            "a,B"
+        );
+    }
+
+    #[test]
+    fn tojson_writes_python_style_json() {
+        let t = ChatTemplate::new(
+            "{{ messages[0]|tojson }}|{{ {'a': [1, 2.5, none, 'x\"y']}|tojson(indent=2) }}",
+            "",
+            "",
+        )
+        .expect("compiles");
+        let out = t.render(&msgs(&[("user", "é\n")]), false).expect("renders");
+        assert_eq!(out, "{\"content\": \"é\\n\", \"role\": \"user\"}|{\n  \"a\": [\n    1,\n    2.5,\n    null,\n    \"x\\\"y\"\n  ]\n}");
+    }
+
+    #[test]
+    fn syntax_errors_are_reported() {
+        assert!(matches!(
+            ChatTemplate::new("{% for %}", "", ""),
+            Err(TokenizerError::Template { .. })
+        ));
+    }
+
+    #[test]
+    fn strftime_formats_a_known_date() {
+        // 2024-07-26 12:34:56 UTC was a Friday.
+        assert_eq!(
+            strftime(1_721_997_296, "%d %b %Y %A %H:%M:%S"),
+            "26 Jul 2024 Friday 12:34:56"
+        );
+    }
+}
