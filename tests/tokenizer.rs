@@ -4,7 +4,7 @@
 //! The expected ids are llama.cpp's (release b11312) for the 14 strings of the reference set
 //! `reference/tokenize.json`, with special tokens parsed and not. The model must be present: these tests
 //! fail, not skip, without it (run `scripts/fetch-model`). The speed/count check reads the reference text
-//! `perplexity_GPL-3.txt` from the shared reference folder.
+//! `perplexity_GPL-3.txt` from `tests/data/reference`.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -171,11 +171,11 @@ fn tokenizer() -> &'static Tokenizer {
     TOK.get_or_init(|| Tokenizer::from_gguf(model_file()).expect("SmolLM2's tokenizer loads"))
 }
 
-/// The shared reference folder: `STRATA_REFERENCE_DIR`, else `shared/reference` beside the repository.
+/// The reference folder: `STRATA_REFERENCE_DIR`, else the copy in `tests/data/reference`.
 fn reference_file(name: &str) -> PathBuf {
     let dir = match std::env::var_os("STRATA_REFERENCE_DIR") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/reference"),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference"),
     };
     dir.join(name)
 }

@@ -1,0 +1,279 @@
+//! The forward pass on tiny synthetic models (random weights, every weight type, both tokenizer kinds,
+//! llama and qwen2 shapes): agreement with a plain float64 reference, batch invariance, KV types, errors.
+
+mod common;
+
+use std::sync::Arc;
+
+use strata::gguf::GgufFile;
+use strata::model::synthetic::{SyntheticSpec, SyntheticVocab};
+use strata::model::{KvType, Model, ModelError};
+use strata::quant::{self, GgmlType};
+use strata::threadpool::ThreadPool;
+use strata::tokenizer::Tokenizer;
+
+fn build(spec: &SyntheticSpec) -> Model {
+    let file = GgufFile::from_bytes(spec.to_gguf()).expect("synthetic GGUF parses");
+    Model::from_file(Arc::new(file)).expect("synthetic model loads")
+}
+
+fn tokens(n: usize, n_vocab: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) % n_vocab as u32).collect()
+}
+
+/// Logits of every position of `toks`, read in batches of `batch`.
+fn all_logits(model: &Model, pool: &ThreadPool, kv: KvType, toks: &[u32], batch: usize) -> Vec<f32> {
+    let mut cache = model.new_kv(kv, toks.len()).expect("kv");
+    let mut out = Vec::new();
+    for chunk in toks.chunks(batch) {
+        let want: Vec<usize> = (0..chunk.len()).collect();
+        out.extend(model.forward(pool, &mut cache, chunk, &want).expect("forward").data);
+    }
+    out
+}
+
+/// A float64 forward pass over dequantized weights: the arithmetic of a llama-shaped model, spelled out.
+fn reference_logits(model: &Model, toks: &[u32]) -> Vec<Vec<f64>> {
+    let c = &model.cfg;
+    let file = &model.file;
+    let mat = |name: &str| -> (Vec<f64>, usize, usize) {
+        let t = file.tensor(name).unwrap_or_else(|| panic!("{name}"));
+        let cols = t.dims[0] as usize;
+        let rows = t.n_rows() as usize;
+        let mut f = vec![0f32; cols * rows];
+        quant::dequantize_row(t.ty, file.tensor_data(t), &mut f);
+        (f.into_iter().map(f64::from).collect(), rows, cols)
+    };
+    let vecf = |name: &str| mat(name).0;
+    let matvec = |m: &(Vec<f64>, usize, usize), x: &[f64]| -> Vec<f64> {
+        (0..m.1).map(|r| (0..m.2).map(|i| m.0[r * m.2 + i] * x[i]).sum()).collect()
+    };
+    let rms = |x: &[f64], w: &[f64]| -> Vec<f64> {
+        let s = (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + c.rms_eps as f64).sqrt();
+        x.iter().zip(w).map(|(a, b)| a / s * b).collect()
+    };
+    let rope = |v: &mut [f64], pos: usize| {
+        let n = c.rope_dims / 2;
+        for i in 0..n {
+            let theta = pos as f64 * (c.rope_base as f64).powf(-2.0 * i as f64 / c.rope_dims as f64);
+            let (a, b) = match c.rope_kind {
+                strata::model::RopeKind::Norm => (2 * i, 2 * i + 1),
+                strata::model::RopeKind::Neox => (i, i + n),
+            };
+            let (x0, x1) = (v[a], v[b]);
+            v[a] = x0 * theta.cos() - x1 * theta.sin();
+            v[b] = x0 * theta.sin() + x1 * theta.cos();
+        }
+    };
+    let emb = mat("token_embd.weight");
+    let head = if file.tensor("output.weight").is_some() { mat("output.weight") } else { mat("token_embd.weight") };
+    let hd = c.head_dim;
+    let mut xs: Vec<Vec<f64>> = toks.iter().map(|&t| emb.0[t as usize * c.n_embd..(t as usize + 1) * c.n_embd].to_vec()).collect();
+    for l in 0..c.n_layer {
+        let p = |s: &str| format!("blk.{l}.{s}");
+        let (wq, wk, wv, wo) = (mat(&p("attn_q.weight")), mat(&p("attn_k.weight")), mat(&p("attn_v.weight")), mat(&p("attn_output.weight")));
+        let bias = |s: &str| file.tensor(&p(s)).map(|_| vecf(&p(s)));
+        let (bq, bk, bv) = (bias("attn_q.bias"), bias("attn_k.bias"), bias("attn_v.bias"));
+        let add = |mut v: Vec<f64>, b: &Option<Vec<f64>>| {
+            if let Some(b) = b {
+                v.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+            }
+            v
+        };
+        let an = vecf(&p("attn_norm.weight"));
+        let mut qs = Vec::new();
+        let mut ks = Vec::new();
+        let mut vs = Vec::new();
+        for (pos, x) in xs.iter().enumerate() {
+            let h = rms(x, &an);
+            let mut q = add(matvec(&wq, &h), &bq);
+            let mut k = add(matvec(&wk, &h), &bk);
+            for hh in 0..c.n_head {
+                rope(&mut q[hh * hd..hh * hd + c.rope_dims], pos);
+            }
+            for hh in 0..c.n_head_kv {
+                rope(&mut k[hh * hd..hh * hd + c.rope_dims], pos);
+            }
+            qs.push(q);
+            ks.push(k);
+            vs.push(add(matvec(&wv, &h), &bv));
+        }
+        let group = c.n_head / c.n_head_kv;
+        for (t, x) in xs.iter_mut().enumerate() {
+            let mut att = vec![0f64; c.q_dim()];
+            for h in 0..c.n_head {
+                let kh = h / group;
+                let s: Vec<f64> = (0..=t)
+                    .map(|j| (0..hd).map(|i| qs[t][h * hd + i] * ks[j][kh * hd + i]).sum::<f64>() / (hd as f64).sqrt())
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (j, w) in e.iter().enumerate() {
+                    for i in 0..hd {
+                        att[h * hd + i] += w / z * vs[j][kh * hd + i];
+                    }
+                }
+            }
+            let o = matvec(&wo, &att);
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let h = rms(x, &vecf(&p("ffn_norm.weight")));
+            let g = matvec(&mat(&p("ffn_gate.weight")), &h);
+            let u = matvec(&mat(&p("ffn_up.weight")), &h);
+            let a: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let dn = matvec(&mat(&p("ffn_down.weight")), &a);
+            x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
+        }
+    }
+    let on = vecf("output_norm.weight");
+    xs.iter().map(|x| matvec(&head, &rms(x, &on))).collect()
+}
+
+/// Largest |ours - reference| relative to the largest |reference| logit.
+fn rel_error(ours: &[f32], reference: &[Vec<f64>]) -> f64 {
+    let n = reference[0].len();
+    let mut max_ref = 0f64;
+    let mut max_err = 0f64;
+    for (t, row) in reference.iter().enumerate() {
+        for (i, r) in row.iter().enumerate() {
+            max_ref = max_ref.max(r.abs());
+            max_err = max_err.max((ours[t * n + i] as f64 - r).abs());
+        }
+    }
+    max_err / max_ref
+}
+
+fn spec_for(ty: GgmlType) -> SyntheticSpec {
+    SyntheticSpec { matrix_types: vec![ty], embd_type: ty, output_type: Some(ty), seed: ty.id() as u64 + 7, ..Default::default() }
+}
+
+#[test]
+fn every_weight_type_agrees_with_the_float64_reference() {
+    let pool = ThreadPool::new(2);
+    for ty in GgmlType::WEIGHT_TYPES {
+        let model = build(&spec_for(ty));
+        let toks = tokens(12, model.cfg.n_vocab, 3);
+        let ours = all_logits(&model, &pool, KvType::F16, &toks, 12);
+        assert!(ours.iter().all(|v| v.is_finite()), "{ty}: non-finite logits");
+        let err = rel_error(&ours, &reference_logits(&model, &toks));
+        // Activations are quantized to 8 bits for the block types (as llama.cpp does): about 1% error.
+        let tol = match ty {
+            // f32 weights see f32 activations; the f16 KV cache is the only rounding.
+            GgmlType::F32 => 2e-3,
+            GgmlType::F16 | GgmlType::BF16 => 2e-2,
+            _ => 6e-2,
+        };
+        println!("{ty}: relative logit error {err:.2e} (tolerance {tol:.0e})");
+        assert!(err < tol, "{ty}: relative logit error {err} exceeds {tol}");
+    }
+}
+
+#[test]
+fn mixed_types_qwen2_biases_and_neox_rope_agree_with_the_reference() {
+    let pool = ThreadPool::new(2);
+    let spec = SyntheticSpec {
+        arch: "qwen2",
+        qkv_bias: true,
+        matrix_types: vec![GgmlType::Q4K, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::Q5K, GgmlType::F16, GgmlType::Q4_0],
+        output_type: Some(GgmlType::Q6K),
+        ..Default::default()
+    };
+    let model = build(&spec);
+    assert_eq!(model.cfg.rope_kind, strata::model::RopeKind::Neox);
+    assert!(model.weights.layers[0].bq.is_some());
+    let toks = tokens(10, model.cfg.n_vocab, 5);
+    let ours = all_logits(&model, &pool, KvType::F16, &toks, 10);
+    let err = rel_error(&ours, &reference_logits(&model, &toks));
+    assert!(err < 6e-2, "relative logit error {err}");
+}
+
+#[test]
+fn logits_are_bit_identical_across_batch_sizes_for_every_type_and_kv() {
+    let pool = ThreadPool::new(2);
+    for ty in GgmlType::WEIGHT_TYPES {
+        let model = build(&spec_for(ty));
+        let toks = tokens(70, model.cfg.n_vocab, 11);
+        for kv in [KvType::F16, KvType::Int8] {
+            let whole = common::bits(&all_logits(&model, &pool, kv, &toks, 70));
+            for batch in [1, 7, 64] {
+                let other = common::bits(&all_logits(&model, &pool, kv, &toks, batch));
+                assert!(whole == other, "{ty} {kv:?}: batch {batch} differs from one batch of 70");
+            }
+        }
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let model = build(&SyntheticSpec::default());
+    let toks = tokens(40, model.cfg.n_vocab, 2);
+    let one = common::bits(&all_logits(&model, &ThreadPool::new(1), KvType::F16, &toks, 16));
+    let three = common::bits(&all_logits(&model, &ThreadPool::new(3), KvType::F16, &toks, 16));
+    assert!(one == three);
+}
+
+#[test]
+fn int8_kv_stays_close_to_f16_kv() {
+    let pool = ThreadPool::new(2);
+    let model = build(&SyntheticSpec::default());
+    let toks = tokens(50, model.cfg.n_vocab, 4);
+    let a = all_logits(&model, &pool, KvType::F16, &toks, 50);
+    let b = all_logits(&model, &pool, KvType::Int8, &toks, 50);
+    let max_abs = a.iter().map(|v| v.abs()).fold(0f32, f32::max);
+    let max_diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(a != b, "int8 KV must actually change the arithmetic");
+    assert!(max_diff / max_abs < 0.05, "int8 KV moved logits by {max_diff} (max {max_abs})");
+    // int8 rows are blocks of 32 values in 34 bytes: a bit over half of f16's 64 bytes.
+    let dim = model.cfg.kv_dim();
+    assert_eq!(KvType::Int8.row_bytes(dim), dim / 32 * 34);
+    assert_eq!(KvType::F16.row_bytes(dim), dim * 2);
+}
+
+#[test]
+fn tied_and_separate_output_heads_both_load() {
+    let tied = build(&SyntheticSpec::default());
+    assert!(tied.weights.tied_output);
+    let separate = build(&SyntheticSpec { output_type: Some(GgmlType::Q8_0), ..Default::default() });
+    assert!(!separate.weights.tied_output);
+}
+
+#[test]
+fn both_tokenizer_kinds_load_from_synthetic_models() {
+    for vocab in [SyntheticVocab::Bpe, SyntheticVocab::Spm] {
+        let spec = SyntheticSpec { vocab, ..Default::default() };
+        let file = GgufFile::from_bytes(spec.to_gguf()).expect("parses");
+        let tok = Tokenizer::from_gguf(&file).expect("tokenizer loads");
+        let ids = tok.encode("the quick brown fox", true);
+        assert!(!ids.is_empty());
+        assert_eq!(tok.decode(&ids).trim_start(), "the quick brown fox", "{vocab:?}");
+        let model = Model::from_file(Arc::new(file)).expect("model loads");
+        assert_eq!(model.cfg.n_vocab, tok.n_vocab());
+    }
+}
+
+#[test]
+fn the_context_limit_and_bad_tokens_are_errors_that_change_nothing() {
+    let pool = ThreadPool::new(2);
+    let model = build(&SyntheticSpec::default());
+    let mut kv = model.new_kv(KvType::F16, 8).expect("kv");
+    model.forward(&pool, &mut kv, &[1, 2, 3], &[2]).expect("fits");
+    match model.forward(&pool, &mut kv, &[4; 6], &[5]) {
+        Err(ModelError::ContextOverflow { needed: 9, max: 8 }) => {}
+        other => panic!("expected a context overflow, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(kv.len(), 3, "a refused batch appends nothing");
+    let bad = model.cfg.n_vocab as u32;
+    assert!(matches!(model.forward(&pool, &mut kv, &[bad], &[0]), Err(ModelError::BadToken { .. })));
+    assert_eq!(kv.len(), 3);
+    model.forward(&pool, &mut kv, &[4], &[0]).expect("still usable");
+}
+
+#[test]
+fn kv_storage_grows_in_pages_not_to_the_full_context() {
+    let pool = ThreadPool::new(1);
+    let model = build(&SyntheticSpec::default());
+    let mut kv = model.new_kv(KvType::F16, 8192).expect("kv");
+    model.forward(&pool, &mut kv, &[1, 2, 3], &[]).expect("forward");
+    let page = strata::model::kv::KV_PAGE_TOKENS;
+    assert_eq!(kv.allocated_bytes(), page * model.kv_bytes_per_token(KvType::F16));
+}

@@ -1,0 +1,129 @@
+//! The default model (SmolLM2-135M-Instruct Q4_1) against llama.cpp's reference outputs
+//! (tests/data/reference/greedy.json), and batch invariance of its logits.
+//!
+//! The model is numerically touchy (see tests/data/reference/README.md), so the checks are the fair ones:
+//! the exact first token, the first step's top-5 set with log-probs within 0.4 nat, and, under teacher
+//! forcing along llama.cpp's tokens, the same argmax at every step whose top-1/top-2 margin exceeds 0.4 nat.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+use strata::model::{KvType, Model};
+use strata::sample::log_softmax_top_k;
+use strata::threadpool::ThreadPool;
+use strata::tokenizer::Tokenizer;
+
+const EOG: [u32; 3] = [0, 2, 4];
+const MARGIN_NAT: f32 = 0.4;
+
+fn load() -> (Model, Tokenizer) {
+    let model = Model::load(&common::model_path()).expect("the default model loads");
+    let tok = Tokenizer::from_gguf(&model.file).expect("its tokenizer loads");
+    (model, tok)
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().expect("an array of ids").iter().map(|x| x.as_u64().expect("an id") as u32).collect()
+}
+
+/// llama.cpp's top-5 of one step as (id, logprob).
+fn top5(v: &Value) -> Vec<(u32, f32)> {
+    v.as_array()
+        .expect("top5 list")
+        .iter()
+        .map(|p| (p[0].as_u64().expect("id") as u32, p[1].as_f64().expect("logprob") as f32))
+        .collect()
+}
+
+fn argmax(row: &[f32], banned: &[u32]) -> u32 {
+    let mut best = (0u32, f32::NEG_INFINITY);
+    for (i, &v) in row.iter().enumerate() {
+        if v > best.1 && !banned.contains(&(i as u32)) {
+            best = (i as u32, v);
+        }
+    }
+    best.0
+}
+
+/// Logits at every step of `path` after `prompt` (teacher forcing), in one batch.
+fn forced_logits(model: &Model, pool: &ThreadPool, prompt: &[u32], path: &[u32]) -> Vec<Vec<f32>> {
+    let mut all = prompt.to_vec();
+    all.extend_from_slice(&path[..path.len() - 1]);
+    let want: Vec<usize> = (prompt.len() - 1..all.len()).collect();
+    let mut kv = model.new_kv(KvType::F16, all.len()).expect("kv");
+    let logits = model.forward(pool, &mut kv, &all, &want).expect("forward");
+    (0..want.len()).map(|i| logits.row(i).to_vec()).collect()
+}
+
+#[test]
+fn greedy_reference_first_token_top5_and_teacher_forcing() {
+    let (model, tok) = load();
+    let pool = ThreadPool::new(2);
+    let reference = common::reference_json("greedy.json");
+    let results = reference["results"].as_array().expect("results");
+    assert_eq!(results.len(), 3);
+    for r in results {
+        let name = r["name"].as_str().unwrap_or("?");
+        let prompt = ids(&r["prompt_tokens"]);
+        assert_eq!(tok.encode(r["prompt"].as_str().expect("prompt"), true), prompt, "{name}: prompt tokens");
+
+        for (kind, banned) in [("greedy", &[][..]), ("greedy_ignore_eos", &EOG[..])] {
+            let path = ids(&r[kind]["tokens"]);
+            let steps = r[kind]["per_step_top5"].as_array().expect("per_step_top5");
+            let rows = forced_logits(&model, &pool, &prompt, &path);
+
+            // Step 0: the exact first token and the top-5 set with log-probs within 0.4 nat.
+            assert_eq!(argmax(&rows[0], banned), path[0], "{name}/{kind}: first token");
+            let theirs = top5(&steps[0]);
+            let ours = log_softmax_top_k(&rows[0], 5);
+            let their_set: BTreeSet<u32> = theirs.iter().map(|p| p.0).collect();
+            let our_set: BTreeSet<u32> = ours.iter().map(|p| p.0).collect();
+            assert_eq!(our_set, their_set, "{name}/{kind}: first-step top-5 set");
+            for (id, lp) in &theirs {
+                let mine = ours.iter().find(|p| p.0 == *id).map(|p| p.1).expect("in our top 5");
+                assert!((mine - lp).abs() <= MARGIN_NAT, "{name}/{kind}: token {id} logprob {mine} vs {lp}");
+            }
+
+            // Teacher forcing: the same argmax wherever llama.cpp's top-1/top-2 margin exceeds 0.4 nat.
+            let (mut checked, mut agreed) = (0, 0);
+            for (i, step) in steps.iter().enumerate() {
+                let cands: Vec<(u32, f32)> = top5(step).into_iter().filter(|p| !banned.contains(&p.0)).collect();
+                let mine = argmax(&rows[i], banned);
+                agreed += usize::from(mine == path[i]);
+                if cands.len() >= 2 && cands[0].1 - cands[1].1 > MARGIN_NAT {
+                    checked += 1;
+                    assert_eq!(mine, path[i], "{name}/{kind}: step {i} (margin {})", cands[0].1 - cands[1].1);
+                }
+            }
+            println!("{name}/{kind}: argmax equal at {agreed}/{} steps, {checked} with margin > 0.4 all equal", steps.len());
+        }
+    }
+}
+
+/// Logits of every position of `tokens`, read in batches of `batch`.
+fn logits_in_batches(model: &Model, pool: &ThreadPool, kv_type: KvType, tokens: &[u32], batch: usize) -> Vec<f32> {
+    let mut kv = model.new_kv(kv_type, tokens.len()).expect("kv");
+    let mut out = Vec::new();
+    for chunk in tokens.chunks(batch) {
+        let want: Vec<usize> = (0..chunk.len()).collect();
+        out.extend(model.forward(pool, &mut kv, chunk, &want).expect("forward").data);
+    }
+    out
+}
+
+#[test]
+fn logits_are_bit_identical_across_batch_sizes_1_7_64_512() {
+    let (model, tok) = load();
+    let pool = ThreadPool::new(2);
+    let text = std::fs::read_to_string(common::reference_path("perplexity_GPL-3.txt")).expect("text");
+    let tokens: Vec<u32> = tok.encode(&text, false).into_iter().take(600).collect();
+    assert_eq!(tokens.len(), 600);
+    let reference = logits_in_batches(&model, &pool, KvType::F16, &tokens, 512);
+    for batch in [1, 7, 64] {
+        let other = logits_in_batches(&model, &pool, KvType::F16, &tokens, batch);
+        let first_diff = reference.iter().zip(&other).position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(first_diff, None, "batch {batch}: logits differ from batch 512 (value index {first_diff:?})");
+    }
+}
