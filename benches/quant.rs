@@ -10,13 +10,7 @@ use strata::quant::{self, GgmlType};
 
 fn main() {
     println!("simd path: {:?}", quant::simd_level());
-    for ty in [
-        GgmlType::Q4_1,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4K,
-        GgmlType::Q6K,
-    ] {
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q6K] {
         for n in [576usize, 1536] {
             if n % ty.block_len() != 0 {
                 continue;
@@ -29,14 +23,9 @@ fn main() {
 fn bench(ty: GgmlType, n: usize) {
     let row_bytes = quant::row_len_bytes(ty, n).expect("whole blocks");
     // ~16 MiB of weights by default: more than the caches hold. `QUANT_BENCH_KIB=256` measures in cache.
-    let kib: usize = std::env::var("QUANT_BENCH_KIB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(16 << 10);
+    let kib: usize = std::env::var("QUANT_BENCH_KIB").ok().and_then(|v| v.parse().ok()).unwrap_or(16 << 10);
     let n_rows = (kib << 10) / row_bytes;
-    let x: Vec<f32> = (0..n)
-        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
-        .collect();
+    let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
     let mut w = vec![0u8; row_bytes * n_rows];
     let mut row = vec![0u8; row_bytes];
     quant::quantize_row(ty, &x, &mut row);

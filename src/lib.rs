@@ -4,10 +4,10 @@
 //! their arithmetic, `tokenizer` turns text into tokens and back (and renders chat templates), `model`
 //! holds the architecture and the forward pass, `sample` picks tokens, `engine` runs requests.
 
-pub mod gguf;
-pub mod quant;
-pub mod threadpool;
-pub mod model;
-pub mod tokenizer;
-pub mod sample;
 pub mod engine;
+pub mod gguf;
+pub mod model;
+pub mod quant;
+pub mod sample;
+pub mod threadpool;
+pub mod tokenizer;

@@ -78,9 +78,7 @@ impl SamplerConfig {
 
     fn penalties_on(&self) -> bool {
         self.repeat_last_n > 0
-            && (self.repeat_penalty != 1.0
-                || self.presence_penalty != 0.0
-                || self.frequency_penalty != 0.0)
+            && (self.repeat_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0)
     }
 }
 
@@ -102,11 +100,7 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Sampler {
         let rng = ChaCha20Rng::seed_from_u64(cfg.seed);
-        Sampler {
-            cfg,
-            rng,
-            candidates: Vec::new(),
-        }
+        Sampler { cfg, rng, candidates: Vec::new() }
     }
 
     pub fn config(&self) -> &SamplerConfig {
@@ -123,10 +117,7 @@ impl Sampler {
     pub fn sample(&mut self, logits: &[f32], history: &[u32], banned: &[u32]) -> u32 {
         match self.try_sample(logits, history, banned) {
             Some(id) => id,
-            None => panic!(
-                "no token can be sampled: {} logits, all banned or NaN",
-                logits.len()
-            ),
+            None => panic!("no token can be sampled: {} logits, all banned or NaN", logits.len()),
         }
     }
 
@@ -134,10 +125,7 @@ impl Sampler {
     pub fn try_sample(&mut self, logits: &[f32], history: &[u32], banned: &[u32]) -> Option<u32> {
         let mut cands = std::mem::take(&mut self.candidates);
         cands.clear();
-        cands.extend(logits.iter().enumerate().map(|(i, &logit)| Candidate {
-            id: i as u32,
-            logit,
-        }));
+        cands.extend(logits.iter().enumerate().map(|(i, &logit)| Candidate { id: i as u32, logit }));
         if self.cfg.penalties_on() {
             let start = history.len().saturating_sub(self.cfg.repeat_last_n);
             apply_penalties(&mut cands, &history[start..], &self.cfg);
@@ -162,11 +150,7 @@ impl Sampler {
         let cfg = &self.cfg;
         if cfg.temperature <= 0.0 || cfg.top_k == 1 {
             // Greedy, and top_k = 1 which keeps only the argmax: no filter can change the outcome.
-            return cands
-                .iter()
-                .copied()
-                .reduce(|best, c| if before(&c, &best) { c } else { best })
-                .map(|c| c.id);
+            return cands.iter().copied().reduce(|best, c| if before(&c, &best) { c } else { best }).map(|c| c.id);
         }
         top_k(cands, cfg.top_k);
         top_p(cands, cfg.top_p);
@@ -174,11 +158,7 @@ impl Sampler {
         // Scaled relative to the best logit, so that a tiny temperature gives -inf, never inf - inf.
         let (max, inv_t) = (cands[0].logit, 1.0 / cfg.temperature);
         for c in cands.iter_mut() {
-            c.logit = if c.logit == max {
-                0.0
-            } else {
-                (c.logit - max) * inv_t
-            };
+            c.logit = if c.logit == max { 0.0 } else { (c.logit - max) * inv_t };
         }
         Some(draw(cands, &mut self.rng))
     }
@@ -228,16 +208,8 @@ fn top_k(cands: &mut Vec<Candidate>, k: usize) {
 fn probabilities(cands: &[Candidate]) -> Vec<f64> {
     let max = cands[0].logit as f64;
     // `x == max` first: with an infinite max, `x - max` would be NaN for the tokens that share it.
-    let mut p: Vec<f64> = cands
-        .iter()
-        .map(|c| {
-            if c.logit as f64 == max {
-                1.0
-            } else {
-                (c.logit as f64 - max).exp()
-            }
-        })
-        .collect();
+    let mut p: Vec<f64> =
+        cands.iter().map(|c| if c.logit as f64 == max { 1.0 } else { (c.logit as f64 - max).exp() }).collect();
     let sum: f64 = p.iter().sum();
     p.iter_mut().for_each(|x| *x /= sum);
     p
@@ -298,18 +270,11 @@ pub fn log_softmax_top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
             x as f64
         }
     };
-    let max = logits
-        .iter()
-        .map(|&x| clean(x))
-        .fold(f64::NEG_INFINITY, f64::max);
+    let max = logits.iter().map(|&x| clean(x)).fold(f64::NEG_INFINITY, f64::max);
     // log p = x - lse. An infinite max has no finite normaliser: the tokens at +inf share the mass
     // (log p = -ln count) and every other token is impossible; with all at -inf, all are impossible.
     let lse = if max.is_finite() {
-        max + logits
-            .iter()
-            .map(|&x| (clean(x) - max).exp())
-            .sum::<f64>()
-            .ln()
+        max + logits.iter().map(|&x| (clean(x) - max).exp()).sum::<f64>().ln()
     } else {
         f64::INFINITY
     };
@@ -323,14 +288,8 @@ pub fn log_softmax_top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
             f64::NEG_INFINITY
         }
     };
-    let mut cands: Vec<Candidate> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| Candidate {
-            id: i as u32,
-            logit: clean(x) as f32,
-        })
-        .collect();
+    let mut cands: Vec<Candidate> =
+        logits.iter().enumerate().map(|(i, &x)| Candidate { id: i as u32, logit: clean(x) as f32 }).collect();
     let k = k.min(cands.len());
     if k == 0 {
         return Vec::new();
@@ -340,10 +299,7 @@ pub fn log_softmax_top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
         cands.truncate(k);
     }
     cands.sort_unstable_by(cmp_desc);
-    cands
-        .iter()
-        .map(|c| (c.id, logp(clean(logits[c.id as usize])) as f32))
-        .collect()
+    cands.iter().map(|c| (c.id, logp(clean(logits[c.id as usize])) as f32)).collect()
 }
 
 /// What [`StopStrings::check`] found in the text streamed so far.
@@ -370,11 +326,7 @@ impl StopStrings {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let stops: Vec<String> = stops
-            .into_iter()
-            .map(Into::into)
-            .filter(|s| !s.is_empty())
-            .collect();
+        let stops: Vec<String> = stops.into_iter().map(Into::into).filter(|s| !s.is_empty()).collect();
         let max_len = stops.iter().map(String::len).max().unwrap_or(0);
         StopStrings { stops, max_len }
     }
@@ -385,17 +337,10 @@ impl StopStrings {
 
     /// Checks the whole `text` generated so far (cost: one substring search per stop string).
     pub fn check(&self, text: &str) -> StopCheck {
-        if let Some(cut_at) = self
-            .stops
-            .iter()
-            .filter_map(|s| text.find(s.as_str()))
-            .min()
-        {
+        if let Some(cut_at) = self.stops.iter().filter_map(|s| text.find(s.as_str())).min() {
             return StopCheck::Stop { cut_at };
         }
-        StopCheck::Continue {
-            held_back_bytes: self.held_back_bytes(text),
-        }
+        StopCheck::Continue { held_back_bytes: self.held_back_bytes(text) }
     }
 
     /// The length of the longest suffix of `text` that is a proper prefix of a stop string. Such a suffix
@@ -407,9 +352,7 @@ impl StopStrings {
             .rev()
             .find(|&n| {
                 let tail = &bytes[bytes.len() - n..];
-                self.stops
-                    .iter()
-                    .any(|s| s.len() > n && s.as_bytes().starts_with(tail))
+                self.stops.iter().any(|s| s.len() > n && s.as_bytes().starts_with(tail))
             })
             .unwrap_or(0)
     }
@@ -420,25 +363,15 @@ mod tests {
     use super::*;
 
     fn cfg(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplerConfig {
-        SamplerConfig {
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            ..SamplerConfig::greedy()
-        }
+        SamplerConfig { temperature, top_k, top_p, min_p, ..SamplerConfig::greedy() }
     }
 
     /// Deterministic pseudo-random logits (an LCG; the exact values do not matter).
     fn logits(n: usize, salt: u64) -> Vec<f32> {
-        let mut x = salt
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        let mut x = salt.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (0..n)
             .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 ((x >> 40) as f32 / (1u64 << 24) as f32) * 10.0 - 5.0
             })
             .collect()
@@ -470,10 +403,7 @@ mod tests {
     #[test]
     fn top_k_one_equals_greedy_at_any_temperature() {
         for (i, temp) in [0.1f32, 0.8, 1.5, 10.0, 100.0].into_iter().enumerate() {
-            let mut s = Sampler::new(SamplerConfig {
-                seed: i as u64,
-                ..cfg(temp, 1, 1.0, 0.0)
-            });
+            let mut s = Sampler::new(SamplerConfig { seed: i as u64, ..cfg(temp, 1, 1.0, 0.0) });
             for salt in 0..20 {
                 let l = logits(500, salt);
                 assert_eq!(s.sample(&l, &[], &[]), argmax(&l), "temp {temp}");
@@ -492,10 +422,7 @@ mod tests {
     }
 
     fn run(seed: u64, n: usize) -> Vec<u32> {
-        let mut s = Sampler::new(SamplerConfig {
-            seed,
-            ..cfg(1.0, 0, 1.0, 0.0)
-        });
+        let mut s = Sampler::new(SamplerConfig { seed, ..cfg(1.0, 0, 1.0, 0.0) });
         let l = vec![0.0f32; 64]; // uniform: every draw is pure randomness
         (0..n).map(|_| s.sample(&l, &[], &[])).collect()
     }
@@ -516,10 +443,7 @@ mod tests {
 
     #[test]
     fn draws_follow_the_softmax() {
-        let mut s = Sampler::new(SamplerConfig {
-            seed: 3,
-            ..cfg(1.0, 0, 1.0, 0.0)
-        });
+        let mut s = Sampler::new(SamplerConfig { seed: 3, ..cfg(1.0, 0, 1.0, 0.0) });
         let l = [0.0f32, 2f32.ln(), f32::NEG_INFINITY]; // probabilities 1/3, 2/3, 0
         let mut counts = [0usize; 3];
         for _ in 0..3000 {
@@ -532,11 +456,7 @@ mod tests {
     #[test]
     fn banned_ids_are_never_chosen() {
         let banned: Vec<u32> = (0..50).collect();
-        for c in [
-            SamplerConfig::greedy(),
-            cfg(2.0, 0, 1.0, 0.0),
-            SamplerConfig::default(),
-        ] {
+        for c in [SamplerConfig::greedy(), cfg(2.0, 0, 1.0, 0.0), SamplerConfig::default()] {
             let mut s = Sampler::new(c);
             for salt in 0..200 {
                 let mut l = logits(100, salt);
@@ -552,19 +472,10 @@ mod tests {
     #[test]
     fn top_p_keeps_the_minimal_nucleus() {
         // Probabilities 0.5, 0.25, 0.125, 0.125.
-        let l: Vec<f32> = [0.5f32, 0.25, 0.125, 0.125]
-            .iter()
-            .map(|p| p.ln())
-            .collect();
+        let l: Vec<f32> = [0.5f32, 0.25, 0.125, 0.125].iter().map(|p| p.ln()).collect();
         let nucleus = |p: f32| {
-            let mut c: Vec<Candidate> = l
-                .iter()
-                .enumerate()
-                .map(|(i, &logit)| Candidate {
-                    id: i as u32,
-                    logit,
-                })
-                .collect();
+            let mut c: Vec<Candidate> =
+                l.iter().enumerate().map(|(i, &logit)| Candidate { id: i as u32, logit }).collect();
             top_k(&mut c, 0);
             top_p(&mut c, p);
             c.iter().map(|c| c.id).collect::<Vec<_>>()
@@ -606,29 +517,18 @@ mod tests {
     #[test]
     fn repetition_penalty_changes_argmax() {
         let l = [3.0f32, 2.5, -1.0, -1.2];
-        let mut s = Sampler::new(SamplerConfig {
-            repeat_penalty: 1.5,
-            ..SamplerConfig::greedy()
-        });
+        let mut s = Sampler::new(SamplerConfig { repeat_penalty: 1.5, ..SamplerConfig::greedy() });
         assert_eq!(s.sample(&l, &[], &[]), 0);
         assert_eq!(s.sample(&l, &[0], &[]), 1); // 3.0 / 1.5 = 2.0 < 2.5
                                                 // Negative logits are multiplied, so a penalised -1.0 falls below -1.2.
         let l = [-1.0f32, -1.2];
         assert_eq!(s.sample(&l, &[0], &[]), 1);
         // Only the last `repeat_last_n` tokens count.
-        let mut s = Sampler::new(SamplerConfig {
-            repeat_penalty: 1.5,
-            repeat_last_n: 2,
-            ..SamplerConfig::greedy()
-        });
+        let mut s = Sampler::new(SamplerConfig { repeat_penalty: 1.5, repeat_last_n: 2, ..SamplerConfig::greedy() });
         assert_eq!(s.sample(&[3.0, 2.5, 0.0], &[0, 2, 2], &[]), 0);
         assert_eq!(s.sample(&[3.0, 2.5, 0.0], &[2, 0], &[]), 1);
         // repeat_last_n = 0 turns the penalties off.
-        let mut s = Sampler::new(SamplerConfig {
-            repeat_penalty: 1.5,
-            repeat_last_n: 0,
-            ..SamplerConfig::greedy()
-        });
+        let mut s = Sampler::new(SamplerConfig { repeat_penalty: 1.5, repeat_last_n: 0, ..SamplerConfig::greedy() });
         assert_eq!(s.sample(&[3.0, 2.5], &[0, 0], &[]), 0);
     }
 
@@ -636,13 +536,9 @@ mod tests {
     fn presence_and_frequency_penalties_subtract() {
         let window = [0u32, 0, 0, 1];
         let pen = |presence: f32, frequency: f32| {
-            let c = SamplerConfig {
-                presence_penalty: presence,
-                frequency_penalty: frequency,
-                ..SamplerConfig::greedy()
-            };
-            let mut cands: Vec<Candidate> =
-                (0..3).map(|i| Candidate { id: i, logit: 1.0 }).collect();
+            let c =
+                SamplerConfig { presence_penalty: presence, frequency_penalty: frequency, ..SamplerConfig::greedy() };
+            let mut cands: Vec<Candidate> = (0..3).map(|i| Candidate { id: i, logit: 1.0 }).collect();
             apply_penalties(&mut cands, &window, &c);
             cands.iter().map(|c| c.logit).collect::<Vec<_>>()
         };
@@ -650,10 +546,7 @@ mod tests {
         assert_eq!(pen(0.0, 0.25), [0.25, 0.75, 1.0]);
         assert_eq!(pen(0.5, 0.25), [-0.25, 0.25, 1.0]);
         // Through the sampler: token 0 (seen 3 times) loses to token 1 (seen once) under frequency.
-        let mut s = Sampler::new(SamplerConfig {
-            frequency_penalty: 0.5,
-            ..SamplerConfig::greedy()
-        });
+        let mut s = Sampler::new(SamplerConfig { frequency_penalty: 0.5, ..SamplerConfig::greedy() });
         assert_eq!(s.sample(&[2.0, 1.2], &window, &[]), 1);
     }
 
@@ -688,10 +581,7 @@ mod tests {
         assert_eq!(st.check("Hello</s>more"), StopCheck::Stop { cut_at: 5 });
         // The earliest stop wins, whichever string it is.
         assert_eq!(st.check("a\nUser: b</s>"), StopCheck::Stop { cut_at: 1 });
-        assert_eq!(
-            st.check("plain text"),
-            StopCheck::Continue { held_back_bytes: 0 }
-        );
+        assert_eq!(st.check("plain text"), StopCheck::Continue { held_back_bytes: 0 });
         assert!(StopStrings::new([""]).is_empty());
     }
 
@@ -718,11 +608,7 @@ mod tests {
             }
         }
         assert_eq!(result, Some("Hi there".len()));
-        assert_eq!(
-            shown,
-            "Hi there".len(),
-            "the partial '</s' was never streamed"
-        );
+        assert_eq!(shown, "Hi there".len(), "the partial '</s' was never streamed");
         assert_eq!(st.held_back_bytes("abc\nUs"), 3);
         assert_eq!(st.held_back_bytes("abc<"), 1);
         assert_eq!(st.held_back_bytes("abc<x"), 0);

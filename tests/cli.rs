@@ -52,7 +52,9 @@ fn help_documents_every_subcommand() {
         assert!(out.contains(sub), "--help lacks {sub}");
     }
     let o = strata(&["run", "--help"]);
-    for flag in ["--prompt", "--n-predict", "--temp", "--seed", "--ignore-eos", "--json", "--top-logprobs", "--threads", "--kv"] {
+    for flag in
+        ["--prompt", "--n-predict", "--temp", "--seed", "--ignore-eos", "--json", "--top-logprobs", "--threads", "--kv"]
+    {
         assert!(stdout(&o).contains(flag), "run --help lacks {flag}");
     }
 }
@@ -121,7 +123,19 @@ fn bad_sampling_values_are_refused() {
 
 #[test]
 fn run_json_prints_tokens_text_and_top_logprobs() {
-    let o = strata(&["run", "-p", "The quick brown fox", "-n", "8", "--temp", "0", "--ignore-eos", "--json", "--top-logprobs", "3"]);
+    let o = strata(&[
+        "run",
+        "-p",
+        "The quick brown fox",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--ignore-eos",
+        "--json",
+        "--top-logprobs",
+        "3",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("one JSON object");
     let tokens = v["tokens"].as_array().expect("tokens");

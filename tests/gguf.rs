@@ -2,11 +2,11 @@
 //! corpus of corrupted images each gives the error kind and byte offset that name the problem (never a
 //! panic), and the default model opens with the structure we know it has.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::collections::HashMap;
 
-use strata::gguf::{
-    GgufArray, GgufError, GgufErrorKind, GgufFile, GgufValue, GgufValueType, GgufWriter,
-};
+use strata::gguf::{ArrayData, GgufArray, GgufError, GgufErrorKind, GgufFile, GgufValue, GgufValueType, GgufWriter};
 use strata::quant::GgmlType;
 
 // ---------------------------------------------------------------------------------------------------------
@@ -14,9 +14,7 @@ use strata::quant::GgmlType;
 
 /// Bytes that look random enough to catch a swapped or shifted tensor.
 fn pattern(n: usize, salt: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
-        .collect()
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt)).collect()
 }
 
 /// Adds a tensor of type `ty` and dimensions `dims` whose data is a salted pattern of the right size.
@@ -29,7 +27,7 @@ fn add(w: &mut GgufWriter, name: &str, dims: &[u64], ty: GgmlType, salt: u8) -> 
 }
 
 fn arr(elem_type: GgufValueType, values: Vec<GgufValue>) -> GgufValue {
-    GgufValue::Array(GgufArray { elem_type, values })
+    GgufValue::Array(GgufArray::from_values(elem_type, values).expect("values of the element type"))
 }
 
 /// One value of every type, arrays of several element types, arrays nested two and three deep.
@@ -37,18 +35,13 @@ fn all_metadata() -> Vec<(String, GgufValue)> {
     use GgufValue as V;
     let nested = arr(
         GgufValueType::Array,
-        vec![
-            arr(GgufValueType::I32, vec![V::I32(1), V::I32(-2)]),
-            arr(GgufValueType::I32, vec![]),
-            { arr(GgufValueType::I32, vec![V::I32(i32::MIN)]) },
-        ],
+        vec![arr(GgufValueType::I32, vec![V::I32(1), V::I32(-2)]), arr(GgufValueType::I32, vec![]), {
+            arr(GgufValueType::I32, vec![V::I32(i32::MIN)])
+        }],
     );
     let deeper = arr(
         GgufValueType::Array,
-        vec![arr(
-            GgufValueType::Array,
-            vec![arr(GgufValueType::String, vec![V::str("deep"), V::str("")])],
-        )],
+        vec![arr(GgufValueType::Array, vec![arr(GgufValueType::String, vec![V::str("deep"), V::str("")])])],
     );
     let kv = [
         ("general.architecture", V::str("llama")),
@@ -68,14 +61,8 @@ fn all_metadata() -> Vec<(String, GgufValue)> {
         ("t.f64", V::F64(std::f64::consts::PI)),
         ("t.array.strings", V::strs(&["a", "bc", ""])),
         ("t.array.f32", V::f32s(&[0.5, -0.25, f32::INFINITY])),
-        (
-            "t.array.u8",
-            arr(GgufValueType::U8, vec![V::U8(0), V::U8(255)]),
-        ),
-        (
-            "t.array.bool",
-            arr(GgufValueType::Bool, vec![V::Bool(true), V::Bool(false)]),
-        ),
+        ("t.array.u8", arr(GgufValueType::U8, vec![V::U8(0), V::U8(255)])),
+        ("t.array.bool", arr(GgufValueType::Bool, vec![V::Bool(true), V::Bool(false)])),
         ("t.array.f64", arr(GgufValueType::F64, vec![V::F64(1e300)])),
         ("t.array.empty", arr(GgufValueType::U64, vec![])),
         ("t.array.nested", nested),
@@ -84,8 +71,11 @@ fn all_metadata() -> Vec<(String, GgufValue)> {
     kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
 
+/// A tensor as written: name, dimensions, type, data.
+type Written = (&'static str, Vec<u64>, GgmlType, Vec<u8>);
+
 /// A writer with all metadata and tensors of several types; returns it with the expected tensors.
-fn rich_writer() -> (GgufWriter, Vec<(&'static str, Vec<u64>, GgmlType, Vec<u8>)>) {
+fn rich_writer() -> (GgufWriter, Vec<Written>) {
     let mut w = GgufWriter::new();
     for (k, v) in all_metadata() {
         w.set(&k, v);
@@ -120,10 +110,7 @@ fn parse_err(bytes: Vec<u8>) -> GgufError {
 fn check_message(e: &GgufError, offset: u64, words: &[&str]) {
     let msg = e.to_string();
     assert_eq!(e.offset, offset, "wrong offset in {msg:?}");
-    assert!(
-        msg.contains(&format!("at byte offset {offset}")),
-        "{msg:?} does not name offset {offset}"
-    );
+    assert!(msg.contains(&format!("at byte offset {offset}")), "{msg:?} does not name offset {offset}");
     for w in words {
         assert!(msg.contains(w), "{msg:?} does not mention {w:?}");
     }
@@ -189,11 +176,7 @@ fn every_value_type_and_tensor_type_round_trips_in_v2_and_v3() {
         assert_eq!(f.version, version);
         assert_eq!(f.alignment, 32);
         assert_eq!(f.file_bytes(), n_file);
-        assert_eq!(
-            f.metadata,
-            all_metadata(),
-            "metadata differs (values or order) in v{version}"
-        );
+        assert_eq!(f.metadata, all_metadata(), "metadata differs (values or order) in v{version}");
         for (k, v) in all_metadata() {
             assert_eq!(f.get(&k), Some(&v), "{k}");
         }
@@ -244,26 +227,18 @@ fn bad_magic() {
     let mut bytes = GgufWriter::new().to_bytes(3);
     bytes[3] = b'X';
     let e = parse_err(bytes);
-    assert!(
-        matches!(e.kind, GgufErrorKind::BadMagic { found } if &found == b"GGUX"),
-        "{e}"
-    );
-    // The message shows the bytes found (as numbers: b"GGUX" is [71, 71, 85, 88]).
-    check_message(
-        &e,
-        0,
-        &["not a GGUF file", "[71, 71, 85, 88]", "expected \"GGUF\""],
-    );
+    assert!(matches!(e.kind, GgufErrorKind::BadMagic { found } if &found == b"GGUX"), "{e}");
+    // The message shows the bytes found as text, escaped where they are not printable.
+    check_message(&e, 0, &["not a GGUF file", "magic is \"GGUX\"", "expected \"GGUF\""]);
+    let e = parse_err(b"\x00\xffG\n\x03\x00\x00\x00".to_vec());
+    check_message(&e, 0, &[r#"magic is "\x00\xffG\n""#]);
 }
 
 #[test]
 fn unsupported_versions() {
     for version in [0, 1, 4, u32::MAX] {
         let e = parse_err(GgufWriter::new().to_bytes(version));
-        assert!(
-            matches!(e.kind, GgufErrorKind::UnsupportedVersion(v) if v == version),
-            "{e}"
-        );
+        assert!(matches!(e.kind, GgufErrorKind::UnsupportedVersion(v) if v == version), "{e}");
         check_message(&e, 4, &["unsupported GGUF version", &version.to_string()]);
     }
 }
@@ -275,10 +250,7 @@ fn every_truncation_is_an_error() {
     let mut w = GgufWriter::new();
     w.set("general.architecture", GgufValue::str("llama"));
     w.set("a.list", GgufValue::strs(&["x", "yz"]));
-    w.set(
-        "a.nested",
-        arr(GgufValueType::Array, vec![GgufValue::i32s(&[1, 2])]),
-    );
+    w.set("a.nested", arr(GgufValueType::Array, vec![GgufValue::i32s(&[1, 2])]));
     w.set("a.f", GgufValue::F64(2.0));
     add(&mut w, "w", &[32, 1], GgmlType::Q8_0, 3);
     add(&mut w, "v", &[8], GgmlType::F32, 4);
@@ -295,67 +267,36 @@ fn every_truncation_is_an_error() {
             ),
             "prefix of {len} bytes: {e}"
         );
-        assert!(
-            e.offset <= len as u64,
-            "prefix of {len} bytes: error beyond the end: {e}"
-        );
+        assert!(e.offset <= len as u64, "prefix of {len} bytes: error beyond the end: {e}");
         let msg = e.to_string();
-        assert!(
-            msg.contains(&format!("at byte offset {}", e.offset)),
-            "{msg}"
-        );
+        assert!(msg.contains(&format!("at byte offset {}", e.offset)), "{msg}");
     }
     // A cut inside the second key ("a.list", after the 45 bytes of the first pair) reports what was
     // being read, how much it needed, and where.
     let key_at = HEADER_BYTES + 45 + 8;
     let e = parse_err(full[..key_at as usize + 2].to_vec());
-    assert!(
-        matches!(
-            e.kind,
-            GgufErrorKind::Truncated {
-                what: "metadata key",
-                needed: 6,
-                available: 2
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e.kind, GgufErrorKind::Truncated { what: "metadata key", needed: 6, available: 2 }), "{e}");
     check_message(&e, key_at, &["truncated", "metadata key", "needed 6 bytes"]);
 }
 
 #[test]
 fn tensor_data_out_of_bounds() {
-    let raw = Raw::header(3, 1, 0)
-        .tensor("t", &[8], GgmlType::F32.id(), 64)
-        .data(32);
+    let raw = Raw::header(3, 1, 0).tensor("t", &[8], GgmlType::F32.id(), 64).data(32);
     let n_file = raw.pos();
     let e = parse_err(raw.0);
     let data_offset = 64; // header (24) + tensor info (8 + 1 + 4 + 8 + 4 + 8 = 33), aligned to 32
     match &e.kind {
-        GgufErrorKind::DataOutOfBounds {
-            name,
-            start,
-            end,
-            file_bytes,
-        } => {
-            assert_eq!(
-                (name.as_str(), *start, *end, *file_bytes),
-                ("t", data_offset + 64, data_offset + 96, n_file)
-            );
+        GgufErrorKind::DataOutOfBounds { name, start, end, file_bytes } => {
+            assert_eq!((name.as_str(), *start, *end, *file_bytes), ("t", data_offset + 64, data_offset + 96, n_file));
         }
         _ => panic!("{e}"),
     }
     check_message(&e, HEADER_BYTES, &["\"t\"", "outside the file"]);
 
     // An offset so large that offset + size overflows u64 is out of bounds too, not a wrap-around.
-    let raw = Raw::header(3, 1, 0)
-        .tensor("t", &[8], GgmlType::F32.id(), u64::MAX - 31)
-        .data(32);
+    let raw = Raw::header(3, 1, 0).tensor("t", &[8], GgmlType::F32.id(), u64::MAX - 31).data(32);
     let e = parse_err(raw.0);
-    assert!(
-        matches!(e.kind, GgufErrorKind::DataOutOfBounds { .. }),
-        "{e}"
-    );
+    assert!(matches!(e.kind, GgufErrorKind::DataOutOfBounds { .. }), "{e}");
     check_message(&e, HEADER_BYTES, &["outside the file"]);
 }
 
@@ -370,11 +311,7 @@ fn unknown_tensor_type() {
             "{e}"
         );
         // At the type field: header, name (8 + 1), n_dims (4), one dim (8).
-        check_message(
-            &e,
-            HEADER_BYTES + 21,
-            &["unknown tensor type", &type_id.to_string()],
-        );
+        check_message(&e, HEADER_BYTES + 21, &["unknown tensor type", &type_id.to_string()]);
     }
 }
 
@@ -386,11 +323,7 @@ fn unknown_value_type() {
     check_message(&e, HEADER_BYTES + 9, &["unknown metadata value type 13"]);
 
     // The element type of an array.
-    let raw = Raw::header(3, 0, 1)
-        .str("k")
-        .u32(GgufValueType::Array as u32)
-        .u32(99)
-        .u64(0);
+    let raw = Raw::header(3, 0, 1).str("k").u32(GgufValueType::Array as u32).u32(99).u64(0);
     let e = parse_err(raw.0);
     assert!(matches!(e.kind, GgufErrorKind::UnknownValueType(99)), "{e}");
     check_message(&e, HEADER_BYTES + 13, &["unknown metadata value type 99"]);
@@ -399,239 +332,84 @@ fn unknown_value_type() {
 #[test]
 fn dims_whose_product_overflows() {
     let dims = [1 << 32, 1 << 32, 1 << 32];
-    let raw = Raw::header(3, 1, 0)
-        .tensor("big", &dims, GgmlType::F32.id(), 0)
-        .data(32);
+    let raw = Raw::header(3, 1, 0).tensor("big", &dims, GgmlType::F32.id(), 0).data(32);
     let e = parse_err(raw.0);
-    assert!(
-        matches!(&e.kind, GgufErrorKind::BadShape { name, dims: d, .. } if name == "big" && d == &dims),
-        "{e}"
-    );
+    assert!(matches!(&e.kind, GgufErrorKind::BadShape { name, dims: d, .. } if name == "big" && d == &dims), "{e}");
     check_message(&e, HEADER_BYTES, &["\"big\"", "does not fit type f32"]);
 
     // A row length that overflows on its own (4 bytes per f32).
-    let raw = Raw::header(3, 1, 0)
-        .tensor("row", &[1 << 62], GgmlType::F32.id(), 0)
-        .data(32);
-    assert!(matches!(
-        parse_err(raw.0).kind,
-        GgufErrorKind::BadShape { .. }
-    ));
+    let raw = Raw::header(3, 1, 0).tensor("row", &[1 << 62], GgmlType::F32.id(), 0).data(32);
+    assert!(matches!(parse_err(raw.0).kind, GgufErrorKind::BadShape { .. }));
 
     // Rows that are not whole blocks.
-    let raw = Raw::header(3, 1, 0)
-        .tensor("q", &[31, 2], GgmlType::Q4_0.id(), 0)
-        .data(64);
+    let raw = Raw::header(3, 1, 0).tensor("q", &[31, 2], GgmlType::Q4_0.id(), 0).data(64);
     let e = parse_err(raw.0);
-    assert!(
-        matches!(
-            e.kind,
-            GgufErrorKind::BadShape {
-                ty: GgmlType::Q4_0,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e.kind, GgufErrorKind::BadShape { ty: GgmlType::Q4_0, .. }), "{e}");
     check_message(&e, HEADER_BYTES, &["q4_0", "whole blocks"]);
 }
 
 #[test]
 fn counts_and_lengths_of_u64_max() {
     let e = parse_err(Raw::header(3, u64::MAX, 0).0);
-    assert!(
-        matches!(
-            e.kind,
-            GgufErrorKind::TooLarge {
-                what: "tensor count",
-                value: u64::MAX
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "tensor count", value: u64::MAX }), "{e}");
     check_message(&e, 8, &["tensor count is too large", &u64::MAX.to_string()]);
 
     let e = parse_err(Raw::header(3, 0, u64::MAX).0);
-    assert!(
-        matches!(
-            e.kind,
-            GgufErrorKind::TooLarge {
-                what: "metadata count",
-                value: u64::MAX
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "metadata count", value: u64::MAX }), "{e}");
     check_message(&e, 16, &["metadata count is too large"]);
 
     // A count that is merely more than the file can hold is refused the same way, before allocating.
     let e = parse_err(Raw::header(3, 0, 1_000_000).kv_u32("k", 1).0);
-    assert!(
-        matches!(
-            e.kind,
-            GgufErrorKind::TooLarge {
-                what: "metadata count",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "metadata count", .. }), "{e}");
 
     let array_at = HEADER_BYTES + 9 + 4 + 4; // key "k", value type, element type
-    let e = parse_err(
-        Raw::header(3, 0, 1)
-            .str("k")
-            .u32(9)
-            .u32(GgufValueType::U8 as u32)
-            .u64(u64::MAX)
-            .0,
-    );
-    assert!(
-        matches!(
-            e.kind,
-            GgufErrorKind::TooLarge {
-                what: "array length",
-                value: u64::MAX
-            }
-        ),
-        "{e}"
-    );
+    let e = parse_err(Raw::header(3, 0, 1).str("k").u32(9).u32(GgufValueType::U8 as u32).u64(u64::MAX).0);
+    assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "array length", value: u64::MAX }), "{e}");
     check_message(&e, array_at, &["array length is too large"]);
     // Arrays of strings and of arrays: the per-element minimum must not overflow either.
-    for elem in [
-        GgufValueType::String,
-        GgufValueType::Array,
-        GgufValueType::U64,
-    ] {
-        let e = parse_err(
-            Raw::header(3, 0, 1)
-                .str("k")
-                .u32(9)
-                .u32(elem as u32)
-                .u64(u64::MAX / 4)
-                .0,
-        );
-        assert!(
-            matches!(
-                e.kind,
-                GgufErrorKind::TooLarge {
-                    what: "array length",
-                    ..
-                }
-            ),
-            "{elem:?}: {e}"
-        );
+    for elem in [GgufValueType::String, GgufValueType::Array, GgufValueType::U64] {
+        let e = parse_err(Raw::header(3, 0, 1).str("k").u32(9).u32(elem as u32).u64(u64::MAX / 4).0);
+        assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "array length", .. }), "{elem:?}: {e}");
     }
 
     // String lengths: a key, a string value, a tensor name.
     let e = parse_err(Raw::header(3, 0, 1).u64(u64::MAX).bytes(&[0; 16]).0);
-    assert!(
-        matches!(
-            e.kind,
-            GgufErrorKind::TooLarge {
-                what: "string length",
-                value: u64::MAX
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "string length", value: u64::MAX }), "{e}");
     check_message(&e, HEADER_BYTES, &["string length is too large"]);
-    let e = parse_err(
-        Raw::header(3, 0, 1)
-            .str("k")
-            .u32(8)
-            .u64(u64::MAX)
-            .bytes(&[0; 16])
-            .0,
-    );
-    assert!(
-        matches!(
-            e.kind,
-            GgufErrorKind::TooLarge {
-                what: "string length",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    let e = parse_err(Raw::header(3, 0, 1).str("k").u32(8).u64(u64::MAX).bytes(&[0; 16]).0);
+    assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "string length", .. }), "{e}");
     check_message(&e, HEADER_BYTES + 13, &["string length"]);
     let e = parse_err(Raw::header(3, 1, 0).u64(u64::MAX).bytes(&[0; 32]).0);
-    assert!(
-        matches!(
-            e.kind,
-            GgufErrorKind::TooLarge {
-                what: "string length",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "string length", .. }), "{e}");
     check_message(&e, HEADER_BYTES, &["string length"]);
     // A length under the cap but beyond the file is a truncation.
-    let e = parse_err(
-        Raw::header(3, 0, 1)
-            .u64(1000)
-            .bytes(b"abc")
-            .bytes(&[0; 16])
-            .0,
-    );
-    assert!(
-        matches!(
-            e.kind,
-            GgufErrorKind::Truncated {
-                what: "metadata key",
-                needed: 1000,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    let e = parse_err(Raw::header(3, 0, 1).u64(1000).bytes(b"abc").bytes(&[0; 16]).0);
+    assert!(matches!(e.kind, GgufErrorKind::Truncated { what: "metadata key", needed: 1000, .. }), "{e}");
     check_message(&e, HEADER_BYTES + 8, &["truncated"]);
 }
 
 #[test]
 fn misaligned_offsets() {
-    let raw = Raw::header(3, 1, 0)
-        .tensor("t", &[8], GgmlType::F32.id(), 7)
-        .data(64);
+    let raw = Raw::header(3, 1, 0).tensor("t", &[8], GgmlType::F32.id(), 7).data(64);
     let e = parse_err(raw.0);
-    assert!(
-        matches!(&e.kind, GgufErrorKind::Misaligned { name, offset: 7, alignment: 32 } if name == "t"),
-        "{e}"
-    );
-    check_message(
-        &e,
-        HEADER_BYTES,
-        &["\"t\"", "not a multiple of the alignment 32"],
-    );
+    assert!(matches!(&e.kind, GgufErrorKind::Misaligned { name, offset: 7, alignment: 32 } if name == "t"), "{e}");
+    check_message(&e, HEADER_BYTES, &["\"t\"", "not a multiple of the alignment 32"]);
 
     // With general.alignment = 64, an offset of 32 is misaligned.
     let raw = Raw::header(3, 1, 1).kv_u32("general.alignment", 64);
     let at = raw.pos();
     let raw = raw.tensor("t", &[8], GgmlType::F32.id(), 32).data(128);
     let e = parse_err(raw.0);
-    assert!(
-        matches!(
-            e.kind,
-            GgufErrorKind::Misaligned {
-                offset: 32,
-                alignment: 64,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e.kind, GgufErrorKind::Misaligned { offset: 32, alignment: 64, .. }), "{e}");
     check_message(&e, at, &["alignment 64"]);
 }
 
 #[test]
 fn bad_alignment_value() {
-    for a in [0, 3, 48] {
+    // Powers of two above 1 GiB are refused too: no file needs them, and they would make padding absurd.
+    for a in [0, 3, 48, 1 << 31] {
         let e = parse_err(Raw::header(3, 0, 1).kv_u32("general.alignment", a).0);
-        assert!(
-            matches!(e.kind, GgufErrorKind::BadAlignment(v) if v == a as u64),
-            "{e}"
-        );
+        assert!(matches!(e.kind, GgufErrorKind::BadAlignment(v) if v == a as u64), "{e}");
         check_message(&e, 16, &["not a power of two"]);
     }
 }
@@ -639,20 +417,11 @@ fn bad_alignment_value() {
 #[test]
 fn dimension_counts_other_than_one_to_four() {
     for dims in [&[][..], &[32, 1, 1, 1, 1][..]] {
-        let raw = Raw::header(3, 1, 0)
-            .tensor("t", dims, GgmlType::F32.id(), 0)
-            .data(128);
+        let raw = Raw::header(3, 1, 0).tensor("t", dims, GgmlType::F32.id(), 0).data(128);
         let e = parse_err(raw.0);
         let n = dims.len() as u32;
-        assert!(
-            matches!(&e.kind, GgufErrorKind::BadDims { name, n_dims } if name == "t" && *n_dims == n),
-            "{e}"
-        );
-        check_message(
-            &e,
-            HEADER_BYTES,
-            &[&format!("has {n} dimensions"), "at most 4"],
-        );
+        assert!(matches!(&e.kind, GgufErrorKind::BadDims { name, n_dims } if name == "t" && *n_dims == n), "{e}");
+        check_message(&e, HEADER_BYTES, &[&format!("has {n} dimensions"), "at most 4"]);
     }
 }
 
@@ -661,60 +430,24 @@ fn duplicate_keys_and_tensor_names() {
     let raw = Raw::header(3, 0, 2).kv_u32("dup", 1);
     let second = raw.pos();
     let e = parse_err(raw.kv_u32("dup", 2).0);
-    assert!(
-        matches!(&e.kind, GgufErrorKind::Duplicate { what: "metadata key", name } if name == "dup"),
-        "{e}"
-    );
+    assert!(matches!(&e.kind, GgufErrorKind::Duplicate { what: "metadata key", name } if name == "dup"), "{e}");
     check_message(&e, second, &["duplicate metadata key \"dup\""]);
 
     let raw = Raw::header(3, 2, 0).tensor("t", &[8], GgmlType::F32.id(), 0);
     let second = raw.pos();
     let e = parse_err(raw.tensor("t", &[8], GgmlType::F32.id(), 32).data(64).0);
-    assert!(
-        matches!(&e.kind, GgufErrorKind::Duplicate { what: "tensor name", name } if name == "t"),
-        "{e}"
-    );
+    assert!(matches!(&e.kind, GgufErrorKind::Duplicate { what: "tensor name", name } if name == "t"), "{e}");
     check_message(&e, second, &["duplicate tensor name \"t\""]);
 }
 
 #[test]
 fn bad_utf8_bool_and_nesting() {
-    let e = parse_err(
-        Raw::header(3, 0, 1)
-            .u64(2)
-            .bytes(&[0xC3, 0x28])
-            .u32(4)
-            .u32(0)
-            .0,
-    );
-    assert!(
-        matches!(
-            e.kind,
-            GgufErrorKind::BadUtf8 {
-                what: "metadata key"
-            }
-        ),
-        "{e}"
-    );
+    let e = parse_err(Raw::header(3, 0, 1).u64(2).bytes(&[0xC3, 0x28]).u32(4).u32(0).0);
+    assert!(matches!(e.kind, GgufErrorKind::BadUtf8 { what: "metadata key" }), "{e}");
     check_message(&e, HEADER_BYTES + 8, &["not valid UTF-8"]);
 
-    let e = parse_err(
-        Raw::header(3, 0, 1)
-            .str("b")
-            .u32(GgufValueType::Bool as u32)
-            .bytes(&[2])
-            .0,
-    );
-    assert!(
-        matches!(
-            e.kind,
-            GgufErrorKind::TooLarge {
-                what: "bool value",
-                value: 2
-            }
-        ),
-        "{e}"
-    );
+    let e = parse_err(Raw::header(3, 0, 1).str("b").u32(GgufValueType::Bool as u32).bytes(&[2]).0);
+    assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "bool value", value: 2 }), "{e}");
     check_message(&e, HEADER_BYTES + 13, &["bool value"]);
 
     // Arrays nested nine deep (the reader allows eight).
@@ -728,25 +461,178 @@ fn bad_utf8_bool_and_nesting() {
     check_message(&e, HEADER_BYTES + 13 + 8 * 12, &["nested deeper than 8"]);
 }
 
-/// A tensor with a zero dimension has no data, so its shape is accepted, but `n_elements()` multiplies the
-/// dimensions in order: 2^63 * 2 overflows before the 0 is reached, which panics in debug builds (tests,
-/// fuzzing). The reader should refuse such a shape (`BadShape`) or the count should not overflow; either
-/// way a file must not be able to make an accessor panic.
+/// A tensor with a zero dimension has no data, so the reader accepts its shape however large the other
+/// dimensions are, but `n_elements()` and `n_rows()` multiply the dimensions in order: 2^63 * 2 (or
+/// 2^40 * 2^40) overflows before the 0 is reached, which panics in debug builds (tests, fuzzing) and
+/// wraps in release (2^80 rows is not a u64 at all). The reader should refuse a shape whose element
+/// count overflows u64 at any step, as its `BadShape` message promises ("size must not overflow") and as
+/// llama.cpp does. Found by reading the reader; the fuzz target hits both within seconds.
 #[test]
-fn zero_sized_tensor_with_huge_dims_does_not_panic() {
-    let dims = [1 << 63, 2, 0];
-    let raw = Raw::header(3, 1, 0)
-        .tensor("z", &dims, GgmlType::Q4_0.id(), 0)
-        .data(32);
-    match GgufFile::from_bytes(raw.0) {
-        Err(e) => assert!(matches!(e.kind, GgufErrorKind::BadShape { .. }), "{e}"),
-        Ok(f) => {
-            let t = &f.tensors[0];
-            assert_eq!(t.n_bytes, 0);
-            assert_eq!(t.n_elements(), 0);
-            assert_eq!(t.n_rows(), 0);
+fn shape_whose_element_count_overflows_is_refused_even_when_empty() {
+    let cases: [(&[u64], GgmlType); 2] = [(&[1 << 63, 2, 0], GgmlType::Q4_0), (&[0, 1 << 40, 1 << 40], GgmlType::F32)];
+    for (dims, ty) in cases {
+        let raw = Raw::header(3, 1, 0).tensor("z", dims, ty.id(), 0).data(32);
+        match GgufFile::from_bytes(raw.0) {
+            Err(e) => {
+                assert!(matches!(e.kind, GgufErrorKind::BadShape { .. }), "{dims:?}: {e}");
+                check_message(&e, HEADER_BYTES, &["\"z\"", "overflow"]);
+            }
+            Ok(f) => panic!("{dims:?} accepted: n_bytes {}, and n_elements()/n_rows() overflow", f.tensors[0].n_bytes),
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Memory in proportion to the file
+
+/// Counts the bytes each thread has allocated and not yet freed, and the peak since the last reset, so
+/// that a test (one thread) can measure what parsing an image costs while other tests run alongside.
+struct PeakPerThread;
+
+thread_local! {
+    static LIVE_BYTES: Cell<u64> = const { Cell::new(0) };
+    static PEAK_BYTES: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count(grow: u64, shrink: u64) {
+    let _ = LIVE_BYTES.try_with(|live| {
+        let now = (live.get() + grow).saturating_sub(shrink);
+        live.set(now);
+        let _ = PEAK_BYTES.try_with(|peak| peak.set(peak.get().max(now)));
+    });
+}
+
+// SAFETY: every call is passed to `System` unchanged; the counters use const-initialised thread locals,
+// which neither allocate nor run destructors.
+unsafe impl GlobalAlloc for PeakPerThread {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size() as u64, 0);
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        count(0, layout.size() as u64);
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size as u64, layout.size() as u64);
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: PeakPerThread = PeakPerThread;
+
+/// Parses `bytes` and returns the result with the peak bytes this thread held meanwhile, beyond what it
+/// held before (the image itself is moved in, not copied).
+fn parse_measured(bytes: Vec<u8>) -> (Result<GgufFile, GgufError>, u64) {
+    let before = LIVE_BYTES.with(Cell::get);
+    PEAK_BYTES.with(|p| p.set(before));
+    let result = GgufFile::from_bytes(bytes);
+    (result, PEAK_BYTES.with(Cell::get) - before)
+}
+
+/// A metadata-only image whose single value is an array of `elem` with `n` elements of `elem_bytes`.
+fn array_image(elem: GgufValueType, n: u64, elements: &[u8]) -> Vec<u8> {
+    Raw::header(3, 0, 1).str("a").u32(GgufValueType::Array as u32).u32(elem as u32).u64(n).bytes(elements).0
+}
+
+/// Each element of an array takes about as many bytes in memory as in the file. Before arrays were stored
+/// by type, every element was a 32-byte `GgufValue`: a 4 MiB u8 array took 128 MiB, and a corrupted
+/// length in a 4 GiB model would have asked for 128 GiB, which aborts the process.
+#[test]
+fn arrays_take_memory_in_proportion_to_their_file_bytes() {
+    const N: usize = 4 << 20;
+    let elements = pattern(N, 9);
+    let (f, peak) = parse_measured(array_image(GgufValueType::U8, N as u64, &elements));
+    let f = f.expect("a 4 MiB u8 array parses");
+    let a = f.get("a").and_then(GgufValue::as_array).expect("an array");
+    assert!(matches!(a.data(), ArrayData::U8(v) if v == &elements));
+    assert_eq!(a.len(), N);
+    assert_eq!(a.get(N - 1), Some(GgufValue::U8(elements[N - 1])));
+    assert_eq!(a.get(N), None);
+    assert!(peak < N as u64 + (64 << 10), "{peak} bytes to parse {N} u8 values");
+
+    // Wider numbers and bools are stored as themselves too.
+    let cases: [(GgufValueType, u64); 4] =
+        [(GgufValueType::I16, 2), (GgufValueType::F32, 4), (GgufValueType::F64, 8), (GgufValueType::Bool, 1)];
+    for (elem, width) in cases {
+        let n = 1 << 16;
+        let (f, peak) = parse_measured(array_image(elem, n, &vec![0; (n * width) as usize]));
+        let f = f.unwrap_or_else(|e| panic!("{elem:?}: {e}"));
+        let a = f.get("a").and_then(GgufValue::as_array).expect("an array");
+        assert_eq!((a.elem_type(), a.len()), (elem, n as usize));
+        assert!(peak < n * width + (64 << 10), "{elem:?}: {peak} bytes");
+    }
+
+    // Empty strings are the worst case: 8 bytes in the file, a 24-byte `String` in memory.
+    let n = 1 << 16;
+    let (f, peak) = parse_measured(array_image(GgufValueType::String, n, &vec![0; n as usize * 8]));
+    let f = f.expect("empty strings parse");
+    let a = f.get("a").and_then(GgufValue::as_array).expect("an array");
+    assert!(matches!(a.data(), ArrayData::String(v) if v.len() == n as usize));
+    assert!(peak <= 3 * 8 * n + (64 << 10), "{peak} bytes for {n} empty strings");
+}
+
+/// A declared length the file cannot hold is refused before anything is allocated for it, and a length it
+/// could hold but whose elements are garbage costs no more than the bytes left allow.
+#[test]
+fn huge_array_lengths_fail_fast_and_small() {
+    for (elem, width) in [(GgufValueType::U8, 1), (GgufValueType::U64, 8)] {
+        let (e, peak) = parse_measured(array_image(elem, 1 << 40, &[0; 64]));
+        let e = e.expect_err("a 2^40-element array in a 100-byte file");
+        assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "array length", value } if value == 1 << 40), "{e}");
+        assert!(peak < 4096, "{elem:?}: {peak} bytes");
+        // One element more than the rest of the file holds.
+        let (e, _) = parse_measured(array_image(elem, 64 / width + 1, &[0; 64]));
+        assert!(matches!(e.map(|_| ()).unwrap_err().kind, GgufErrorKind::TooLarge { .. }));
+    }
+    // 2^17 strings of which the first claims to be 2^64-1 bytes long.
+    let garbage = vec![0xff; 1 << 20];
+    let (e, peak) = parse_measured(array_image(GgufValueType::String, 1 << 17, &garbage));
+    let e = e.expect_err("garbage strings");
+    assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "string length", .. }), "{e}");
+    assert!(peak <= 3 * garbage.len() as u64 + 4096, "{peak} bytes");
+    // Arrays of arrays, nested to the limit, each declaring as many inner arrays as the rest could hold
+    // (2^18 of at least 12 bytes): reserved in full that would be 8 MiB per level, 64 MiB in all, for a
+    // 4 MiB file. Reservations must not pile up level on level.
+    let mut raw = Raw::header(3, 0, 1).str("n").u32(GgufValueType::Array as u32);
+    for _ in 0..8 {
+        raw = raw.u32(GgufValueType::Array as u32).u64(1 << 18);
+    }
+    let garbage = vec![0xff; 4 << 20];
+    let (e, peak) = parse_measured(raw.bytes(&garbage).0);
+    assert!(e.is_err());
+    assert!(peak < garbage.len() as u64 / 2, "{peak} bytes");
+}
+
+#[test]
+fn array_accessors() {
+    let strings = GgufValue::strs(&["a", "bc"]);
+    let a = strings.as_array().expect("an array");
+    assert_eq!(a.elem_type(), GgufValueType::String);
+    assert_eq!(a.strings(), Some(vec!["a", "bc"]));
+    assert_eq!(a.get_str(1), Some("bc"));
+    assert_eq!(a.get(0), Some(GgufValue::str("a")));
+    assert_eq!((a.f32s(), a.i64s()), (None, None));
+    assert_eq!(strings.display_short(), r#"["a", "bc"]"#);
+
+    let ints = GgufValue::i32s(&(0..20).collect::<Vec<_>>());
+    let a = ints.as_array().expect("an array");
+    assert_eq!(a.i64s(), Some((0..20).collect()));
+    assert_eq!(a.f32s(), Some((0..20).map(|x| x as f32).collect()));
+    assert_eq!((a.strings(), a.get_str(0)), (None, None));
+    assert_eq!(a.iter().nth(3), Some(GgufValue::I32(3)));
+    assert_eq!(ints.display_short(), "[0, 1, 2, 3, ... (20 I32 values)]");
+
+    // An empty array is an empty list of anything, as before arrays were stored by type.
+    let empty = GgufArray::new(ArrayData::Bool(Vec::new()));
+    assert!(empty.is_empty());
+    assert_eq!(empty.strings(), Some(vec![]));
+    assert_eq!(empty.f32s(), Some(vec![]));
+    // Bools and u64 above i64::MAX are not numbers for f32s/i64s, as single values are not.
+    assert_eq!(GgufArray::new(ArrayData::Bool(vec![true])).i64s(), None);
+    assert_eq!(GgufArray::new(ArrayData::U64(vec![u64::MAX])).i64s(), None);
+    assert_eq!(GgufArray::from_values(GgufValueType::U8, vec![GgufValue::I8(1)]), None);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -754,25 +640,14 @@ fn zero_sized_tensor_with_huge_dims_does_not_panic() {
 
 #[test]
 fn default_model_has_the_known_structure() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/fetch-model to download it",
-        path.display()
-    );
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(path.exists(), "{} is missing: run scripts/fetch-model to download it", path.display());
     let f = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(f.version, 3);
     assert_eq!(f.alignment, 32);
     assert_eq!(f.file_bytes(), 98_362_432);
-    assert_eq!(
-        f.get("general.architecture").and_then(|v| v.as_str()),
-        Some("llama")
-    );
-    assert_eq!(
-        f.get("llama.block_count").and_then(|v| v.as_u64()),
-        Some(30)
-    );
+    assert_eq!(f.get("general.architecture").and_then(|v| v.as_str()), Some("llama"));
+    assert_eq!(f.get("llama.block_count").and_then(|v| v.as_u64()), Some(30));
     assert_eq!(f.tensors.len(), 272);
     let mut by_type: HashMap<GgmlType, usize> = HashMap::new();
     for t in &f.tensors {
@@ -785,12 +660,7 @@ fn default_model_has_the_known_structure() {
     assert_eq!(by_type.get(&GgmlType::F32), Some(&61));
     assert_eq!(by_type.len(), 3, "{by_type:?}");
     // The last tensor's data ends at the end of the file (give or take alignment padding).
-    let end = f
-        .tensors
-        .iter()
-        .map(|t| t.file_offset + t.n_bytes)
-        .max()
-        .unwrap_or(0);
+    let end = f.tensors.iter().map(|t| t.file_offset + t.n_bytes).max().unwrap_or(0);
     assert!(f.file_bytes() - end < 32, "data ends at {end}");
 }
 

@@ -68,10 +68,16 @@ fn reference_logits(model: &Model, toks: &[u32]) -> Vec<Vec<f64>> {
     let emb = mat("token_embd.weight");
     let head = if file.tensor("output.weight").is_some() { mat("output.weight") } else { mat("token_embd.weight") };
     let hd = c.head_dim;
-    let mut xs: Vec<Vec<f64>> = toks.iter().map(|&t| emb.0[t as usize * c.n_embd..(t as usize + 1) * c.n_embd].to_vec()).collect();
+    let mut xs: Vec<Vec<f64>> =
+        toks.iter().map(|&t| emb.0[t as usize * c.n_embd..(t as usize + 1) * c.n_embd].to_vec()).collect();
     for l in 0..c.n_layer {
         let p = |s: &str| format!("blk.{l}.{s}");
-        let (wq, wk, wv, wo) = (mat(&p("attn_q.weight")), mat(&p("attn_k.weight")), mat(&p("attn_v.weight")), mat(&p("attn_output.weight")));
+        let (wq, wk, wv, wo) = (
+            mat(&p("attn_q.weight")),
+            mat(&p("attn_k.weight")),
+            mat(&p("attn_v.weight")),
+            mat(&p("attn_output.weight")),
+        );
         let bias = |s: &str| file.tensor(&p(s)).map(|_| vecf(&p(s)));
         let (bq, bk, bv) = (bias("attn_q.bias"), bias("attn_k.bias"), bias("attn_v.bias"));
         let add = |mut v: Vec<f64>, b: &Option<Vec<f64>>| {
@@ -144,7 +150,13 @@ fn rel_error(ours: &[f32], reference: &[Vec<f64>]) -> f64 {
 }
 
 fn spec_for(ty: GgmlType) -> SyntheticSpec {
-    SyntheticSpec { matrix_types: vec![ty], embd_type: ty, output_type: Some(ty), seed: ty.id() as u64 + 7, ..Default::default() }
+    SyntheticSpec {
+        matrix_types: vec![ty],
+        embd_type: ty,
+        output_type: Some(ty),
+        seed: ty.id() as u64 + 7,
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -174,7 +186,15 @@ fn mixed_types_qwen2_biases_and_neox_rope_agree_with_the_reference() {
     let spec = SyntheticSpec {
         arch: "qwen2",
         qkv_bias: true,
-        matrix_types: vec![GgmlType::Q4K, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::Q5K, GgmlType::F16, GgmlType::Q4_0],
+        matrix_types: vec![
+            GgmlType::Q4K,
+            GgmlType::Q5_0,
+            GgmlType::Q6K,
+            GgmlType::Q8_0,
+            GgmlType::Q5K,
+            GgmlType::F16,
+            GgmlType::Q4_0,
+        ],
         output_type: Some(GgmlType::Q6K),
         ..Default::default()
     };

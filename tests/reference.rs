@@ -97,7 +97,10 @@ fn greedy_reference_first_token_top5_and_teacher_forcing() {
                     assert_eq!(mine, path[i], "{name}/{kind}: step {i} (margin {})", cands[0].1 - cands[1].1);
                 }
             }
-            println!("{name}/{kind}: argmax equal at {agreed}/{} steps, {checked} with margin > 0.4 all equal", steps.len());
+            println!(
+                "{name}/{kind}: argmax equal at {agreed}/{} steps, {checked} with margin > 0.4 all equal",
+                steps.len()
+            );
         }
     }
 }

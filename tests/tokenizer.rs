@@ -22,21 +22,13 @@ struct Case {
 }
 
 const CASES: &[Case] = &[
-    Case {
-        text: "Hello world",
-        parsed: &[19556, 905],
-        unparsed: &[19556, 905],
-    },
+    Case { text: "Hello world", parsed: &[19556, 905], unparsed: &[19556, 905] },
     Case {
         text: "Hello, world! How are you today?",
         parsed: &[19556, 28, 905, 17, 1073, 359, 346, 1834, 47],
         unparsed: &[19556, 28, 905, 17, 1073, 359, 346, 1834, 47],
     },
-    Case {
-        text: " Hello world",
-        parsed: &[38699, 905],
-        unparsed: &[38699, 905],
-    },
+    Case { text: " Hello world", parsed: &[38699, 905], unparsed: &[38699, 905] },
     Case {
         text: "   leading spaces and  double  spaces  ",
         parsed: &[256, 2899, 5600, 284, 216, 5561, 216, 5600, 256],
@@ -50,71 +42,57 @@ const CASES: &[Case] = &[
     Case {
         text: "The year 2024 had 366 days; pi is about 3.14159, and 1,000,000 > 999999.",
         parsed: &[
-            504, 713, 216, 34, 32, 34, 36, 761, 216, 35, 38, 38, 2009, 43, 16916, 314, 563, 216,
-            35, 30, 33, 36, 33, 37, 41, 28, 284, 216, 33, 28, 32, 32, 32, 28, 32, 32, 32, 2986,
-            216, 41, 41, 41, 41, 41, 41, 30,
+            504, 713, 216, 34, 32, 34, 36, 761, 216, 35, 38, 38, 2009, 43, 16916, 314, 563, 216, 35, 30, 33, 36, 33,
+            37, 41, 28, 284, 216, 33, 28, 32, 32, 32, 28, 32, 32, 32, 2986, 216, 41, 41, 41, 41, 41, 41, 30,
         ],
         unparsed: &[
-            504, 713, 216, 34, 32, 34, 36, 761, 216, 35, 38, 38, 2009, 43, 16916, 314, 563, 216,
-            35, 30, 33, 36, 33, 37, 41, 28, 284, 216, 33, 28, 32, 32, 32, 28, 32, 32, 32, 2986,
-            216, 41, 41, 41, 41, 41, 41, 30,
+            504, 713, 216, 34, 32, 34, 36, 761, 216, 35, 38, 38, 2009, 43, 16916, 314, 563, 216, 35, 30, 33, 36, 33,
+            37, 41, 28, 284, 216, 33, 28, 32, 32, 32, 28, 32, 32, 32, 2986, 216, 41, 41, 41, 41, 41, 41, 30,
         ],
     },
     Case {
         text: "def foo(x):\n\treturn x * 2\n\nif __name__ == \"__main__\":\n    print(foo(21))\n",
         parsed: &[
-            1604, 29856, 24, 104, 727, 198, 197, 5406, 1792, 1672, 216, 34, 198, 198, 342, 2758,
-            1245, 890, 1758, 17892, 6157, 18953, 472, 1628, 24, 15236, 24, 34, 33, 1292, 198,
+            1604, 29856, 24, 104, 727, 198, 197, 5406, 1792, 1672, 216, 34, 198, 198, 342, 2758, 1245, 890, 1758,
+            17892, 6157, 18953, 472, 1628, 24, 15236, 24, 34, 33, 1292, 198,
         ],
         unparsed: &[
-            1604, 29856, 24, 104, 727, 198, 197, 5406, 1792, 1672, 216, 34, 198, 198, 342, 2758,
-            1245, 890, 1758, 17892, 6157, 18953, 472, 1628, 24, 15236, 24, 34, 33, 1292, 198,
+            1604, 29856, 24, 104, 727, 198, 197, 5406, 1792, 1672, 216, 34, 198, 198, 342, 2758, 1245, 890, 1758,
+            17892, 6157, 18953, 472, 1628, 24, 15236, 24, 34, 33, 1292, 198,
         ],
     },
     Case {
         text: "I love pizza 🍕🍕! 😀👍🏽",
-        parsed: &[
-            57, 2606, 18501, 15107, 231, 239, 10813, 231, 239, 17, 40303, 218, 10813, 235, 231,
-            10813, 233, 138,
-        ],
+        parsed: &[57, 2606, 18501, 15107, 231, 239, 10813, 231, 239, 17, 40303, 218, 10813, 235, 231, 10813, 233, 138],
         unparsed: &[
-            57, 2606, 18501, 15107, 231, 239, 10813, 231, 239, 17, 40303, 218, 10813, 235, 231,
-            10813, 233, 138,
+            57, 2606, 18501, 15107, 231, 239, 10813, 231, 239, 17, 40303, 218, 10813, 235, 231, 10813, 233, 138,
         ],
     },
     Case {
         text: "你好，世界！こんにちは世界 안녕하세요",
         parsed: &[
-            18645, 250, 48392, 138, 12831, 7906, 240, 178, 239, 230, 8083, 219, 7365, 237, 10391,
-            237, 41152, 7365, 111, 7365, 124, 7906, 240, 178, 239, 230, 18601, 239, 226, 182, 223,
-            239, 33085, 242, 183, 222, 133, 183, 244, 238,
+            18645, 250, 48392, 138, 12831, 7906, 240, 178, 239, 230, 8083, 219, 7365, 237, 10391, 237, 41152, 7365,
+            111, 7365, 124, 7906, 240, 178, 239, 230, 18601, 239, 226, 182, 223, 239, 33085, 242, 183, 222, 133, 183,
+            244, 238,
         ],
         unparsed: &[
-            18645, 250, 48392, 138, 12831, 7906, 240, 178, 239, 230, 8083, 219, 7365, 237, 10391,
-            237, 41152, 7365, 111, 7365, 124, 7906, 240, 178, 239, 230, 18601, 239, 226, 182, 223,
-            239, 33085, 242, 183, 222, 133, 183, 244, 238,
+            18645, 250, 48392, 138, 12831, 7906, 240, 178, 239, 230, 8083, 219, 7365, 237, 10391, 237, 41152, 7365,
+            111, 7365, 124, 7906, 240, 178, 239, 230, 18601, 239, 226, 182, 223, 239, 33085, 242, 183, 222, 133, 183,
+            244, 238,
         ],
     },
     Case {
         text: "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-        parsed: &[
-            1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198,
-        ],
+        parsed: &[1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198],
         unparsed: &[
-            44, 108, 306, 79, 3738, 108, 46, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 15137,
-            108, 306, 79, 486, 108, 46, 198, 44, 108, 306, 79, 3738, 108, 46, 520, 9531, 198,
+            44, 108, 306, 79, 3738, 108, 46, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 15137, 108, 306, 79, 486, 108,
+            46, 198, 44, 108, 306, 79, 3738, 108, 46, 520, 9531, 198,
         ],
     },
     Case {
         text: "naïve café résumé — “quotes” ‘single’ …",
-        parsed: &[
-            3546, 46494, 37366, 412, 2756, 5422, 2756, 1841, 619, 385, 2346, 573, 1551, 18536, 417,
-            5548,
-        ],
-        unparsed: &[
-            3546, 46494, 37366, 412, 2756, 5422, 2756, 1841, 619, 385, 2346, 573, 1551, 18536, 417,
-            5548,
-        ],
+        parsed: &[3546, 46494, 37366, 412, 2756, 5422, 2756, 1841, 619, 385, 2346, 573, 1551, 18536, 417, 5548],
+        unparsed: &[3546, 46494, 37366, 412, 2756, 5422, 2756, 1841, 619, 385, 2346, 573, 1551, 18536, 417, 5548],
     },
     Case {
         text: "Hello\n\n\nWorld\r\n\tTab   end  ",
@@ -124,31 +102,25 @@ const CASES: &[Case] = &[
     Case {
         text: "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct?x=1&y=2#frag",
         parsed: &[
-            4687, 1742, 88, 19712, 1803, 30, 1881, 31, 56, 19712, 28149, 29626, 31, 9207, 308,
-            34519, 34, 29, 33, 35, 37, 61, 29, 6744, 961, 47, 104, 45, 33, 22, 105, 45, 34, 19,
-            28082,
+            4687, 1742, 88, 19712, 1803, 30, 1881, 31, 56, 19712, 28149, 29626, 31, 9207, 308, 34519, 34, 29, 33, 35,
+            37, 61, 29, 6744, 961, 47, 104, 45, 33, 22, 105, 45, 34, 19, 28082,
         ],
         unparsed: &[
-            4687, 1742, 88, 19712, 1803, 30, 1881, 31, 56, 19712, 28149, 29626, 31, 9207, 308,
-            34519, 34, 29, 33, 35, 37, 61, 29, 6744, 961, 47, 104, 45, 33, 22, 105, 45, 34, 19,
-            28082,
+            4687, 1742, 88, 19712, 1803, 30, 1881, 31, 56, 19712, 28149, 29626, 31, 9207, 308, 34519, 34, 29, 33, 35,
+            37, 61, 29, 6744, 961, 47, 104, 45, 33, 22, 105, 45, 34, 19, 28082,
         ],
     },
     Case {
         text: "<|endoftext|>The end.<|im_end|>",
         parsed: &[0, 504, 1112, 30, 2],
-        unparsed: &[
-            44, 108, 486, 1714, 2692, 108, 46, 504, 1112, 15602, 108, 306, 79, 486, 108, 46,
-        ],
+        unparsed: &[44, 108, 486, 1714, 2692, 108, 46, 504, 1112, 15602, 108, 306, 79, 486, 108, 46],
     },
 ];
 
 fn model_path() -> PathBuf {
     match std::env::var_os("STRATA_MODEL") {
         Some(p) => PathBuf::from(p),
-        None => {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
     }
 }
 
@@ -189,10 +161,7 @@ fn smollm2_vocabulary_metadata() {
     assert_eq!(t.token_text(0), Some("<|endoftext|>"));
     assert_eq!(t.token_text(1), Some("<|im_start|>"));
     assert_eq!(t.token_text(2), Some("<|im_end|>"));
-    assert_eq!(
-        (t.bos_id(), t.eos_id(), t.unk_id(), t.pad_id()),
-        (Some(1), Some(2), Some(0), Some(2))
-    );
+    assert_eq!((t.bos_id(), t.eos_id(), t.unk_id(), t.pad_id()), (Some(1), Some(2), Some(0), Some(2)));
     assert!(!t.add_bos_token() && !t.add_eos_token());
     assert!(t.is_control(1) && t.is_special(2) && !t.is_special(19556));
 }
@@ -206,12 +175,7 @@ fn smollm2_end_of_generation_set() {
 fn matches_llama_cpp_with_special_tokens_parsed() {
     let t = tokenizer();
     for case in CASES {
-        assert_eq!(
-            t.encode(case.text, true),
-            case.parsed,
-            "text {:?}",
-            case.text
-        );
+        assert_eq!(t.encode(case.text, true), case.parsed, "text {:?}", case.text);
     }
 }
 
@@ -219,12 +183,7 @@ fn matches_llama_cpp_with_special_tokens_parsed() {
 fn matches_llama_cpp_with_special_tokens_as_text() {
     let t = tokenizer();
     for case in CASES {
-        assert_eq!(
-            t.encode(case.text, false),
-            case.unparsed,
-            "text {:?}",
-            case.text
-        );
+        assert_eq!(t.encode(case.text, false), case.unparsed, "text {:?}", case.text);
     }
 }
 
@@ -232,18 +191,8 @@ fn matches_llama_cpp_with_special_tokens_as_text() {
 fn decode_round_trips_the_reference_strings() {
     let t = tokenizer();
     for case in CASES {
-        assert_eq!(
-            t.decode(case.parsed),
-            case.text,
-            "parsed ids of {:?}",
-            case.text
-        );
-        assert_eq!(
-            t.decode(case.unparsed),
-            case.text,
-            "unparsed ids of {:?}",
-            case.text
-        );
+        assert_eq!(t.decode(case.parsed), case.text, "parsed ids of {:?}", case.text);
+        assert_eq!(t.decode(case.unparsed), case.text, "unparsed ids of {:?}", case.text);
     }
 }
 
@@ -267,16 +216,10 @@ fn stream_decoding_equals_whole_decoding() {
 fn emoji_bytes_split_across_tokens_are_held_back() {
     let t = tokenizer();
     let ids = t.encode("🍕", false);
-    assert!(
-        ids.len() > 1,
-        "the emoji is expected to span several tokens: {ids:?}"
-    );
+    assert!(ids.len() > 1, "the emoji is expected to span several tokens: {ids:?}");
     let mut d = StreamDecoder::new();
     let outs: Vec<String> = ids.iter().map(|&id| d.push(t, id)).collect();
-    assert!(
-        outs[..outs.len() - 1].iter().all(String::is_empty),
-        "{outs:?}"
-    );
+    assert!(outs[..outs.len() - 1].iter().all(String::is_empty), "{outs:?}");
     assert_eq!(outs.last().map(String::as_str), Some("🍕"));
 }
 
@@ -284,21 +227,14 @@ fn emoji_bytes_split_across_tokens_are_held_back() {
 fn perplexity_text_token_count_and_speed() {
     let path = reference_file("perplexity_GPL-3.txt");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "cannot read {} ({e}): set STRATA_REFERENCE_DIR to the shared reference folder",
-            path.display()
-        )
+        panic!("cannot read {} ({e}): set STRATA_REFERENCE_DIR to the shared reference folder", path.display())
     });
     let t = tokenizer();
     let start = Instant::now();
     let ids = t.encode(&text, false);
     let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
     // Reported, not asserted: timing belongs to benchmarks, and debug builds are slow.
-    eprintln!(
-        "tokenized {} bytes into {} tokens in {elapsed_ms:.1} ms",
-        text.len(),
-        ids.len()
-    );
+    eprintln!("tokenized {} bytes into {} tokens in {elapsed_ms:.1} ms", text.len(), ids.len());
     assert_eq!(ids.len(), 7639);
     assert_eq!(t.decode(&ids), text);
 }
@@ -306,23 +242,15 @@ fn perplexity_text_token_count_and_speed() {
 #[test]
 fn smollm2_chat_template_inserts_default_system_prompt() {
     let template = ChatTemplate::from_gguf(model_file()).expect("template compiles");
-    let out = template
-        .render(&[ChatMessage::new("user", "Hi")], true)
-        .expect("renders");
+    let out = template.render(&[ChatMessage::new("user", "Hi")], true).expect("renders");
     assert_eq!(
         out,
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
          <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     );
-    let with_system = [
-        ChatMessage::new("system", "Be terse."),
-        ChatMessage::new("user", "Hi"),
-    ];
+    let with_system = [ChatMessage::new("system", "Be terse."), ChatMessage::new("user", "Hi")];
     let out = template.render(&with_system, false).expect("renders");
-    assert_eq!(
-        out,
-        "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-    );
+    assert_eq!(out, "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
     // The rendered prompt tokenizes with its control tokens recognised.
     let ids = tokenizer().encode(&out, true);
     assert_eq!(ids.iter().filter(|&&id| id == 1).count(), 2);

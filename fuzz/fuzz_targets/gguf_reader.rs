@@ -47,8 +47,8 @@ fn touch(value: &GgufValue) -> u64 {
         sum = sum.wrapping_add(array.strings().map_or(0, |s| s.len() as u64));
         sum = sum.wrapping_add(array.f32s().map_or(0, |v| v.len() as u64));
         sum = sum.wrapping_add(array.i64s().map_or(0, |v| v.len() as u64));
-        for v in &array.values {
-            sum = sum.wrapping_add(touch(v));
+        for v in array.iter() {
+            sum = sum.wrapping_add(touch(&v));
         }
     }
     sum

@@ -108,7 +108,12 @@ fn run_tg(model: &Model, pool: &ThreadPool, e: &EngineArgs, n: usize, ctx: usize
     for _ in 0..n {
         let logits = model.forward(pool, &mut kv, &[token], &[0])?;
         // Feed back the argmax so the work depends on the previous step, as in real decoding.
-        token = logits.row(0).iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32;
+        token = logits
+            .row(0)
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+            .0 as u32;
     }
     Ok(t.elapsed().as_secs_f64())
 }

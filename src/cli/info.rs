@@ -27,7 +27,13 @@ const MIB: f64 = (1u64 << 20) as f64;
 pub fn main(a: InfoArgs) -> anyhow::Result<()> {
     let path = resolve_model(&a.model)?;
     let file = GgufFile::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    println!("file: {} ({} bytes, GGUF v{}, alignment {})", path.display(), file.file_bytes(), file.version, file.alignment);
+    println!(
+        "file: {} ({} bytes, GGUF v{}, alignment {})",
+        path.display(),
+        file.file_bytes(),
+        file.version,
+        file.alignment
+    );
     println!("metadata ({} keys):", file.metadata.len());
     for (k, v) in &file.metadata {
         println!("  {k} = {}", v.display_short());
@@ -40,7 +46,12 @@ pub fn main(a: InfoArgs) -> anyhow::Result<()> {
     }
     let weight_bytes: u64 = file.tensors.iter().map(|t| t.n_bytes).sum();
     let params: u64 = file.tensors.iter().map(|t| t.n_elements()).sum();
-    println!("tensors: {} ({:.1} M parameters, {:.2} MiB)", file.tensors.len(), params as f64 / 1e6, weight_bytes as f64 / MIB);
+    println!(
+        "tensors: {} ({:.1} M parameters, {:.2} MiB)",
+        file.tensors.len(),
+        params as f64 / 1e6,
+        weight_bytes as f64 / MIB
+    );
     for (ty, (n, bytes)) in &by_type {
         println!("  {ty:>5}: {n:>4} tensors, {:.2} MiB", *bytes as f64 / MIB);
     }

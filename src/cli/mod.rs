@@ -56,9 +56,10 @@ fn parse_kv(s: &str) -> Result<KvType, String> {
 
 impl EngineArgs {
     pub fn pool(&self) -> ThreadPool {
-        let n = self.threads.map(usize::from).unwrap_or_else(|| {
-            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-        });
+        let n = self
+            .threads
+            .map(usize::from)
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         ThreadPool::new(n)
     }
 

@@ -44,9 +44,10 @@ pub fn main(a: PerplexityArgs) -> anyhow::Result<()> {
     let loaded = load(&a.model)?;
     let tok = &loaded.tokenizer;
     let model = &loaded.model;
-    let n_threads = a.threads.map(usize::from).unwrap_or_else(|| {
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-    });
+    let n_threads = a
+        .threads
+        .map(usize::from)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     let pool = ThreadPool::new(n_threads);
 
     let mut tokens = Vec::new();

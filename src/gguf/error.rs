@@ -19,16 +19,12 @@ pub enum GgufErrorKind {
         #[source]
         source: std::io::Error,
     },
-    #[error("not a GGUF file: magic is {found:?}, expected \"GGUF\"")]
+    #[error("not a GGUF file: magic is \"{}\", expected \"GGUF\"", found.escape_ascii())]
     BadMagic { found: [u8; 4] },
     #[error("unsupported GGUF version {0} (supported: 2 and 3)")]
     UnsupportedVersion(u32),
     #[error("file is truncated: needed {needed} bytes for {what}, only {available} left")]
-    Truncated {
-        what: &'static str,
-        needed: u64,
-        available: u64,
-    },
+    Truncated { what: &'static str, needed: u64, available: u64 },
     #[error("unknown metadata value type {0}")]
     UnknownValueType(u32),
     #[error("string is not valid UTF-8 ({what})")]
@@ -43,26 +39,15 @@ pub enum GgufErrorKind {
     UnknownTensorType { name: String, type_id: u32 },
     #[error("tensor {name:?} has {n_dims} dimensions (at most 4 are allowed)")]
     BadDims { name: String, n_dims: u32 },
-    #[error("tensor {name:?}: shape {dims:?} does not fit type {ty} (rows must be whole blocks; size must not overflow)")]
-    BadShape {
-        name: String,
-        dims: Vec<u64>,
-        ty: crate::quant::GgmlType,
-    },
+    #[error(
+        "tensor {name:?}: shape {dims:?} does not fit type {ty} (rows must be whole blocks; size must not overflow)"
+    )]
+    BadShape { name: String, dims: Vec<u64>, ty: crate::quant::GgmlType },
     #[error("tensor {name:?}: data offset {offset} is not a multiple of the alignment {alignment}")]
-    Misaligned {
-        name: String,
-        offset: u64,
-        alignment: u64,
-    },
+    Misaligned { name: String, offset: u64, alignment: u64 },
     #[error("tensor {name:?}: data [{start}, {end}) lies outside the file's {file_bytes} bytes")]
-    DataOutOfBounds {
-        name: String,
-        start: u64,
-        end: u64,
-        file_bytes: u64,
-    },
-    #[error("general.alignment {0} is not a power of two")]
+    DataOutOfBounds { name: String, start: u64, end: u64, file_bytes: u64 },
+    #[error("general.alignment {0} is not a power of two up to 2^30 (1 GiB)")]
     BadAlignment(u64),
 }
 

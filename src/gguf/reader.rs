@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::error::{GgufError, GgufErrorKind};
-use super::value::{GgufArray, GgufValue, GgufValueType};
+use super::value::{ArrayData, GgufArray, GgufValue, GgufValueType};
 use super::{DEFAULT_ALIGNMENT, GGUF_MAGIC};
 use crate::quant::GgmlType;
 
@@ -13,6 +13,16 @@ use crate::quant::GgmlType;
 const MAX_NESTING: usize = 8;
 /// No single string may exceed this (the longest real ones are chat templates of a few KiB).
 const MAX_STRING_BYTES: u64 = 256 << 20;
+/// `general.alignment` above this is refused (real files use 32; a page or a huge page is plausible).
+const MAX_ALIGNMENT: u64 = 1 << 30;
+/// At most this many metadata pairs, tensors or inner arrays are reserved ahead of a count read from the
+/// file; beyond it, vectors grow as items are actually parsed. A count is only checked against the bytes
+/// left, and these items take several times their minimum file bytes in memory (a metadata pair needs 13
+/// bytes and takes 56, plus its index entry). Reserved up front, a corrupted count in a 4 GiB file could
+/// ask for tens of GiB, and reservations for nested arrays would pile up level on level; grown, memory
+/// stays proportional to the bytes actually parsed. (Arrays of strings are reserved in full: they are
+/// leaves, so only one is being filled at a time, and a `String` is 24 bytes per 8 or more in the file.)
+const MAX_RESERVE: u64 = 4096;
 
 /// One tensor of the index.
 #[derive(Clone, Debug)]
@@ -28,13 +38,14 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
-    /// Number of values.
+    /// Number of values. The reader refuses shapes whose count overflows; for a `TensorInfo` made by hand
+    /// the product saturates rather than panicking or wrapping.
     pub fn n_elements(&self) -> u64 {
-        self.dims.iter().product()
+        self.dims.iter().fold(1, |acc: u64, &d| acc.saturating_mul(d))
     }
-    /// Number of rows (all dimensions but the first).
+    /// Number of rows (all dimensions but the first), saturating like [`TensorInfo::n_elements`].
     pub fn n_rows(&self) -> u64 {
-        self.dims.iter().skip(1).product()
+        self.dims.iter().skip(1).fold(1, |acc: u64, &d| acc.saturating_mul(d))
     }
 }
 
@@ -115,8 +126,8 @@ impl GgufFile {
         r.check_count(n_kv, 13, "metadata count", n_kv_at)?;
         r.check_count(n_tensors, 24, "tensor count", n_tensors_at)?;
 
-        let mut metadata = Vec::with_capacity(n_kv as usize);
-        let mut index = HashMap::with_capacity(n_kv as usize);
+        let mut metadata = Vec::with_capacity(reserve(n_kv));
+        let mut index = HashMap::with_capacity(reserve(n_kv));
         for _ in 0..n_kv {
             let key_at = r.pos as u64;
             let key = r.string("metadata key")?;
@@ -135,7 +146,7 @@ impl GgufFile {
             None => DEFAULT_ALIGNMENT,
             Some(v) => {
                 let a = v.as_u64().unwrap_or(0);
-                if a == 0 || !a.is_power_of_two() {
+                if !a.is_power_of_two() || a > MAX_ALIGNMENT {
                     return Err(GgufError::new(GgufErrorKind::BadAlignment(a), n_kv_at));
                 }
                 a
@@ -150,8 +161,8 @@ impl GgufFile {
             n_bytes: u64,
             at: u64,
         }
-        let mut raws = Vec::with_capacity(n_tensors as usize);
-        let mut tensor_index = HashMap::with_capacity(n_tensors as usize);
+        let mut raws = Vec::with_capacity(reserve(n_tensors));
+        let mut tensor_index = HashMap::with_capacity(reserve(n_tensors));
         for i in 0..n_tensors as usize {
             let at = r.pos as u64;
             let name = r.string("tensor name")?;
@@ -165,16 +176,16 @@ impl GgufFile {
             }
             let ty_at = r.pos as u64;
             let type_id = r.u32("tensor type")?;
-            let ty = GgmlType::from_id(type_id)
-                .ok_or_else(|| GgufError::new(GgufErrorKind::UnknownTensorType { name: name.clone(), type_id }, ty_at))?;
+            let ty = GgmlType::from_id(type_id).ok_or_else(|| {
+                GgufError::new(GgufErrorKind::UnknownTensorType { name: name.clone(), type_id }, ty_at)
+            })?;
             let rel_offset = r.u64("tensor data offset")?;
-            let n_bytes = tensor_bytes(ty, &dims)
-                .ok_or_else(|| GgufError::new(GgufErrorKind::BadShape { name: name.clone(), dims: dims.clone(), ty }, at))?;
+            let n_bytes = match tensor_bytes(ty, &dims) {
+                Some(n) if element_count_fits(&dims) => n,
+                _ => return Err(GgufError::new(GgufErrorKind::BadShape { name, dims, ty }, at)),
+            };
             if rel_offset % alignment != 0 {
-                return Err(GgufError::new(
-                    GgufErrorKind::Misaligned { name, offset: rel_offset, alignment },
-                    at,
-                ));
+                return Err(GgufError::new(GgufErrorKind::Misaligned { name, offset: rel_offset, alignment }, at));
             }
             if tensor_index.insert(name.clone(), i).is_some() {
                 return Err(GgufError::new(GgufErrorKind::Duplicate { what: "tensor name", name }, at));
@@ -246,6 +257,18 @@ impl GgufFile {
 fn tensor_bytes(ty: GgmlType, dims: &[u64]) -> Option<u64> {
     let row = ty.row_bytes(*dims.first()?)?;
     dims[1..].iter().try_fold(row, |acc, &d| acc.checked_mul(d))
+}
+
+/// Whether the product of the dimensions fits in u64 even with zeros left out, so that no partial product
+/// (`n_elements`, `n_rows`, any loop over a subset of the dimensions) can overflow. A zero dimension makes
+/// the data empty, which alone would let `[0, 2^40, 2^40]` through; llama.cpp refuses such shapes too.
+fn element_count_fits(dims: &[u64]) -> bool {
+    dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d.max(1))).is_some()
+}
+
+/// Capacity to reserve for `count` items read from the file (see [`MAX_RESERVE`]).
+fn reserve(count: u64) -> usize {
+    count.min(MAX_RESERVE) as usize
 }
 
 fn align_up(x: u64, alignment: u64) -> u64 {
@@ -329,32 +352,94 @@ impl<'a> Cursor<'a> {
                 match self.array::<1>(W)?[0] {
                     0 => GgufValue::Bool(false),
                     1 => GgufValue::Bool(true),
-                    b => return Err(GgufError::new(GgufErrorKind::TooLarge { what: "bool value", value: b as u64 }, at)),
+                    b => {
+                        return Err(GgufError::new(GgufErrorKind::TooLarge { what: "bool value", value: b as u64 }, at))
+                    }
                 }
             }
             GgufValueType::String => GgufValue::String(self.string("metadata string")?),
-            GgufValueType::Array => {
-                let at = self.pos as u64;
-                if depth >= MAX_NESTING {
-                    return Err(GgufError::new(GgufErrorKind::TooDeep(MAX_NESTING), at));
-                }
-                let elem = self.u32("array element type")?;
-                let elem_type = GgufValueType::from_u32(elem)
-                    .ok_or_else(|| GgufError::new(GgufErrorKind::UnknownValueType(elem), at))?;
-                let len_at = self.pos as u64;
-                let len = self.u64("array length")?;
-                let min_bytes = match elem_type {
-                    GgufValueType::String => 8,
-                    GgufValueType::Array => 12,
-                    t => t.fixed_bytes().unwrap_or(1),
-                };
-                self.check_count(len, min_bytes, "array length", len_at)?;
-                let mut values = Vec::with_capacity(len as usize);
-                for _ in 0..len {
-                    values.push(self.value(elem_type, depth + 1)?);
-                }
-                GgufValue::Array(GgufArray { elem_type, values })
-            }
+            GgufValueType::Array => GgufValue::Array(self.array_value(depth)?),
         })
+    }
+
+    /// An array (type tag already read) at nesting `depth`: element type, length, elements.
+    fn array_value(&mut self, depth: usize) -> Result<GgufArray, GgufError> {
+        let at = self.pos as u64;
+        if depth >= MAX_NESTING {
+            return Err(GgufError::new(GgufErrorKind::TooDeep(MAX_NESTING), at));
+        }
+        let elem = self.u32("array element type")?;
+        let elem_type =
+            GgufValueType::from_u32(elem).ok_or_else(|| GgufError::new(GgufErrorKind::UnknownValueType(elem), at))?;
+        let len_at = self.pos as u64;
+        let len = self.u64("array length")?;
+        let min_bytes = match elem_type {
+            GgufValueType::String => 8,
+            GgufValueType::Array => 12,
+            t => t.fixed_bytes().unwrap_or(1),
+        };
+        self.check_count(len, min_bytes, "array length", len_at)?;
+        // From here `len * min_bytes` fits in the bytes left, so the fixed-size reads below cannot overflow
+        // and each allocates exactly the bytes it takes from the file.
+        const W: &str = "metadata array";
+        let data = match elem_type {
+            GgufValueType::U8 => ArrayData::U8(self.take(len, W)?.to_vec()),
+            GgufValueType::I8 => ArrayData::I8(self.take(len, W)?.iter().map(|&b| b as i8).collect()),
+            GgufValueType::U16 => ArrayData::U16(self.le_values(len, u16::from_le_bytes)?),
+            GgufValueType::I16 => ArrayData::I16(self.le_values(len, i16::from_le_bytes)?),
+            GgufValueType::U32 => ArrayData::U32(self.le_values(len, u32::from_le_bytes)?),
+            GgufValueType::I32 => ArrayData::I32(self.le_values(len, i32::from_le_bytes)?),
+            GgufValueType::F32 => ArrayData::F32(self.le_values(len, f32::from_le_bytes)?),
+            GgufValueType::U64 => ArrayData::U64(self.le_values(len, u64::from_le_bytes)?),
+            GgufValueType::I64 => ArrayData::I64(self.le_values(len, i64::from_le_bytes)?),
+            GgufValueType::F64 => ArrayData::F64(self.le_values(len, f64::from_le_bytes)?),
+            GgufValueType::Bool => {
+                let start = self.pos as u64;
+                let bytes = self.take(len, W)?;
+                let mut v = Vec::with_capacity(bytes.len());
+                for (i, &b) in bytes.iter().enumerate() {
+                    match b {
+                        0 | 1 => v.push(b == 1),
+                        _ => {
+                            let what = "bool value";
+                            return Err(GgufError::new(
+                                GgufErrorKind::TooLarge { what, value: b as u64 },
+                                start + i as u64,
+                            ));
+                        }
+                    }
+                }
+                ArrayData::Bool(v)
+            }
+            GgufValueType::String => {
+                let mut v = Vec::with_capacity(len as usize);
+                for _ in 0..len {
+                    v.push(self.string("metadata string")?);
+                }
+                ArrayData::String(v)
+            }
+            GgufValueType::Array => {
+                let mut v = Vec::with_capacity(reserve(len));
+                for _ in 0..len {
+                    v.push(self.array_value(depth + 1)?);
+                }
+                ArrayData::Array(v)
+            }
+        };
+        Ok(GgufArray::new(data))
+    }
+
+    /// `len` little-endian values of `N` bytes each, decoded with `from`.
+    fn le_values<T, const N: usize>(&mut self, len: u64, from: fn([u8; N]) -> T) -> Result<Vec<T>, GgufError> {
+        let n_bytes = len.saturating_mul(N as u64);
+        let bytes = self.take(n_bytes, "metadata array")?;
+        Ok(bytes
+            .chunks_exact(N)
+            .map(|c| {
+                let mut a = [0u8; N];
+                a.copy_from_slice(c);
+                from(a)
+            })
+            .collect())
     }
 }

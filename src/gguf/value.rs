@@ -1,4 +1,5 @@
-//! Metadata values of a GGUF file: the thirteen value types, arrays of them (nested too), and typed accessors.
+//! Metadata values of a GGUF file: the thirteen value types, arrays of them (nested too, and stored by
+//! element type so that they cost about their file bytes in memory), and typed accessors.
 
 /// The type tag of a metadata value, as stored in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,11 +71,53 @@ pub enum GgufValue {
     F64(f64),
 }
 
-/// An array value: its element type and elements (which may themselves be arrays).
+/// An array value. Its elements are stored compactly, one `Vec` of the element type, so that an array
+/// costs about as many bytes in memory as in the file: a `u8` array of N elements is N bytes, not N
+/// 32-byte [`GgufValue`]s. That bound is what keeps a corrupted length in a large file from turning into
+/// an allocation many times the file's size.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GgufArray {
-    pub elem_type: GgufValueType,
-    pub values: Vec<GgufValue>,
+    data: ArrayData,
+}
+
+/// The elements of an array, by element type. Arrays of arrays hold their inner arrays, each with its own
+/// element type (GGUF writes an element type per inner array).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ArrayData {
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    U16(Vec<u16>),
+    I16(Vec<i16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    F32(Vec<f32>),
+    Bool(Vec<bool>),
+    String(Vec<String>),
+    Array(Vec<GgufArray>),
+    U64(Vec<u64>),
+    I64(Vec<i64>),
+    F64(Vec<f64>),
+}
+
+/// Runs `$body` with `$v` bound to the element `Vec` of `$data`, whatever its type.
+macro_rules! with_elements {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            ArrayData::U8($v) => $body,
+            ArrayData::I8($v) => $body,
+            ArrayData::U16($v) => $body,
+            ArrayData::I16($v) => $body,
+            ArrayData::U32($v) => $body,
+            ArrayData::I32($v) => $body,
+            ArrayData::F32($v) => $body,
+            ArrayData::Bool($v) => $body,
+            ArrayData::String($v) => $body,
+            ArrayData::Array($v) => $body,
+            ArrayData::U64($v) => $body,
+            ArrayData::I64($v) => $body,
+            ArrayData::F64($v) => $body,
+        }
+    };
 }
 
 impl GgufValue {
@@ -143,12 +186,12 @@ impl GgufValue {
                 format!("{head:?}...")
             }
             GgufValue::String(s) => format!("{s:?}"),
-            GgufValue::Array(a) if a.values.len() > 8 => {
-                let head: Vec<String> = a.values.iter().take(4).map(|v| v.display_short()).collect();
-                format!("[{}, ... ({} {:?} values)]", head.join(", "), a.values.len(), a.elem_type)
+            GgufValue::Array(a) if a.len() > 8 => {
+                let head: Vec<String> = a.iter().take(4).map(|v| v.display_short()).collect();
+                format!("[{}, ... ({} {:?} values)]", head.join(", "), a.len(), a.elem_type())
             }
             GgufValue::Array(a) => {
-                let all: Vec<String> = a.values.iter().map(|v| v.display_short()).collect();
+                let all: Vec<String> = a.iter().map(|v| v.display_short()).collect();
                 format!("[{}]", all.join(", "))
             }
             GgufValue::U8(v) => v.to_string(),
@@ -167,18 +210,138 @@ impl GgufValue {
 }
 
 impl GgufArray {
-    /// The elements as strings, if this is an array of strings.
+    pub fn new(data: ArrayData) -> GgufArray {
+        GgufArray { data }
+    }
+
+    /// An array of `elem_type` from single values, or `None` if one of them is not of that type.
+    pub fn from_values(elem_type: GgufValueType, values: Vec<GgufValue>) -> Option<GgufArray> {
+        // `GgufValue` and `ArrayData` name their variants alike.
+        macro_rules! all {
+            ($variant:ident) => {
+                ArrayData::$variant(
+                    values
+                        .into_iter()
+                        .map(|v| match v {
+                            GgufValue::$variant(x) => Some(x),
+                            _ => None,
+                        })
+                        .collect::<Option<Vec<_>>>()?,
+                )
+            };
+        }
+        let data = match elem_type {
+            GgufValueType::U8 => all!(U8),
+            GgufValueType::I8 => all!(I8),
+            GgufValueType::U16 => all!(U16),
+            GgufValueType::I16 => all!(I16),
+            GgufValueType::U32 => all!(U32),
+            GgufValueType::I32 => all!(I32),
+            GgufValueType::F32 => all!(F32),
+            GgufValueType::Bool => all!(Bool),
+            GgufValueType::String => all!(String),
+            GgufValueType::Array => all!(Array),
+            GgufValueType::U64 => all!(U64),
+            GgufValueType::I64 => all!(I64),
+            GgufValueType::F64 => all!(F64),
+        };
+        Some(GgufArray { data })
+    }
+
+    /// The elements, stored by type.
+    pub fn data(&self) -> &ArrayData {
+        &self.data
+    }
+
+    pub fn into_data(self) -> ArrayData {
+        self.data
+    }
+
+    /// The type of every element.
+    pub fn elem_type(&self) -> GgufValueType {
+        match self.data {
+            ArrayData::U8(_) => GgufValueType::U8,
+            ArrayData::I8(_) => GgufValueType::I8,
+            ArrayData::U16(_) => GgufValueType::U16,
+            ArrayData::I16(_) => GgufValueType::I16,
+            ArrayData::U32(_) => GgufValueType::U32,
+            ArrayData::I32(_) => GgufValueType::I32,
+            ArrayData::F32(_) => GgufValueType::F32,
+            ArrayData::Bool(_) => GgufValueType::Bool,
+            ArrayData::String(_) => GgufValueType::String,
+            ArrayData::Array(_) => GgufValueType::Array,
+            ArrayData::U64(_) => GgufValueType::U64,
+            ArrayData::I64(_) => GgufValueType::I64,
+            ArrayData::F64(_) => GgufValueType::F64,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        with_elements!(&self.data, v => v.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` as a single value (a copy: strings and inner arrays are cloned).
+    pub fn get(&self, i: usize) -> Option<GgufValue> {
+        Some(match &self.data {
+            ArrayData::U8(v) => GgufValue::U8(*v.get(i)?),
+            ArrayData::I8(v) => GgufValue::I8(*v.get(i)?),
+            ArrayData::U16(v) => GgufValue::U16(*v.get(i)?),
+            ArrayData::I16(v) => GgufValue::I16(*v.get(i)?),
+            ArrayData::U32(v) => GgufValue::U32(*v.get(i)?),
+            ArrayData::I32(v) => GgufValue::I32(*v.get(i)?),
+            ArrayData::F32(v) => GgufValue::F32(*v.get(i)?),
+            ArrayData::Bool(v) => GgufValue::Bool(*v.get(i)?),
+            ArrayData::String(v) => GgufValue::String(v.get(i)?.clone()),
+            ArrayData::Array(v) => GgufValue::Array(v.get(i)?.clone()),
+            ArrayData::U64(v) => GgufValue::U64(*v.get(i)?),
+            ArrayData::I64(v) => GgufValue::I64(*v.get(i)?),
+            ArrayData::F64(v) => GgufValue::F64(*v.get(i)?),
+        })
+    }
+
+    /// Element `i`, borrowed, if this is an array of strings.
+    pub fn get_str(&self, i: usize) -> Option<&str> {
+        match &self.data {
+            ArrayData::String(v) => v.get(i).map(String::as_str),
+            _ => None,
+        }
+    }
+
+    /// The elements as single values, in order (copies, as [`GgufArray::get`]).
+    pub fn iter(&self) -> impl Iterator<Item = GgufValue> + '_ {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+
+    /// The elements as strings, if this is an array of strings. (Every accessor below gives an empty
+    /// array as an empty list, whatever its element type: some writers type empty arrays loosely.)
     pub fn strings(&self) -> Option<Vec<&str>> {
-        self.values.iter().map(|v| v.as_str()).collect()
+        match &self.data {
+            ArrayData::String(v) => Some(v.iter().map(String::as_str).collect()),
+            _ if self.is_empty() => Some(Vec::new()),
+            _ => None,
+        }
     }
 
-    /// The elements as f32, if they are numbers.
+    /// The elements as f32, if they are numbers (integers of any width, or floats).
     pub fn f32s(&self) -> Option<Vec<f32>> {
-        self.values.iter().map(|v| v.as_f64().map(|x| x as f32)).collect()
+        self.numbers(|v| v.as_f64().map(|x| x as f32))
     }
 
-    /// The elements as i64, if they are integers.
+    /// The elements as i64, if they are integers that fit.
     pub fn i64s(&self) -> Option<Vec<i64>> {
-        self.values.iter().map(|v| v.as_i64()).collect()
+        self.numbers(GgufValue::as_i64)
+    }
+
+    /// Converts every element with `f`, through the same conversions as single values have; strings and
+    /// inner arrays are never numbers, so those arrays are refused without copying their elements.
+    fn numbers<T>(&self, f: impl Fn(&GgufValue) -> Option<T>) -> Option<Vec<T>> {
+        match &self.data {
+            ArrayData::String(_) | ArrayData::Array(_) if !self.is_empty() => None,
+            _ => self.iter().map(|v| f(&v)).collect(),
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! A GGUF writer: metadata and tensors into a byte image. Test code and `strata`'s synthetic-model tool use
 //! it to make small models with random weights; it is the inverse of the reader.
 
-use super::value::{GgufValue, GgufValueType};
+use super::value::{ArrayData, GgufArray, GgufValue, GgufValueType};
 use super::GGUF_MAGIC;
 use crate::quant::GgmlType;
 
@@ -110,16 +110,37 @@ fn put_value(out: &mut Vec<u8>, v: &GgufValue) {
         GgufValue::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
         GgufValue::Bool(x) => out.push(*x as u8),
         GgufValue::String(s) => put_str(out, s),
-        GgufValue::Array(a) => {
-            out.extend_from_slice(&(a.elem_type as u32).to_le_bytes());
-            out.extend_from_slice(&(a.values.len() as u64).to_le_bytes());
-            for x in &a.values {
-                put_value(out, x);
-            }
-        }
+        GgufValue::Array(a) => put_array(out, a),
         GgufValue::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
         GgufValue::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
         GgufValue::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+    }
+}
+
+fn put_array(out: &mut Vec<u8>, a: &GgufArray) {
+    out.extend_from_slice(&(a.elem_type() as u32).to_le_bytes());
+    out.extend_from_slice(&(a.len() as u64).to_le_bytes());
+    macro_rules! put_le {
+        ($v:expr) => {
+            for x in $v {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        };
+    }
+    match a.data() {
+        ArrayData::U8(v) => out.extend_from_slice(v),
+        ArrayData::I8(v) => put_le!(v),
+        ArrayData::U16(v) => put_le!(v),
+        ArrayData::I16(v) => put_le!(v),
+        ArrayData::U32(v) => put_le!(v),
+        ArrayData::I32(v) => put_le!(v),
+        ArrayData::F32(v) => put_le!(v),
+        ArrayData::Bool(v) => out.extend(v.iter().map(|&b| b as u8)),
+        ArrayData::String(v) => v.iter().for_each(|s| put_str(out, s)),
+        ArrayData::Array(v) => v.iter().for_each(|inner| put_array(out, inner)),
+        ArrayData::U64(v) => put_le!(v),
+        ArrayData::I64(v) => put_le!(v),
+        ArrayData::F64(v) => put_le!(v),
     }
 }
 
@@ -129,21 +150,13 @@ impl GgufValue {
         GgufValue::String(s.to_owned())
     }
     pub fn strs<S: AsRef<str>>(items: &[S]) -> GgufValue {
-        GgufValue::Array(super::GgufArray {
-            elem_type: GgufValueType::String,
-            values: items.iter().map(|s| GgufValue::str(s.as_ref())).collect(),
-        })
+        let strings = items.iter().map(|s| s.as_ref().to_owned()).collect();
+        GgufValue::Array(GgufArray::new(ArrayData::String(strings)))
     }
     pub fn f32s(items: &[f32]) -> GgufValue {
-        GgufValue::Array(super::GgufArray {
-            elem_type: GgufValueType::F32,
-            values: items.iter().map(|&x| GgufValue::F32(x)).collect(),
-        })
+        GgufValue::Array(GgufArray::new(ArrayData::F32(items.to_vec())))
     }
     pub fn i32s(items: &[i32]) -> GgufValue {
-        GgufValue::Array(super::GgufArray {
-            elem_type: GgufValueType::I32,
-            values: items.iter().map(|&x| GgufValue::I32(x)).collect(),
-        })
+        GgufValue::Array(GgufArray::new(ArrayData::I32(items.to_vec())))
     }
 }

@@ -96,7 +96,7 @@ impl ModelConfig {
             None => file
                 .get("tokenizer.ggml.tokens")
                 .and_then(|v| v.as_array())
-                .map(|a| a.values.len())
+                .map(|a| a.len())
                 .ok_or_else(|| ModelError::MissingKey(key("vocab_size")))?,
         };
 

@@ -3,9 +3,9 @@
 //! Hot path: one decoded token runs this once (a batch of 1); a prompt runs it once per chunk. Each step is
 //! written once for any batch size, which is what makes the logits batch-invariant (see `ops`).
 
-use crate::quant;
 use crate::threadpool::ThreadPool;
 
+use super::acts::QuantActs;
 use super::kv::KvCache;
 use super::ops::{self, AttnShape, MatJob, SharedMut};
 use super::{Model, ModelError};
@@ -70,14 +70,14 @@ impl Model {
         let mut proj = vec![0f32; t_count * d]; // (t_count, n_embd)
         let mut gate = vec![0f32; t_count * ff]; // (t_count, n_ff)
         let mut up = vec![0f32; t_count * ff]; // (t_count, n_ff)
-        let mut act: Vec<u8> = Vec::new();
+        let mut act = QuantActs::default();
 
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention block.
             for t in 0..t_count {
                 ops::rms_norm(&x[t * d..(t + 1) * d], &lw.attn_norm, cfg.rms_eps, &mut xn[t * d..(t + 1) * d]);
             }
-            let rb = quantize(pool, lw.wq.ty, &xn, d, &mut act);
+            act.quantize(pool, lw.wq.ty, &xn, d);
             debug_assert_eq!(lw.wq.ty, lw.wk.ty);
             let same_act = lw.wk.ty == lw.wq.ty && lw.wv.ty == lw.wq.ty;
             if same_act {
@@ -89,13 +89,11 @@ impl Model {
                         MatJob { w: &lw.wv, bias: lw.bv.as_deref(), out: SharedMut::new(&mut v) },
                     ],
                     &act,
-                    rb,
-                    t_count,
                 );
             } else {
                 for (wt, b, out) in [(&lw.wq, &lw.bq, &mut q), (&lw.wk, &lw.bk, &mut k), (&lw.wv, &lw.bv, &mut v)] {
-                    let rb = quantize(pool, wt.ty, &xn, d, &mut act);
-                    ops::matmul(pool, &[MatJob { w: wt, bias: b.as_deref(), out: SharedMut::new(out) }], &act, rb, t_count);
+                    act.quantize(pool, wt.ty, &xn, d);
+                    ops::matmul(pool, &[MatJob { w: wt, bias: b.as_deref(), out: SharedMut::new(out) }], &act);
                 }
             }
             for t in 0..t_count {
@@ -110,8 +108,8 @@ impl Model {
                 kv.write(l, pos0 + t, &k[t * kv_dim..(t + 1) * kv_dim], &v[t * kv_dim..(t + 1) * kv_dim]);
             }
             ops::attention(pool, kv, l, &shape, &q, pos0, t_count, &mut att);
-            let rb = quantize(pool, lw.wo.ty, &att, q_dim, &mut act);
-            ops::matmul(pool, &[MatJob { w: &lw.wo, bias: None, out: SharedMut::new(&mut proj) }], &act, rb, t_count);
+            act.quantize(pool, lw.wo.ty, &att, q_dim);
+            ops::matmul(pool, &[MatJob { w: &lw.wo, bias: None, out: SharedMut::new(&mut proj) }], &act);
             for (a, b) in x.iter_mut().zip(&proj) {
                 *a += b;
             }
@@ -120,7 +118,7 @@ impl Model {
             for t in 0..t_count {
                 ops::rms_norm(&x[t * d..(t + 1) * d], &lw.ffn_norm, cfg.rms_eps, &mut xn[t * d..(t + 1) * d]);
             }
-            let rb = quantize(pool, lw.w_gate.ty, &xn, d, &mut act);
+            act.quantize(pool, lw.w_gate.ty, &xn, d);
             if lw.w_up.ty == lw.w_gate.ty {
                 ops::matmul(
                     pool,
@@ -129,17 +127,15 @@ impl Model {
                         MatJob { w: &lw.w_up, bias: None, out: SharedMut::new(&mut up) },
                     ],
                     &act,
-                    rb,
-                    t_count,
                 );
             } else {
-                ops::matmul(pool, &[MatJob { w: &lw.w_gate, bias: None, out: SharedMut::new(&mut gate) }], &act, rb, t_count);
-                let rb = quantize(pool, lw.w_up.ty, &xn, d, &mut act);
-                ops::matmul(pool, &[MatJob { w: &lw.w_up, bias: None, out: SharedMut::new(&mut up) }], &act, rb, t_count);
+                ops::matmul(pool, &[MatJob { w: &lw.w_gate, bias: None, out: SharedMut::new(&mut gate) }], &act);
+                act.quantize(pool, lw.w_up.ty, &xn, d);
+                ops::matmul(pool, &[MatJob { w: &lw.w_up, bias: None, out: SharedMut::new(&mut up) }], &act);
             }
             ops::swiglu(&mut gate, &up);
-            let rb = quantize(pool, lw.w_down.ty, &gate, ff, &mut act);
-            ops::matmul(pool, &[MatJob { w: &lw.w_down, bias: None, out: SharedMut::new(&mut proj) }], &act, rb, t_count);
+            act.quantize(pool, lw.w_down.ty, &gate, ff);
+            ops::matmul(pool, &[MatJob { w: &lw.w_down, bias: None, out: SharedMut::new(&mut proj) }], &act);
             for (a, b) in x.iter_mut().zip(&proj) {
                 *a += b;
             }
@@ -154,17 +150,9 @@ impl Model {
         }
         let mut data = vec![0f32; n_out * n_vocab];
         if n_out > 0 {
-            let rb = quantize(pool, w.output.ty, &hn, d, &mut act);
-            ops::matmul(pool, &[MatJob { w: &w.output, bias: None, out: SharedMut::new(&mut data) }], &act, rb, n_out);
+            act.quantize(pool, w.output.ty, &hn, d);
+            ops::matmul(pool, &[MatJob { w: &w.output, bias: None, out: SharedMut::new(&mut data) }], &act);
         }
         Ok(Logits { n_vocab, data })
     }
-}
-
-/// Quantizes the rows of `x` (each `n` wide) for weights of type `w_ty` into `act`; returns the row bytes.
-fn quantize(pool: &ThreadPool, w_ty: quant::GgmlType, x: &[f32], n: usize, act: &mut Vec<u8>) -> usize {
-    let rb = ops::act_row_bytes(w_ty, n);
-    act.resize(rb * (x.len() / n), 0);
-    ops::quantize_acts(pool, w_ty, x, n, act);
-    rb
 }

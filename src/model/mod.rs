@@ -3,11 +3,12 @@
 //! The model owns the mapped file and never changes after load; all per-sequence state lives in a
 //! [`KvCache`], so one model serves many sequences.
 
+pub mod acts;
 pub mod config;
 mod forward;
-pub mod synthetic;
 pub mod kv;
 pub mod ops;
+pub mod synthetic;
 pub mod weights;
 
 use std::path::Path;

@@ -8,6 +8,7 @@
 use crate::quant;
 use crate::threadpool::{split_range, ThreadPool};
 
+use super::acts::{correction, QuantActs};
 use super::config::RopeKind;
 use super::kv::{KvCache, KvRows};
 use super::weights::QTensor;
@@ -83,33 +84,6 @@ pub fn swiglu(g: &mut [f32], u: &[f32]) {
     }
 }
 
-/// The bytes of one activation row of `n` values quantized for weight type `w_ty`.
-pub fn act_row_bytes(w_ty: quant::GgmlType, n: usize) -> usize {
-    let t = quant::vec_dot_type(w_ty);
-    t.row_bytes(n as u64).map(|b| b as usize).unwrap_or(0)
-}
-
-/// Quantizes `t_count` rows of `x` (each `n` wide) into `dst` for products with weights of type `w_ty`.
-pub fn quantize_acts(pool: &ThreadPool, w_ty: quant::GgmlType, x: &[f32], n: usize, dst: &mut [u8]) {
-    let rb = act_row_bytes(w_ty, n);
-    let t_count = x.len() / n;
-    let act_ty = quant::vec_dot_type(w_ty);
-    let run = |range: std::ops::Range<usize>, out: SharedMut<u8>| {
-        for t in range {
-            // SAFETY: each token's destination row is written by one thread only.
-            let d = unsafe { out.slice(t * rb, rb) };
-            quant::quantize_row_act(act_ty, &x[t * n..(t + 1) * n], d);
-        }
-    };
-    let out = SharedMut::new(dst);
-    if t_count < 4 {
-        run(0..t_count, out);
-    } else {
-        let n_chunks = pool.chunks_for(t_count);
-        pool.run(n_chunks, |c| run(split_range(c, n_chunks, t_count), out));
-    }
-}
-
 /// One product of a batched matmul: `out[t][r] = w[r] . act[t] (+ bias[r])` for `t` in the batch.
 pub struct MatJob<'a> {
     pub w: &'a QTensor,
@@ -123,11 +97,13 @@ const ROW_TILE: usize = 16;
 /// Tokens dotted against one weight row at once by `vec_dot_multi`.
 const TOKEN_TILE: usize = 4;
 
-/// Runs several matrix products that share one quantized activation `act` (t_count rows of `act_rb`
-/// bytes), splitting their concatenated rows over the pool's threads.
-pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], act: &[u8], act_rb: usize, t_count: usize) {
+/// Runs several matrix products that share one batch of quantized activations, splitting their
+/// concatenated rows over the pool's threads. Every job's weights must have the type `acts` was
+/// quantized for.
+pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
     let total_rows: usize = jobs.iter().map(|j| j.w.rows).sum();
-    let acts: Vec<&[u8]> = (0..t_count).map(|t| &act[t * act_rb..(t + 1) * act_rb]).collect();
+    let t_count = qa.t_count();
+    let acts: Vec<&[u8]> = (0..t_count).map(|t| qa.row(t)).collect();
     // Split in units of ROW_TILE rows so tiles stay whole.
     let n_tiles = total_rows.div_ceil(ROW_TILE);
     let n_chunks = pool.chunks_for(n_tiles);
@@ -158,8 +134,9 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], act: &[u8], act_rb: usize, t_c
                             }
                             let b = job.bias.map_or(0.0, |b| b[r]);
                             for (k, t) in (t0..t1).enumerate() {
+                                let v = tmp[k] + correction(w.ty, row, qa, t) + b;
                                 // SAFETY: row r of this job is owned by this thread.
-                                unsafe { job.out.slice(t * rows + r, 1)[0] = tmp[k] + b };
+                                unsafe { job.out.slice(t * rows + r, 1)[0] = v };
                             }
                         }
                         t0 = t1;

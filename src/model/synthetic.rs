@@ -129,7 +129,12 @@ impl SyntheticSpec {
             tensor(&mut w, &n("ffn_down.weight"), d, ff, types.next().unwrap_or(GgmlType::F32), s_ff);
         }
         let x: Vec<f32> = vec![1.0; d];
-        w.add_tensor("output_norm.weight", &[d as u64], GgmlType::F32, x.iter().flat_map(|v| v.to_le_bytes()).collect());
+        w.add_tensor(
+            "output_norm.weight",
+            &[d as u64],
+            GgmlType::F32,
+            x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        );
         if let Some(ty) = self.output_type {
             tensor(&mut w, "output.weight", n_vocab, d, ty, s_in * 4.0);
         }

@@ -37,18 +37,18 @@ impl QTensor {
 }
 
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>, // (n_embd)
-    pub wq: QTensor,         // (q_dim rows, n_embd cols)
-    pub wk: QTensor,         // (kv_dim, n_embd)
-    pub wv: QTensor,         // (kv_dim, n_embd)
+    pub attn_norm: Vec<f32>,  // (n_embd)
+    pub wq: QTensor,          // (q_dim rows, n_embd cols)
+    pub wk: QTensor,          // (kv_dim, n_embd)
+    pub wv: QTensor,          // (kv_dim, n_embd)
     pub bq: Option<Vec<f32>>, // (q_dim), qwen2 only
     pub bk: Option<Vec<f32>>, // (kv_dim)
     pub bv: Option<Vec<f32>>, // (kv_dim)
-    pub wo: QTensor,         // (n_embd, q_dim)
-    pub ffn_norm: Vec<f32>,  // (n_embd)
-    pub w_gate: QTensor,     // (n_ff, n_embd)
-    pub w_up: QTensor,       // (n_ff, n_embd)
-    pub w_down: QTensor,     // (n_embd, n_ff)
+    pub wo: QTensor,          // (n_embd, q_dim)
+    pub ffn_norm: Vec<f32>,   // (n_embd)
+    pub w_gate: QTensor,      // (n_ff, n_embd)
+    pub w_up: QTensor,        // (n_ff, n_embd)
+    pub w_down: QTensor,      // (n_embd, n_ff)
 }
 
 pub struct Weights {

@@ -68,12 +68,7 @@ unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
     let x32 = (p as *const u32).read_unaligned();
-    let shuf = _mm256_set_epi64x(
-        0x0303030303030303,
-        0x0202020202020202,
-        0x0101010101010101,
-        0,
-    );
+    let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
     let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32 as i32), shuf);
     let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
     _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
@@ -100,12 +95,7 @@ const fn layout(k: u8) -> (usize, usize, usize) {
 
 /// Dot of `nb` weight blocks of format `K` at `w` against `C` activation rows `xs`, into `out[..C]`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn legacy_dot<const K: u8, const C: usize>(
-    nb: usize,
-    w: *const u8,
-    xs: &[*const u8; C],
-    out: &mut [f32],
-) {
+pub unsafe fn legacy_dot<const K: u8, const C: usize>(nb: usize, w: *const u8, xs: &[*const u8; C], out: &mut [f32]) {
     let (wb, xb, xq) = layout(K);
     let signed = matches!(K, Q4_0 | Q5_0 | Q8_0);
     let has_min = matches!(K, Q4_1 | Q5_1);
@@ -119,10 +109,7 @@ pub unsafe fn legacy_dot<const K: u8, const C: usize>(
             Q4_0 => _mm256_sub_epi8(bytes_from_nibbles_32(wp.add(2)), _mm256_set1_epi8(8)),
             Q4_1 => bytes_from_nibbles_32(wp.add(4)),
             Q5_0 => {
-                let hi = _mm256_andnot_si256(
-                    bytes_from_bits_32(wp.add(2)),
-                    _mm256_set1_epi8(0xF0u8 as i8),
-                );
+                let hi = _mm256_andnot_si256(bytes_from_bits_32(wp.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
                 _mm256_or_si256(bytes_from_nibbles_32(wp.add(6)), hi)
             }
             Q5_1 => {
@@ -133,11 +120,7 @@ pub unsafe fn legacy_dot<const K: u8, const C: usize>(
         };
         // Signed weights: |w| times y with w's sign, so maddubs sees an unsigned left operand.
         let ax = if signed { _mm256_sign_epi8(qx, qx) } else { qx };
-        let mw = if has_min {
-            bcast_f16x4(wp.add(2))
-        } else {
-            _mm_setzero_ps()
-        };
+        let mw = if has_min { bcast_f16x4(wp.add(2)) } else { _mm_setzero_ps() };
         for c in 0..C {
             let yp = xs[c].add(i * xb);
             // set1(dw) * set1(dy) is set1(dw * dy): the same single rounding as ggml's scalar product.
@@ -161,41 +144,26 @@ pub unsafe fn legacy_dot<const K: u8, const C: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scale_round(v: __m256, id: __m256) -> __m256i {
-    _mm256_cvtps_epi32(_mm256_round_ps::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(
-        v, id,
-    )))
+    _mm256_cvtps_epi32(_mm256_round_ps::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(v, id)))
 }
 
 /// Quantizes one 32-value block as ggml-cpu's x86 `quantize_row_q8_0/1`: writes the 32 quants to `qs`
 /// and returns (d, sum of the quants) for the caller to store as q8_0 or q8_1.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn quantize_q8_block(x: *const f32, qs: *mut u8) -> (f32, i32) {
-    let v = [
-        _mm256_loadu_ps(x),
-        _mm256_loadu_ps(x.add(8)),
-        _mm256_loadu_ps(x.add(16)),
-        _mm256_loadu_ps(x.add(24)),
-    ];
+    let v = [_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8)), _mm256_loadu_ps(x.add(16)), _mm256_loadu_ps(x.add(24))];
     let sign = _mm256_set1_ps(-0.0);
     let mut max_abs = _mm256_andnot_ps(sign, v[0]);
     for vi in &v[1..] {
         max_abs = _mm256_max_ps(max_abs, _mm256_andnot_ps(sign, *vi));
     }
-    let mut m4 = _mm_max_ps(
-        _mm256_extractf128_ps(max_abs, 1),
-        _mm256_castps256_ps128(max_abs),
-    );
+    let mut m4 = _mm_max_ps(_mm256_extractf128_ps(max_abs, 1), _mm256_castps256_ps128(max_abs));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     let amax = _mm_cvtss_f32(m4);
     let d = amax / 127.0;
     let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
-    let (i0, i1, i2, i3) = (
-        scale_round(v[0], id),
-        scale_round(v[1], id),
-        scale_round(v[2], id),
-        scale_round(v[3], id),
-    );
+    let (i0, i1, i2, i3) = (scale_round(v[0], id), scale_round(v[1], id), scale_round(v[2], id), scale_round(v[3], id));
     let s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
     let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
@@ -229,10 +197,7 @@ pub unsafe fn dot_f32(n: usize, a: *const f32, b: *const f32) -> f32 {
     let mut i = 0;
     while i < np {
         for (j, s) in s.iter_mut().enumerate() {
-            let (x, y) = (
-                _mm256_loadu_ps(a.add(i + 8 * j)),
-                _mm256_loadu_ps(b.add(i + 8 * j)),
-            );
+            let (x, y) = (_mm256_loadu_ps(a.add(i + 8 * j)), _mm256_loadu_ps(b.add(i + 8 * j)));
             *s = _mm256_fmadd_ps(x, y, *s);
         }
         i += 32;
@@ -260,11 +225,7 @@ pub unsafe fn dot_f16(n: usize, a: *const u16, b16: *const u16, b32: *const f32)
     while i < np {
         for (j, s) in s.iter_mut().enumerate() {
             let x = load_f16x8(a.add(i + 8 * j));
-            let y = if b32.is_null() {
-                load_f16x8(b16.add(i + 8 * j))
-            } else {
-                _mm256_loadu_ps(b32.add(i + 8 * j))
-            };
+            let y = if b32.is_null() { load_f16x8(b16.add(i + 8 * j)) } else { _mm256_loadu_ps(b32.add(i + 8 * j)) };
             *s = _mm256_fmadd_ps(x, y, *s);
         }
         i += 32;
@@ -272,11 +233,7 @@ pub unsafe fn dot_f16(n: usize, a: *const u16, b16: *const u16, b32: *const f32)
     let mut sum = reduce4(s) as f64;
     for i in np..n {
         let x = half::f16::from_bits(*a.add(i)).to_f32();
-        let y = if b32.is_null() {
-            half::f16::from_bits(*b16.add(i)).to_f32()
-        } else {
-            *b32.add(i)
-        };
+        let y = if b32.is_null() { half::f16::from_bits(*b16.add(i)).to_f32() } else { *b32.add(i) };
         sum += (x * y) as f64;
     }
     sum as f32
@@ -316,11 +273,7 @@ pub unsafe fn dot_q8_0_f32(nb: usize, k: *const u8, q: *const f32) -> f32 {
         let qp = q.add(32 * i);
         let mut s = _mm256_mul_ps(load_i8x8(b.add(2)), _mm256_loadu_ps(qp));
         for g in 1..4 {
-            s = _mm256_fmadd_ps(
-                load_i8x8(b.add(2 + 8 * g)),
-                _mm256_loadu_ps(qp.add(8 * g)),
-                s,
-            );
+            s = _mm256_fmadd_ps(load_i8x8(b.add(2 + 8 * g)), _mm256_loadu_ps(qp.add(8 * g)), s);
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b)), s, acc);
     }
@@ -335,10 +288,7 @@ pub unsafe fn axpy_q8_0(nb: usize, dst: *mut f32, a: f32, v: *const u8) {
         let ad = _mm256_set1_ps(a * f16_at(b));
         for g in 0..4 {
             let p = dst.add(32 * i + 8 * g);
-            _mm256_storeu_ps(
-                p,
-                _mm256_fmadd_ps(ad, load_i8x8(b.add(2 + 8 * g)), _mm256_loadu_ps(p)),
-            );
+            _mm256_storeu_ps(p, _mm256_fmadd_ps(ad, load_i8x8(b.add(2 + 8 * g)), _mm256_loadu_ps(p)));
         }
     }
 }

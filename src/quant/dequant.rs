@@ -183,10 +183,7 @@ mod tests {
         b[3] = 0x08; // value 1: 0, value 17: -8
         let mut y = [0f32; 32];
         dequantize(GgmlType::Q4_0, &b, &mut y);
-        assert_eq!(
-            (y[0], y[16], y[1], y[17], y[2]),
-            (14.0, 2.0, 0.0, -16.0, -16.0)
-        );
+        assert_eq!((y[0], y[16], y[1], y[17], y[2]), (14.0, 2.0, 0.0, -16.0, -16.0));
     }
 
     #[test]
@@ -243,10 +240,7 @@ mod tests {
         b[16 + 64] = 0x70; // value 128 (sub-block 4): 0, value 160 (sub-block 5): 7
         let mut y = vec![0f32; 256];
         dequantize(GgmlType::Q4K, &b, &mut y);
-        assert_eq!(
-            (y[0], y[32], y[160], y[161]),
-            (2.0 * 3.0 - 2.0, 0.0, 33.0 * 7.0 - 8.5, -8.5)
-        );
+        assert_eq!((y[0], y[32], y[160], y[161]), (2.0 * 3.0 - 2.0, 0.0, 33.0 * 7.0 - 8.5, -8.5));
 
         // q5_K: the high bit of value 64 + 32 = 96 lives in bit 3 of qh[0].
         let mut b = vec![0u8; 176];

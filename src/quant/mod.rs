@@ -40,18 +40,9 @@ pub use types::{GgmlType, QK, QK_K};
 #[non_exhaustive]
 pub enum QuantError {
     #[error("{ty}: {n_values} values is not a whole number of {block_len}-value blocks")]
-    PartialBlock {
-        ty: GgmlType,
-        n_values: usize,
-        block_len: usize,
-    },
+    PartialBlock { ty: GgmlType, n_values: usize, block_len: usize },
     #[error("{ty}: {n_values} values take {need_bytes} bytes, the buffer has {got_bytes}")]
-    WrongByteLen {
-        ty: GgmlType,
-        n_values: usize,
-        need_bytes: usize,
-        got_bytes: usize,
-    },
+    WrongByteLen { ty: GgmlType, n_values: usize, need_bytes: usize, got_bytes: usize },
 }
 
 /// The SIMD path this process uses, detected once.
@@ -72,10 +63,7 @@ pub fn simd_level() -> SimdLevel {
             return SimdLevel::Scalar;
         }
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
             return SimdLevel::Avx2;
         }
         SimdLevel::Scalar
@@ -101,11 +89,7 @@ pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
 pub fn row_len_bytes(ty: GgmlType, n_values: usize) -> Result<usize, QuantError> {
     let block_len = ty.block_len();
     if n_values % block_len != 0 {
-        return Err(QuantError::PartialBlock {
-            ty,
-            n_values,
-            block_len,
-        });
+        return Err(QuantError::PartialBlock { ty, n_values, block_len });
     }
     Ok(n_values / block_len * ty.block_bytes())
 }
@@ -113,12 +97,7 @@ pub fn row_len_bytes(ty: GgmlType, n_values: usize) -> Result<usize, QuantError>
 fn check_len(ty: GgmlType, n_values: usize, got_bytes: usize) -> Result<(), QuantError> {
     let need_bytes = row_len_bytes(ty, n_values)?;
     if need_bytes != got_bytes {
-        return Err(QuantError::WrongByteLen {
-            ty,
-            n_values,
-            need_bytes,
-            got_bytes,
-        });
+        return Err(QuantError::WrongByteLen { ty, n_values, need_bytes, got_bytes });
     }
     Ok(())
 }
@@ -192,10 +171,7 @@ fn quantize_q8_block(x: &[f32], qs: &mut [u8]) -> (f32, i32) {
 fn check_dot(ty: GgmlType, n: usize, w_len: usize, x_len: usize) {
     let ok = row_len_bytes(ty, n).is_ok_and(|need| w_len >= need)
         && row_len_bytes(vec_dot_type(ty), n).is_ok_and(|need| x_len >= need);
-    assert!(
-        ok,
-        "vec_dot {ty}: {n} values do not fit a {w_len}-byte row and {x_len}-byte activations"
-    );
+    assert!(ok, "vec_dot {ty}: {n} values do not fit a {w_len}-byte row and {x_len}-byte activations");
 }
 
 /// Dot product of `n` values: a weight row of type `ty` with activations already quantized to
@@ -283,12 +259,7 @@ unsafe fn legacy_cols<const K: u8>(nb: usize, w: &[u8], xs: &[&[u8]], out: &mut 
             avx2::legacy_dot::<K, 3>(nb, w, &p, out)
         }
         _ => {
-            let p = [
-                xs[0].as_ptr(),
-                xs[1].as_ptr(),
-                xs[2].as_ptr(),
-                xs[3].as_ptr(),
-            ];
+            let p = [xs[0].as_ptr(), xs[1].as_ptr(), xs[2].as_ptr(), xs[3].as_ptr()];
             avx2::legacy_dot::<K, 4>(nb, w, &p, out)
         }
     }

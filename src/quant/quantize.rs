@@ -63,8 +63,7 @@ fn signed_amax(x: &[f32]) -> f32 {
 }
 
 fn min_max(x: &[f32]) -> (f32, f32) {
-    x.iter()
-        .fold((f32::MAX, -f32::MAX), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+    x.iter().fold((f32::MAX, -f32::MAX), |(lo, hi), &v| (lo.min(v), hi.max(v)))
 }
 
 fn q4_0(x: &[f32], b: &mut [u8]) {
@@ -207,16 +206,8 @@ fn k_affine(x: &[f32], qmax: f32, b: &mut [u8]) -> [u8; QK_K] {
     let dmin = half::f16::from_f32(max_min / 63.0).to_f32();
     let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
     for j in 0..8 {
-        sc[j] = if d > 0.0 {
-            (scale[j] / d).round().min(63.0) as u8
-        } else {
-            0
-        };
-        mn[j] = if dmin > 0.0 {
-            (minv[j] / dmin).round().min(63.0) as u8
-        } else {
-            0
-        };
+        sc[j] = if d > 0.0 { (scale[j] / d).round().min(63.0) as u8 } else { 0 };
+        mn[j] = if dmin > 0.0 { (minv[j] / dmin).round().min(63.0) as u8 } else { 0 };
     }
     put_f16(b, 0, d);
     put_f16(b, 2, dmin);
@@ -226,11 +217,7 @@ fn k_affine(x: &[f32], qmax: f32, b: &mut [u8]) -> [u8; QK_K] {
         let ds = d * sc[j] as f32;
         let dm = dmin * mn[j] as f32;
         for i in 32 * j..32 * j + 32 {
-            let q = if ds > 0.0 {
-                ((x[i] + dm) / ds).round()
-            } else {
-                0.0
-            };
+            let q = if ds > 0.0 { ((x[i] + dm) / ds).round() } else { 0.0 };
             levels[i] = q.clamp(0.0, qmax) as u8;
         }
     }
@@ -291,10 +278,8 @@ fn q6_k(x: &[f32], b: &mut [u8]) {
         for i in 0..32 {
             b[Q6K_QL + 64 * h + i] = (l[i] & 0xF) | ((l[i + 64] & 0xF) << 4);
             b[Q6K_QL + 64 * h + 32 + i] = (l[i + 32] & 0xF) | ((l[i + 96] & 0xF) << 4);
-            b[Q6K_QH + 32 * h + i] = (l[i] >> 4)
-                | ((l[i + 32] >> 4) << 2)
-                | ((l[i + 64] >> 4) << 4)
-                | ((l[i + 96] >> 4) << 6);
+            b[Q6K_QH + 32 * h + i] =
+                (l[i] >> 4) | ((l[i + 32] >> 4) << 2) | ((l[i + 64] >> 4) << 4) | ((l[i + 96] >> 4) << 6);
         }
     }
 }

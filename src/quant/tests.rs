@@ -66,10 +66,7 @@ fn vec_dot_matches_reference_for_every_type() {
                 let got = vec_dot(ty, n, &w, &x);
                 let want = reference::vec_dot(ty, n, &w, &x);
                 let mag = abs_dot(ty, n, &w, &x);
-                assert!(
-                    (got - want).abs() <= 1e-5 * mag,
-                    "{ty} n={n}: simd {got} vs reference {want}"
-                );
+                assert!((got - want).abs() <= 1e-5 * mag, "{ty} n={n}: simd {got} vs reference {want}");
             }
         }
     }
@@ -111,11 +108,7 @@ fn multi_column_results_are_bit_identical_to_single_column() {
             vec_dot_multi(ty, n, &w, &xs, &mut out);
             for (c, x) in xs.iter().enumerate() {
                 let single = vec_dot(ty, n, &w, x);
-                assert_eq!(
-                    out[c].to_bits(),
-                    single.to_bits(),
-                    "{ty}: column {c} of {n_cols}"
-                );
+                assert_eq!(out[c].to_bits(), single.to_bits(), "{ty}: column {c} of {n_cols}");
             }
         }
     }
@@ -136,19 +129,13 @@ fn dequantize_of_quantize_is_close_for_every_type() {
     for ty in GgmlType::WEIGHT_TYPES {
         let n = 1024;
         // Weights without outliers: one outlier makes a whole 4-bit block coarse, by design.
-        let x: Vec<f32> = (0..n)
-            .map(|_| rng.gen_range(-1.0f32..1.0) + rng.gen_range(-1.0f32..1.0))
-            .collect();
+        let x: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0) + rng.gen_range(-1.0f32..1.0)).collect();
         let mut y = vec![0f32; n];
         dequantize_row(ty, &quantized(ty, &x), &mut y);
-        let rms =
-            |v: &mut dyn Iterator<Item = f32>| (v.map(|e| e * e).sum::<f32>() / n as f32).sqrt();
+        let rms = |v: &mut dyn Iterator<Item = f32>| (v.map(|e| e * e).sum::<f32>() / n as f32).sqrt();
         let err = rms(&mut x.iter().zip(&y).map(|(a, b)| a - b));
         let scale = rms(&mut x.iter().copied());
-        assert!(
-            err <= max_rel_rms(ty) * scale,
-            "{ty}: rms error {err} for rms {scale}"
-        );
+        assert!(err <= max_rel_rms(ty) * scale, "{ty}: rms error {err} for rms {scale}");
     }
 }
 
@@ -182,34 +169,17 @@ fn attention_helpers_match_scalar_sums() {
         let a = randn(&mut rng, n);
         let b = randn(&mut rng, n);
         let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
-        let mag: f64 = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| (*x as f64 * *y as f64).abs())
-            .sum();
-        assert!(
-            (vec_dot_f32(&a, &b) as f64 - exact).abs() <= 1e-5 * mag + 1e-6,
-            "vec_dot_f32 n={n}"
-        );
+        let mag: f64 = a.iter().zip(&b).map(|(x, y)| (*x as f64 * *y as f64).abs()).sum();
+        assert!((vec_dot_f32(&a, &b) as f64 - exact).abs() <= 1e-5 * mag + 1e-6, "vec_dot_f32 n={n}");
 
         let k: Vec<f16> = a.iter().map(|&v| f16::from_f32(v)).collect();
-        let exact: f64 = k
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| x.to_f32() as f64 * *y as f64)
-            .sum();
-        assert!(
-            (dot_f16_f32(&k, &b) as f64 - exact).abs() <= 1e-5 * mag + 1e-6,
-            "dot_f16_f32 n={n}"
-        );
+        let exact: f64 = k.iter().zip(&b).map(|(x, y)| x.to_f32() as f64 * *y as f64).sum();
+        assert!((dot_f16_f32(&k, &b) as f64 - exact).abs() <= 1e-5 * mag + 1e-6, "dot_f16_f32 n={n}");
 
         let mut dst = b.clone();
         axpy_f16(&mut dst, 0.5, &k);
         for i in 0..n {
-            assert!(
-                close(dst[i], b[i] + 0.5 * k[i].to_f32(), 1e-6, 1e-6),
-                "axpy_f16 n={n} i={i}"
-            );
+            assert!(close(dst[i], b[i] + 0.5 * k[i].to_f32(), 1e-6, 1e-6), "axpy_f16 n={n} i={i}");
         }
     }
     for n in [32, 64, 128, 256] {
@@ -220,22 +190,12 @@ fn attention_helpers_match_scalar_sums() {
         let mut kd = vec![0f32; n];
         dequantize_row(GgmlType::Q8_0, &kb, &mut kd);
         let exact: f64 = kd.iter().zip(&q).map(|(x, y)| *x as f64 * *y as f64).sum();
-        let mag: f64 = kd
-            .iter()
-            .zip(&q)
-            .map(|(x, y)| (*x as f64 * *y as f64).abs())
-            .sum();
-        assert!(
-            (dot_q8_0_f32(&kb, &q) as f64 - exact).abs() <= 1e-5 * mag,
-            "dot_q8_0_f32 n={n}"
-        );
+        let mag: f64 = kd.iter().zip(&q).map(|(x, y)| (*x as f64 * *y as f64).abs()).sum();
+        assert!((dot_q8_0_f32(&kb, &q) as f64 - exact).abs() <= 1e-5 * mag, "dot_q8_0_f32 n={n}");
         let mut dst = q.clone();
         axpy_q8_0(&mut dst, -2.0, &kb);
         for i in 0..n {
-            assert!(
-                close(dst[i], q[i] - 2.0 * kd[i], 1e-5, 1e-5),
-                "axpy_q8_0 n={n} i={i}"
-            );
+            assert!(close(dst[i], q[i] - 2.0 * kd[i], 1e-5, 1e-5), "axpy_q8_0 n={n} i={i}");
         }
     }
 }
@@ -243,10 +203,7 @@ fn attention_helpers_match_scalar_sums() {
 #[test]
 fn axpy_result_of_an_element_does_not_depend_on_the_slice_around_it() {
     let mut rng = StdRng::seed_from_u64(7);
-    let v: Vec<f16> = randn(&mut rng, 37)
-        .iter()
-        .map(|&x| f16::from_f32(x))
-        .collect();
+    let v: Vec<f16> = randn(&mut rng, 37).iter().map(|&x| f16::from_f32(x)).collect();
     let base = randn(&mut rng, 37);
     let mut whole = base.clone();
     axpy_f16(&mut whole, 0.3, &v);
@@ -263,18 +220,10 @@ fn bad_lengths_are_errors_for_file_data() {
     let mut dst = [0f32; 32];
     assert_eq!(
         try_dequantize_row(GgmlType::Q4_0, &[0u8; 17], &mut dst),
-        Err(QuantError::WrongByteLen {
-            ty: GgmlType::Q4_0,
-            n_values: 32,
-            need_bytes: 18,
-            got_bytes: 17
-        })
+        Err(QuantError::WrongByteLen { ty: GgmlType::Q4_0, n_values: 32, need_bytes: 18, got_bytes: 17 })
     );
     let mut dst = [0f32; 33];
-    assert!(matches!(
-        try_dequantize_row(GgmlType::Q4_0, &[0u8; 18], &mut dst),
-        Err(QuantError::PartialBlock { .. })
-    ));
+    assert!(matches!(try_dequantize_row(GgmlType::Q4_0, &[0u8; 18], &mut dst), Err(QuantError::PartialBlock { .. })));
     assert!(try_dequantize_row(GgmlType::Q4_0, &[0u8; 36], &mut [0f32; 64]).is_ok());
 }
 

@@ -96,15 +96,8 @@ pub(crate) fn encode_word(
         }
     }
 
-    let mut symbols: Vec<Symbol> = word
-        .char_indices()
-        .map(|(start, c)| Symbol {
-            start,
-            len: c.len_utf8(),
-            prev: None,
-            next: None,
-        })
-        .collect();
+    let mut symbols: Vec<Symbol> =
+        word.char_indices().map(|(start, c)| Symbol { start, len: c.len_utf8(), prev: None, next: None }).collect();
     let n = symbols.len();
     for (i, s) in symbols.iter_mut().enumerate() {
         s.prev = i.checked_sub(1);
@@ -116,23 +109,14 @@ pub(crate) fn encode_word(
     let push = |heap: &mut BinaryHeap<Candidate>, symbols: &[Symbol], left: usize, right: usize| {
         let (l, r) = (&symbols[left], &symbols[right]);
         if let Some(rank) = merges.rank(text(l), text(r)) {
-            heap.push(Candidate {
-                key: Reverse((rank, left)),
-                right,
-                len: l.len + r.len,
-            });
+            heap.push(Candidate { key: Reverse((rank, left)), right, len: l.len + r.len });
         }
     };
     for i in 1..n {
         push(&mut heap, &symbols, i - 1, i);
     }
 
-    while let Some(Candidate {
-        key: Reverse((_, left)),
-        right,
-        len,
-    }) = heap.pop()
-    {
+    while let Some(Candidate { key: Reverse((_, left)), right, len }) = heap.pop() {
         let (l, r) = (symbols[left], symbols[right]);
         // Stale: one side was merged away or grew since this pair was queued. A symbol only grows by
         // absorbing its right neighbour, so equal total length means both sides are unchanged.
@@ -179,11 +163,7 @@ mod tests {
     use super::*;
 
     fn vocab(tokens: &[&str]) -> HashMap<String, u32> {
-        tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.to_string(), i as u32))
-            .collect()
+        tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect()
     }
 
     fn run(word: &str, tokens: &[&str], merges: &[&str]) -> Vec<u32> {

@@ -36,10 +36,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        ChatMessage { role: role.into(), content: content.into() }
     }
 }
 
@@ -53,19 +50,13 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate")
-            .field("source", &self.source)
-            .finish_non_exhaustive()
+        f.debug_struct("ChatTemplate").field("source", &self.source).finish_non_exhaustive()
     }
 }
 
 impl ChatTemplate {
     /// Compiles `source`; `bos_token` and `eos_token` are the texts the template sees under those names.
-    pub fn new(
-        source: &str,
-        bos_token: &str,
-        eos_token: &str,
-    ) -> Result<ChatTemplate, TokenizerError> {
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TokenizerError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -88,30 +79,17 @@ impl ChatTemplate {
         let key = "tokenizer.chat_template";
         let source = match file.get(key) {
             None => CHATML_TEMPLATE,
-            Some(v) => v.as_str().ok_or(TokenizerError::WrongType {
-                key,
-                expected: "string",
-            })?,
+            Some(v) => v.as_str().ok_or(TokenizerError::WrongType { key, expected: "string" })?,
         };
         let token_text = |id_key: &str| -> &str {
             let id = file.get(id_key).and_then(GgufValue::as_u64);
-            let tokens = file
-                .get("tokenizer.ggml.tokens")
-                .and_then(GgufValue::as_array);
+            let tokens = file.get("tokenizer.ggml.tokens").and_then(GgufValue::as_array);
             match (id, tokens) {
-                (Some(id), Some(t)) => usize::try_from(id)
-                    .ok()
-                    .and_then(|i| t.values.get(i))
-                    .and_then(GgufValue::as_str)
-                    .unwrap_or(""),
+                (Some(id), Some(t)) => usize::try_from(id).ok().and_then(|i| t.get_str(i)).unwrap_or(""),
                 _ => "",
             }
         };
-        ChatTemplate::new(
-            source,
-            token_text("tokenizer.ggml.bos_token_id"),
-            token_text("tokenizer.ggml.eos_token_id"),
-        )
+        ChatTemplate::new(source, token_text("tokenizer.ggml.bos_token_id"), token_text("tokenizer.ggml.eos_token_id"))
     }
 
     /// The template text.
@@ -121,11 +99,7 @@ impl ChatTemplate {
 
     /// Renders a conversation; with `add_generation_prompt` the text ends where the assistant's reply
     /// begins.
-    pub fn render(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, TokenizerError> {
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
         let template = self.env.get_template("chat")?;
         let ctx = context! {
             messages => messages,
@@ -133,25 +107,18 @@ impl ChatTemplate {
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
-        template
-            .render(ctx)
-            .map_err(|e| match e.detail().and_then(|d| d.strip_prefix(RAISED)) {
-                Some(message) if e.kind() == ErrorKind::InvalidOperation => {
-                    TokenizerError::TemplateRaised {
-                        message: message.to_owned(),
-                    }
-                }
-                _ => TokenizerError::Template { source: e },
-            })
+        template.render(ctx).map_err(|e| match e.detail().and_then(|d| d.strip_prefix(RAISED)) {
+            Some(message) if e.kind() == ErrorKind::InvalidOperation => {
+                TokenizerError::TemplateRaised { message: message.to_owned() }
+            }
+            _ => TokenizerError::Template { source: e },
+        })
     }
 }
 
 /// `raise_exception(message)`: HF templates call it to reject a conversation they cannot format.
 fn raise_exception(message: String) -> Result<Value, Error> {
-    Err(Error::new(
-        ErrorKind::InvalidOperation,
-        format!("{RAISED}{message}"),
-    ))
+    Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{message}")))
 }
 
 /// `value|tojson` / `tojson(indent=N)`: JSON as Python's `json.dumps(value, ensure_ascii=False)` writes it,
@@ -162,8 +129,8 @@ fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value,
         _ => None,
     };
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(value)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let json =
+        serde_json::to_value(value).map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let mut out = String::new();
     write_json(&json, indent, 0, &mut out);
     Ok(Value::from_safe_string(out))
@@ -249,10 +216,8 @@ fn write_json_str(s: &str, out: &mut String) {
 /// `strftime_now(format)`: the current UTC date and time, for templates that print today's date
 /// (Llama 3.1+). Supports `%Y %y %m %d %e %B %b %A %a %H %M %S %%`.
 fn strftime_now(format: String) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let secs =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     strftime(secs, &format)
 }
 
@@ -271,15 +236,7 @@ fn strftime(unix_secs: i64, format: &str) -> String {
         "November",
         "December",
     ];
-    const DAYS: [&str; 7] = [
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-    ];
+    const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
     let days = unix_secs.div_euclid(86_400);
     let tod = unix_secs.rem_euclid(86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
@@ -328,20 +285,14 @@ mod tests {
     use super::*;
 
     fn msgs(pairs: &[(&str, &str)]) -> Vec<ChatMessage> {
-        pairs
-            .iter()
-            .map(|(r, c)| ChatMessage::new(*r, *c))
-            .collect()
+        pairs.iter().map(|(r, c)| ChatMessage::new(*r, *c)).collect()
     }
 
     #[test]
     fn chatml_fallback_renders_turns_and_prompt() {
         let t = ChatTemplate::new(CHATML_TEMPLATE, "", "").expect("compiles");
         let out = t.render(&msgs(&[("user", "Hi")]), true).expect("renders");
-        assert_eq!(
-            out,
-            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-        );
+        assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
         let out = t.render(&msgs(&[("user", "Hi")]), false).expect("renders");
         assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n");
     }
@@ -353,9 +304,7 @@ mod tests {
 {% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}\
 {% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
         let t = ChatTemplate::new(src, "<|begin_of_text|>", "<|eot_id|>").expect("compiles");
-        let out = t
-            .render(&msgs(&[("system", "Be brief. "), ("user", " Hi")]), true)
-            .expect("renders");
+        let out = t.render(&msgs(&[("system", "Be brief. "), ("user", " Hi")]), true).expect("renders");
         assert_eq!(
             out,
             "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>\
@@ -365,7 +314,8 @@ mod tests {
 
     #[test]
     fn raise_exception_becomes_typed_error() {
-        let src = "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}\
+        let src =
+            "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}\
 {% endif %}{{ m.content }}{% endfor %}";
         let t = ChatTemplate::new(src, "", "").expect("compiles");
         match t.render(&msgs(&[("system", "x")]), false) {
@@ -374,10 +324,7 @@ mod tests {
             }
             other => panic!("expected TemplateRaised, got {other:?}"),
         }
-        assert_eq!(
-            t.render(&msgs(&[("user", "ok")]), false).expect("renders"),
-            "ok"
-        );
+        assert_eq!(t.render(&msgs(&[("user", "ok")]), false).expect("renders"), "ok");
     }
 
     #[test]
@@ -385,39 +332,26 @@ mod tests {
         let src = "{% for m in messages %}\n{% if m.content.startswith('  ') %}{{ m.content.strip() }}{% else %}\
 {{ m.content.upper() }}{% endif %}{% if not loop.last %},{% endif %}\n{% endfor %}";
         let t = ChatTemplate::new(src, "", "").expect("compiles");
-        assert_eq!(
-            t.render(&msgs(&[("user", "  a "), ("user", "b")]), false)
-                .expect("renders"),
-            "a,B"
-        );
+        assert_eq!(t.render(&msgs(&[("user", "  a "), ("user", "b")]), false).expect("renders"), "a,B");
     }
 
     #[test]
     fn tojson_writes_python_style_json() {
-        let t = ChatTemplate::new(
-            "{{ messages[0]|tojson }}|{{ {'a': [1, 2.5, none, 'x\"y']}|tojson(indent=2) }}",
-            "",
-            "",
-        )
-        .expect("compiles");
+        let t =
+            ChatTemplate::new("{{ messages[0]|tojson }}|{{ {'a': [1, 2.5, none, 'x\"y']}|tojson(indent=2) }}", "", "")
+                .expect("compiles");
         let out = t.render(&msgs(&[("user", "é\n")]), false).expect("renders");
         assert_eq!(out, "{\"content\": \"é\\n\", \"role\": \"user\"}|{\n  \"a\": [\n    1,\n    2.5,\n    null,\n    \"x\\\"y\"\n  ]\n}");
     }
 
     #[test]
     fn syntax_errors_are_reported() {
-        assert!(matches!(
-            ChatTemplate::new("{% for %}", "", ""),
-            Err(TokenizerError::Template { .. })
-        ));
+        assert!(matches!(ChatTemplate::new("{% for %}", "", ""), Err(TokenizerError::Template { .. })));
     }
 
     #[test]
     fn strftime_formats_a_known_date() {
         // 2024-07-26 12:34:56 UTC was a Friday.
-        assert_eq!(
-            strftime(1_721_997_296, "%d %b %Y %A %H:%M:%S"),
-            "26 Jul 2024 Friday 12:34:56"
-        );
+        assert_eq!(strftime(1_721_997_296, "%d %b %Y %A %H:%M:%S"), "26 Jul 2024 Friday 12:34:56");
     }
 }

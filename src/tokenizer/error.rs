@@ -14,10 +14,7 @@ pub enum TokenizerError {
 
     /// A metadata key is present but holds a value of the wrong type.
     #[error("GGUF metadata key `{key}` has the wrong type: expected {expected}")]
-    WrongType {
-        key: &'static str,
-        expected: &'static str,
-    },
+    WrongType { key: &'static str, expected: &'static str },
 
     /// `tokenizer.ggml.model` names a tokenizer kind Strata does not implement.
     #[error(
@@ -31,11 +28,7 @@ pub enum TokenizerError {
 
     /// A per-token array is shorter than the token list.
     #[error("`{key}` has {len} entries but the vocabulary has {n_vocab} tokens")]
-    ShortArray {
-        key: &'static str,
-        len: usize,
-        n_vocab: usize,
-    },
+    ShortArray { key: &'static str, len: usize, n_vocab: usize },
 
     /// The token list is empty.
     #[error("the vocabulary (tokenizer.ggml.tokens) is empty")]
@@ -43,18 +36,11 @@ pub enum TokenizerError {
 
     /// Two tokens have the same text, so text-to-id lookup would be ambiguous.
     #[error("duplicate token in vocabulary: {text:?} has ids {first} and {second}")]
-    DuplicateToken {
-        text: String,
-        first: u32,
-        second: u32,
-    },
+    DuplicateToken { text: String, first: u32, second: u32 },
 
     /// `add_bos_token` / `add_eos_token` asks for a token the vocabulary does not define.
     #[error("`{flag}` is true but `{id_key}` is not set")]
-    MissingSpecialToken {
-        flag: &'static str,
-        id_key: &'static str,
-    },
+    MissingSpecialToken { flag: &'static str, id_key: &'static str },
 
     /// A pre-tokenizer regex failed to compile (a bug in the pattern table, reported rather than panicking).
     #[error("pre-tokenizer regex {pattern:?} does not compile: {message}")]

@@ -76,13 +76,7 @@ const FIM_MID_TEXTS: &[&str] = &[
     "<|middle|>",
 ];
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
-const FIM_REP_TEXTS: &[&str] = &[
-    "<|fim_repo|>",
-    "<|repo_name|>",
-    "<fim-repo>",
-    "<REPO>",
-    "<reponame>",
-];
+const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 /// Token texts that end generation wherever they are in the vocabulary.
 const EOG_TEXTS: &[&str] = &[
@@ -113,38 +107,25 @@ const EOG_TEXTS: &[&str] = &[
 fn get_str<'a>(file: &'a GgufFile, key: &'static str) -> Result<Option<&'a str>, TokenizerError> {
     match file.get(key) {
         None => Ok(None),
-        Some(v) => v.as_str().map(Some).ok_or(TokenizerError::WrongType {
-            key,
-            expected: "string",
-        }),
+        Some(v) => v.as_str().map(Some).ok_or(TokenizerError::WrongType { key, expected: "string" }),
     }
 }
 
 fn get_bool(file: &GgufFile, key: &'static str) -> Result<Option<bool>, TokenizerError> {
     match file.get(key) {
         None => Ok(None),
-        Some(v) => v.as_bool().map(Some).ok_or(TokenizerError::WrongType {
-            key,
-            expected: "bool",
-        }),
+        Some(v) => v.as_bool().map(Some).ok_or(TokenizerError::WrongType { key, expected: "bool" }),
     }
 }
 
-fn get_strings<'a>(
-    file: &'a GgufFile,
-    key: &'static str,
-) -> Result<Option<Vec<&'a str>>, TokenizerError> {
+fn get_strings<'a>(file: &'a GgufFile, key: &'static str) -> Result<Option<Vec<&'a str>>, TokenizerError> {
     match file.get(key) {
         None => Ok(None),
-        Some(v) => {
-            v.as_array()
-                .and_then(|a| a.strings())
-                .map(Some)
-                .ok_or(TokenizerError::WrongType {
-                    key,
-                    expected: "array of strings",
-                })
-        }
+        Some(v) => v
+            .as_array()
+            .and_then(|a| a.strings())
+            .map(Some)
+            .ok_or(TokenizerError::WrongType { key, expected: "array of strings" }),
     }
 }
 
@@ -158,13 +139,10 @@ fn get_id(file: &GgufFile, key: &str, n_vocab: usize) -> Option<u32> {
 impl Tokenizer {
     /// Reads the tokenizer from a GGUF file's metadata.
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer, TokenizerError> {
-        let model = get_str(file, KEY_MODEL)?
-            .ok_or(TokenizerError::MissingKey { key: KEY_MODEL })?
-            .to_owned();
+        let model = get_str(file, KEY_MODEL)?.ok_or(TokenizerError::MissingKey { key: KEY_MODEL })?.to_owned();
         let pre_name = get_str(file, KEY_PRE)?.unwrap_or("").to_owned();
 
-        let tokens =
-            get_strings(file, KEY_TOKENS)?.ok_or(TokenizerError::MissingKey { key: KEY_TOKENS })?;
+        let tokens = get_strings(file, KEY_TOKENS)?.ok_or(TokenizerError::MissingKey { key: KEY_TOKENS })?;
         let n_vocab = tokens.len();
         if n_vocab == 0 {
             return Err(TokenizerError::EmptyVocab);
@@ -175,28 +153,14 @@ impl Tokenizer {
             match model.as_str() {
                 "llama" => (Algorithm::Spm, Some(1), Some(2), Some(0), true, true, false),
                 "gpt2" => {
-                    let lines = get_strings(file, KEY_MERGES)?
-                        .ok_or(TokenizerError::MissingKey { key: KEY_MERGES })?;
+                    let lines = get_strings(file, KEY_MERGES)?.ok_or(TokenizerError::MissingKey { key: KEY_MERGES })?;
                     let merges = Merges::new(lines);
                     let pre = PreTokenizer::for_name(&pre_name)?;
-                    let (add_bos, clean, no_bos) =
-                        (pre.add_bos_default, pre.clean_spaces, pre.no_bos);
+                    let (add_bos, clean, no_bos) = (pre.add_bos_default, pre.clean_spaces, pre.no_bos);
                     let bos = if no_bos { None } else { Some(11) };
-                    (
-                        Algorithm::Bpe { merges, pre },
-                        bos,
-                        Some(11),
-                        None,
-                        add_bos,
-                        false,
-                        clean,
-                    )
+                    (Algorithm::Bpe { merges, pre }, bos, Some(11), None, add_bos, false, clean)
                 }
-                other => {
-                    return Err(TokenizerError::UnsupportedModel {
-                        model: other.to_owned(),
-                    })
-                }
+                other => return Err(TokenizerError::UnsupportedModel { model: other.to_owned() }),
             };
         // Defaults outside the vocabulary are disabled.
         for id in [&mut bos, &mut eos, &mut unk] {
@@ -214,16 +178,9 @@ impl Tokenizer {
                 let s = v
                     .as_array()
                     .and_then(|a| a.f32s())
-                    .ok_or(TokenizerError::WrongType {
-                        key: KEY_SCORES,
-                        expected: "array of numbers",
-                    })?;
+                    .ok_or(TokenizerError::WrongType { key: KEY_SCORES, expected: "array of numbers" })?;
                 if s.len() < n_vocab {
-                    return Err(TokenizerError::ShortArray {
-                        key: KEY_SCORES,
-                        len: s.len(),
-                        n_vocab,
-                    });
+                    return Err(TokenizerError::ShortArray { key: KEY_SCORES, len: s.len(), n_vocab });
                 }
                 s
             }
@@ -234,38 +191,20 @@ impl Tokenizer {
                 let t = v
                     .as_array()
                     .and_then(|a| a.i64s())
-                    .ok_or(TokenizerError::WrongType {
-                        key: KEY_TOKEN_TYPE,
-                        expected: "array of integers",
-                    })?;
+                    .ok_or(TokenizerError::WrongType { key: KEY_TOKEN_TYPE, expected: "array of integers" })?;
                 if t.len() < n_vocab {
-                    return Err(TokenizerError::ShortArray {
-                        key: KEY_TOKEN_TYPE,
-                        len: t.len(),
-                        n_vocab,
-                    });
+                    return Err(TokenizerError::ShortArray { key: KEY_TOKEN_TYPE, len: t.len(), n_vocab });
                 }
-                t[..n_vocab]
-                    .iter()
-                    .map(|&ty| attr::from_token_type(ty))
-                    .collect()
+                t[..n_vocab].iter().map(|&ty| attr::from_token_type(ty)).collect()
             }
         };
 
         let mut texts = Vec::with_capacity(n_vocab);
         let mut ids = HashMap::with_capacity(n_vocab);
         for (i, &text) in tokens.iter().enumerate() {
-            let text = if text.is_empty() {
-                format!("[EMPTY_{i}]")
-            } else {
-                text.to_owned()
-            };
+            let text = if text.is_empty() { format!("[EMPTY_{i}]") } else { text.to_owned() };
             if let Some(&first) = ids.get(&text) {
-                return Err(TokenizerError::DuplicateToken {
-                    text,
-                    first,
-                    second: i as u32,
-                });
+                return Err(TokenizerError::DuplicateToken { text, first, second: i as u32 });
             }
             ids.insert(text.clone(), i as u32);
             texts.push(text);
@@ -279,12 +218,9 @@ impl Tokenizer {
         let pad = get_id(file, &key("padding"), n_vocab);
         let mut eot = get_id(file, &key("eot"), n_vocab);
         let mut eom = get_id(file, &key("eom"), n_vocab);
-        let mut fim_pre =
-            get_id(file, &key("fim_pre"), n_vocab).or(get_id(file, &key("prefix"), n_vocab));
-        let mut fim_suf =
-            get_id(file, &key("fim_suf"), n_vocab).or(get_id(file, &key("suffix"), n_vocab));
-        let mut fim_mid =
-            get_id(file, &key("fim_mid"), n_vocab).or(get_id(file, &key("middle"), n_vocab));
+        let mut fim_pre = get_id(file, &key("fim_pre"), n_vocab).or(get_id(file, &key("prefix"), n_vocab));
+        let mut fim_suf = get_id(file, &key("fim_suf"), n_vocab).or(get_id(file, &key("suffix"), n_vocab));
+        let mut fim_mid = get_id(file, &key("fim_mid"), n_vocab).or(get_id(file, &key("middle"), n_vocab));
         let mut fim_pad = get_id(file, &key("fim_pad"), n_vocab);
         let mut fim_rep = get_id(file, &key("fim_rep"), n_vocab);
         let mut fim_sep = get_id(file, &key("fim_sep"), n_vocab);
@@ -294,16 +230,10 @@ impl Tokenizer {
         }
         let add_eos = get_bool(file, KEY_ADD_EOS)?.unwrap_or(false);
         if add_bos && bos.is_none() {
-            return Err(TokenizerError::MissingSpecialToken {
-                flag: KEY_ADD_BOS,
-                id_key: KEY_BOS,
-            });
+            return Err(TokenizerError::MissingSpecialToken { flag: KEY_ADD_BOS, id_key: KEY_BOS });
         }
         if add_eos && eos.is_none() {
-            return Err(TokenizerError::MissingSpecialToken {
-                flag: KEY_ADD_EOS,
-                id_key: KEY_EOS,
-            });
+            return Err(TokenizerError::MissingSpecialToken { flag: KEY_ADD_EOS, id_key: KEY_EOS });
         }
 
         // Find unset end-of-turn and fill-in-the-middle tokens by their text; each token found this way
@@ -342,9 +272,7 @@ impl Tokenizer {
         eog.extend([eos, eot, eom].into_iter().flatten());
         let has = |eog: &BTreeSet<u32>, t: &str| ids.get(t).is_some_and(|id| eog.contains(id));
         // o200k_harmony / solar-open: `<|end|>` ends a message, not the generation.
-        if (has(&eog, "<|return|>") && has(&eog, "<|call|>"))
-            || (has(&eog, "<|calls|>") && has(&eog, "<|flush|>"))
-        {
+        if (has(&eog, "<|return|>") && has(&eog, "<|call|>")) || (has(&eog, "<|calls|>") && has(&eog, "<|flush|>")) {
             if let Some(&end) = ids.get("<|end|>").filter(|id| eog.contains(id)) {
                 eog.remove(&end);
                 attrs[end as usize] = attr::USER_DEFINED;
@@ -359,9 +287,7 @@ impl Tokenizer {
         }
 
         let mut special_order: Vec<u32> = (0..n_vocab as u32)
-            .filter(|&id| {
-                attrs[id as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0
-            })
+            .filter(|&id| attrs[id as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)
             .collect();
         special_order.sort_by_key(|&id| std::cmp::Reverse(texts[id as usize].len()));
 

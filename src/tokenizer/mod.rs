@@ -31,10 +31,7 @@ use special::{attr, Fragment};
 /// The tokenizer algorithm and its data.
 enum Algorithm {
     /// Byte-level BPE: words from the pre-tokenizer, byte-encoded, merged by rank.
-    Bpe {
-        merges: bpe::Merges,
-        pre: pretokenize::PreTokenizer,
-    },
+    Bpe { merges: bpe::Merges, pre: pretokenize::PreTokenizer },
     /// SentencePiece BPE: spaces escaped to U+2581, merged by token score.
     Spm,
 }
@@ -74,13 +71,7 @@ impl Tokenizer {
     /// `<|im_start|>`) become those tokens; without it they are tokenized as plain text. User-defined tokens
     /// are recognised either way, as in llama.cpp.
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<u32> {
-        let fragments = special::partition(
-            text,
-            &self.special_order,
-            &self.texts,
-            &self.attrs,
-            parse_special,
-        );
+        let fragments = special::partition(text, &self.special_order, &self.texts, &self.attrs, parse_special);
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
         match &self.algorithm {
             Algorithm::Bpe { merges, pre } => {
@@ -93,13 +84,7 @@ impl Tokenizer {
                             for piece in pre.split(text) {
                                 word.clear();
                                 bytes.encode_into(piece, &mut word);
-                                bpe::encode_word(
-                                    &word,
-                                    merges,
-                                    |t| self.token_id(t),
-                                    pre.ignore_merges,
-                                    &mut out,
-                                );
+                                bpe::encode_word(&word, merges, |t| self.token_id(t), pre.ignore_merges, &mut out);
                             }
                         }
                     }
@@ -121,9 +106,7 @@ impl Tokenizer {
                             if self.add_space_prefix && after_special {
                                 escaped.push('\u{2581}');
                             }
-                            escaped.extend(
-                                text.chars().map(|c| if c == ' ' { '\u{2581}' } else { c }),
-                            );
+                            escaped.extend(text.chars().map(|c| if c == ' ' { '\u{2581}' } else { c }));
                             spm::encode_fragment(&escaped, self, &mut out);
                             after_special = false;
                         }
@@ -161,10 +144,7 @@ impl Tokenizer {
     }
 
     fn attr(&self, id: u32) -> u8 {
-        self.attrs
-            .get(id as usize)
-            .copied()
-            .unwrap_or(attr::UNDEFINED)
+        self.attrs.get(id as usize).copied().unwrap_or(attr::UNDEFINED)
     }
 
     /// Whether the token is special: control, user-defined or unknown (the tokens that are matched as
@@ -254,10 +234,7 @@ impl spm::SpmVocab for Tokenizer {
         // llama.cpp falls back to the one-byte text and throws if that is missing too; Strata uses the
         // unknown token instead of failing.
         let single = [byte];
-        std::str::from_utf8(&single)
-            .ok()
-            .and_then(|s| self.token_id(s))
-            .or(self.unk)
+        std::str::from_utf8(&single).ok().and_then(|s| self.token_id(s)).or(self.unk)
     }
 }
 

@@ -44,10 +44,7 @@ pub(crate) struct PreTokenizer {
 fn regex(pattern: &str) -> Result<Stage, TokenizerError> {
     fancy_regex::Regex::new(pattern)
         .map(Stage::Regex)
-        .map_err(|e| TokenizerError::BadRegex {
-            pattern: pattern.to_owned(),
-            message: e.to_string(),
-        })
+        .map_err(|e| TokenizerError::BadRegex { pattern: pattern.to_owned(), message: e.to_string() })
 }
 
 impl PreTokenizer {
@@ -62,15 +59,11 @@ impl PreTokenizer {
         };
         match name {
             "" | "default" => {
-                p.stages = vec![
-                    regex(r"[\p{P}\$\+<=>\^~\|]+")?,
-                    Stage::Gpt2,
-                    regex(r"\p{N}+")?,
-                    regex(r"[0-9][0-9][0-9]")?,
-                ];
+                p.stages =
+                    vec![regex(r"[\p{P}\$\+<=>\^~\|]+")?, Stage::Gpt2, regex(r"\p{N}+")?, regex(r"[0-9][0-9][0-9]")?];
             }
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
-            | "midm-2.0" | "lfm2" | "jina-v5-nano" => {
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
+            | "jina-v5-nano" => {
                 p.stages = vec![Stage::Llama3 { max_digits: 3 }];
                 p.ignore_merges = true;
                 p.add_bos_default = true;
@@ -93,14 +86,10 @@ impl PreTokenizer {
                 p.stages = vec![Stage::EachNumber, Stage::Gpt2];
             }
             "trillion" | "granite-docling" => p.clean_spaces = false,
-            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es"
-            | "jina-v2-de" | "a.x-4.0" | "mellum" | "modern-bert" | "mpt" | "olmo" | "jais"
-            | "exaone4" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" => {}
-            other => {
-                return Err(TokenizerError::UnsupportedPreTokenizer {
-                    pre: other.to_owned(),
-                })
-            }
+            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0"
+            | "mellum" | "modern-bert" | "mpt" | "olmo" | "jais" | "exaone4" | "jina-v1-en" | "jina-v2-code"
+            | "roberta-bpe" => {}
+            other => return Err(TokenizerError::UnsupportedPreTokenizer { pre: other.to_owned() }),
         }
         Ok(p)
     }
@@ -117,13 +106,7 @@ impl PreTokenizer {
         for stage in &self.stages {
             let mut next = Vec::with_capacity(pieces.len() * 2);
             for &(ini, end) in &pieces {
-                let mut out = Splitter {
-                    chars: &chars,
-                    ini,
-                    end,
-                    prev: ini,
-                    out: &mut next,
-                };
+                let mut out = Splitter { chars: &chars, ini, end, prev: ini, out: &mut next };
                 match stage {
                     Stage::EachNumber => out.each_number(),
                     Stage::Gpt2 => out.gpt2(),
@@ -133,11 +116,7 @@ impl PreTokenizer {
             }
             pieces = next;
         }
-        pieces
-            .into_iter()
-            .filter(|(a, b)| b > a)
-            .map(|(a, b)| &text[byte_at[a]..byte_at[b]])
-            .collect()
+        pieces.into_iter().filter(|(a, b)| b > a).map(|(a, b)| &text[byte_at[a]..byte_at[b]]).collect()
     }
 }
 
@@ -207,8 +186,7 @@ impl Splitter<'_> {
     /// Inside the piece and not whitespace, letter or number: `[^\s\p{L}\p{N}]`.
     #[inline]
     fn other(&self, pos: usize) -> bool {
-        self.at(pos)
-            .is_some_and(|c| !(is_whitespace(c) || is_letter(c) || is_number(c)))
+        self.at(pos).is_some_and(|c| !(is_whitespace(c) || is_letter(c) || is_number(c)))
     }
 
     #[inline]
@@ -241,10 +219,7 @@ impl Splitter<'_> {
         }
         if pos + 2 < self.end {
             let c2 = lower(self.at(pos + 2));
-            if matches!(
-                (c1, c2),
-                (Some('r'), Some('e')) | (Some('v'), Some('e')) | (Some('l'), Some('l'))
-            ) {
+            if matches!((c1, c2), (Some('r'), Some('e')) | (Some('v'), Some('e')) | (Some('l'), Some('l'))) {
                 return 3;
             }
         }
@@ -392,54 +367,34 @@ mod tests {
     #[test]
     fn gpt2_words_spaces_and_contractions() {
         assert_eq!(split("gpt-2", "Hello world"), ["Hello", " world"]);
-        assert_eq!(
-            split("gpt-2", "   leading  x "),
-            ["  ", " leading", " ", " x", " "]
-        );
-        assert_eq!(
-            split("gpt-2", "I'm don't IT'S"),
-            ["I", "'m", " don", "'t", " IT", "'", "S"]
-        );
+        assert_eq!(split("gpt-2", "   leading  x "), ["  ", " leading", " ", " x", " "]);
+        assert_eq!(split("gpt-2", "I'm don't IT'S"), ["I", "'m", " don", "'t", " IT", "'", "S"]);
         assert_eq!(split("gpt-2", "a\n\nb"), ["a", "\n", "\n", "b"]);
         assert_eq!(split("gpt-2", "x 12345 ?!"), ["x", " 12345", " ?!"]);
     }
 
     #[test]
     fn smollm_splits_each_digit() {
-        assert_eq!(
-            split("smollm", "12345 6.7"),
-            ["1", "2", "3", "4", "5", " ", "6", ".", "7"]
-        );
-        assert_eq!(
-            split("smollm", "year 2024 had"),
-            ["year", " ", "2", "0", "2", "4", " had"]
-        );
+        assert_eq!(split("smollm", "12345 6.7"), ["1", "2", "3", "4", "5", " ", "6", ".", "7"]);
+        assert_eq!(split("smollm", "year 2024 had"), ["year", " ", "2", "0", "2", "4", " had"]);
     }
 
     #[test]
     fn llama3_groups_digits_and_newlines() {
         assert_eq!(split("llama-bpe", "1234567 x"), ["123", "456", "7", " x"]);
-        assert_eq!(
-            split("llama-bpe", "I'M here\n\n  ok"),
-            ["I", "'M", " here", "\n\n", " ", " ok"]
-        );
+        assert_eq!(split("llama-bpe", "I'M here\n\n  ok"), ["I", "'M", " here", "\n\n", " ", " ok"]);
         assert_eq!(split("llama-bpe", "a.\n\nb"), ["a", ".\n\n", "b"]);
         assert_eq!(split("qwen2", "123 x"), ["1", "2", "3", " x"]);
     }
 
     #[test]
     fn default_uses_regex_stages() {
-        assert_eq!(
-            split("default", "a+b 1234"),
-            ["a", "+", "b", " ", "123", "4"]
-        );
+        assert_eq!(split("default", "a+b 1234"), ["a", "+", "b", " ", "123", "4"]);
     }
 
     #[test]
     fn unknown_pre_tokenizer_is_named() {
-        let err = PreTokenizer::for_name("no-such-pre")
-            .err()
-            .map(|e| e.to_string());
+        let err = PreTokenizer::for_name("no-such-pre").err().map(|e| e.to_string());
         assert!(err.is_some_and(|e| e.contains("no-such-pre")));
     }
 }

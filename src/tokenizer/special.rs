@@ -57,11 +57,7 @@ pub(crate) fn partition<'t>(
         if !parse_special && a & (attr::CONTROL | attr::UNKNOWN) != 0 {
             continue;
         }
-        if tok.is_empty()
-            || !frags
-                .iter()
-                .any(|f| matches!(f, Fragment::Text(t) if t.contains(tok.as_str())))
-        {
+        if tok.is_empty() || !frags.iter().any(|f| matches!(f, Fragment::Text(t) if t.contains(tok.as_str()))) {
             continue;
         }
         let mut next = Vec::with_capacity(frags.len() + 2);
@@ -92,17 +88,9 @@ mod tests {
     use Fragment::{Text, Token};
 
     fn setup() -> (Vec<String>, Vec<u8>, Vec<u32>) {
-        let texts: Vec<String> = ["<s>", "<|im_start|>", "<|im", "<tool>", "hi"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let attrs = vec![
-            attr::CONTROL,
-            attr::CONTROL,
-            attr::CONTROL,
-            attr::USER_DEFINED,
-            attr::NORMAL,
-        ];
+        let texts: Vec<String> =
+            ["<s>", "<|im_start|>", "<|im", "<tool>", "hi"].iter().map(|s| s.to_string()).collect();
+        let attrs = vec![attr::CONTROL, attr::CONTROL, attr::CONTROL, attr::USER_DEFINED, attr::NORMAL];
         // Longest first, as the tokenizer orders them.
         (texts, attrs, vec![1, 3, 2, 0])
     }

@@ -37,9 +37,7 @@ impl PartialOrd for Candidate {
 }
 impl Ord for Candidate {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then_with(|| other.left.cmp(&self.left))
+        self.score.total_cmp(&other.score).then_with(|| other.left.cmp(&self.left))
     }
 }
 
@@ -58,15 +56,8 @@ pub(crate) fn encode_fragment(text: &str, vocab: &impl SpmVocab, out: &mut Vec<u
     if text.is_empty() {
         return;
     }
-    let mut symbols: Vec<Symbol> = text
-        .char_indices()
-        .map(|(start, c)| Symbol {
-            start,
-            len: c.len_utf8(),
-            prev: None,
-            next: None,
-        })
-        .collect();
+    let mut symbols: Vec<Symbol> =
+        text.char_indices().map(|(start, c)| Symbol { start, len: c.len_utf8(), prev: None, next: None }).collect();
     let n = symbols.len();
     for (i, s) in symbols.iter_mut().enumerate() {
         s.prev = i.checked_sub(1);
@@ -78,22 +69,14 @@ pub(crate) fn encode_fragment(text: &str, vocab: &impl SpmVocab, out: &mut Vec<u
         let (l, r) = (&symbols[left], &symbols[right]);
         let joined = &text[l.start..l.start + l.len + r.len];
         if let Some(id) = vocab.token_id(joined) {
-            heap.push(Candidate {
-                score: vocab.score(id),
-                left,
-                right,
-                len: joined.len(),
-            });
+            heap.push(Candidate { score: vocab.score(id), left, right, len: joined.len() });
         }
     };
     for i in 1..n {
         push(&mut heap, &symbols, i - 1, i);
     }
 
-    while let Some(Candidate {
-        left, right, len, ..
-    }) = heap.pop()
-    {
+    while let Some(Candidate { left, right, len, .. }) = heap.pop() {
         let (l, r) = (symbols[left], symbols[right]);
         if l.len == 0 || r.len == 0 || l.len + r.len != len {
             continue;

@@ -20,17 +20,13 @@ fn gguf(build: impl FnOnce(&mut GgufWriter)) -> GgufFile {
 /// and a few merged tokens.
 fn bpe_tokenizer(pre: &str) -> Tokenizer {
     let map = unicode::ByteMap::get();
-    let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool>"]
-        .map(String::from)
-        .to_vec();
+    let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool>"].map(String::from).to_vec();
     let mut types = vec![CONTROL, CONTROL, CONTROL, USER_DEFINED];
     for b in 0..=255u8 {
         tokens.push(map.byte_to_char(b).to_string());
         types.push(NORMAL);
     }
-    let merges = [
-        "h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d",
-    ];
+    let merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d"];
     for m in merges {
         tokens.push(m.replace(' ', ""));
         types.push(NORMAL);
@@ -89,9 +85,7 @@ fn spm_tokenizer() -> Tokenizer {
 
 /// Token texts of an id sequence, for readable assertions.
 fn texts(t: &Tokenizer, ids: &[u32]) -> Vec<String> {
-    ids.iter()
-        .map(|&id| t.token_text(id).unwrap_or("?").to_owned())
-        .collect()
+    ids.iter().map(|&id| t.token_text(id).unwrap_or("?").to_owned()).collect()
 }
 
 #[test]
@@ -108,10 +102,7 @@ fn bpe_splits_special_tokens_only_when_asked() {
     let ids = t.encode("<|im_start|>hello<|im_end|>", true);
     assert_eq!(texts(&t, &ids), ["<|im_start|>", "hello", "<|im_end|>"]);
     let plain = t.encode("<|im_start|>", false);
-    assert!(
-        plain.len() > 1 && !plain.contains(&1),
-        "control text is tokenized as text: {plain:?}"
-    );
+    assert!(plain.len() > 1 && !plain.contains(&1), "control text is tokenized as text: {plain:?}");
     // User-defined tokens are recognised either way.
     assert_eq!(texts(&t, &t.encode("<tool>", false)), ["<tool>"]);
     assert_eq!(t.decode(&ids), "<|im_start|>hello<|im_end|>");
@@ -160,10 +151,7 @@ fn spm_byte_fallback_and_decode() {
     let ids = t.encode("hi é", false);
     assert_eq!(texts(&t, &ids), ["▁hi", "▁", "<0xC3>", "<0xA9>"]);
     assert_eq!(t.decode(&ids), "hi é");
-    assert_eq!(
-        t.token_to_piece(t.token_id("<0xC3>").expect("byte token")),
-        [0xC3]
-    );
+    assert_eq!(t.token_to_piece(t.token_id("<0xC3>").expect("byte token")), [0xC3]);
 }
 
 #[test]
@@ -174,10 +162,7 @@ fn spm_special_tokens_restart_the_space_prefix() {
     assert_eq!(texts(&t, &t.encode("a<s>", true)), ["▁", "a", "<s>"]);
     assert_eq!(t.unk_id(), Some(0));
     assert!(t.add_bos_token());
-    assert_eq!(
-        t.encode_with_bos("hi", false),
-        [1, t.token_id("▁hi").expect("piece")]
-    );
+    assert_eq!(t.encode_with_bos("hi", false), [1, t.token_id("▁hi").expect("piece")]);
 }
 
 #[test]
@@ -206,8 +191,7 @@ fn stream_decoder_finish_flushes_lossy_and_skips_invalid_bytes() {
 #[test]
 fn unsupported_model_is_named() {
     let err = Tokenizer::from_gguf(&gguf(|w| {
-        w.set("tokenizer.ggml.model", GgufValue::str("t5"))
-            .set("tokenizer.ggml.tokens", GgufValue::strs(&["a"]));
+        w.set("tokenizer.ggml.model", GgufValue::str("t5")).set("tokenizer.ggml.tokens", GgufValue::strs(&["a"]));
     }))
     .err()
     .map(|e| e.to_string())
@@ -220,59 +204,32 @@ fn missing_and_malformed_metadata_are_errors() {
     let missing = Tokenizer::from_gguf(&gguf(|w| {
         w.set("tokenizer.ggml.model", GgufValue::str("gpt2"));
     }));
-    assert!(matches!(
-        missing,
-        Err(TokenizerError::MissingKey {
-            key: "tokenizer.ggml.tokens"
-        })
-    ));
+    assert!(matches!(missing, Err(TokenizerError::MissingKey { key: "tokenizer.ggml.tokens" })));
     let dup = Tokenizer::from_gguf(&gguf(|w| {
         w.set("tokenizer.ggml.model", GgufValue::str("llama"))
             .set("tokenizer.ggml.tokens", GgufValue::strs(&["a", "a"]));
     }));
-    assert!(matches!(
-        dup,
-        Err(TokenizerError::DuplicateToken {
-            first: 0,
-            second: 1,
-            ..
-        })
-    ));
+    assert!(matches!(dup, Err(TokenizerError::DuplicateToken { first: 0, second: 1, .. })));
     let short = Tokenizer::from_gguf(&gguf(|w| {
         w.set("tokenizer.ggml.model", GgufValue::str("llama"))
             .set("tokenizer.ggml.tokens", GgufValue::strs(&["a", "b"]))
             .set("tokenizer.ggml.scores", GgufValue::f32s(&[0.0]));
     }));
-    assert!(matches!(
-        short,
-        Err(TokenizerError::ShortArray {
-            len: 1,
-            n_vocab: 2,
-            ..
-        })
-    ));
+    assert!(matches!(short, Err(TokenizerError::ShortArray { len: 1, n_vocab: 2, .. })));
 }
 
 #[test]
 fn spm_without_byte_tokens_falls_back_to_unknown() {
-    let tokens: Vec<String> = ["<unk>", "<s>", "</s>", "▁", "a"]
-        .map(String::from)
-        .to_vec();
+    let tokens: Vec<String> = ["<unk>", "<s>", "</s>", "▁", "a"].map(String::from).to_vec();
     let t = gguf_tokenizer(|w| {
         w.set("tokenizer.ggml.model", GgufValue::str("llama"))
             .set("tokenizer.ggml.tokens", GgufValue::strs(&tokens))
-            .set(
-                "tokenizer.ggml.token_type",
-                GgufValue::i32s(&[UNKNOWN, CONTROL, CONTROL, NORMAL, NORMAL]),
-            );
+            .set("tokenizer.ggml.token_type", GgufValue::i32s(&[UNKNOWN, CONTROL, CONTROL, NORMAL, NORMAL]));
     });
     // "é" has neither a piece nor byte tokens: each of its two bytes becomes <unk>.
     assert_eq!(t.encode("aé", false), [3, 4, 0, 0]);
     // Defaults for a `llama` vocabulary without id keys.
-    assert_eq!(
-        (t.bos_id(), t.eos_id(), t.unk_id()),
-        (Some(1), Some(2), Some(0))
-    );
+    assert_eq!((t.bos_id(), t.eos_id(), t.unk_id()), (Some(1), Some(2), Some(0)));
     assert_eq!(t.eog_ids(), &[2]);
 }
 

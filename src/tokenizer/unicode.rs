@@ -22,11 +22,7 @@ impl Ranges {
         // which the unit tests below would catch.
         if let Ok(hir) = regex_syntax::Parser::new().parse(class) {
             if let HirKind::Class(Class::Unicode(cls)) = hir.kind() {
-                out.extend(
-                    cls.ranges()
-                        .iter()
-                        .map(|r| (r.start() as u32, r.end() as u32)),
-                );
+                out.extend(cls.ranges().iter().map(|r| (r.start() as u32, r.end() as u32)));
             }
         }
         Ranges(out)
@@ -90,11 +86,8 @@ impl ByteMap {
     pub fn get() -> &'static ByteMap {
         static MAP: OnceLock<ByteMap> = OnceLock::new();
         MAP.get_or_init(|| {
-            let printable = |b: u32| {
-                (0x21..=0x7E).contains(&b)
-                    || (0xA1..=0xAC).contains(&b)
-                    || (0xAE..=0xFF).contains(&b)
-            };
+            let printable =
+                |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
             let mut to_char = ['\0'; 256];
             let mut from_cp = [-1i16; 0x144];
             let mut next = 256u32;

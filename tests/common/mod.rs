@@ -10,11 +10,7 @@ pub fn model_path() -> PathBuf {
         Some(p) => PathBuf::from(p),
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
     };
-    assert!(
-        path.is_file(),
-        "model file {} is missing: run scripts/fetch-model (or set STRATA_MODEL)",
-        path.display()
-    );
+    assert!(path.is_file(), "model file {} is missing: run scripts/fetch-model (or set STRATA_MODEL)", path.display());
     path
 }
 
