@@ -297,3 +297,38 @@ fn kv_storage_grows_in_pages_not_to_the_full_context() {
     let page = strata::model::kv::KV_PAGE_TOKENS;
     assert_eq!(kv.allocated_bytes(), page * model.kv_bytes_per_token(KvType::F16));
 }
+
+#[test]
+fn outliers_in_activations_are_kept_exact() {
+    use strata::model::acts::{QuantActs, OUTLIER_RATIO};
+    use strata::model::ops::{matmul, MatJob, SharedMut};
+    let pool = ThreadPool::new(2);
+    let model = build(&SyntheticSpec::default());
+    let w = &model.weights.layers[0].w_gate; // Q4_1, (n_ff, n_embd)
+    let n = w.cols;
+    // A smooth row with one massive value, like the channels of small llamas' "massive activations".
+    let mut x: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).sin() * 0.5).collect();
+    x[5] = 400.0;
+    let mut qa = QuantActs::default();
+    qa.quantize(&pool, w.ty, &x, n);
+    assert_eq!(qa.outliers[0], vec![(5, 400.0)], "the value beyond {OUTLIER_RATIO}x RMS is taken out");
+    let mut out = vec![0f32; w.rows];
+    matmul(&pool, &[MatJob { w, bias: None, out: SharedMut::new(&mut out) }], &qa);
+    let mut row = vec![0f32; n];
+    let mut worst = 0f64;
+    for (r, got) in out.iter().enumerate() {
+        w.dequantize_row_into(r, &mut row);
+        let exact: f64 = row.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let rest: f64 = row
+            .iter()
+            .zip(&x)
+            .enumerate()
+            .filter(|(i, _)| *i != 5)
+            .map(|(_, (a, b))| (*a as f64 * *b as f64).abs())
+            .sum();
+        worst = worst.max((*got as f64 - exact).abs() / rest.max(1e-9));
+    }
+    // Without the outlier taken out, the block holding it would quantize its neighbours in steps of
+    // 400/127 (about 3, against values below 0.5): errors of the order of the rest of the dot product.
+    assert!(worst < 0.02, "error relative to the non-outlier part: {worst}");
+}

@@ -2,8 +2,9 @@
 //! (tests/data/reference/greedy.json), and batch invariance of its logits.
 //!
 //! The model is numerically touchy (see tests/data/reference/README.md), so the checks are the fair ones:
-//! the exact first token, the first step's top-5 set with log-probs within 0.4 nat, and, under teacher
-//! forcing along llama.cpp's tokens, the same argmax at every step whose top-1/top-2 margin exceeds 0.4 nat.
+//! the exact first token, the first step's top-5 set with log-probs within 0.4 nat (and within 0.2 nat of
+//! the exact float64 pass), and, under teacher forcing along llama.cpp's tokens, the same argmax at every
+//! step whose top-1/top-2 margin exceeds 0.4 nat.
 
 mod common;
 
@@ -74,16 +75,28 @@ fn greedy_reference_first_token_top5_and_teacher_forcing() {
             let steps = r[kind]["per_step_top5"].as_array().expect("per_step_top5");
             let rows = forced_logits(&model, &pool, &prompt, &path);
 
-            // Step 0: the exact first token and the top-5 set with log-probs within 0.4 nat.
+            // Step 0: the exact first token, and the top-5 set with log-probs within 0.4 nat of llama.cpp's.
+            // The set may instead equal the exact float64 pass's set: on chat_colors_custom_sys llama.cpp's
+            // 5th token (788) differs from the float64 pass's (23390), and an accurate engine sides with
+            // the float64 pass (see tests/data/reference/README.md on how touchy this model is).
             assert_eq!(argmax(&rows[0], banned), path[0], "{name}/{kind}: first token");
             let theirs = top5(&steps[0]);
+            let exact = top5(&r["f64_numpy_reference"]["first_token_top5"]);
             let ours = log_softmax_top_k(&rows[0], 5);
-            let their_set: BTreeSet<u32> = theirs.iter().map(|p| p.0).collect();
-            let our_set: BTreeSet<u32> = ours.iter().map(|p| p.0).collect();
-            assert_eq!(our_set, their_set, "{name}/{kind}: first-step top-5 set");
+            let set = |v: &[(u32, f32)]| v.iter().map(|p| p.0).collect::<BTreeSet<u32>>();
+            assert!(
+                set(&ours) == set(&theirs) || set(&ours) == set(&exact),
+                "{name}/{kind}: first-step top-5 {ours:?}, llama.cpp {theirs:?}, float64 {exact:?}"
+            );
+            let full = log_softmax_top_k(&rows[0], 50);
             for (id, lp) in &theirs {
-                let mine = ours.iter().find(|p| p.0 == *id).map(|p| p.1).expect("in our top 5");
+                let mine = full.iter().find(|p| p.0 == *id).map(|p| p.1).expect("in our top 50");
                 assert!((mine - lp).abs() <= MARGIN_NAT, "{name}/{kind}: token {id} logprob {mine} vs {lp}");
+            }
+            // And close to the exact float64 pass: the engine's own accuracy.
+            for (id, lp) in &exact {
+                let mine = full.iter().find(|p| p.0 == *id).map(|p| p.1).expect("in our top 50");
+                assert!((mine - lp).abs() <= 0.2, "{name}/{kind}: token {id} logprob {mine} vs float64 {lp}");
             }
 
             // Teacher forcing: the same argmax wherever llama.cpp's top-1/top-2 margin exceeds 0.4 nat.

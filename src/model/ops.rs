@@ -5,10 +5,12 @@
 //! the same order whatever the batch it came in, so logits are bit-identical whether a prompt is read in one
 //! batch, in chunks, or token by token. Threads split rows or (token, head) pairs, never a reduction.
 
+use std::sync::Arc;
+
 use crate::quant;
 use crate::threadpool::{split_range, ThreadPool};
 
-use super::acts::{correction, QuantActs};
+use super::acts::QuantActs;
 use super::config::RopeKind;
 use super::kv::{KvCache, KvRows};
 use super::weights::QTensor;
@@ -104,47 +106,58 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
     let total_rows: usize = jobs.iter().map(|j| j.w.rows).sum();
     let t_count = qa.t_count();
     let acts: Vec<&[u8]> = (0..t_count).map(|t| qa.row(t)).collect();
+    // Dequantized weight columns at the batch's outlier channels, per job (see `acts`).
+    let channels = qa.outlier_channels();
+    let columns: Vec<Vec<Arc<[f32]>>> =
+        jobs.iter().map(|j| channels.iter().map(|&c| j.w.column(c)).collect()).collect();
+    // Each token's outliers as (index into `channels`, value), in channel order.
+    let outliers: Vec<Vec<(usize, f32)>> = qa
+        .outliers
+        .iter()
+        .map(|o| o.iter().map(|&(c, v)| (channels.binary_search(&c).unwrap_or(0), v)).collect())
+        .collect();
     // Split in units of ROW_TILE rows so tiles stay whole.
     let n_tiles = total_rows.div_ceil(ROW_TILE);
     let n_chunks = pool.chunks_for(n_tiles);
     pool.run(n_chunks, |chunk| {
         let tiles = split_range(chunk, n_chunks, n_tiles);
         let (start, end) = (tiles.start * ROW_TILE, (tiles.end * ROW_TILE).min(total_rows));
+        let mut dots = [0f32; TOKEN_TILE];
         let mut base = 0;
-        let mut tmp = [0f32; TOKEN_TILE];
-        for job in jobs {
+        for (job, columns) in jobs.iter().zip(&columns) {
             let rows = job.w.rows;
-            let lo = start.max(base);
-            let hi = end.min(base + rows);
-            if lo < hi {
-                let (lo, hi) = (lo - base, hi - base);
-                let w = job.w;
-                let mut r0 = lo;
-                while r0 < hi {
-                    let r1 = (r0 + ROW_TILE).min(hi);
-                    let mut t0 = 0;
-                    while t0 < t_count {
-                        let t1 = (t0 + TOKEN_TILE).min(t_count);
-                        for r in r0..r1 {
-                            let row = w.row(r);
-                            if t1 - t0 == 1 {
-                                tmp[0] = quant::vec_dot(w.ty, w.cols, row, acts[t0]);
-                            } else {
-                                quant::vec_dot_multi(w.ty, w.cols, row, &acts[t0..t1], &mut tmp[..t1 - t0]);
-                            }
-                            let b = job.bias.map_or(0.0, |b| b[r]);
-                            for (k, t) in (t0..t1).enumerate() {
-                                let v = tmp[k] + correction(w.ty, row, qa, t) + b;
-                                // SAFETY: row r of this job is owned by this thread.
-                                unsafe { job.out.slice(t * rows + r, 1)[0] = v };
-                            }
+            let (lo, hi) = (start.max(base), end.min(base + rows));
+            base += rows;
+            if lo >= hi {
+                continue;
+            }
+            let (lo, hi) = (lo - (base - rows), hi - (base - rows));
+            let w = job.w;
+            let (wdata, rb) = (w.data(), w.row_bytes);
+            for r0 in (lo..hi).step_by(ROW_TILE) {
+                let r1 = (r0 + ROW_TILE).min(hi);
+                for t0 in (0..t_count).step_by(TOKEN_TILE) {
+                    let t1 = (t0 + TOKEN_TILE).min(t_count);
+                    for r in r0..r1 {
+                        let row = &wdata[r * rb..(r + 1) * rb];
+                        if t1 - t0 == 1 {
+                            dots[0] = quant::vec_dot(w.ty, w.cols, row, acts[t0]);
+                        } else {
+                            quant::vec_dot_multi(w.ty, w.cols, row, &acts[t0..t1], &mut dots[..t1 - t0]);
                         }
-                        t0 = t1;
+                        let b = job.bias.map_or(0.0, |b| b[r]);
+                        for t in t0..t1 {
+                            // The exact outliers, in channel order.
+                            let mut c = 0f32;
+                            for &(slot, v) in &outliers[t] {
+                                c += columns[slot][r] * v;
+                            }
+                            // SAFETY: row r of this job is owned by this thread.
+                            unsafe { job.out.slice(t * rows + r, 1)[0] = dots[t - t0] + c + b };
+                        }
                     }
-                    r0 = r1;
                 }
             }
-            base += rows;
         }
     });
 }

@@ -1,7 +1,7 @@
 //! The weights of a llama-shaped model: quantized matrices borrowed from the mapped GGUF file (nothing is
 //! copied), and small vectors (norms, biases) dequantized to f32 at load.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType};
@@ -17,9 +17,36 @@ pub struct QTensor {
     pub rows: usize,
     pub cols: usize,
     pub row_bytes: usize,
+    /// Dequantized columns (one value per row) at the channels where activations carry outliers; see
+    /// `acts`. A handful per matrix: the channels of a model's massive activations are few and fixed.
+    columns: Mutex<Vec<(usize, Arc<[f32]>)>>,
 }
 
+/// Columns kept per matrix; past this, further columns are computed on each use.
+const MAX_CACHED_COLUMNS: usize = 16;
+
 impl QTensor {
+    /// Column `c` dequantized: `W[r][c]` for every row `r`.
+    pub fn column(&self, c: usize) -> Arc<[f32]> {
+        let mut cache = self.columns.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, col)) = cache.iter().find(|(i, _)| *i == c) {
+            return col.clone();
+        }
+        let (len, bb) = (self.ty.block_len(), self.ty.block_bytes());
+        let (blk, at) = (c / len, c % len);
+        let mut buf = vec![0f32; len];
+        let col: Arc<[f32]> = (0..self.rows)
+            .map(|r| {
+                quant::dequantize_row(self.ty, &self.row(r)[blk * bb..(blk + 1) * bb], &mut buf);
+                buf[at]
+            })
+            .collect();
+        if cache.len() < MAX_CACHED_COLUMNS {
+            cache.push((c, col.clone()));
+        }
+        col
+    }
+
     /// All rows' bytes, row-major.
     pub fn data(&self) -> &[u8] {
         self.file.tensor_data(&self.info)
@@ -81,6 +108,7 @@ impl Weights {
                 rows,
                 cols,
                 row_bytes: (info.n_bytes / rows as u64) as usize,
+                columns: Mutex::new(Vec::new()),
             })
         };
         let vector = |name: &str, len: usize| -> Result<Vec<f32>, ModelError> {
