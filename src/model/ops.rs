@@ -96,6 +96,8 @@ pub struct MatJob<'a> {
 
 /// Rows of weights processed together per tile: their bytes stay in L1 while a tile of tokens passes.
 const ROW_TILE: usize = 16;
+/// Batches of at least this many tokens build (and cache) dequantized weight columns for their outliers.
+const COLUMN_MIN_TOKENS: usize = 8;
 /// Tokens dotted against one weight row at once by `vec_dot_multi`.
 const TOKEN_TILE: usize = 4;
 
@@ -108,13 +110,16 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
     let acts: Vec<&[u8]> = (0..t_count).map(|t| qa.row(t)).collect();
     // Dequantized weight columns at the batch's outlier channels, per job (see `acts`).
     let channels = qa.outlier_channels();
-    let columns: Vec<Vec<Arc<[f32]>>> =
-        jobs.iter().map(|j| channels.iter().map(|&c| j.w.column(c)).collect()).collect();
-    // Each token's outliers as (index into `channels`, value), in channel order.
-    let outliers: Vec<Vec<(usize, f32)>> = qa
+    // A column costs one value per row to build: worth it for a batch, not for a single token (which
+    // reads the few values it needs from the weights directly).
+    let build = t_count >= COLUMN_MIN_TOKENS;
+    let columns: Vec<Vec<Option<Arc<[f32]>>>> =
+        jobs.iter().map(|j| channels.iter().map(|&c| j.w.column(c, build)).collect()).collect();
+    // Each token's outliers as (channel, index into `channels`, value), in channel order.
+    let outliers: Vec<Vec<(usize, usize, f32)>> = qa
         .outliers
         .iter()
-        .map(|o| o.iter().map(|&(c, v)| (channels.binary_search(&c).unwrap_or(0), v)).collect())
+        .map(|o| o.iter().map(|&(c, v)| (c, channels.binary_search(&c).unwrap_or(0), v)).collect())
         .collect();
     // Split in units of ROW_TILE rows so tiles stay whole.
     let n_tiles = total_rows.div_ceil(ROW_TILE);
@@ -149,8 +154,12 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
                         for t in t0..t1 {
                             // The exact outliers, in channel order.
                             let mut c = 0f32;
-                            for &(slot, v) in &outliers[t] {
-                                c += columns[slot][r] * v;
+                            for &(ch, slot, v) in &outliers[t] {
+                                let wv = match &columns[slot] {
+                                    Some(col) => col[r],
+                                    None => quant::dequantize_value(w.ty, row, ch),
+                                };
+                                c += wv * v;
                             }
                             // SAFETY: row r of this job is owned by this thread.
                             unsafe { job.out.slice(t * rows + r, 1)[0] = dots[t - t0] + c + b };

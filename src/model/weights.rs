@@ -23,28 +23,27 @@ pub struct QTensor {
 }
 
 /// Columns kept per matrix; past this, further columns are computed on each use.
-const MAX_CACHED_COLUMNS: usize = 16;
+const MAX_CACHED_COLUMNS: usize = 32;
 
 impl QTensor {
-    /// Column `c` dequantized: `W[r][c]` for every row `r`.
-    pub fn column(&self, c: usize) -> Arc<[f32]> {
+    /// Column `c` dequantized (`W[r][c]` for every row `r`) if it is cached, or if `compute` says to
+    /// compute it now (and cache it while there is room).
+    pub fn column(&self, c: usize, compute: bool) -> Option<Arc<[f32]>> {
         let mut cache = self.columns.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, col)) = cache.iter().find(|(i, _)| *i == c) {
-            return col.clone();
+            return Some(col.clone());
         }
-        let (len, bb) = (self.ty.block_len(), self.ty.block_bytes());
-        let (blk, at) = (c / len, c % len);
-        let mut buf = vec![0f32; len];
+        if !compute {
+            return None;
+        }
+        let data = self.data();
         let col: Arc<[f32]> = (0..self.rows)
-            .map(|r| {
-                quant::dequantize_row(self.ty, &self.row(r)[blk * bb..(blk + 1) * bb], &mut buf);
-                buf[at]
-            })
+            .map(|r| quant::dequantize_value(self.ty, &data[r * self.row_bytes..(r + 1) * self.row_bytes], c))
             .collect();
         if cache.len() < MAX_CACHED_COLUMNS {
             cache.push((c, col.clone()));
         }
-        col
+        Some(col)
     }
 
     /// All rows' bytes, row-major.

@@ -275,3 +275,51 @@ mod tests {
         assert_eq!(y, [1.5]);
     }
 }
+
+/// Value `i` of the row `row` of type `ty`, without dequantizing its whole block where the layout allows
+/// (the legacy quants and the float types); the K-quants dequantize the one super-block. Same values as
+/// `dequantize`.
+pub fn dequantize_value(ty: GgmlType, row: &[u8], i: usize) -> f32 {
+    let (bl, bb) = (ty.block_len(), ty.block_bytes());
+    let b = &row[i / bl * bb..(i / bl + 1) * bb];
+    let j = i % bl;
+    let nibble = |at: usize| if j < QK / 2 { b[at + j] & 0xF } else { b[at + j - QK / 2] >> 4 };
+    let high_bit = |qh: u32| ((qh >> j) & 1) as u8;
+    match ty {
+        GgmlType::F32 => f32_at(b, 0),
+        GgmlType::F16 => f16_at(b, 0),
+        GgmlType::BF16 => f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16),
+        GgmlType::Q4_0 => (nibble(2) as i32 - 8) as f32 * f16_at(b, 0),
+        GgmlType::Q4_1 => nibble(4) as f32 * f16_at(b, 0) + f16_at(b, 2),
+        GgmlType::Q5_0 => (((nibble(6) | high_bit(u32_at(b, 2)) << 4) as i32) - 16) as f32 * f16_at(b, 0),
+        GgmlType::Q5_1 => (nibble(8) | high_bit(u32_at(b, 4)) << 4) as f32 * f16_at(b, 0) + f16_at(b, 2),
+        GgmlType::Q8_0 => (b[2 + j] as i8) as f32 * f16_at(b, 0),
+        _ => {
+            let mut y = [0f32; QK_K];
+            dequantize(ty, b, &mut y[..bl]);
+            y[j]
+        }
+    }
+}
+
+#[cfg(test)]
+mod value_tests {
+    use super::*;
+
+    #[test]
+    fn single_values_equal_whole_row_dequantization_for_every_type() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for ty in GgmlType::WEIGHT_TYPES {
+            let n = 512;
+            let x: Vec<f32> = (0..n).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+            let mut q = vec![0u8; ty.row_bytes(n as u64).unwrap() as usize];
+            crate::quant::quantize_row(ty, &x, &mut q);
+            let mut all = vec![0f32; n];
+            dequantize(ty, &q, &mut all);
+            for (i, v) in all.iter().enumerate() {
+                assert_eq!(dequantize_value(ty, &q, i).to_bits(), v.to_bits(), "{ty} value {i}");
+            }
+        }
+    }
+}

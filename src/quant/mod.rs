@@ -109,6 +109,18 @@ pub fn try_dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(
     Ok(())
 }
 
+/// Value `i` of a row of type `ty`, as `dequantize_row` would give it.
+///
+/// # Panics
+/// When `i` lies beyond the row.
+pub fn dequantize_value(ty: GgmlType, row: &[u8], i: usize) -> f32 {
+    assert!(
+        (i / ty.block_len() + 1) * ty.block_bytes() <= row.len(),
+        "dequantize_value: {ty} value {i} is beyond the row"
+    );
+    dequant::dequantize_value(ty, row, i)
+}
+
 /// Dequantizes `dst.len()` values of type `ty` from `src`, exactly as ggml's `dequantize_row_*`.
 ///
 /// # Panics
