@@ -107,7 +107,7 @@ impl Model {
                 }
                 kv.write(l, pos0 + t, &k[t * kv_dim..(t + 1) * kv_dim], &v[t * kv_dim..(t + 1) * kv_dim]);
             }
-            ops::attention(pool, kv, l, &shape, &q, pos0, t_count, &mut att);
+            ops::attention(pool, kv, l, &shape, &q, pos0, &mut att);
             act.quantize(pool, lw.wo.ty, &att, q_dim);
             ops::matmul(pool, &[MatJob { w: &lw.wo, bias: None, out: SharedMut::new(&mut proj) }], &act);
             for (a, b) in x.iter_mut().zip(&proj) {

@@ -178,8 +178,8 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
-/// Causal attention of `t_count` queries at positions `pos0..pos0 + t_count` over layer `layer` of `kv`
-/// (already holding those positions). `q`: (t_count, n_head * head_dim); `out`: same shape.
+/// Causal attention of the `t_count` queries in `q` at positions `pos0..pos0 + t_count` over layer `layer`
+/// of `kv` (already holding those positions). `q`: (t_count, n_head * head_dim); `out`: same shape.
 pub fn attention(
     pool: &ThreadPool,
     kv: &KvCache,
@@ -187,11 +187,11 @@ pub fn attention(
     shape: &AttnShape,
     q: &[f32],
     pos0: usize,
-    t_count: usize,
     out: &mut [f32],
 ) {
     let AttnShape { n_head, n_head_kv, head_dim } = *shape;
     let q_dim = n_head * head_dim;
+    let t_count = q.len() / q_dim;
     let kv_dim = n_head_kv * head_dim;
     let group = n_head / n_head_kv;
     let scale = 1.0 / (head_dim as f32).sqrt();

@@ -112,7 +112,7 @@ impl SyntheticSpec {
                 w.add_tensor(name, &[d as u64], GgmlType::F32, x.iter().flat_map(|v| v.to_le_bytes()).collect());
             };
             // Norms are drawn from their own stream so adding a tensor type does not shift the others.
-            let mut nrng = ChaCha8Rng::seed_from_u64(self.seed ^ (l as u64 + 1) * 0x9E37);
+            let mut nrng = ChaCha8Rng::seed_from_u64(self.seed ^ ((l as u64 + 1) * 0x9E37));
             norm(&mut w, &n("attn_norm.weight"), &mut nrng);
             norm(&mut w, &n("ffn_norm.weight"), &mut nrng);
             tensor(&mut w, &n("attn_q.weight"), q, d, types.next().unwrap_or(GgmlType::F32), s_in);

@@ -98,6 +98,7 @@ fn check_q8_0(what: &str, n_values: usize, blocks_len: usize) -> usize {
 /// # Panics
 /// When `q.len()` is not a multiple of 32 or `k_blocks` does not hold exactly that many values.
 pub fn dot_q8_0_f32(k_blocks: &[u8], q: &[f32]) -> f32 {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     let nb = check_q8_0("dot_q8_0_f32", q.len(), k_blocks.len());
     #[cfg(target_arch = "x86_64")]
     if avx2() {
@@ -120,6 +121,7 @@ pub fn dot_q8_0_f32(k_blocks: &[u8], q: &[f32]) -> f32 {
 /// # Panics
 /// When `dst.len()` is not a multiple of 32 or `v_blocks` does not hold exactly that many values.
 pub fn axpy_q8_0(dst: &mut [f32], a: f32, v_blocks: &[u8]) {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     let nb = check_q8_0("axpy_q8_0", dst.len(), v_blocks.len());
     #[cfg(target_arch = "x86_64")]
     if avx2() {
