@@ -36,6 +36,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // A closed pipe (`strata tokenize ... | head`) ends the process quietly, as for any Unix tool, instead
+    // of a panic in the first print after it. SAFETY: first thing in main, before any thread exists.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => return cli::report_usage_error(e),

@@ -225,3 +225,18 @@ fn perplexity_of_the_gpl3_text_matches_llama_cpp() {
     assert!((18.25..=18.45).contains(&ppl), "PPL {ppl} outside 18.25..18.45");
     assert!(Path::new(&text).exists());
 }
+
+#[test]
+fn a_closed_output_pipe_is_not_a_panic() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["run", "-p", "Once upon a time", "-n", "64", "--temp", "0", "--ignore-eos"])
+        .env("STRATA_MODEL", common::model_path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    drop(child.stdout.take()); // the reader goes away before the first token is printed
+    let out = child.wait_with_output().expect("wait");
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+}
