@@ -128,6 +128,7 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
         let tiles = split_range(chunk, n_chunks, n_tiles);
         let (start, end) = (tiles.start * ROW_TILE, (tiles.end * ROW_TILE).min(total_rows));
         let mut dots = [0f32; TOKEN_TILE];
+        let mut row_dots = [0f32; ROW_TILE];
         let mut base = 0;
         for (job, columns) in jobs.iter().zip(&columns) {
             let rows = job.w.rows;
@@ -141,6 +142,18 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
             let (wdata, rb) = (w.data(), w.row_bytes);
             for r0 in (lo..hi).step_by(ROW_TILE) {
                 let r1 = (r0 + ROW_TILE).min(hi);
+                if t_count == 1 {
+                    // Decode: one token, so the rows of the tile go through the kernel in one call.
+                    quant::vec_dot_rows(w.ty, w.cols, &wdata[r0 * rb..r1 * rb], rb, acts[0], &mut row_dots[..r1 - r0]);
+                    for r in r0..r1 {
+                        let row = &wdata[r * rb..(r + 1) * rb];
+                        let c = outlier_correction(w.ty, row, r, &outliers[0], columns);
+                        let b = job.bias.map_or(0.0, |b| b[r]);
+                        // SAFETY: row r of this job is owned by this thread.
+                        unsafe { job.out.slice(r, 1)[0] = row_dots[r - r0] + c + b };
+                    }
+                    continue;
+                }
                 for t0 in (0..t_count).step_by(TOKEN_TILE) {
                     let t1 = (t0 + TOKEN_TILE).min(t_count);
                     for r in r0..r1 {
@@ -152,15 +165,7 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
                         }
                         let b = job.bias.map_or(0.0, |b| b[r]);
                         for t in t0..t1 {
-                            // The exact outliers, in channel order.
-                            let mut c = 0f32;
-                            for &(ch, slot, v) in &outliers[t] {
-                                let wv = match &columns[slot] {
-                                    Some(col) => col[r],
-                                    None => quant::dequantize_value(w.ty, row, ch),
-                                };
-                                c += wv * v;
-                            }
+                            let c = outlier_correction(w.ty, row, r, &outliers[t], columns);
                             // SAFETY: row r of this job is owned by this thread.
                             unsafe { job.out.slice(t * rows + r, 1)[0] = dots[t - t0] + c + b };
                         }
@@ -169,6 +174,27 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
             }
         }
     });
+}
+
+/// The exact outliers of one token against weight row `r` (`row`), in channel order: from the cached
+/// column where there is one, else from the weights.
+#[inline]
+fn outlier_correction(
+    ty: quant::GgmlType,
+    row: &[u8],
+    r: usize,
+    outliers: &[(usize, usize, f32)],
+    columns: &[Option<Arc<[f32]>>],
+) -> f32 {
+    let mut c = 0f32;
+    for &(ch, slot, v) in outliers {
+        let wv = match &columns[slot] {
+            Some(col) => col[r],
+            None => quant::dequantize_value(ty, row, ch),
+        };
+        c += wv * v;
+    }
+    c
 }
 
 /// Shapes of an attention call.

@@ -200,6 +200,46 @@ pub fn vec_dot(ty: GgmlType, n: usize, w_row: &[u8], x_act: &[u8]) -> f32 {
     out[0]
 }
 
+/// Dot products of consecutive weight rows with one activation column: `out[r] = vec_dot(ty, n,
+/// w_rows[r * row_bytes..], x_act)`, bit for bit, with the checks and the dispatch done once (the decode
+/// path's inner loop).
+///
+/// # Panics
+/// When `w_rows` does not hold `out.len()` rows of `row_bytes`, or as `vec_dot`.
+pub fn vec_dot_rows(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, x_act: &[u8], out: &mut [f32]) {
+    assert!(
+        w_rows.len() >= out.len() * row_bytes,
+        "vec_dot_rows: {} rows do not fit {} bytes",
+        out.len(),
+        w_rows.len()
+    );
+    check_dot(ty, n, row_bytes, x_act.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() == SimdLevel::Avx2 {
+        // SAFETY: features detected; every row holds `n / QK` blocks (checked above), as does `x_act`.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn rows<const K: u8>(nb: usize, w: &[u8], rb: usize, x: &[u8], out: &mut [f32]) {
+            for (r, o) in out.iter_mut().enumerate() {
+                avx2::legacy_dot::<K, 1>(nb, w.as_ptr().add(r * rb), &[x.as_ptr()], std::slice::from_mut(o));
+            }
+        }
+        let nb = n / QK;
+        unsafe {
+            match ty {
+                GgmlType::Q4_0 => return rows::<{ avx2::Q4_0 }>(nb, w_rows, row_bytes, x_act, out),
+                GgmlType::Q4_1 => return rows::<{ avx2::Q4_1 }>(nb, w_rows, row_bytes, x_act, out),
+                GgmlType::Q5_0 => return rows::<{ avx2::Q5_0 }>(nb, w_rows, row_bytes, x_act, out),
+                GgmlType::Q5_1 => return rows::<{ avx2::Q5_1 }>(nb, w_rows, row_bytes, x_act, out),
+                GgmlType::Q8_0 => return rows::<{ avx2::Q8_0 }>(nb, w_rows, row_bytes, x_act, out),
+                _ => {}
+            }
+        }
+    }
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = vec_dot(ty, n, &w_rows[r * row_bytes..(r + 1) * row_bytes], x_act);
+    }
+}
+
 /// Dot products of one weight row with several activation columns: `out[c] = vec_dot(ty, n, w_row,
 /// xs[c])`, bit for bit, but each weight block is unpacked once for up to four columns.
 ///

@@ -115,6 +115,23 @@ fn multi_column_results_are_bit_identical_to_single_column() {
 }
 
 #[test]
+fn row_batch_results_are_bit_identical_to_single_rows() {
+    let mut rng = StdRng::seed_from_u64(9);
+    for ty in GgmlType::WEIGHT_TYPES {
+        let n = lengths(ty)[1];
+        let rows: Vec<Vec<u8>> = (0..5).map(|_| quantized(ty, &randn(&mut rng, n))).collect();
+        let rb = rows[0].len();
+        let all: Vec<u8> = rows.concat();
+        let x = act(ty, &randn(&mut rng, n));
+        let mut out = vec![0f32; rows.len()];
+        vec_dot_rows(ty, n, &all, rb, &x, &mut out);
+        for (r, w) in rows.iter().enumerate() {
+            assert_eq!(out[r].to_bits(), vec_dot(ty, n, w, &x).to_bits(), "{ty}: row {r}");
+        }
+    }
+}
+
+#[test]
 fn dequantize_of_quantize_is_close_for_every_type() {
     let mut rng = StdRng::seed_from_u64(4);
     let max_rel_rms = |ty| match ty {
