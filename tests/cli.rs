@@ -240,3 +240,44 @@ fn a_closed_output_pipe_is_not_a_panic() {
     let out = child.wait_with_output().expect("wait");
     assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_stop_string_cuts_the_output_before_it() {
+    let args = ["run", "-p", "The quick brown fox", "-n", "24", "--temp", "0", "--ignore-eos", "--json"];
+    let full = strata(&args);
+    let text = serde_json::from_str::<serde_json::Value>(stdout(&full).trim()).expect("json")["text"]
+        .as_str()
+        .expect("text")
+        .to_owned();
+    // Stop at the third word of the greedy continuation.
+    let words: Vec<&str> = text.split_inclusive(' ').collect();
+    assert!(words.len() > 4, "{text:?}");
+    let stop = words[3].trim();
+    let cut = text.find(stop).expect("stop string in text");
+    let mut with_stop = args.to_vec();
+    with_stop.extend(["--stop", stop]);
+    let o = strata(&with_stop);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("json");
+    assert_eq!(v["text"].as_str().expect("text"), &text[..cut]);
+    assert_eq!(v["stop_reason"], "stop");
+}
+
+#[test]
+fn chat_reads_turns_from_standard_input() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["chat", "--temp", "0", "-n", "12"])
+        .env("STRATA_MODEL", common::model_path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child.stdin.take().expect("stdin").write_all(b"Hello!\nWhat is the capital of France?\n").expect("write");
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let replies: Vec<&str> =
+        std::str::from_utf8(&out.stdout).expect("utf8").lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(replies.len() >= 2, "two turns, two replies: {replies:?}");
+}
