@@ -47,10 +47,22 @@ pub struct ThreadPool {
     shared: Arc<Shared>,
     handles: Vec<JoinHandle<()>>,
     n_threads: usize,
+    /// Set while a region runs.
+    busy: AtomicBool,
+}
+
+/// Clears `busy` when a region ends, also by a panic.
+struct BusyGuard<'a>(&'a AtomicBool);
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 impl ThreadPool {
-    /// A pool that runs regions on `n_threads` threads (at least 1).
+    /// A pool that runs regions on `n_threads` threads (at least 1). If the system refuses to start a
+    /// thread, the pool runs with those it has (and says so on stderr).
     pub fn new(n_threads: usize) -> ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
@@ -66,16 +78,19 @@ impl ThreadPool {
             lock: Mutex::new(()),
             wake: Condvar::new(),
         });
-        let handles = (1..n_threads)
-            .map(|idx| {
-                let shared = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("strata-worker-{idx}"))
-                    .spawn(move || worker(shared))
-                    .expect("spawning a worker thread")
-            })
-            .collect();
-        ThreadPool { shared, handles, n_threads }
+        let mut handles = Vec::with_capacity(n_threads - 1);
+        for idx in 1..n_threads {
+            let shared = shared.clone();
+            match std::thread::Builder::new().name(format!("strata-worker-{idx}")).spawn(move || worker(shared)) {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    eprintln!("strata: warning: could not start worker thread {idx} ({e}); using {idx} threads");
+                    break;
+                }
+            }
+        }
+        let n_threads = handles.len() + 1;
+        ThreadPool { shared, handles, n_threads, busy: AtomicBool::new(false) }
     }
 
     pub fn n_threads(&self) -> usize {
@@ -94,10 +109,13 @@ impl ThreadPool {
     /// Runs `f(chunk)` once for every `chunk` in `0..n_chunks`, spread over the pool's threads, and returns
     /// when all calls have returned. A panic in any call is re-raised here.
     pub fn run<F: Fn(usize) + Sync>(&self, n_chunks: usize, f: F) {
-        if self.n_threads == 1 || n_chunks <= 1 {
+        // One region at a time: a call from inside a job, or from a second thread while a region runs,
+        // is done serially on the caller's thread instead of touching the shared slot.
+        if self.n_threads == 1 || n_chunks <= 1 || self.busy.swap(true, Ordering::Acquire) {
             (0..n_chunks).for_each(f);
             return;
         }
+        let _busy = BusyGuard(&self.busy);
         let s = &*self.shared;
         let job: &(dyn Fn(usize) + Sync + '_) = &f;
         // SAFETY: workers use the pointer only inside the region, and this function returns only after
@@ -107,7 +125,8 @@ impl ThreadPool {
         s.n_chunks.store(n_chunks, Ordering::SeqCst);
         s.next_chunk.store(0, Ordering::SeqCst);
         s.done_chunks.store(0, Ordering::SeqCst);
-        s.entered.store(0, Ordering::SeqCst); // open
+        // Open: clear only the CLOSED bit, so a late worker's passing +1/-1 stays balanced.
+        s.entered.fetch_and(!CLOSED, Ordering::SeqCst);
         s.epoch.fetch_add(1, Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -268,6 +287,18 @@ mod tests {
             });
         }
         assert_eq!(ids.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_region_started_inside_a_region_runs_serially() {
+        let pool = ThreadPool::new(2);
+        let n = AtomicUsize::new(0);
+        pool.run(4, |_| {
+            pool.run(3, |_| {
+                n.fetch_add(1, Ordering::Relaxed);
+            });
+        });
+        assert_eq!(n.load(Ordering::Relaxed), 12);
     }
 
     #[test]

@@ -281,3 +281,33 @@ fn chat_reads_turns_from_standard_input() {
         std::str::from_utf8(&out.stdout).expect("utf8").lines().filter(|l| !l.trim().is_empty()).collect();
     assert!(replies.len() >= 2, "two turns, two replies: {replies:?}");
 }
+
+#[test]
+fn weights_that_produce_nan_are_an_error_not_a_panic() {
+    use strata::gguf::GgufFile;
+    use strata::model::synthetic::SyntheticSpec;
+    let mut image = SyntheticSpec::default().to_gguf();
+    let file = GgufFile::from_bytes(image.clone()).expect("parses");
+    let norm = file.tensor("output_norm.weight").expect("output norm");
+    let start = norm.file_offset as usize;
+    for v in image[start..start + norm.n_bytes as usize].chunks_mut(4) {
+        v.copy_from_slice(&f32::NAN.to_le_bytes());
+    }
+    let p = temp_file("nan.gguf", &image);
+    let o = strata(&["run", "-m", p.to_str().unwrap(), "-p", "the quick brown fox", "-n", "4"]);
+    assert_clean_failure(&o, "no token can be sampled");
+}
+
+#[test]
+fn a_model_with_an_empty_vocabulary_is_refused() {
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", GgufValue::str("llama"));
+    for (k, v) in [("block_count", 1), ("embedding_length", 4), ("feed_forward_length", 4), ("attention.head_count", 8)]
+    {
+        w.set(&format!("llama.{k}"), GgufValue::U32(v));
+    }
+    w.set("tokenizer.ggml.tokens", GgufValue::strs::<&str>(&[]));
+    let p = temp_file("empty-vocab.gguf", &w.to_bytes(3));
+    let o = strata(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]);
+    assert_clean_failure(&o, "must be positive");
+}

@@ -98,10 +98,16 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
                     return Err(e).context("generation failed");
                 }
                 eprintln!("strata: error: {e}");
+                if matches!(e, strata::engine::EngineError::Model(strata::model::ModelError::ContextOverflow { .. })) {
+                    eprintln!("strata: the conversation no longer fits the context: type /reset to start over");
+                }
                 continue;
             }
         };
         println!();
+        if g.stop_reason == strata::engine::StopReason::Context {
+            eprintln!("strata: the reply stopped at the end of the context (-c); type /reset to start over");
+        }
         history.push(ChatMessage { role: "assistant".into(), content: g.text.trim().to_owned() });
     }
     Ok(())

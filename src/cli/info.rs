@@ -15,8 +15,8 @@ pub struct InfoArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Context size (tokens) for the memory estimate [default: the model's training context]
-    #[arg(short = 'c', long = "max-context", visible_alias = "ctx-size")]
-    pub ctx: Option<usize>,
+    #[arg(short = 'c', long = "max-context", visible_alias = "ctx-size", value_parser = clap::value_parser!(u32).range(1..))]
+    pub ctx: Option<u32>,
     /// List every tensor
     #[arg(long = "tensors")]
     pub tensors: bool,
@@ -67,7 +67,7 @@ pub fn main(a: InfoArgs) -> anyhow::Result<()> {
                 cfg.arch_name, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff,
                 cfg.n_vocab, cfg.rope_kind, cfg.rope_base, cfg.n_ctx_train
             );
-            let ctx = a.ctx.unwrap_or(cfg.n_ctx_train);
+            let ctx = a.ctx.map_or(cfg.n_ctx_train, |c| c as usize);
             // Scratch of one prompt batch of 512 tokens: the widest activations plus one logits row.
             let batch = 512usize;
             let scratch = (batch * (4 * cfg.n_embd + 3 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.n_ff) * 4

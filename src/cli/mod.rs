@@ -235,6 +235,9 @@ impl SamplingArgs {
         if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
             bail!("--repeat-penalty must be > 0, got {}", self.repeat_penalty);
         }
+        if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
+            bail!("--presence-penalty and --frequency-penalty must be finite numbers");
+        }
         Ok(strata::sample::SamplerConfig {
             temperature: self.temp,
             top_k: self.top_k,

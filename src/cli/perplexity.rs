@@ -22,7 +22,7 @@ pub struct PerplexityArgs {
     #[arg(short = 'f', long = "file")]
     pub file: std::path::PathBuf,
     /// Tokens per chunk
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 512, value_parser = clap::value_parser!(u32).range(4..))]
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 512, value_parser = clap::value_parser!(u32).range(4..=1_048_576))]
     pub ctx: u32,
     /// Score at most this many chunks (default: all)
     #[arg(long = "chunks")]
@@ -34,7 +34,7 @@ pub struct PerplexityArgs {
     #[arg(long = "kv", default_value = "f16", value_parser = |s: &str| s.parse::<KvType>())]
     pub kv: KvType,
     /// Tokens per prompt-processing batch
-    #[arg(short = 'b', long = "batch-size", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub batch: u32,
 }
 
@@ -77,21 +77,19 @@ pub fn main(a: PerplexityArgs) -> anyhow::Result<()> {
             chunk[0] = b;
         }
         kv.truncate(0);
-        // Read the chunk in batches; keep the logits of the scored positions.
-        let mut rows: Vec<f32> = Vec::with_capacity(want.len() * model.cfg.n_vocab);
+        // Read the chunk in batches, scoring each batch's positions as its logits come back.
         let batch = a.batch as usize;
         for start in (0..n_ctx).step_by(batch) {
             let end = (start + batch).min(n_ctx);
-            let w: Vec<usize> = want.iter().filter(|&&p| p >= start && p < end).map(|&p| p - start).collect();
+            let scored: Vec<usize> = want.iter().copied().filter(|&p| p >= start && p < end).collect();
+            let w: Vec<usize> = scored.iter().map(|&p| p - start).collect();
             let logits = model.forward(&pool, &mut kv, &chunk[start..end], &w)?;
-            rows.extend_from_slice(&logits.data);
-        }
-        for (i, &p) in want.iter().enumerate() {
-            let row = &rows[i * model.cfg.n_vocab..(i + 1) * model.cfg.n_vocab];
-            let v = -log_softmax_at(row, chunk[p + 1] as usize);
-            nll += v;
-            nll2 += v * v;
-            count += 1;
+            for (i, &p) in scored.iter().enumerate() {
+                let v = -log_softmax_at(logits.row(i), chunk[p + 1] as usize);
+                nll += v;
+                nll2 += v * v;
+                count += 1;
+            }
         }
         print!("[{}]{:.4},", c + 1, (nll / count as f64).exp());
         let _ = std::io::stdout().flush();

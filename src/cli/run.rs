@@ -45,7 +45,8 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
         sampler,
         ignore_eos: a.ignore_eos,
         stop: a.sampling.stop.clone(),
-        top_logprobs: a.top_logprobs,
+        // Only --json prints them; without it they would be computed for nothing.
+        top_logprobs: if a.json { a.top_logprobs } else { 0 },
         batch: a.engine.batch as usize,
     };
     let stdout = std::io::stdout();

@@ -121,6 +121,8 @@ pub enum EngineError {
     Model(#[from] ModelError),
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error("no token can be sampled: every logit is banned or not a number (broken weights?)")]
+    NoToken,
 }
 
 /// Generates after `prompt`: prefill (reusing `seq`'s common prefix), then decode until a stop condition.
@@ -160,7 +162,7 @@ pub fn generate(
         if params.top_logprobs > 0 {
             out.top_logprobs.push(log_softmax_top_k(&logits, params.top_logprobs));
         }
-        let id = sampler.sample(&logits, &seq.tokens, &banned);
+        let id = sampler.try_sample(&logits, &seq.tokens, &banned).ok_or(EngineError::NoToken)?;
         out.tokens.push(id);
         if !params.ignore_eos && eog.contains(&id) {
             out.stop_reason = StopReason::Eog;

@@ -101,6 +101,9 @@ impl ModelConfig {
         };
 
         let bad = |what: &str| ModelError::Inconsistent(what.to_owned());
+        if head_dim == 0 || n_vocab == 0 {
+            return Err(bad(&format!("head dim {head_dim} and vocabulary size {n_vocab} must be positive")));
+        }
         if n_head % n_head_kv != 0 {
             return Err(bad(&format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")));
         }

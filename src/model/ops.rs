@@ -16,18 +16,28 @@ use super::kv::{KvCache, KvRows};
 use super::weights::QTensor;
 
 /// A raw view of a mutable slice shared by threads that write disjoint elements.
-#[derive(Clone, Copy)]
-pub struct SharedMut<T> {
+/// It borrows the slice for `'a`, so it cannot outlive it.
+pub struct SharedMut<'a, T> {
     ptr: *mut T,
     len: usize,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
 }
-// SAFETY: users write disjoint indices from different threads (asserted by construction at each use).
-unsafe impl<T> Send for SharedMut<T> {}
-unsafe impl<T> Sync for SharedMut<T> {}
 
-impl<T> SharedMut<T> {
-    pub fn new(s: &mut [T]) -> Self {
-        SharedMut { ptr: s.as_mut_ptr(), len: s.len() }
+impl<T> Clone for SharedMut<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<'_, T> {}
+
+// SAFETY: it only hands out `&mut T` to disjoint parts (the contract of `slice`), which is what `&mut [T]`
+// split across threads allows when `T: Send`.
+unsafe impl<T: Send> Send for SharedMut<'_, T> {}
+unsafe impl<T: Send> Sync for SharedMut<'_, T> {}
+
+impl<'a, T> SharedMut<'a, T> {
+    pub fn new(s: &'a mut [T]) -> Self {
+        SharedMut { ptr: s.as_mut_ptr(), len: s.len(), _borrow: std::marker::PhantomData }
     }
     /// The sub-slice `start..start + len`.
     ///
@@ -35,7 +45,7 @@ impl<T> SharedMut<T> {
     /// No two threads may hold overlapping sub-slices at the same time.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
-        assert!(start + len <= self.len);
+        assert!(start.checked_add(len).is_some_and(|end| end <= self.len), "SharedMut::slice out of bounds");
         std::slice::from_raw_parts_mut(self.ptr.add(start), len)
     }
 }
@@ -91,7 +101,7 @@ pub struct MatJob<'a> {
     pub w: &'a QTensor,
     pub bias: Option<&'a [f32]>,
     /// (t_count, w.rows)
-    pub out: SharedMut<f32>,
+    pub out: SharedMut<'a, f32>,
 }
 
 /// Rows of weights processed together per tile: their bytes stay in L1 while a tile of tokens passes.

@@ -90,7 +90,12 @@ impl Weights {
     pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Weights, ModelError> {
         let matrix = |name: &str, rows: usize, cols: usize| -> Result<QTensor, ModelError> {
             let info = file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
-            if info.dims.len() != 2 || info.dims[0] != cols as u64 || info.dims[1] != rows as u64 {
+            if rows == 0
+                || cols == 0
+                || info.dims.len() != 2
+                || info.dims[0] != cols as u64
+                || info.dims[1] != rows as u64
+            {
                 return Err(ModelError::TensorShape {
                     name: name.to_owned(),
                     expected: vec![cols as u64, rows as u64],
