@@ -21,17 +21,6 @@ fn tokens(n: usize, n_vocab: usize, seed: u32) -> Vec<u32> {
     (0..n as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) % n_vocab as u32).collect()
 }
 
-/// Logits of every position of `toks`, read in batches of `batch`.
-fn all_logits(model: &Model, pool: &ThreadPool, kv: KvType, toks: &[u32], batch: usize) -> Vec<f32> {
-    let mut cache = model.new_kv(kv, toks.len()).expect("kv");
-    let mut out = Vec::new();
-    for chunk in toks.chunks(batch) {
-        let want: Vec<usize> = (0..chunk.len()).collect();
-        out.extend(model.forward(pool, &mut cache, chunk, &want).expect("forward").data);
-    }
-    out
-}
-
 /// A float64 forward pass over dequantized weights: the arithmetic of a llama-shaped model, spelled out.
 fn reference_logits(model: &Model, toks: &[u32]) -> Vec<Vec<f64>> {
     let c = &model.cfg;
@@ -165,7 +154,7 @@ fn every_weight_type_agrees_with_the_float64_reference() {
     for ty in GgmlType::WEIGHT_TYPES {
         let model = build(&spec_for(ty));
         let toks = tokens(12, model.cfg.n_vocab, 3);
-        let ours = all_logits(&model, &pool, KvType::F16, &toks, 12);
+        let ours = common::logits_in_batches(&model, &pool, KvType::F16, &toks, 12);
         assert!(ours.iter().all(|v| v.is_finite()), "{ty}: non-finite logits");
         let err = rel_error(&ours, &reference_logits(&model, &toks));
         // Activations are quantized to 8 bits for the block types (as llama.cpp does): about 1% error.
@@ -202,7 +191,7 @@ fn mixed_types_qwen2_biases_and_neox_rope_agree_with_the_reference() {
     assert_eq!(model.cfg.rope_kind, strata::model::RopeKind::Neox);
     assert!(model.weights.layers[0].bq.is_some());
     let toks = tokens(10, model.cfg.n_vocab, 5);
-    let ours = all_logits(&model, &pool, KvType::F16, &toks, 10);
+    let ours = common::logits_in_batches(&model, &pool, KvType::F16, &toks, 10);
     let err = rel_error(&ours, &reference_logits(&model, &toks));
     assert!(err < 6e-2, "relative logit error {err}");
 }
@@ -214,9 +203,9 @@ fn logits_are_bit_identical_across_batch_sizes_for_every_type_and_kv() {
         let model = build(&spec_for(ty));
         let toks = tokens(70, model.cfg.n_vocab, 11);
         for kv in [KvType::F16, KvType::Int8] {
-            let whole = common::bits(&all_logits(&model, &pool, kv, &toks, 70));
+            let whole = common::bits(&common::logits_in_batches(&model, &pool, kv, &toks, 70));
             for batch in [1, 7, 64] {
-                let other = common::bits(&all_logits(&model, &pool, kv, &toks, batch));
+                let other = common::bits(&common::logits_in_batches(&model, &pool, kv, &toks, batch));
                 assert!(whole == other, "{ty} {kv:?}: batch {batch} differs from one batch of 70");
             }
         }
@@ -227,8 +216,8 @@ fn logits_are_bit_identical_across_batch_sizes_for_every_type_and_kv() {
 fn results_do_not_depend_on_the_thread_count() {
     let model = build(&SyntheticSpec::default());
     let toks = tokens(40, model.cfg.n_vocab, 2);
-    let one = common::bits(&all_logits(&model, &ThreadPool::new(1), KvType::F16, &toks, 16));
-    let three = common::bits(&all_logits(&model, &ThreadPool::new(3), KvType::F16, &toks, 16));
+    let one = common::bits(&common::logits_in_batches(&model, &ThreadPool::new(1), KvType::F16, &toks, 16));
+    let three = common::bits(&common::logits_in_batches(&model, &ThreadPool::new(3), KvType::F16, &toks, 16));
     assert!(one == three);
 }
 
@@ -237,8 +226,8 @@ fn int8_kv_stays_close_to_f16_kv() {
     let pool = ThreadPool::new(2);
     let model = build(&SyntheticSpec::default());
     let toks = tokens(50, model.cfg.n_vocab, 4);
-    let a = all_logits(&model, &pool, KvType::F16, &toks, 50);
-    let b = all_logits(&model, &pool, KvType::Int8, &toks, 50);
+    let a = common::logits_in_batches(&model, &pool, KvType::F16, &toks, 50);
+    let b = common::logits_in_batches(&model, &pool, KvType::Int8, &toks, 50);
     let max_abs = a.iter().map(|v| v.abs()).fold(0f32, f32::max);
     let max_diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(a != b, "int8 KV must actually change the arithmetic");

@@ -118,17 +118,6 @@ fn greedy_reference_first_token_top5_and_teacher_forcing() {
     }
 }
 
-/// Logits of every position of `tokens`, read in batches of `batch`.
-fn logits_in_batches(model: &Model, pool: &ThreadPool, kv_type: KvType, tokens: &[u32], batch: usize) -> Vec<f32> {
-    let mut kv = model.new_kv(kv_type, tokens.len()).expect("kv");
-    let mut out = Vec::new();
-    for chunk in tokens.chunks(batch) {
-        let want: Vec<usize> = (0..chunk.len()).collect();
-        out.extend(model.forward(pool, &mut kv, chunk, &want).expect("forward").data);
-    }
-    out
-}
-
 #[test]
 fn logits_are_bit_identical_across_batch_sizes_1_7_64_512() {
     let (model, tok) = load();
@@ -136,9 +125,9 @@ fn logits_are_bit_identical_across_batch_sizes_1_7_64_512() {
     let text = std::fs::read_to_string(common::reference_path("perplexity_GPL-3.txt")).expect("text");
     let tokens: Vec<u32> = tok.encode(&text, false).into_iter().take(600).collect();
     assert_eq!(tokens.len(), 600);
-    let reference = logits_in_batches(&model, &pool, KvType::F16, &tokens, 512);
+    let reference = common::logits_in_batches(&model, &pool, KvType::F16, &tokens, 512);
     for batch in [1, 7, 64] {
-        let other = logits_in_batches(&model, &pool, KvType::F16, &tokens, batch);
+        let other = common::logits_in_batches(&model, &pool, KvType::F16, &tokens, batch);
         let first_diff = reference.iter().zip(&other).position(|(a, b)| a.to_bits() != b.to_bits());
         assert_eq!(first_diff, None, "batch {batch}: logits differ from batch 512 (value index {first_diff:?})");
     }

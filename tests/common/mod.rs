@@ -29,3 +29,20 @@ pub fn reference_json(name: &str) -> serde_json::Value {
 pub fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
 }
+
+/// Logits of every position of `tokens`, read from an empty cache in batches of `batch`.
+pub fn logits_in_batches(
+    model: &strata::model::Model,
+    pool: &strata::threadpool::ThreadPool,
+    kv_type: strata::model::KvType,
+    tokens: &[u32],
+    batch: usize,
+) -> Vec<f32> {
+    let mut kv = model.new_kv(kv_type, tokens.len()).expect("kv");
+    let mut out = Vec::new();
+    for chunk in tokens.chunks(batch) {
+        let want: Vec<usize> = (0..chunk.len()).collect();
+        out.extend(model.forward(pool, &mut kv, chunk, &want).expect("forward").data);
+    }
+    out
+}
