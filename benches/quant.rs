@@ -10,7 +10,7 @@ use strata::quant::{self, GgmlType};
 
 fn main() {
     println!("simd path: {:?}", quant::simd_level());
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
         for n in [576usize, 1536] {
             if n % ty.block_len() != 0 {
                 continue;

@@ -1,5 +1,5 @@
-//! AVX2 + FMA + F16C kernels for x86_64: legacy-quant dot products (one or several activation columns),
-//! activation quantization, and the f32 / f16 dot products.
+//! AVX2 + FMA + F16C kernels for x86_64: legacy-quant and K-quant dot products (one or several
+//! activation columns), activation quantization, and the f32 / f16 dot products.
 //!
 //! Every kernel mirrors the lane structure of ggml-cpu's AVX2 code (`arch/x86/quants.c`, `vec.h`): eight
 //! f32 lanes, each holding the integer sum of four neighbouring products, scaled per block with one fma
@@ -21,6 +21,10 @@ pub const Q4_1: u8 = 1;
 pub const Q5_0: u8 = 2;
 pub const Q5_1: u8 = 3;
 pub const Q8_0: u8 = 4;
+/// K-quant weight formats (256-value blocks against q8_K activations), same tag space.
+pub const Q4_K: u8 = 5;
+pub const Q5_K: u8 = 6;
+pub const Q6_K: u8 = 7;
 
 /// The f16 at `p` (integer conversion; see `blocks::f16_to_f32` for why not F16C here).
 #[inline(always)]
@@ -93,9 +97,21 @@ const fn layout(k: u8) -> (usize, usize, usize) {
     }
 }
 
-/// Dot of `nb` weight blocks of format `K` at `w` against `C` activation rows `xs`, into `out[..C]`.
+/// Dot of `nb` weight blocks of format `K` at `w` (32-value blocks for the legacy tags, 256-value blocks
+/// for the K-quant tags) against `C` activation rows `xs`, into `out[..C]`.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn legacy_dot<const K: u8, const C: usize>(nb: usize, w: *const u8, xs: &[*const u8; C], out: &mut [f32]) {
+pub unsafe fn dot_blocks<const K: u8, const C: usize>(nb: usize, w: *const u8, xs: &[*const u8; C], out: &mut [f32]) {
+    match K {
+        Q4_K | Q5_K => k4_dot::<K, C>(nb, w, xs, out),
+        Q6_K => q6_k_dot::<C>(nb, w, xs, out),
+        _ => legacy_dot::<K, C>(nb, w, xs, out),
+    }
+}
+
+/// Dot of `nb` legacy weight blocks of format `K` at `w` against `C` activation rows `xs`, into `out[..C]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy_dot<const K: u8, const C: usize>(nb: usize, w: *const u8, xs: &[*const u8; C], out: &mut [f32]) {
     let (wb, xb, xq) = layout(K);
     let signed = matches!(K, Q4_0 | Q5_0 | Q8_0);
     let has_min = matches!(K, Q4_1 | Q5_1);
@@ -137,6 +153,179 @@ pub unsafe fn legacy_dot<const K: u8, const C: usize>(nb: usize, w: *const u8, x
     }
     for c in 0..C {
         out[c] = hsum_float_8(acc[c]) + _mm_cvtss_f32(summs[c]);
+    }
+}
+
+/// Bytes of a q8_K activation block; its d (f32) sits at 0, the quants at 4, the 16 bsums (i16) at 260.
+const Q8K_BYTES: usize = 292;
+
+/// The i16 in lane `k` of a 128-bit half, in every lane of both halves (ggml's `get_scale_shuffle_k4`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bcast_i16_lane(v: __m256i, k: usize) -> __m256i {
+    let lo = 2 * k as i16;
+    _mm256_shuffle_epi8(v, _mm256_set1_epi16(((lo + 1) << 8) | lo))
+}
+
+/// The eight 6-bit sub-block scales and mins of a q4_K / q5_K block (12 packed bytes at `p`) as i16:
+/// the scales in both 128-bit halves of the first value (for `bcast_i16_lane`), the mins in the second.
+/// ggml's `utmp` shuffle: the same bits as `blocks::scale_min_k4`, four bytes at a time.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_scales_mins(p: *const u8) -> (__m256i, __m128i) {
+    const LOW6: u32 = 0x3f3f3f3f;
+    const LOW4: u32 = 0x0f0f0f0f;
+    const LOW2: u32 = 0x03030303;
+    let q = p as *const u32;
+    let (a0, a1, a2) = (q.read_unaligned(), q.add(1).read_unaligned(), q.add(2).read_unaligned());
+    let sc = [a0 & LOW6, (a2 & LOW4) | (((a0 >> 6) & LOW2) << 4)];
+    let mn = [a1 & LOW6, ((a2 >> 4) & LOW4) | (((a1 >> 6) & LOW2) << 4)];
+    let both = _mm256_cvtepu8_epi16(_mm_set_epi32(mn[1] as i32, mn[0] as i32, sc[1] as i32, sc[0] as i32));
+    let sc16 = _mm256_castsi256_si128(both);
+    (_mm256_set_m128i(sc16, sc16), _mm256_extracti128_si256::<1>(both))
+}
+
+/// q4_K (`K == Q4_K`) or q5_K against q8_K, as ggml's AVX2 `ggml_vec_dot_q4_K_q8_K` / `_q5_K_q8_K`.
+/// Per block and column: maddubs of the unsigned 4- or 5-bit weights with the activations, times the
+/// sub-block scale (i16 madd), summed into eight i32 lanes and added to the accumulator with one fma by
+/// d. The mins meet the activations' bsums apart: four f32 lanes by fma for q4_K, a scalar fma for
+/// q5_K, exactly as ggml does each.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_dot<const K: u8, const C: usize>(nb: usize, w: *const u8, xs: &[*const u8; C], out: &mut [f32]) {
+    let (wb, qs_at) = if K == Q4_K { (144, 16) } else { (176, 48) };
+    let m4 = _mm256_set1_epi8(0xF);
+    let m16 = _mm256_set1_epi8(0x10);
+    let mut acc = [_mm256_setzero_ps(); C];
+    let mut acc_m = [_mm_setzero_ps(); C]; // q4_K's min terms
+    let mut summs = [0f32; C]; // q5_K's min terms
+    for i in 0..nb {
+        let wp = w.add(i * wb);
+        let (dw, dmin_w) = (f16_at(wp), f16_at(wp.add(2)));
+        let (scales, mins) = k4_scales_mins(wp.add(4));
+        // q5_K: bits 2j and 2j + 1 of qh byte l are the fifth bits of values 64j + l and 64j + 32 + l;
+        // `qh` is shifted right by two per step so that they are always bits 0 and 1.
+        let mut qh = if K == Q5_K { _mm256_loadu_si256(wp.add(16) as *const __m256i) } else { _mm256_setzero_si256() };
+        let mut sumi = [_mm256_setzero_si256(); C];
+        for j in 0..4 {
+            let bits = _mm256_loadu_si256(wp.add(qs_at + 32 * j) as *const __m256i);
+            let mut lo = _mm256_and_si256(bits, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+            if K == Q5_K {
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m16));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(qh), m16));
+                qh = _mm256_srli_epi16::<2>(qh);
+            }
+            let (sc_lo, sc_hi) = (bcast_i16_lane(scales, 2 * j), bcast_i16_lane(scales, 2 * j + 1));
+            for c in 0..C {
+                let yq = xs[c].add(i * Q8K_BYTES + 4 + 64 * j);
+                let y_lo = _mm256_loadu_si256(yq as *const __m256i);
+                let y_hi = _mm256_loadu_si256(yq.add(32) as *const __m256i);
+                let p_lo = _mm256_madd_epi16(sc_lo, _mm256_maddubs_epi16(lo, y_lo));
+                let p_hi = _mm256_madd_epi16(sc_hi, _mm256_maddubs_epi16(hi, y_hi));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p_lo, p_hi));
+            }
+        }
+        for c in 0..C {
+            let yp = xs[c].add(i * Q8K_BYTES);
+            let yd = (yp as *const f32).read_unaligned();
+            let (d, dmin) = (yd * dw, -yd * dmin_w);
+            // Pairs of bsums are the sums of the 32-value sub-blocks, one per min.
+            let bsums = yp.add(260) as *const __m128i;
+            let q8s = _mm_hadd_epi16(_mm_loadu_si128(bsums), _mm_loadu_si128(bsums.add(1)));
+            let prod = _mm_madd_epi16(mins, q8s);
+            if K == Q4_K {
+                acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[c]);
+            } else {
+                let s2 = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+                let s = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<0b01>(s2)));
+                // ggml writes `summs += dmin * s`; compilers contract that to an fma when FMA is enabled.
+                summs[c] = dmin.mul_add(s as f32, summs[c]);
+            }
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for c in 0..C {
+        out[c] = if K == Q4_K {
+            let m = _mm_add_ps(acc_m[c], _mm_movehl_ps(acc_m[c], acc_m[c]));
+            hsum_float_8(acc[c]) + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
+        } else {
+            hsum_float_8(acc[c]) + summs[c]
+        };
+    }
+}
+
+/// The i8 scales `s` and `s + 1` of a q6_K block (16 at `scales`) as i16: `s` in the eight lanes of the
+/// low half, `s + 1` in the high half (ggml's `get_scale_shuffle`, then a sign extension).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_scale_pair(scales: __m128i, s: usize) -> __m256i {
+    let bytes = 0x0101_0101_0101_0101i64;
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_set_epi64x(bytes * (s as i64 + 1), bytes * s as i64)))
+}
+
+/// Bits 0 and 1 of each byte of `h` moved to bits 4 and 5: the high part of a q6_K level.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_high(h: __m256i, m3: __m256i) -> __m256i {
+    _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3))
+}
+
+/// q6_K against q8_K, as ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`: the unsigned 6-bit levels times the
+/// activations by maddubs, minus 32 times the activations (the same maddubs with 32), times the 16-value
+/// sub-block scales (i16 madd), summed into eight i32 lanes; one fma by d per block.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_dot<const C: usize>(nb: usize, w: *const u8, xs: &[*const u8; C], out: &mut [f32]) {
+    let m4 = _mm256_set1_epi8(0xF);
+    let m3 = _mm256_set1_epi8(3);
+    let m32 = _mm256_set1_epi8(32);
+    let mut acc = [_mm256_setzero_ps(); C];
+    for i in 0..nb {
+        let wp = w.add(i * 210);
+        let dw = f16_at(wp.add(208));
+        let scales = _mm_loadu_si128(wp.add(192) as *const __m128i);
+        let mut sumi = [_mm256_setzero_si256(); C];
+        // Each half of the block: 128 values from 64 bytes of low nibbles and 32 bytes of 2-bit highs.
+        for j in 0..2 {
+            let ql0 = _mm256_loadu_si256(wp.add(64 * j) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(wp.add(64 * j + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(wp.add(128 + 32 * j) as *const __m256i);
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), q6_k_high(qh, m3)),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), q6_k_high(_mm256_srli_epi16::<2>(qh), m3)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                    q6_k_high(_mm256_srli_epi16::<4>(qh), m3),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                    q6_k_high(_mm256_srli_epi16::<6>(qh), m3),
+                ),
+            ];
+            let sc = [
+                q6_k_scale_pair(scales, 8 * j),
+                q6_k_scale_pair(scales, 8 * j + 2),
+                q6_k_scale_pair(scales, 8 * j + 4),
+                q6_k_scale_pair(scales, 8 * j + 6),
+            ];
+            for c in 0..C {
+                let yq = xs[c].add(i * Q8K_BYTES + 4 + 128 * j);
+                let mut p = [_mm256_setzero_si256(); 4];
+                for k in 0..4 {
+                    let y = _mm256_loadu_si256(yq.add(32 * k) as *const __m256i);
+                    let d16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y), _mm256_maddubs_epi16(m32, y));
+                    p[k] = _mm256_madd_epi16(sc[k], d16);
+                }
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p[0], p[1]));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p[2], p[3]));
+            }
+        }
+        for c in 0..C {
+            let yd = (xs[c].add(i * Q8K_BYTES) as *const f32).read_unaligned();
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for c in 0..C {
+        out[c] = hsum_float_8(acc[c]);
     }
 }
 

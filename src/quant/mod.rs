@@ -216,14 +216,14 @@ pub fn vec_dot_rows(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, x_a
     check_dot(ty, n, row_bytes, x_act.len());
     #[cfg(target_arch = "x86_64")]
     if simd_level() == SimdLevel::Avx2 {
-        // SAFETY: features detected; every row holds `n / QK` blocks (checked above), as does `x_act`.
+        // SAFETY: features detected; every row holds `nb` blocks (checked above), as does `x_act`.
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn rows<const K: u8>(nb: usize, w: &[u8], rb: usize, x: &[u8], out: &mut [f32]) {
             for (r, o) in out.iter_mut().enumerate() {
-                avx2::legacy_dot::<K, 1>(nb, w.as_ptr().add(r * rb), &[x.as_ptr()], std::slice::from_mut(o));
+                avx2::dot_blocks::<K, 1>(nb, w.as_ptr().add(r * rb), &[x.as_ptr()], std::slice::from_mut(o));
             }
         }
-        let nb = n / QK;
+        let nb = n / ty.block_len();
         unsafe {
             match ty {
                 GgmlType::Q4_0 => return rows::<{ avx2::Q4_0 }>(nb, w_rows, row_bytes, x_act, out),
@@ -231,6 +231,9 @@ pub fn vec_dot_rows(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, x_a
                 GgmlType::Q5_0 => return rows::<{ avx2::Q5_0 }>(nb, w_rows, row_bytes, x_act, out),
                 GgmlType::Q5_1 => return rows::<{ avx2::Q5_1 }>(nb, w_rows, row_bytes, x_act, out),
                 GgmlType::Q8_0 => return rows::<{ avx2::Q8_0 }>(nb, w_rows, row_bytes, x_act, out),
+                GgmlType::Q4K => return rows::<{ avx2::Q4_K }>(nb, w_rows, row_bytes, x_act, out),
+                GgmlType::Q5K => return rows::<{ avx2::Q5_K }>(nb, w_rows, row_bytes, x_act, out),
+                GgmlType::Q6K => return rows::<{ avx2::Q6_K }>(nb, w_rows, row_bytes, x_act, out),
                 _ => {}
             }
         }
@@ -267,15 +270,18 @@ fn simd_dot(ty: GgmlType, n: usize, w: &[u8], xs: &[&[u8]], out: &mut [f32]) -> 
     #[cfg(target_arch = "x86_64")]
     if simd_level() == SimdLevel::Avx2 {
         use avx2::*;
-        let nb = n / QK;
+        let nb = n / ty.block_len();
         // SAFETY: features detected; `check_dot` guaranteed `nb` blocks in `w` and in every column.
         unsafe {
             match ty {
-                GgmlType::Q4_0 => legacy_cols::<Q4_0>(nb, w, xs, out),
-                GgmlType::Q4_1 => legacy_cols::<Q4_1>(nb, w, xs, out),
-                GgmlType::Q5_0 => legacy_cols::<Q5_0>(nb, w, xs, out),
-                GgmlType::Q5_1 => legacy_cols::<Q5_1>(nb, w, xs, out),
-                GgmlType::Q8_0 => legacy_cols::<Q8_0>(nb, w, xs, out),
+                GgmlType::Q4_0 => block_cols::<Q4_0>(nb, w, xs, out),
+                GgmlType::Q4_1 => block_cols::<Q4_1>(nb, w, xs, out),
+                GgmlType::Q5_0 => block_cols::<Q5_0>(nb, w, xs, out),
+                GgmlType::Q5_1 => block_cols::<Q5_1>(nb, w, xs, out),
+                GgmlType::Q8_0 => block_cols::<Q8_0>(nb, w, xs, out),
+                GgmlType::Q4K => block_cols::<Q4_K>(nb, w, xs, out),
+                GgmlType::Q5K => block_cols::<Q5_K>(nb, w, xs, out),
+                GgmlType::Q6K => block_cols::<Q6_K>(nb, w, xs, out),
                 GgmlType::F32 => {
                     for (x, o) in xs.iter().zip(out.iter_mut()) {
                         *o = dot_f32(n, w.as_ptr() as *const f32, x.as_ptr() as *const f32);
@@ -301,18 +307,18 @@ fn simd_dot(ty: GgmlType, n: usize, w: &[u8], xs: &[&[u8]], out: &mut [f32]) -> 
 /// AVX2/FMA/F16C present; `w` and every column hold `nb` blocks.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-unsafe fn legacy_cols<const K: u8>(nb: usize, w: &[u8], xs: &[&[u8]], out: &mut [f32]) {
+unsafe fn block_cols<const K: u8>(nb: usize, w: &[u8], xs: &[&[u8]], out: &mut [f32]) {
     let w = w.as_ptr();
     match xs.len() {
-        1 => avx2::legacy_dot::<K, 1>(nb, w, &[xs[0].as_ptr()], out),
-        2 => avx2::legacy_dot::<K, 2>(nb, w, &[xs[0].as_ptr(), xs[1].as_ptr()], out),
+        1 => avx2::dot_blocks::<K, 1>(nb, w, &[xs[0].as_ptr()], out),
+        2 => avx2::dot_blocks::<K, 2>(nb, w, &[xs[0].as_ptr(), xs[1].as_ptr()], out),
         3 => {
             let p = [xs[0].as_ptr(), xs[1].as_ptr(), xs[2].as_ptr()];
-            avx2::legacy_dot::<K, 3>(nb, w, &p, out)
+            avx2::dot_blocks::<K, 3>(nb, w, &p, out)
         }
         _ => {
             let p = [xs[0].as_ptr(), xs[1].as_ptr(), xs[2].as_ptr(), xs[3].as_ptr()];
-            avx2::legacy_dot::<K, 4>(nb, w, &p, out)
+            avx2::dot_blocks::<K, 4>(nb, w, &p, out)
         }
     }
 }

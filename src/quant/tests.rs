@@ -96,6 +96,34 @@ fn vec_dot_approximates_the_float_dot() {
 }
 
 #[test]
+fn k_quant_dots_match_reference_on_arbitrary_block_bytes() {
+    // The quantizer writes only some bit patterns (non-negative q6_K scales, for one); random bytes
+    // reach every scale, min and high-bit code the SIMD unpacking has to get right.
+    let mut rng = StdRng::seed_from_u64(8);
+    for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        let n = 1024;
+        for _ in 0..20 {
+            let mut w: Vec<u8> = (0..row_len_bytes(ty, n).unwrap()).map(|_| rng.gen()).collect();
+            for b in w.chunks_exact_mut(ty.block_bytes()) {
+                // Sane block scales: random f16 bits are often inf or NaN.
+                let at: &[usize] = if ty == GgmlType::Q6K { &[208] } else { &[0, 2] };
+                for &a in at {
+                    b[a..a + 2].copy_from_slice(&f16::from_f32(rng.gen_range(1e-3f32..0.1)).to_bits().to_le_bytes());
+                }
+            }
+            let x = act(ty, &randn(&mut rng, n));
+            let got = vec_dot(ty, n, &w, &x);
+            let want = reference::vec_dot(ty, n, &w, &x);
+            let mag = abs_dot(ty, n, &w, &x);
+            assert!((got - want).abs() <= 1e-5 * mag, "{ty}: simd {got} vs reference {want}");
+            let mut multi = [0f32; 3];
+            vec_dot_multi(ty, n, &w, &[&x, &x, &x], &mut multi);
+            assert!(multi.iter().all(|m| m.to_bits() == got.to_bits()), "{ty}: {multi:?} vs {got}");
+        }
+    }
+}
+
+#[test]
 fn multi_column_results_are_bit_identical_to_single_column() {
     let mut rng = StdRng::seed_from_u64(3);
     for ty in GgmlType::WEIGHT_TYPES {
