@@ -23,17 +23,19 @@ pub struct QTensor {
 }
 
 /// Columns kept per matrix; past this, further columns are computed on each use.
-const MAX_CACHED_COLUMNS: usize = 32;
+const MAX_CACHED_COLUMNS: usize = 16;
 
 impl QTensor {
-    /// Column `c` dequantized (`W[r][c]` for every row `r`) if it is cached, or if `compute` says to
-    /// compute it now (and cache it while there is room).
+    /// Column `c` dequantized (`W[r][c]` for every row `r`): from the cache; else built and cached while
+    /// the cache has room (the first channels seen are the model's fixed massive ones); else built
+    /// uncached when `compute` (a batch amortizes it), or `None` (a single token reads its few values
+    /// from the weights instead).
     pub fn column(&self, c: usize, compute: bool) -> Option<Arc<[f32]>> {
         let mut cache = self.columns.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, col)) = cache.iter().find(|(i, _)| *i == c) {
             return Some(col.clone());
         }
-        if !compute {
+        if !compute && cache.len() >= MAX_CACHED_COLUMNS {
             return None;
         }
         let data = self.data();
