@@ -311,3 +311,14 @@ fn a_model_with_an_empty_vocabulary_is_refused() {
     let o = strata(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]);
     assert_clean_failure(&o, "must be positive");
 }
+
+#[test]
+fn the_kv_type_flag_is_honoured_and_checked() {
+    let o = strata(&["run", "-p", "The quick brown fox", "-n", "4", "--temp", "0", "--kv", "int8", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("json");
+    assert_eq!(v["tokens"][0], 351, "int8 KV keeps the greedy first token");
+    let o = strata(&["run", "-p", "hi", "--kv", "int4"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_clean_failure(&o, "unknown KV type");
+}
