@@ -56,16 +56,19 @@ fn parse_kv(s: &str) -> Result<KvType, String> {
 
 impl EngineArgs {
     pub fn pool(&self) -> ThreadPool {
-        let n = self
-            .threads
-            .map(usize::from)
-            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-        ThreadPool::new(n)
+        pool_for(self.threads)
     }
 
     pub fn context(&self, model: &Model) -> usize {
         self.max_context.map(|c| c as usize).unwrap_or(model.cfg.n_ctx_train)
     }
+}
+
+/// A thread pool of `threads` threads, or one per CPU when not given.
+pub fn pool_for(threads: Option<u16>) -> ThreadPool {
+    let n =
+        threads.map(usize::from).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    ThreadPool::new(n)
 }
 
 /// Finds the model file: `-m`, else $STRATA_MODEL, else `models/<default>` in the current directory or

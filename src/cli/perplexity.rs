@@ -10,7 +10,6 @@ use anyhow::{bail, Context};
 use clap::Args;
 
 use strata::model::KvType;
-use strata::threadpool::ThreadPool;
 
 use super::{load, ModelArgs};
 
@@ -44,11 +43,7 @@ pub fn main(a: PerplexityArgs) -> anyhow::Result<()> {
     let loaded = load(&a.model)?;
     let tok = &loaded.tokenizer;
     let model = &loaded.model;
-    let n_threads = a
-        .threads
-        .map(usize::from)
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-    let pool = ThreadPool::new(n_threads);
+    let pool = super::pool_for(a.threads);
 
     let mut tokens = Vec::new();
     let bos = if tok.add_bos_token() { tok.bos_id() } else { None };

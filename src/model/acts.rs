@@ -21,8 +21,6 @@ pub const OUTLIER_RATIO: f32 = 8.0;
 /// A batch of activation rows quantized for products with weights of one type.
 #[derive(Default)]
 pub struct QuantActs {
-    /// Values per row.
-    pub n: usize,
     /// Bytes per quantized row.
     pub row_bytes: usize,
     pub data: Vec<u8>, // (t_count, row_bytes)
@@ -52,7 +50,6 @@ impl QuantActs {
         let act_ty = quant::vec_dot_type(w_ty);
         let row_bytes = quant::row_len_bytes(act_ty, n).unwrap_or(0);
         let t_count = x.len() / n;
-        self.n = n;
         self.row_bytes = row_bytes;
         self.data.resize(t_count * row_bytes, 0);
         self.outliers.clear();

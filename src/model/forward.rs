@@ -17,9 +17,6 @@ pub struct Logits {
 }
 
 impl Logits {
-    pub fn rows(&self) -> usize {
-        self.data.len() / self.n_vocab.max(1)
-    }
     pub fn row(&self, i: usize) -> &[f32] {
         &self.data[i * self.n_vocab..(i + 1) * self.n_vocab]
     }
