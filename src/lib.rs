@@ -4,6 +4,7 @@
 //! their arithmetic, `tokenizer` turns text into tokens and back (and renders chat templates), `model`
 //! holds the architecture and the forward pass, `sample` picks tokens, `engine` runs requests.
 
+pub mod device;
 pub mod engine;
 pub mod gguf;
 pub mod model;

@@ -1,0 +1,587 @@
+//! Devices and their memory: `cpu` (the host), `sim:MIB` (a simulated GPU) and the `cuda:N` slot.
+//!
+//! Every byte the engine places on a device goes through that device's ledger: [`Device::alloc`] checks the
+//! request against the device's capacity and, for a GPU, against its sampled free memory minus the
+//! `--vram-reserve-mib` reserve, and returns an [`Allocation`] whose drop gives the bytes back. Nothing here
+//! ever panics or aborts on a refused allocation: the caller gets a [`DeviceError`] it can branch on
+//! (spill KV to the host, fall back, or fail one request).
+//!
+//! A `sim` device computes on the CPU like `cpu` does (its data lives in host memory), but keeps the books
+//! of a GPU with a fixed capacity and can be given faults (`sim::Fault`): memory held by another process,
+//! failing free-memory samples, failing allocations. It is the test double of `cuda`: every engine path
+//! (allocation checks, copies between stages, KV residency) runs on it unchanged.
+
+mod host;
+pub mod sim;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use sim::{Fault, FaultSpec};
+
+const MIB: u64 = 1 << 20;
+
+/// Bytes as MiB with one decimal, for messages.
+pub fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / MIB as f64)
+}
+
+/// What kind of device, and its fixed properties.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// The host: CPU compute, host memory.
+    Cpu,
+    /// A simulated GPU with `capacity_bytes` of memory (CPU compute).
+    Sim { capacity_bytes: u64 },
+    /// CUDA device `ordinal` (not available in this build).
+    Cuda { ordinal: usize },
+}
+
+impl DeviceKind {
+    /// Parses one entry of `--devices`: `cpu`, `sim:MIB`, `cuda:N`.
+    pub fn parse(s: &str) -> Result<DeviceKind, DeviceError> {
+        let bad = |why: &str| DeviceError::BadSpec { spec: s.to_owned(), why: why.to_owned() };
+        let s = s.trim();
+        if s == "cpu" {
+            return Ok(DeviceKind::Cpu);
+        }
+        if let Some(m) = s.strip_prefix("sim:") {
+            let mib: u64 = m.parse().map_err(|_| bad("the size of a sim device is a whole number of MiB"))?;
+            if mib == 0 || mib > 1 << 24 {
+                return Err(bad("the size of a sim device must be 1 to 16777216 MiB"));
+            }
+            return Ok(DeviceKind::Sim { capacity_bytes: mib * MIB });
+        }
+        if let Some(n) = s.strip_prefix("cuda:") {
+            let ordinal: usize = n.parse().map_err(|_| bad("a CUDA device is cuda:N with N its index"))?;
+            return Ok(DeviceKind::Cuda { ordinal });
+        }
+        Err(bad("expected cpu, sim:MIB or cuda:N"))
+    }
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            DeviceKind::Cpu => write!(f, "cpu"),
+            DeviceKind::Sim { capacity_bytes } if capacity_bytes % MIB == 0 => write!(f, "sim:{}", capacity_bytes / MIB),
+            DeviceKind::Sim { capacity_bytes } => write!(f, "sim:{capacity_bytes}B"),
+            DeviceKind::Cuda { ordinal } => write!(f, "cuda:{ordinal}"),
+        }
+    }
+}
+
+/// What an allocation holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Purpose {
+    Weights,
+    Kv,
+    Scratch,
+    Staging,
+}
+
+impl Purpose {
+    pub const ALL: [Purpose; 4] = [Purpose::Weights, Purpose::Kv, Purpose::Scratch, Purpose::Staging];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Purpose {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(match self {
+            Purpose::Weights => "weights",
+            Purpose::Kv => "KV",
+            Purpose::Scratch => "scratch",
+            Purpose::Staging => "staging",
+        })
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    #[error("bad device {spec:?}: {why}")]
+    BadSpec { spec: String, why: String },
+    #[error("device {device} is not available: {why}")]
+    Unavailable { device: String, why: String },
+    #[error(
+        "device {device}: {purpose} allocation of {} refused: free {} - need {} < reserve {}",
+        mib(*need_bytes), mib(*free_bytes), mib(*need_bytes), mib(*reserve_bytes)
+    )]
+    BelowReserve { device: String, purpose: Purpose, need_bytes: u64, free_bytes: u64, reserve_bytes: u64 },
+    #[error(
+        "device {device}: out of memory: {purpose} allocation of {} with {} free of {}",
+        mib(*need_bytes), mib(*free_bytes), mib(*capacity_bytes)
+    )]
+    OutOfMemory { device: String, purpose: Purpose, need_bytes: u64, free_bytes: u64, capacity_bytes: u64 },
+    #[error("device {device}: {purpose} allocation of {} failed (injected fault)", mib(*need_bytes))]
+    AllocFailed { device: String, purpose: Purpose, need_bytes: u64 },
+    #[error("device {device}: free-memory sample failed")]
+    SampleFailed { device: String },
+}
+
+impl DeviceError {
+    /// True when the device refused for lack of room (reserve or capacity): the caller may move data to the
+    /// host and try again. Other failures end the request.
+    pub fn is_no_room(&self) -> bool {
+        matches!(self, DeviceError::BelowReserve { .. } | DeviceError::OutOfMemory { .. })
+    }
+}
+
+/// The ledger of a device at one moment.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Usage {
+    /// Bytes held now, by purpose (index: `Purpose as usize`).
+    pub by_purpose_bytes: [u64; 4],
+    pub total_bytes: u64,
+    /// The most bytes ever held at once, and per purpose.
+    pub high_water_bytes: u64,
+    pub high_water_by_purpose_bytes: [u64; 4],
+    pub allocations: u64,
+    pub refused_allocations: u64,
+    pub failed_samples: u64,
+    /// Copies into this device (hidden states between stages, KV pages moving to or from it) and bytes.
+    pub copies_in: u64,
+    pub copied_in_bytes: u64,
+}
+
+impl Usage {
+    pub fn bytes(&self, p: Purpose) -> u64 {
+        self.by_purpose_bytes[p.index()]
+    }
+}
+
+struct State {
+    usage: Usage,
+    sim: sim::SimState,
+    /// Last successful free-memory sample and the ledger total when it was taken: a failed sample is
+    /// replaced by that sample minus what the engine allocated since.
+    last_sample: Option<(u64, u64)>,
+}
+
+/// One device: its kind, its reserve and its ledger.
+pub struct Device {
+    pub index: usize,
+    pub kind: DeviceKind,
+    /// No engine allocation may leave less than this free (GPUs only; the host is not held to it).
+    pub reserve_bytes: u64,
+    state: Mutex<State>,
+    has_scheduled: AtomicBool,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "Device({})", self.name())
+    }
+}
+
+impl Device {
+    /// A device of `kind` at position `index` of its set. `cuda:N` is refused: this build has no CUDA backend.
+    pub fn new(index: usize, kind: DeviceKind, reserve_bytes: u64) -> Result<Arc<Device>, DeviceError> {
+        if let DeviceKind::Cuda { .. } = kind {
+            return Err(DeviceError::Unavailable {
+                device: kind.to_string(),
+                why: "this build has no CUDA backend yet (use cpu or sim:MIB)".into(),
+            });
+        }
+        let reserve_bytes = if kind == DeviceKind::Cpu { 0 } else { reserve_bytes };
+        Ok(Arc::new(Device {
+            index,
+            kind,
+            reserve_bytes,
+            state: Mutex::new(State { usage: Usage::default(), sim: sim::SimState::default(), last_sample: None }),
+            has_scheduled: AtomicBool::new(false),
+        }))
+    }
+
+    /// A simulated GPU of `capacity_bytes` (tests use byte sizes; the CLI whole MiB).
+    pub fn sim(index: usize, capacity_bytes: u64, reserve_bytes: u64) -> Arc<Device> {
+        Device::new(index, DeviceKind::Sim { capacity_bytes }, reserve_bytes).expect("sim devices always exist")
+    }
+
+    pub fn cpu(index: usize) -> Arc<Device> {
+        Device::new(index, DeviceKind::Cpu, 0).expect("the cpu always exists")
+    }
+
+    /// `cpu`, `sim:200`, ... with the index: `1 (sim:400)`.
+    pub fn name(&self) -> String {
+        format!("{} ({})", self.index, self.kind)
+    }
+
+    /// True for the host (data there needs no residency management).
+    pub fn is_host(&self) -> bool {
+        self.kind == DeviceKind::Cpu
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Total memory of the device.
+    pub fn total_bytes(&self) -> u64 {
+        match self.kind {
+            DeviceKind::Cpu => host::total_bytes(),
+            DeviceKind::Sim { capacity_bytes } => capacity_bytes,
+            DeviceKind::Cuda { .. } => 0,
+        }
+    }
+
+    /// Free memory as the device reports it now: for a GPU, capacity minus what everyone (Strata and
+    /// other processes) holds; for the host, the OS's available memory.
+    pub fn sample_free(&self) -> Result<u64, DeviceError> {
+        let mut st = self.lock();
+        self.sample_locked(&mut st)
+    }
+
+    fn sample_locked(&self, st: &mut State) -> Result<u64, DeviceError> {
+        let free = match self.kind {
+            DeviceKind::Cpu => Some(host::available_bytes()),
+            DeviceKind::Sim { capacity_bytes } => st.sim.sample(capacity_bytes, st.usage.total_bytes),
+            DeviceKind::Cuda { .. } => None,
+        };
+        match free {
+            Some(f) => {
+                st.last_sample = Some((f, st.usage.total_bytes));
+                Ok(f)
+            }
+            None => {
+                st.usage.failed_samples += 1;
+                Err(DeviceError::SampleFailed { device: self.name() })
+            }
+        }
+    }
+
+    /// The ledger now.
+    pub fn usage(&self) -> Usage {
+        self.lock().usage.clone()
+    }
+
+    /// Takes `bytes` of device memory for `purpose`. Refused when it does not fit the device, or (GPUs)
+    /// when it would leave the sampled free memory under the reserve. When the sample itself fails, the
+    /// last good sample minus what was allocated since stands in for it.
+    pub fn alloc(self: &Arc<Self>, purpose: Purpose, bytes: u64) -> Result<Allocation, DeviceError> {
+        let mut st = self.lock();
+        let refuse = |st: &mut State, e: DeviceError| {
+            st.usage.refused_allocations += 1;
+            tracing::debug!("{e}");
+            Err(e)
+        };
+        if st.sim.take_alloc_failure() {
+            let e = DeviceError::AllocFailed { device: self.name(), purpose, need_bytes: bytes };
+            return refuse(&mut st, e);
+        }
+        match self.kind {
+            DeviceKind::Cpu => {
+                // The host's own allocator is the arbiter; refuse only what could never fit.
+                let total = host::total_bytes();
+                if st.usage.total_bytes.saturating_add(bytes) > total {
+                    let free = total.saturating_sub(st.usage.total_bytes);
+                    let e = DeviceError::OutOfMemory {
+                        device: self.name(),
+                        purpose,
+                        need_bytes: bytes,
+                        free_bytes: free,
+                        capacity_bytes: total,
+                    };
+                    return refuse(&mut st, e);
+                }
+            }
+            DeviceKind::Sim { capacity_bytes } => {
+                let physical_free = st.sim.true_free(capacity_bytes, st.usage.total_bytes);
+                if bytes > physical_free {
+                    let e = DeviceError::OutOfMemory {
+                        device: self.name(),
+                        purpose,
+                        need_bytes: bytes,
+                        free_bytes: physical_free,
+                        capacity_bytes,
+                    };
+                    return refuse(&mut st, e);
+                }
+                let free = match self.sample_locked(&mut st) {
+                    Ok(f) => f,
+                    Err(_) => match st.last_sample {
+                        Some((f, at_total)) => f.saturating_sub(st.usage.total_bytes.saturating_sub(at_total)),
+                        None => capacity_bytes.saturating_sub(st.usage.total_bytes),
+                    },
+                };
+                if free < bytes.saturating_add(self.reserve_bytes) {
+                    let e = DeviceError::BelowReserve {
+                        device: self.name(),
+                        purpose,
+                        need_bytes: bytes,
+                        free_bytes: free,
+                        reserve_bytes: self.reserve_bytes,
+                    };
+                    return refuse(&mut st, e);
+                }
+            }
+            DeviceKind::Cuda { .. } => {
+                return refuse(
+                    &mut st,
+                    DeviceError::Unavailable { device: self.name(), why: "no CUDA backend in this build".into() },
+                )
+            }
+        }
+        let u = &mut st.usage;
+        u.by_purpose_bytes[purpose.index()] += bytes;
+        u.total_bytes += bytes;
+        u.allocations += 1;
+        u.high_water_bytes = u.high_water_bytes.max(u.total_bytes);
+        let i = purpose.index();
+        u.high_water_by_purpose_bytes[i] = u.high_water_by_purpose_bytes[i].max(u.by_purpose_bytes[i]);
+        Ok(Allocation { device: self.clone(), purpose, bytes })
+    }
+
+    fn release(&self, purpose: Purpose, bytes: u64) {
+        let mut st = self.lock();
+        let u = &mut st.usage;
+        u.by_purpose_bytes[purpose.index()] = u.by_purpose_bytes[purpose.index()].saturating_sub(bytes);
+        u.total_bytes = u.total_bytes.saturating_sub(bytes);
+    }
+
+    /// Counts a copy of `bytes` into this device (`memcpy_htod`, or device to device between stages).
+    pub fn count_copy_in(&self, bytes: u64) {
+        let mut st = self.lock();
+        st.usage.copies_in += 1;
+        st.usage.copied_in_bytes += bytes;
+    }
+
+    /// Applies a fault now (sim devices only; other kinds refuse).
+    pub fn inject(&self, fault: Fault) -> Result<(), DeviceError> {
+        let DeviceKind::Sim { capacity_bytes } = self.kind else {
+            return Err(DeviceError::BadSpec {
+                spec: self.kind.to_string(),
+                why: "faults can only be injected into sim devices".into(),
+            });
+        };
+        let mut st = self.lock();
+        let allocated = st.usage.total_bytes;
+        st.sim.apply(fault, capacity_bytes, allocated);
+        Ok(())
+    }
+
+    /// Applies `fault` when the engine reaches `at_tokens` positions in a sequence (see `on_progress`).
+    pub fn schedule(&self, at_tokens: usize, fault: Fault) -> Result<(), DeviceError> {
+        if !matches!(self.kind, DeviceKind::Sim { .. }) {
+            return Err(DeviceError::BadSpec {
+                spec: self.kind.to_string(),
+                why: "faults can only be injected into sim devices".into(),
+            });
+        }
+        self.lock().sim.scheduled.push((at_tokens, fault));
+        self.has_scheduled.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Called by the forward pass as a sequence reaches `tokens` positions: fires scheduled faults.
+    pub fn on_progress(&self, tokens: usize) {
+        if !self.has_scheduled.load(Ordering::Acquire) {
+            return;
+        }
+        let DeviceKind::Sim { capacity_bytes } = self.kind else { return };
+        let mut st = self.lock();
+        let allocated = st.usage.total_bytes;
+        let fired = st.sim.fire_due(tokens, capacity_bytes, allocated);
+        if fired > 0 {
+            tracing::info!("device {}: {fired} scheduled fault(s) applied at {tokens} tokens", self.name());
+        }
+        if st.sim.scheduled.is_empty() {
+            self.has_scheduled.store(false, Ordering::Release);
+        }
+    }
+
+    /// What is really free on a sim device (capacity minus everything held), whatever the faults make
+    /// samples report. For tests checking the invariants from outside.
+    pub fn sim_true_free(&self) -> Option<u64> {
+        let DeviceKind::Sim { capacity_bytes } = self.kind else { return None };
+        let st = self.lock();
+        Some(st.sim.true_free(capacity_bytes, st.usage.total_bytes))
+    }
+}
+
+/// Bytes held on a device; dropping it gives them back to the ledger.
+#[derive(Debug)]
+pub struct Allocation {
+    device: Arc<Device>,
+    purpose: Purpose,
+    bytes: u64,
+}
+
+impl Allocation {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    pub fn purpose(&self) -> Purpose {
+        self.purpose
+    }
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        self.device.release(self.purpose, self.bytes);
+    }
+}
+
+/// The devices of one engine, in `--devices` order, and the host (the `cpu` entry when listed, else a
+/// device of its own that holds spilled KV and host copies).
+#[derive(Clone, Debug)]
+pub struct DeviceSet {
+    pub devices: Vec<Arc<Device>>,
+    pub host: Arc<Device>,
+}
+
+impl DeviceSet {
+    /// The host alone.
+    pub fn cpu() -> DeviceSet {
+        let cpu = Device::cpu(0);
+        DeviceSet { devices: vec![cpu.clone()], host: cpu }
+    }
+
+    /// Devices from a `--devices` list (`cpu,sim:200,cuda:0`), with `reserve_bytes` on each GPU.
+    pub fn parse(list: &str, reserve_bytes: u64) -> Result<DeviceSet, DeviceError> {
+        let kinds = list
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(DeviceKind::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        if kinds.is_empty() {
+            return Err(DeviceError::BadSpec { spec: list.to_owned(), why: "no device listed".into() });
+        }
+        Self::from_kinds(&kinds, reserve_bytes)
+    }
+
+    pub fn from_kinds(kinds: &[DeviceKind], reserve_bytes: u64) -> Result<DeviceSet, DeviceError> {
+        if kinds.iter().filter(|k| **k == DeviceKind::Cpu).count() > 1 {
+            return Err(DeviceError::BadSpec { spec: "cpu".into(), why: "cpu is listed more than once".into() });
+        }
+        let devices =
+            kinds.iter().enumerate().map(|(i, k)| Device::new(i, *k, reserve_bytes)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Self::from_devices(devices))
+    }
+
+    /// A set of already made devices (tests); the host is the `cpu` among them or a new one.
+    pub fn from_devices(devices: Vec<Arc<Device>>) -> DeviceSet {
+        let host = devices.iter().find(|d| d.is_host()).cloned().unwrap_or_else(|| Device::cpu(devices.len()));
+        DeviceSet { devices, host }
+    }
+
+    /// Every device and the host (once), for totals.
+    pub fn all(&self) -> Vec<Arc<Device>> {
+        let mut all = self.devices.clone();
+        if !all.iter().any(|d| Arc::ptr_eq(d, &self.host)) {
+            all.push(self.host.clone());
+        }
+        all
+    }
+
+    /// Fires scheduled faults on every device as a sequence reaches `tokens` positions.
+    pub fn on_progress(&self, tokens: usize) {
+        for d in &self.devices {
+            d.on_progress(tokens);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_device_lists() {
+        let set = DeviceSet::parse("sim:200, sim:400", 64 * MIB).unwrap();
+        assert_eq!(set.devices.len(), 2);
+        assert_eq!(set.devices[1].kind, DeviceKind::Sim { capacity_bytes: 400 * MIB });
+        assert_eq!(set.devices[1].reserve_bytes, 64 * MIB);
+        assert!(set.host.is_host() && set.host.index == 2);
+        let set = DeviceSet::parse("cpu,sim:100", 0).unwrap();
+        assert!(Arc::ptr_eq(&set.host, &set.devices[0]));
+        for bad in ["gpu", "sim:", "sim:x", "sim:0", "", "cpu,cpu", "cuda:a"] {
+            assert!(DeviceSet::parse(bad, 0).is_err(), "{bad:?} accepted");
+        }
+        let e = DeviceSet::parse("cuda:0", 0).unwrap_err().to_string();
+        assert!(e.contains("cuda:0 is not available"), "{e}");
+    }
+
+    #[test]
+    fn ledger_counts_by_purpose_and_returns_bytes_on_drop() {
+        let d = Device::sim(0, 10 * MIB, 0);
+        let a = d.alloc(Purpose::Weights, 4 * MIB).unwrap();
+        let b = d.alloc(Purpose::Kv, 3 * MIB).unwrap();
+        let u = d.usage();
+        assert_eq!((u.bytes(Purpose::Weights), u.bytes(Purpose::Kv), u.total_bytes), (4 * MIB, 3 * MIB, 7 * MIB));
+        assert_eq!(d.sample_free().unwrap(), 3 * MIB);
+        let e = d.alloc(Purpose::Kv, 4 * MIB).unwrap_err();
+        assert!(matches!(e, DeviceError::OutOfMemory { .. }) && e.is_no_room(), "{e}");
+        drop(b);
+        let c = d.alloc(Purpose::Scratch, 5 * MIB).unwrap();
+        assert_eq!(d.usage().high_water_bytes, 9 * MIB);
+        drop((a, c));
+        assert_eq!(d.usage().total_bytes, 0);
+        assert_eq!(d.usage().high_water_by_purpose_bytes[Purpose::Kv as usize], 3 * MIB);
+    }
+
+    #[test]
+    fn reserve_is_kept_and_named_in_the_error() {
+        let d = Device::sim(1, 100 * MIB, 30 * MIB);
+        let _w = d.alloc(Purpose::Weights, 60 * MIB).unwrap();
+        let e = d.alloc(Purpose::Kv, 11 * MIB).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, DeviceError::BelowReserve { .. }), "{msg}");
+        assert!(msg.contains("1 (sim:100)") && msg.contains("reserve 30.0 MiB") && msg.contains("free 40.0"), "{msg}");
+        d.alloc(Purpose::Kv, 10 * MIB).unwrap();
+    }
+
+    #[test]
+    fn faults_pressure_samples_and_allocations() {
+        let d = Device::sim(0, 100 * MIB, 0);
+        let _w = d.alloc(Purpose::Weights, 10 * MIB).unwrap();
+        d.inject(Fault::PressureBytes(50 * MIB)).unwrap();
+        assert_eq!(d.sample_free().unwrap(), 40 * MIB);
+        d.inject(Fault::LeaveFreeBytes(5 * MIB)).unwrap();
+        assert_eq!(d.sample_free().unwrap(), 5 * MIB);
+        assert!(d.alloc(Purpose::Kv, 6 * MIB).is_err());
+        d.inject(Fault::PressureBytes(0)).unwrap();
+        d.inject(Fault::FailSamples(2)).unwrap();
+        assert!(d.sample_free().is_err() && d.sample_free().is_err());
+        assert_eq!(d.sample_free().unwrap(), 90 * MIB);
+        assert_eq!(d.usage().failed_samples, 2);
+        d.inject(Fault::FailAllocs(1)).unwrap();
+        assert!(matches!(d.alloc(Purpose::Kv, 1), Err(DeviceError::AllocFailed { .. })));
+        d.alloc(Purpose::Kv, 1).unwrap();
+        d.schedule(100, Fault::LeaveFreeBytes(0)).unwrap();
+        d.on_progress(99);
+        assert!(d.sample_free().unwrap() > 0);
+        d.on_progress(100);
+        assert_eq!(d.sample_free().unwrap(), 0);
+        assert!(Device::cpu(0).inject(Fault::FailAllocs(1)).is_err());
+    }
+
+    #[test]
+    fn failed_sample_falls_back_to_the_last_one() {
+        let d = Device::sim(0, 100 * MIB, 20 * MIB);
+        d.inject(Fault::PressureBytes(50 * MIB)).unwrap();
+        assert_eq!(d.sample_free().unwrap(), 50 * MIB);
+        d.inject(Fault::FailSamples(10)).unwrap();
+        let _a = d.alloc(Purpose::Kv, 20 * MIB).unwrap(); // estimate 50 - 0 >= 20 + 20
+        let e = d.alloc(Purpose::Kv, 20 * MIB).unwrap_err(); // estimate 50 - 20 < 20 + 20
+        assert!(matches!(e, DeviceError::BelowReserve { .. }), "{e}");
+    }
+
+    #[test]
+    fn host_samples_real_memory() {
+        let cpu = Device::cpu(0);
+        let free = cpu.sample_free().unwrap();
+        assert!(free > 0 && free <= cpu.total_bytes());
+        assert_eq!(cpu.reserve_bytes, 0);
+    }
+}
