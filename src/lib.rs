@@ -10,5 +10,6 @@ pub mod gguf;
 pub mod model;
 pub mod quant;
 pub mod sample;
+pub mod split;
 pub mod threadpool;
 pub mod tokenizer;

@@ -94,7 +94,7 @@ fn measure(reps: u32, mut f: impl FnMut() -> anyhow::Result<f64>, n_tokens: usiz
 
 fn run_pp(model: &Model, pool: &ThreadPool, e: &EngineArgs, prompt: &[u32], ctx: usize) -> anyhow::Result<f64> {
     let mut kv = model.new_kv(e.kv, ctx)?;
-    kv.reserve(ctx); // allocated before timing, as llama-bench does
+    kv.reserve(ctx)?; // allocated before timing, as llama-bench does
     let t = Instant::now();
     for chunk in prompt.chunks(e.batch as usize) {
         model.forward(pool, &mut kv, chunk, &[chunk.len() - 1])?;
@@ -104,7 +104,7 @@ fn run_pp(model: &Model, pool: &ThreadPool, e: &EngineArgs, prompt: &[u32], ctx:
 
 fn run_tg(model: &Model, pool: &ThreadPool, e: &EngineArgs, n: usize, ctx: usize) -> anyhow::Result<f64> {
     let mut kv = model.new_kv(e.kv, ctx)?;
-    kv.reserve(ctx);
+    kv.reserve(ctx)?;
     let mut token = 1u32.min(model.cfg.n_vocab as u32 - 1);
     let t = Instant::now();
     for _ in 0..n {

@@ -10,8 +10,7 @@ use crate::sample::{log_softmax_top_k, Sampler, SamplerConfig, StopCheck, StopSt
 use crate::threadpool::ThreadPool;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
-/// Default tokens per prompt-processing batch.
-pub const DEFAULT_BATCH: usize = 512;
+pub use crate::model::DEFAULT_BATCH;
 
 /// A live sequence: the tokens whose K and V rows are in `kv`.
 pub struct Sequence {
@@ -28,6 +27,14 @@ impl Sequence {
     pub fn clear(&mut self) {
         self.tokens.clear();
         self.kv.truncate(0);
+    }
+
+    /// Goes back to the first `n` tokens and frees the KV pages past them: what a failed request does,
+    /// so that it holds no device memory afterwards.
+    pub fn rewind(&mut self, n: usize) {
+        self.tokens.truncate(n);
+        self.kv.truncate(n);
+        self.kv.release_unused();
     }
 }
 
@@ -107,7 +114,7 @@ pub fn prefill(
     let rest = &prompt[reused..];
     let mut last = Vec::new();
     for chunk in rest.chunks(batch.max(1)) {
-        let logits = model.forward(pool, &mut seq.kv, chunk, &[chunk.len() - 1])?;
+        let logits = model.forward(pool, &mut seq.kv, chunk, &[chunk.len() - 1]).inspect_err(|_| seq.rewind(reused))?;
         seq.tokens.extend_from_slice(chunk);
         last = logits.data;
     }
@@ -189,7 +196,7 @@ pub fn generate(
             out.stop_reason = StopReason::Context;
             break;
         }
-        let l = model.forward(pool, &mut seq.kv, &[id], &[0])?;
+        let l = model.forward(pool, &mut seq.kv, &[id], &[0]).inspect_err(|_| seq.rewind(reused))?;
         seq.tokens.push(id);
         logits = l.data;
     }

@@ -1,8 +1,13 @@
 //! The forward pass of a llama-shaped model over a batch of tokens appended to a sequence's KV cache.
 //!
 //! Hot path: one decoded token runs this once (a batch of 1); a prompt runs it once per chunk. Each step is
-//! written once for any batch size, which is what makes the logits batch-invariant (see `ops`).
+//! written once for any batch size, which is what makes the logits batch-invariant (see `ops`). The layers
+//! run stage by stage on their devices (see `split`); the hidden state crosses stages by a counted copy,
+//! and every stage runs the same code, so a split changes no bit of the result.
 
+use std::sync::Arc;
+
+use crate::device::Device;
 use crate::threadpool::ThreadPool;
 
 use super::acts::QuantActs;
@@ -22,9 +27,31 @@ impl Logits {
     }
 }
 
+/// The activations of one layer over a batch, reused layer after layer.
+struct Scratch {
+    xn: Vec<f32>,   // (t_count, n_embd)
+    q: Vec<f32>,    // (t_count, q_dim)
+    k: Vec<f32>,    // (t_count, kv_dim)
+    v: Vec<f32>,    // (t_count, kv_dim)
+    att: Vec<f32>,  // (t_count, q_dim)
+    proj: Vec<f32>, // (t_count, n_embd)
+    gate: Vec<f32>, // (t_count, n_ff)
+    up: Vec<f32>,   // (t_count, n_ff)
+    act: QuantActs,
+    ropes: Vec<Vec<(f32, f32)>>, // (t_count, rope_dims / 2)
+}
+
+/// Copies the hidden state `x` into `to` (`memcpy_dtod` between stages), counted in its ledger. A sim
+/// device's memory is host memory, so the copy is a plain one.
+fn copy_to(to: &Arc<Device>, x: Vec<f32>) -> Vec<f32> {
+    to.count_copy_in((x.len() * 4) as u64);
+    x.as_slice().to_vec()
+}
+
 impl Model {
     /// Appends `tokens` to the sequence in `kv` and returns the logits of the batch positions listed in
-    /// `want` (indices into `tokens`, ascending). On error nothing is appended.
+    /// `want` (indices into `tokens`, ascending). On error nothing is appended and the pages this call
+    /// took are freed.
     pub fn forward(
         &self,
         pool: &ThreadPool,
@@ -46,100 +73,48 @@ impl Model {
         if t_count == 0 {
             return Ok(Logits { n_vocab, data: Vec::new() });
         }
-        kv.reserve(pos0 + t_count);
+        let placement = &self.placement;
+        placement.devices.on_progress(pos0);
+        // Pages for the new positions on each layer's device (or the host), and scratch beyond the batch
+        // the stages were sized for.
+        kv.reserve(pos0 + t_count)?;
+        let _extra_scratch = placement.extra_scratch(cfg, t_count, want.len()).inspect_err(|_| kv.release_unused())?;
 
         let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
-        let shape = AttnShape { n_head: cfg.n_head, n_head_kv: cfg.n_head_kv, head_dim: cfg.head_dim };
+        let stages = &placement.stages;
 
-        // x: (t_count, n_embd), the residual stream.
+        // x: (t_count, n_embd), the residual stream. A tied head lives on the last stage, so the first
+        // gathers its embedding rows from there.
         let mut x = vec![0f32; t_count * d];
         for (t, &id) in tokens.iter().enumerate() {
             w.token_embd.dequantize_row_into(id as usize, &mut x[t * d..(t + 1) * d]);
         }
-        let ropes: Vec<Vec<(f32, f32)>> =
-            (0..t_count).map(|t| ops::rope_table(pos0 + t, cfg.rope_dims, cfg.rope_base)).collect();
-
-        let mut xn = vec![0f32; t_count * d]; // (t_count, n_embd)
-        let mut q = vec![0f32; t_count * q_dim]; // (t_count, q_dim)
-        let mut k = vec![0f32; t_count * kv_dim]; // (t_count, kv_dim)
-        let mut v = vec![0f32; t_count * kv_dim]; // (t_count, kv_dim)
-        let mut att = vec![0f32; t_count * q_dim]; // (t_count, q_dim)
-        let mut proj = vec![0f32; t_count * d]; // (t_count, n_embd)
-        let mut gate = vec![0f32; t_count * ff]; // (t_count, n_ff)
-        let mut up = vec![0f32; t_count * ff]; // (t_count, n_ff)
-        let mut act = QuantActs::default();
-
-        for (l, lw) in w.layers.iter().enumerate() {
-            // Attention block.
-            for t in 0..t_count {
-                ops::rms_norm(&x[t * d..(t + 1) * d], &lw.attn_norm, cfg.rms_eps, &mut xn[t * d..(t + 1) * d]);
+        if w.tied_output && stages.len() > 1 {
+            x = copy_to(&stages[0].device, x);
+        }
+        let mut s = Scratch {
+            xn: vec![0f32; t_count * d],
+            q: vec![0f32; t_count * q_dim],
+            k: vec![0f32; t_count * kv_dim],
+            v: vec![0f32; t_count * kv_dim],
+            att: vec![0f32; t_count * q_dim],
+            proj: vec![0f32; t_count * d],
+            gate: vec![0f32; t_count * ff],
+            up: vec![0f32; t_count * ff],
+            act: QuantActs::default(),
+            ropes: (0..t_count).map(|t| ops::rope_table(pos0 + t, cfg.rope_dims, cfg.rope_base)).collect(),
+        };
+        for (si, stage) in stages.iter().enumerate() {
+            if si > 0 {
+                x = copy_to(&stage.device, x);
             }
-            act.quantize(pool, lw.wq.ty, &xn, d);
-            debug_assert_eq!(lw.wq.ty, lw.wk.ty);
-            let same_act = lw.wk.ty == lw.wq.ty && lw.wv.ty == lw.wq.ty;
-            if same_act {
-                ops::matmul(
-                    pool,
-                    &[
-                        MatJob { w: &lw.wq, bias: lw.bq.as_deref(), out: SharedMut::new(&mut q) },
-                        MatJob { w: &lw.wk, bias: lw.bk.as_deref(), out: SharedMut::new(&mut k) },
-                        MatJob { w: &lw.wv, bias: lw.bv.as_deref(), out: SharedMut::new(&mut v) },
-                    ],
-                    &act,
-                );
-            } else {
-                for (wt, b, out) in [(&lw.wq, &lw.bq, &mut q), (&lw.wk, &lw.bk, &mut k), (&lw.wv, &lw.bv, &mut v)] {
-                    act.quantize(pool, wt.ty, &xn, d);
-                    ops::matmul(pool, &[MatJob { w: wt, bias: b.as_deref(), out: SharedMut::new(out) }], &act);
-                }
-            }
-            for t in 0..t_count {
-                for h in 0..cfg.n_head {
-                    let at = t * q_dim + h * cfg.head_dim;
-                    ops::rope_apply(&mut q[at..at + cfg.rope_dims], &ropes[t], cfg.rope_kind);
-                }
-                for h in 0..cfg.n_head_kv {
-                    let at = t * kv_dim + h * cfg.head_dim;
-                    ops::rope_apply(&mut k[at..at + cfg.rope_dims], &ropes[t], cfg.rope_kind);
-                }
-                kv.write(l, pos0 + t, &k[t * kv_dim..(t + 1) * kv_dim], &v[t * kv_dim..(t + 1) * kv_dim]);
-            }
-            ops::attention(pool, kv, l, &shape, &q, pos0, &mut att);
-            act.quantize(pool, lw.wo.ty, &att, q_dim);
-            ops::matmul(pool, &[MatJob { w: &lw.wo, bias: None, out: SharedMut::new(&mut proj) }], &act);
-            for (a, b) in x.iter_mut().zip(&proj) {
-                *a += b;
-            }
-
-            // Feed-forward block (SwiGLU).
-            for t in 0..t_count {
-                ops::rms_norm(&x[t * d..(t + 1) * d], &lw.ffn_norm, cfg.rms_eps, &mut xn[t * d..(t + 1) * d]);
-            }
-            act.quantize(pool, lw.w_gate.ty, &xn, d);
-            if lw.w_up.ty == lw.w_gate.ty {
-                ops::matmul(
-                    pool,
-                    &[
-                        MatJob { w: &lw.w_gate, bias: None, out: SharedMut::new(&mut gate) },
-                        MatJob { w: &lw.w_up, bias: None, out: SharedMut::new(&mut up) },
-                    ],
-                    &act,
-                );
-            } else {
-                ops::matmul(pool, &[MatJob { w: &lw.w_gate, bias: None, out: SharedMut::new(&mut gate) }], &act);
-                act.quantize(pool, lw.w_up.ty, &xn, d);
-                ops::matmul(pool, &[MatJob { w: &lw.w_up, bias: None, out: SharedMut::new(&mut up) }], &act);
-            }
-            ops::swiglu(&mut gate, &up);
-            act.quantize(pool, lw.w_down.ty, &gate, ff);
-            ops::matmul(pool, &[MatJob { w: &lw.w_down, bias: None, out: SharedMut::new(&mut proj) }], &act);
-            for (a, b) in x.iter_mut().zip(&proj) {
-                *a += b;
+            for l in stage.layers.clone() {
+                self.layer(pool, kv, l, pos0, &mut x, &mut s);
             }
         }
         kv.set_len(pos0 + t_count);
 
-        // Output head, for the wanted positions only.
+        // Output head (last stage), for the wanted positions only.
         let n_out = want.len();
         let mut hn = vec![0f32; n_out * d];
         for (i, &t) in want.iter().enumerate() {
@@ -147,9 +122,85 @@ impl Model {
         }
         let mut data = vec![0f32; n_out * n_vocab];
         if n_out > 0 {
-            act.quantize(pool, w.output.ty, &hn, d);
-            ops::matmul(pool, &[MatJob { w: &w.output, bias: None, out: SharedMut::new(&mut data) }], &act);
+            s.act.quantize(pool, w.output.ty, &hn, d);
+            ops::matmul(pool, &[MatJob { w: &w.output, bias: None, out: SharedMut::new(&mut data) }], &s.act);
         }
         Ok(Logits { n_vocab, data })
+    }
+
+    /// Layer `l` over the batch: attention (writing the batch's K and V rows at `pos0..`) and feed-forward,
+    /// added to the residual stream `x`.
+    fn layer(&self, pool: &ThreadPool, kv: &mut KvCache, l: usize, pos0: usize, x: &mut [f32], s: &mut Scratch) {
+        let cfg = &self.cfg;
+        let lw = &self.weights.layers[l];
+        let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let t_count = x.len() / d;
+        let shape = AttnShape { n_head: cfg.n_head, n_head_kv: cfg.n_head_kv, head_dim: cfg.head_dim };
+
+        // Attention block.
+        for t in 0..t_count {
+            ops::rms_norm(&x[t * d..(t + 1) * d], &lw.attn_norm, cfg.rms_eps, &mut s.xn[t * d..(t + 1) * d]);
+        }
+        s.act.quantize(pool, lw.wq.ty, &s.xn, d);
+        let same_act = lw.wk.ty == lw.wq.ty && lw.wv.ty == lw.wq.ty;
+        if same_act {
+            ops::matmul(
+                pool,
+                &[
+                    MatJob { w: &lw.wq, bias: lw.bq.as_deref(), out: SharedMut::new(&mut s.q) },
+                    MatJob { w: &lw.wk, bias: lw.bk.as_deref(), out: SharedMut::new(&mut s.k) },
+                    MatJob { w: &lw.wv, bias: lw.bv.as_deref(), out: SharedMut::new(&mut s.v) },
+                ],
+                &s.act,
+            );
+        } else {
+            for (wt, b, out) in [(&lw.wq, &lw.bq, &mut s.q), (&lw.wk, &lw.bk, &mut s.k), (&lw.wv, &lw.bv, &mut s.v)] {
+                s.act.quantize(pool, wt.ty, &s.xn, d);
+                ops::matmul(pool, &[MatJob { w: wt, bias: b.as_deref(), out: SharedMut::new(out) }], &s.act);
+            }
+        }
+        for t in 0..t_count {
+            for h in 0..cfg.n_head {
+                let at = t * q_dim + h * cfg.head_dim;
+                ops::rope_apply(&mut s.q[at..at + cfg.rope_dims], &s.ropes[t], cfg.rope_kind);
+            }
+            for h in 0..cfg.n_head_kv {
+                let at = t * kv_dim + h * cfg.head_dim;
+                ops::rope_apply(&mut s.k[at..at + cfg.rope_dims], &s.ropes[t], cfg.rope_kind);
+            }
+            kv.write(l, pos0 + t, &s.k[t * kv_dim..(t + 1) * kv_dim], &s.v[t * kv_dim..(t + 1) * kv_dim]);
+        }
+        ops::attention(pool, kv, l, &shape, &s.q, pos0, &mut s.att);
+        s.act.quantize(pool, lw.wo.ty, &s.att, q_dim);
+        ops::matmul(pool, &[MatJob { w: &lw.wo, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
+        for (a, b) in x.iter_mut().zip(&s.proj) {
+            *a += b;
+        }
+
+        // Feed-forward block (SwiGLU).
+        for t in 0..t_count {
+            ops::rms_norm(&x[t * d..(t + 1) * d], &lw.ffn_norm, cfg.rms_eps, &mut s.xn[t * d..(t + 1) * d]);
+        }
+        s.act.quantize(pool, lw.w_gate.ty, &s.xn, d);
+        if lw.w_up.ty == lw.w_gate.ty {
+            ops::matmul(
+                pool,
+                &[
+                    MatJob { w: &lw.w_gate, bias: None, out: SharedMut::new(&mut s.gate) },
+                    MatJob { w: &lw.w_up, bias: None, out: SharedMut::new(&mut s.up) },
+                ],
+                &s.act,
+            );
+        } else {
+            ops::matmul(pool, &[MatJob { w: &lw.w_gate, bias: None, out: SharedMut::new(&mut s.gate) }], &s.act);
+            s.act.quantize(pool, lw.w_up.ty, &s.xn, d);
+            ops::matmul(pool, &[MatJob { w: &lw.w_up, bias: None, out: SharedMut::new(&mut s.up) }], &s.act);
+        }
+        ops::swiglu(&mut s.gate, &s.up);
+        s.act.quantize(pool, lw.w_down.ty, &s.gate, ff);
+        ops::matmul(pool, &[MatJob { w: &lw.w_down, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
+        for (a, b) in x.iter_mut().zip(&s.proj) {
+            *a += b;
+        }
     }
 }

@@ -1,13 +1,25 @@
 //! The KV cache of one sequence: per layer, the K and V rows of every position, as f16 or as int8 blocks of
-//! 32 values with an f16 scale (the Q8_0 layout). Storage grows in pages as the sequence grows, so a short
-//! conversation at a long `--max-context` holds only what it uses.
+//! 32 values with an f16 scale (the Q8_0 layout), in pages of `KV_PAGE_TOKENS` positions.
+//!
+//! Each layer's pages live on that layer's device, allocated through its ledger as the sequence grows, so
+//! a short conversation at a long `--max-context` holds only what it uses. With `--kv-resident N`, pages
+//! older than the newest N positions move to the host; and when the device refuses a page (its reserve or
+//! its capacity), the layer's oldest device page moves to the host to make room, or the new page is put
+//! there: the resident window shrinks instead of the request failing. Only a hard failure (the driver
+//! failing an allocation, the host out of memory) ends the request.
+//!
+//! Where a page lives never changes the arithmetic: attention splits a query's keys at `host_split(pos)`,
+//! a function of the position and N alone, so results do not depend on memory pressure or batching.
+
+use std::sync::Arc;
 
 use half::f16;
 
+use crate::device::{Allocation, Device, DeviceError, Purpose};
 use crate::quant::{self, GgmlType};
 
-/// Tokens per page: storage grows by this many positions at a time.
-pub const KV_PAGE_TOKENS: usize = 256;
+/// Positions per page: storage grows, and moves to the host, this many positions at a time.
+pub const KV_PAGE_TOKENS: usize = 64;
 
 /// The element format of the KV cache (`--kv`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -38,15 +50,29 @@ impl std::str::FromStr for KvType {
     }
 }
 
-/// One layer's K or V rows: `len` rows of `dim` values, in `ty`.
+/// K or V rows of one page: `KV_PAGE_TOKENS` rows of `kv_dim` values.
 pub enum KvRows {
-    F16(Vec<f16>), // (positions, kv_dim)
-    Int8(Vec<u8>), // (positions, kv_dim / 32 blocks of 34 bytes)
+    F16(Vec<f16>), // (KV_PAGE_TOKENS, kv_dim)
+    Int8(Vec<u8>), // (KV_PAGE_TOKENS, kv_dim / 32 blocks of 34 bytes)
 }
 
-pub struct LayerKv {
+/// One page of one layer and the ledger entry that pays for it (on the layer's device or the host).
+pub struct KvPage {
     pub k: KvRows,
     pub v: KvRows,
+    alloc: Allocation,
+}
+
+impl KvPage {
+    pub fn on_host(&self) -> bool {
+        self.alloc.device().is_host()
+    }
+}
+
+/// One layer's pages, oldest first; page `i` holds positions `i * KV_PAGE_TOKENS ..`.
+pub struct LayerKv {
+    pub device: Arc<Device>,
+    pub pages: Vec<KvPage>,
 }
 
 pub struct KvCache {
@@ -55,28 +81,36 @@ pub struct KvCache {
     pub kv_dim: usize,
     /// Most positions this cache may hold.
     pub max_tokens: usize,
+    /// `--kv-resident`: positions per layer kept on the device (None: all).
+    pub resident_tokens: Option<usize>,
     /// Positions filled.
     len: usize,
-    /// Positions storage exists for (a multiple of KV_PAGE_TOKENS, at most max_tokens).
-    capacity: usize,
+    host: Arc<Device>,
     pub layers: Vec<LayerKv>,
+    /// Pages moved from a device to the host so far.
+    spilled_pages: u64,
 }
 
 impl KvCache {
-    /// An empty cache for `n_layer` layers of `kv_dim`-wide rows, holding at most `max_tokens` positions.
+    /// An empty cache with layer `l` on `layer_devices[l]`, holding at most `max_tokens` positions.
     /// `kv_dim` must be a multiple of 32 for int8.
-    pub fn new(ty: KvType, n_layer: usize, kv_dim: usize, max_tokens: usize) -> KvCache {
-        let empty = || match ty {
-            KvType::F16 => KvRows::F16(Vec::new()),
-            KvType::Int8 => KvRows::Int8(Vec::new()),
-        };
+    pub fn new(
+        ty: KvType,
+        kv_dim: usize,
+        max_tokens: usize,
+        layer_devices: Vec<Arc<Device>>,
+        host: Arc<Device>,
+        resident_tokens: Option<usize>,
+    ) -> KvCache {
         KvCache {
             ty,
             kv_dim,
             max_tokens,
+            resident_tokens,
             len: 0,
-            capacity: 0,
-            layers: (0..n_layer).map(|_| LayerKv { k: empty(), v: empty() }).collect(),
+            host,
+            layers: layer_devices.into_iter().map(|device| LayerKv { device, pages: Vec::new() }).collect(),
+            spilled_pages: 0,
         }
     }
 
@@ -88,42 +122,137 @@ impl KvCache {
         self.len == 0
     }
 
-    /// Forgets every position after the first `n` (the storage stays).
+    /// Forgets every position after the first `n` (the pages stay, for the next tokens).
     pub fn truncate(&mut self, n: usize) {
         self.len = self.len.min(n);
     }
 
-    /// Forgets everything and frees the storage.
-    pub fn clear(&mut self) {
-        *self = KvCache::new(self.ty, self.layers.len(), self.kv_dim, self.max_tokens);
-    }
-
-    /// Bytes of storage held now.
-    pub fn allocated_bytes(&self) -> usize {
-        self.capacity * self.ty.row_bytes(self.kv_dim) * 2 * self.layers.len()
-    }
-
-    /// Makes room for positions up to `n` (exclusive), growing by whole pages.
-    pub fn reserve(&mut self, n: usize) {
-        if n <= self.capacity {
-            return;
-        }
-        let cap = n.div_ceil(KV_PAGE_TOKENS).saturating_mul(KV_PAGE_TOKENS).min(self.max_tokens).max(n);
-        let row = self.ty.row_bytes(self.kv_dim);
+    /// Frees the pages past the filled positions.
+    pub fn release_unused(&mut self) {
+        let keep = self.len.div_ceil(KV_PAGE_TOKENS);
         for l in &mut self.layers {
-            for rows in [&mut l.k, &mut l.v] {
-                match rows {
-                    KvRows::F16(v) => v.resize(cap * self.kv_dim, f16::ZERO),
-                    KvRows::Int8(v) => v.resize(cap * row, 0),
+            l.pages.truncate(keep);
+        }
+    }
+
+    /// Forgets everything and frees every page.
+    pub fn clear(&mut self) {
+        self.len = 0;
+        self.release_unused();
+    }
+
+    /// Bytes of one page of one layer (K and V).
+    pub fn page_bytes(&self) -> u64 {
+        (KV_PAGE_TOKENS * self.ty.row_bytes(self.kv_dim) * 2) as u64
+    }
+
+    /// Bytes of storage held now, wherever it lives.
+    pub fn allocated_bytes(&self) -> usize {
+        self.layers.iter().map(|l| l.pages.len()).sum::<usize>() * self.page_bytes() as usize
+    }
+
+    /// Bytes held on the host because they were moved or put there (layers whose device is not the host).
+    pub fn spilled_bytes(&self) -> u64 {
+        let pages = self.layers.iter().filter(|l| !l.device.is_host()).flat_map(|l| &l.pages).filter(|p| p.on_host());
+        pages.count() as u64 * self.page_bytes()
+    }
+
+    /// Pages moved from a device to the host so far.
+    pub fn spilled_pages(&self) -> u64 {
+        self.spilled_pages
+    }
+
+    /// Where attention splits the keys of the query at `pos`: positions before it are the host part,
+    /// merged with the resident part by log-sum-exp. 0 (one part) without `--kv-resident`.
+    #[inline]
+    pub fn host_split(&self, pos: usize) -> usize {
+        match self.resident_tokens {
+            None => 0,
+            Some(n) => (pos + 1).saturating_sub(n) / KV_PAGE_TOKENS * KV_PAGE_TOKENS,
+        }
+    }
+
+    /// The first page that stays on the device when the sequence holds `n` positions.
+    fn first_resident_page(&self, n: usize) -> usize {
+        match self.resident_tokens {
+            None => 0,
+            Some(r) => n.saturating_sub(r) / KV_PAGE_TOKENS,
+        }
+    }
+
+    /// Makes room for positions up to `n` (exclusive), page by page, on each layer's device where it has
+    /// room. On a hard failure the pages past the filled positions are freed and the error returned.
+    pub fn reserve(&mut self, n: usize) -> Result<(), DeviceError> {
+        let result = self.try_reserve(n);
+        if result.is_err() {
+            self.release_unused();
+        }
+        result
+    }
+
+    fn try_reserve(&mut self, n: usize) -> Result<(), DeviceError> {
+        let need_pages = n.div_ceil(KV_PAGE_TOKENS);
+        let first_resident = self.first_resident_page(n);
+        let page_bytes = self.page_bytes();
+        let (ty, kv_dim, host) = (self.ty, self.kv_dim, self.host.clone());
+        let rows = || match ty {
+            KvType::F16 => KvRows::F16(vec![f16::ZERO; KV_PAGE_TOKENS * kv_dim]),
+            KvType::Int8 => KvRows::Int8(vec![0u8; KV_PAGE_TOKENS * ty.row_bytes(kv_dim)]),
+        };
+        for layer in 0..self.layers.len() {
+            let on_host = self.layers[layer].device.is_host();
+            if !on_host {
+                // Pages that fell out of the resident window move to the host.
+                let stale = self.layers[layer].pages.iter().take(first_resident).filter(|p| !p.on_host()).count();
+                for _ in 0..stale {
+                    self.spill_oldest(layer)?;
                 }
             }
+            while self.layers[layer].pages.len() < need_pages {
+                let idx = self.layers[layer].pages.len();
+                let alloc = if on_host || idx < first_resident {
+                    host.alloc(Purpose::Kv, page_bytes)?
+                } else {
+                    loop {
+                        let device = self.layers[layer].device.clone();
+                        match device.alloc(Purpose::Kv, page_bytes) {
+                            Ok(a) => break a,
+                            Err(e) if e.is_no_room() => {
+                                // The window shrinks: the oldest resident page makes room, or, with none
+                                // left, the new page goes to the host.
+                                if !self.spill_oldest(layer)? {
+                                    tracing::debug!("{e}; KV page {idx} of layer {layer} goes to the host");
+                                    break host.alloc(Purpose::Kv, page_bytes)?;
+                                }
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                };
+                self.layers[layer].pages.push(KvPage { k: rows(), v: rows(), alloc });
+            }
         }
-        self.capacity = cap;
+        Ok(())
+    }
+
+    /// Moves the oldest device-resident page of `layer` to the host; false when none is left.
+    fn spill_oldest(&mut self, layer: usize) -> Result<bool, DeviceError> {
+        let Some(page) = self.layers[layer].pages.iter_mut().find(|p| !p.on_host()) else {
+            return Ok(false);
+        };
+        let bytes = page.alloc.bytes();
+        let on_host = self.host.alloc(Purpose::Kv, bytes)?;
+        // A device-to-host copy (`memcpy_dtoh`): the data of a sim device is host memory already, so
+        // only the books change; dropping the old allocation frees the device bytes.
+        self.host.count_copy_in(bytes);
+        page.alloc = on_host;
+        self.spilled_pages += 1;
+        Ok(true)
     }
 
     /// Marks positions up to `n` (exclusive) as filled; they must have been written.
     pub fn set_len(&mut self, n: usize) {
-        debug_assert!(n <= self.capacity);
+        debug_assert!(self.layers.iter().all(|l| l.pages.len() * KV_PAGE_TOKENS >= n));
         self.len = n;
     }
 
@@ -131,15 +260,16 @@ impl KvCache {
     pub fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
         let dim = self.kv_dim;
         let row = self.ty.row_bytes(dim);
-        let l = &mut self.layers[layer];
-        for (rows, src) in [(&mut l.k, k), (&mut l.v, v)] {
+        let page = &mut self.layers[layer].pages[pos / KV_PAGE_TOKENS];
+        let r = pos % KV_PAGE_TOKENS;
+        for (rows, src) in [(&mut page.k, k), (&mut page.v, v)] {
             match rows {
                 KvRows::F16(buf) => {
-                    for (d, s) in buf[pos * dim..(pos + 1) * dim].iter_mut().zip(src) {
+                    for (d, s) in buf[r * dim..(r + 1) * dim].iter_mut().zip(src) {
                         *d = f16::from_f32(*s);
                     }
                 }
-                KvRows::Int8(buf) => quant::quantize_q8_0_row(src, &mut buf[pos * row..(pos + 1) * row]),
+                KvRows::Int8(buf) => quant::quantize_q8_0_row(src, &mut buf[r * row..(r + 1) * row]),
             }
         }
     }

@@ -1,7 +1,8 @@
 //! A llama-shaped model (llama, mistral, qwen2): its configuration, its weights, and the forward pass.
 //!
 //! The model owns the mapped file and never changes after load; all per-sequence state lives in a
-//! [`KvCache`], so one model serves many sequences.
+//! [`KvCache`], so one model serves many sequences. Its [`Placement`] says which device runs which layers
+//! and holds the ledger entries of its weights, scratch and staging: dropping the model gives them back.
 
 pub mod acts;
 pub mod config;
@@ -14,7 +15,9 @@ pub mod weights;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::device::{Allocation, DeviceError, DeviceSet, Purpose};
 use crate::gguf::{GgufError, GgufFile};
+use crate::split::{self, PlanOptions, SplitError, StagePlan};
 use crate::quant::GgmlType;
 
 pub use config::{Arch, ModelConfig, RopeKind};
@@ -47,33 +50,165 @@ pub enum ModelError {
     BadToken { id: u32, n_vocab: usize },
     #[error("--kv int8 needs heads whose size is a multiple of 32 (this model's is {0})")]
     KvLayout(usize),
+    #[error(transparent)]
+    Split(#[from] SplitError),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+/// Tokens per prompt-processing batch unless told otherwise; the scratch of each stage is sized for it.
+pub const DEFAULT_BATCH: usize = 512;
+
+/// How a model is placed on devices.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub devices: DeviceSet,
+    /// `--layer-split` points (None: one device, or layers in proportion to each device's memory).
+    pub split: Option<Vec<usize>>,
+    pub kv_type: KvType,
+    pub batch: usize,
+    /// Used by `strata plan` to show resident KV; sequences take their own limit.
+    pub max_context: Option<usize>,
+    /// `--kv-resident`: positions per layer kept on the device (None: all).
+    pub kv_resident: Option<usize>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            devices: DeviceSet::cpu(),
+            split: None,
+            kv_type: KvType::F16,
+            batch: DEFAULT_BATCH,
+            max_context: None,
+            kv_resident: None,
+        }
+    }
+}
+
+/// Where a loaded model lives: its stages and the device memory they hold.
+pub struct Placement {
+    pub devices: DeviceSet,
+    pub stages: Vec<StagePlan>,
+    /// The stage of each layer.
+    pub layer_stage: Vec<usize>,
+    pub batch: usize,
+    pub kv_resident: Option<usize>,
+    /// Weights, scratch and staging of every stage, held while the model lives.
+    _held: Vec<Allocation>,
+}
+
+impl Placement {
+    /// Takes extra scratch on each stage for a forward pass larger than the batch the scratch was sized
+    /// for (`t_count` tokens, `n_out` output rows); the allocations last as long as the returned vector.
+    pub(crate) fn extra_scratch(
+        &self,
+        cfg: &ModelConfig,
+        t_count: usize,
+        n_out: usize,
+    ) -> Result<Vec<Allocation>, DeviceError> {
+        let mut held = Vec::new();
+        let n = self.stages.len();
+        for (i, s) in self.stages.iter().enumerate() {
+            let need = split::scratch_bytes(cfg, t_count, n_out, i + 1 == n);
+            if need > s.scratch_bytes {
+                held.push(s.device.alloc(Purpose::Scratch, need - s.scratch_bytes)?);
+            }
+        }
+        Ok(held)
+    }
 }
 
 pub struct Model {
     pub cfg: ModelConfig,
     pub weights: Weights,
     pub file: Arc<GgufFile>,
+    pub placement: Placement,
 }
 
 impl Model {
     /// Opens the GGUF file at `path` and maps its weights.
     pub fn load(path: &Path) -> Result<Model, ModelError> {
-        let file = Arc::new(GgufFile::open(path)?);
-        Self::from_file(file)
+        Self::load_with(path, &LoadOptions::default())
     }
 
+    pub fn load_with(path: &Path, opts: &LoadOptions) -> Result<Model, ModelError> {
+        let file = Arc::new(GgufFile::open(path)?);
+        Self::from_file_with(file, opts)
+    }
+
+    /// The model on the host alone.
     pub fn from_file(file: Arc<GgufFile>) -> Result<Model, ModelError> {
+        Self::from_file_with(file, &LoadOptions::default())
+    }
+
+    /// The model placed on devices as `opts` says. Refused before any allocation when a stage does not fit
+    /// its device (naming the device, the need and the shortfall).
+    pub fn from_file_with(file: Arc<GgufFile>, opts: &LoadOptions) -> Result<Model, ModelError> {
         let cfg = ModelConfig::from_gguf(&file)?;
         let weights = Weights::load(&file, &cfg)?;
-        Ok(Model { cfg, weights, file })
+        let (stages, _) = Self::plan_stages(&cfg, &weights, opts)?;
+        split::check_fits(&stages)?;
+        let mut held = Vec::new();
+        for s in &stages {
+            for (purpose, bytes) in
+                [(Purpose::Weights, s.weights_bytes), (Purpose::Scratch, s.scratch_bytes), (Purpose::Staging, s.staging_bytes)]
+            {
+                if bytes > 0 {
+                    held.push(s.device.alloc(purpose, bytes)?);
+                }
+            }
+        }
+        let mut layer_stage = vec![0; cfg.n_layer];
+        for (i, s) in stages.iter().enumerate() {
+            layer_stage[s.layers.clone()].fill(i);
+        }
+        let placement = Placement {
+            devices: opts.devices.clone(),
+            stages,
+            layer_stage,
+            batch: opts.batch.max(1),
+            kv_resident: opts.kv_resident,
+            _held: held,
+        };
+        Ok(Model { cfg, weights, file, placement })
     }
 
-    /// A new empty KV cache for this model holding up to `max_tokens` positions.
+    /// The stages `opts` would make for the model in `file`, without allocating anything (`strata plan`).
+    pub fn plan(file: &Arc<GgufFile>, opts: &LoadOptions) -> Result<(ModelConfig, Vec<StagePlan>), ModelError> {
+        let cfg = ModelConfig::from_gguf(file)?;
+        let weights = Weights::load(file, &cfg)?;
+        let (stages, _) = Self::plan_stages(&cfg, &weights, opts)?;
+        Ok((cfg, stages))
+    }
+
+    fn plan_stages(
+        cfg: &ModelConfig,
+        weights: &Weights,
+        opts: &LoadOptions,
+    ) -> Result<(Vec<StagePlan>, PlanOptions), ModelError> {
+        if opts.kv_type == KvType::Int8 && cfg.head_dim % 32 != 0 {
+            return Err(ModelError::KvLayout(cfg.head_dim));
+        }
+        let popts = PlanOptions {
+            kv_type: opts.kv_type,
+            batch: opts.batch.max(1),
+            max_context: opts.max_context.unwrap_or(cfg.n_ctx_train),
+            kv_resident: opts.kv_resident,
+        };
+        let stages = split::plan(cfg, weights, &opts.devices, opts.split.as_deref(), &popts)?;
+        Ok((stages, popts))
+    }
+
+    /// A new empty KV cache for this model holding up to `max_tokens` positions, each layer's pages on its
+    /// stage's device.
     pub fn new_kv(&self, ty: KvType, max_tokens: usize) -> Result<KvCache, ModelError> {
         if ty == KvType::Int8 && self.cfg.head_dim % 32 != 0 {
             return Err(ModelError::KvLayout(self.cfg.head_dim));
         }
-        Ok(KvCache::new(ty, self.cfg.n_layer, self.cfg.kv_dim(), max_tokens))
+        let p = &self.placement;
+        let layer_devices = p.layer_stage.iter().map(|&s| p.stages[s].device.clone()).collect();
+        Ok(KvCache::new(ty, self.cfg.kv_dim(), max_tokens, layer_devices, p.devices.host.clone(), p.kv_resident))
     }
 
     /// Bytes of weights (the mapped tensor data).

@@ -5,6 +5,7 @@
 //! the same order whatever the batch it came in, so logits are bit-identical whether a prompt is read in one
 //! batch, in chunks, or token by token. Threads split rows or (token, head) pairs, never a reduction.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::quant;
@@ -12,7 +13,7 @@ use crate::threadpool::{split_range, ThreadPool};
 
 use super::acts::QuantActs;
 use super::config::RopeKind;
-use super::kv::{KvCache, KvRows};
+use super::kv::{KvCache, KvPage, KvRows, KV_PAGE_TOKENS};
 use super::weights::QTensor;
 
 /// A raw view of a mutable slice shared by threads that write disjoint elements.
@@ -216,6 +217,10 @@ pub struct AttnShape {
 
 /// Causal attention of the `t_count` queries in `q` at positions `pos0..pos0 + t_count` over layer `layer`
 /// of `kv` (already holding those positions). `q`: (t_count, n_head * head_dim); `out`: same shape.
+///
+/// Hot path: per (token, head) pair, one pass over the keys for the scores and one over the values. Each
+/// pair is computed by one thread in a fixed order, whatever the batch. Under `--kv-resident` the keys
+/// split at `kv.host_split(pos)`: each part is attended separately and the two merged by log-sum-exp.
 pub fn attention(
     pool: &ThreadPool,
     kv: &KvCache,
@@ -228,60 +233,123 @@ pub fn attention(
     let AttnShape { n_head, n_head_kv, head_dim } = *shape;
     let q_dim = n_head * head_dim;
     let t_count = q.len() / q_dim;
-    let kv_dim = n_head_kv * head_dim;
     let group = n_head / n_head_kv;
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let lkv = &kv.layers[layer];
-    let row_bytes = kv.ty.row_bytes(kv_dim);
-    let head_bytes = kv.ty.row_bytes(head_dim);
+    let part = PartShape {
+        pages: &kv.layers[layer].pages,
+        kv_dim: n_head_kv * head_dim,
+        head_dim,
+        row_bytes: kv.ty.row_bytes(n_head_kv * head_dim),
+        head_bytes: kv.ty.row_bytes(head_dim),
+        scale: 1.0 / (head_dim as f32).sqrt(),
+    };
     let shared_out = SharedMut::new(out);
     let items = t_count * n_head;
     let n_chunks = pool.chunks_for(items);
     pool.run(n_chunks, |chunk| {
         let mut scores: Vec<f32> = Vec::new();
+        let mut second: Vec<f32> = Vec::new();
         for item in split_range(chunk, n_chunks, items) {
             let (t, h) = (item / n_head, item % n_head);
             let kvh = h / group;
             let pos = pos0 + t;
             let qv = &q[t * q_dim + h * head_dim..t * q_dim + (h + 1) * head_dim];
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for j in 0..=pos {
-                let s = match &lkv.k {
-                    KvRows::F16(k) => {
-                        let at = j * kv_dim + kvh * head_dim;
-                        quant::dot_f16_f32(&k[at..at + head_dim], qv)
-                    }
-                    KvRows::Int8(k) => {
-                        let at = j * row_bytes + kvh * head_bytes;
-                        quant::dot_q8_0_f32(&k[at..at + head_bytes], qv)
-                    }
-                } * scale;
-                max = max.max(s);
-                scores.push(s);
-            }
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let inv = 1.0 / sum;
             // SAFETY: each (token, head) output slice is written by one thread only.
             let o = unsafe { shared_out.slice(t * q_dim + h * head_dim, head_dim) };
-            o.fill(0.0);
-            for (j, &p) in scores.iter().enumerate() {
-                let w = p * inv;
-                match &lkv.v {
-                    KvRows::F16(v) => {
-                        let at = j * kv_dim + kvh * head_dim;
-                        quant::axpy_f16(o, w, &v[at..at + head_dim]);
-                    }
-                    KvRows::Int8(v) => {
-                        let at = j * row_bytes + kvh * head_bytes;
-                        quant::axpy_q8_0(o, w, &v[at..at + head_bytes]);
-                    }
+            let split = kv.host_split(pos);
+            if split == 0 {
+                part.attend(0..pos + 1, kvh, qv, &mut scores, o);
+            } else {
+                second.resize(head_dim, 0.0);
+                let lse_host = part.attend(0..split, kvh, qv, &mut scores, o);
+                let lse_resident = part.attend(split..pos + 1, kvh, qv, &mut scores, &mut second);
+                let m = lse_host.max(lse_resident);
+                let (wh, wr) = ((lse_host - m).exp(), (lse_resident - m).exp());
+                let inv = 1.0 / (wh + wr);
+                for (a, b) in o.iter_mut().zip(&second) {
+                    *a = (*a * wh + b * wr) * inv;
                 }
             }
         }
     });
+}
+
+/// What attention over one layer's pages needs to find a head's rows.
+struct PartShape<'a> {
+    pages: &'a [KvPage],
+    kv_dim: usize,
+    head_dim: usize,
+    row_bytes: usize,
+    head_bytes: usize,
+    scale: f32,
+}
+
+impl PartShape<'_> {
+    /// Softmax attention of `qv` over the positions `range` of head `kvh`, normalized, into `o`; returns
+    /// the log-sum-exp of the scaled scores (for merging with another part).
+    fn attend(&self, range: Range<usize>, kvh: usize, qv: &[f32], scores: &mut Vec<f32>, o: &mut [f32]) -> f32 {
+        let (kv_dim, head_dim, row_bytes, head_bytes) = (self.kv_dim, self.head_dim, self.row_bytes, self.head_bytes);
+        scores.clear();
+        let mut max = f32::NEG_INFINITY;
+        for_each_page_rows(&range, |page, rows| {
+            let p = &self.pages[page];
+            match &p.k {
+                KvRows::F16(k) => {
+                    for r in rows {
+                        let at = r * kv_dim + kvh * head_dim;
+                        let s = quant::dot_f16_f32(&k[at..at + head_dim], qv) * self.scale;
+                        max = max.max(s);
+                        scores.push(s);
+                    }
+                }
+                KvRows::Int8(k) => {
+                    for r in rows {
+                        let at = r * row_bytes + kvh * head_bytes;
+                        let s = quant::dot_q8_0_f32(&k[at..at + head_bytes], qv) * self.scale;
+                        max = max.max(s);
+                        scores.push(s);
+                    }
+                }
+            }
+        });
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        o.fill(0.0);
+        let mut j = 0;
+        for_each_page_rows(&range, |page, rows| {
+            let p = &self.pages[page];
+            match &p.v {
+                KvRows::F16(v) => {
+                    for r in rows {
+                        let at = r * kv_dim + kvh * head_dim;
+                        quant::axpy_f16(o, scores[j] * inv, &v[at..at + head_dim]);
+                        j += 1;
+                    }
+                }
+                KvRows::Int8(v) => {
+                    for r in rows {
+                        let at = r * row_bytes + kvh * head_bytes;
+                        quant::axpy_q8_0(o, scores[j] * inv, &v[at..at + head_bytes]);
+                        j += 1;
+                    }
+                }
+            }
+        });
+        max + sum.ln()
+    }
+}
+
+/// Calls `f(page, rows within the page)` for the pages covering `range`, in order.
+#[inline]
+fn for_each_page_rows(range: &Range<usize>, mut f: impl FnMut(usize, Range<usize>)) {
+    let mut j = range.start;
+    while j < range.end {
+        let page = j / KV_PAGE_TOKENS;
+        let end = range.end.min((page + 1) * KV_PAGE_TOKENS);
+        f(page, j - page * KV_PAGE_TOKENS..end - page * KV_PAGE_TOKENS);
+        j = end;
+    }
 }

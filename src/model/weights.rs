@@ -48,6 +48,11 @@ impl QTensor {
         Some(col)
     }
 
+    /// Device bytes this matrix takes: its blocks and the budget of its cached columns.
+    pub fn device_bytes(&self) -> u64 {
+        self.info.n_bytes + (MAX_CACHED_COLUMNS * self.rows * 4) as u64
+    }
+
     /// All rows' bytes, row-major.
     pub fn data(&self) -> &[u8] {
         self.file.tensor_data(&self.info)
@@ -77,6 +82,16 @@ pub struct LayerWeights {
     pub w_gate: QTensor,      // (n_ff, n_embd)
     pub w_up: QTensor,        // (n_ff, n_embd)
     pub w_down: QTensor,      // (n_embd, n_ff)
+}
+
+impl LayerWeights {
+    /// Device bytes of the layer: its matrices (with their column caches) and its f32 vectors.
+    pub fn device_bytes(&self) -> u64 {
+        let matrices = [&self.wq, &self.wk, &self.wv, &self.wo, &self.w_gate, &self.w_up, &self.w_down];
+        let vectors = [Some(&self.attn_norm), Some(&self.ffn_norm), self.bq.as_ref(), self.bk.as_ref(), self.bv.as_ref()];
+        matrices.iter().map(|m| m.device_bytes()).sum::<u64>()
+            + vectors.iter().flatten().map(|v| v.len() as u64 * 4).sum::<u64>()
+    }
 }
 
 pub struct Weights {
