@@ -8,8 +8,8 @@
 //! there: the resident window shrinks instead of the request failing. Only a hard failure (the driver
 //! failing an allocation, the host out of memory) ends the request.
 //!
-//! Where a page lives never changes the arithmetic: attention splits a query's keys at `host_split(pos)`,
-//! a function of the position and N alone, so results do not depend on memory pressure or batching.
+//! Where a page lives never changes the arithmetic (see `ops::attention`), so results do not depend on
+//! `--kv-resident` or memory pressure.
 
 use std::sync::Arc;
 
@@ -160,16 +160,6 @@ impl KvCache {
     /// Pages moved from a device to the host so far.
     pub fn spilled_pages(&self) -> u64 {
         self.spilled_pages
-    }
-
-    /// Where attention splits the keys of the query at `pos`: positions before it are the host part,
-    /// merged with the resident part by log-sum-exp. 0 (one part) without `--kv-resident`.
-    #[inline]
-    pub fn host_split(&self, pos: usize) -> usize {
-        match self.resident_tokens {
-            None => 0,
-            Some(n) => (pos + 1).saturating_sub(n) / KV_PAGE_TOKENS * KV_PAGE_TOKENS,
-        }
     }
 
     /// The first page that stays on the device when the sequence holds `n` positions.

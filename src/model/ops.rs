@@ -219,8 +219,12 @@ pub struct AttnShape {
 /// of `kv` (already holding those positions). `q`: (t_count, n_head * head_dim); `out`: same shape.
 ///
 /// Hot path: per (token, head) pair, one pass over the keys for the scores and one over the values. Each
-/// pair is computed by one thread in a fixed order, whatever the batch. Under `--kv-resident` the keys
-/// split at `kv.host_split(pos)`: each part is attended separately and the two merged by log-sum-exp.
+/// pair is computed by one thread in a fixed order, whatever the batch.
+///
+/// The pages may live on the layer's device or, spilled, on the host (`--kv-resident`, pressure). On the
+/// CPU both are host memory and one softmax covers them, so where a page lives changes no bit. (Splitting
+/// into a host part and a device part merged by log-sum-exp, as a GPU must, moves this model's logits by
+/// up to 0.4: its 8-bit activations turn the last-bit changes of the merge into whole quantization steps.)
 pub fn attention(
     pool: &ThreadPool,
     kv: &KvCache,
@@ -247,7 +251,6 @@ pub fn attention(
     let n_chunks = pool.chunks_for(items);
     pool.run(n_chunks, |chunk| {
         let mut scores: Vec<f32> = Vec::new();
-        let mut second: Vec<f32> = Vec::new();
         for item in split_range(chunk, n_chunks, items) {
             let (t, h) = (item / n_head, item % n_head);
             let kvh = h / group;
@@ -255,20 +258,7 @@ pub fn attention(
             let qv = &q[t * q_dim + h * head_dim..t * q_dim + (h + 1) * head_dim];
             // SAFETY: each (token, head) output slice is written by one thread only.
             let o = unsafe { shared_out.slice(t * q_dim + h * head_dim, head_dim) };
-            let split = kv.host_split(pos);
-            if split == 0 {
-                part.attend(0..pos + 1, kvh, qv, &mut scores, o);
-            } else {
-                second.resize(head_dim, 0.0);
-                let lse_host = part.attend(0..split, kvh, qv, &mut scores, o);
-                let lse_resident = part.attend(split..pos + 1, kvh, qv, &mut scores, &mut second);
-                let m = lse_host.max(lse_resident);
-                let (wh, wr) = ((lse_host - m).exp(), (lse_resident - m).exp());
-                let inv = 1.0 / (wh + wr);
-                for (a, b) in o.iter_mut().zip(&second) {
-                    *a = (*a * wh + b * wr) * inv;
-                }
-            }
+            part.attend(0..pos + 1, kvh, qv, &mut scores, o);
         }
     });
 }
@@ -284,9 +274,8 @@ struct PartShape<'a> {
 }
 
 impl PartShape<'_> {
-    /// Softmax attention of `qv` over the positions `range` of head `kvh`, normalized, into `o`; returns
-    /// the log-sum-exp of the scaled scores (for merging with another part).
-    fn attend(&self, range: Range<usize>, kvh: usize, qv: &[f32], scores: &mut Vec<f32>, o: &mut [f32]) -> f32 {
+    /// Softmax attention of `qv` over the positions `range` of head `kvh`, normalized, into `o`.
+    fn attend(&self, range: Range<usize>, kvh: usize, qv: &[f32], scores: &mut Vec<f32>, o: &mut [f32]) {
         let (kv_dim, head_dim, row_bytes, head_bytes) = (self.kv_dim, self.head_dim, self.row_bytes, self.head_bytes);
         scores.clear();
         let mut max = f32::NEG_INFINITY;
@@ -338,7 +327,6 @@ impl PartShape<'_> {
                 }
             }
         });
-        max + sum.ln()
     }
 }
 
