@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "strata",
     version,
-    about = "Run large language models locally (GGUF models on the CPU; GPUs and layer split to come)",
+    about = "Run large language models locally: GGUF models on the CPU, layers split over devices (--devices, --layer-split)",
     long_about = "Strata runs GGUF language models on your own machine.\n\nWith no -m, the default model \
                   (SmolLM2-135M-Instruct Q4_1, fetched by scripts/fetch-model) is used; STRATA_MODEL overrides it."
 )]
@@ -33,6 +33,10 @@ enum Command {
     Bench(cli::bench::BenchArgs),
     /// Model metadata, tensor types and the memory needed at a context size.
     Info(cli::info::InfoArgs),
+    /// What each device of a split would hold (weights, KV, scratch), and whether it fits; allocates nothing.
+    Plan(cli::plan::PlanArgs),
+    /// The devices to run on, with their free and total memory.
+    Devices(cli::devices::DevicesArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +57,8 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cli::perplexity::main(a),
         Command::Bench(a) => cli::bench::main(a),
         Command::Info(a) => cli::info::main(a),
+        Command::Plan(a) => cli::plan::main(a),
+        Command::Devices(a) => cli::devices::main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

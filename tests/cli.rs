@@ -322,3 +322,228 @@ fn the_kv_type_flag_is_honoured_and_checked() {
     assert_eq!(o.status.code(), Some(2));
     assert_clean_failure(&o, "unknown KV type");
 }
+
+// Devices and layer split: `plan`, `devices`, and the engine flags (--devices, --layer-split,
+// --vram-reserve-mib, --kv-resident, --sim-fault, --sim-faults) on run.
+
+const MIB: u64 = 1 << 20;
+
+fn json_of(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "{}", stderr(o));
+    serde_json::from_str(stdout(o).trim()).unwrap_or_else(|e| panic!("not one JSON object ({e}): {}", stdout(o)))
+}
+
+fn u(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not an unsigned integer: {v}"))
+}
+
+#[test]
+fn help_lists_plan_devices_and_the_placement_flags() {
+    let out = stdout(&strata(&["--help"]));
+    assert!(out.contains("plan") && out.contains("devices"), "{out}");
+    let out = stdout(&strata(&["run", "--help"]));
+    for flag in ["--devices", "--layer-split", "--vram-reserve-mib", "--kv-resident", "--sim-fault", "--sim-faults"] {
+        assert!(out.contains(flag), "run --help lacks {flag}");
+    }
+}
+
+#[test]
+fn plan_of_a_two_sim_split_shows_each_stage() {
+    let args = [
+        "plan",
+        "--devices",
+        "sim:200,sim:400",
+        "--layer-split",
+        "15",
+        "--kv",
+        "int8",
+        "--max-context",
+        "8192",
+        "--tokens",
+        "4000",
+        "--json",
+    ];
+    let v = json_of(&strata(&args));
+    assert_eq!(v["tokens"], 4000);
+    let stages = v["stages"].as_array().expect("stages");
+    assert_eq!(stages.len(), 2);
+    assert_eq!(stages[0]["layers"], serde_json::json!([0, 15]));
+    assert_eq!(stages[1]["layers"], serde_json::json!([15, 30]));
+    let mut weights = 0;
+    for (s, free_mib) in stages.iter().zip([200, 400]) {
+        // 15 layers * (K + V) * 192 values as int8 blocks (6 blocks of 34 bytes).
+        assert_eq!(u(&s["kv_bytes_per_token"]), 15 * 2 * 6 * 34, "{s}");
+        // 4000 positions fill 63 pages of 64, all on the device (no --kv-resident).
+        assert_eq!(u(&s["kv_device_bytes"]), 63 * 64 * u(&s["kv_bytes_per_token"]), "{s}");
+        assert_eq!(u(&s["kv_host_bytes"]), 0);
+        let load = u(&s["weights_bytes"]) + u(&s["scratch_bytes"]) + u(&s["staging_bytes"]);
+        assert_eq!(u(&s["total_bytes"]), load + u(&s["kv_device_bytes"]), "{s}");
+        assert_eq!(u(&s["free_bytes"]), free_mib * MIB);
+        assert_eq!(u(&s["reserve_bytes"]), 0);
+        let headroom = s["headroom_bytes"].as_i64().expect("headroom");
+        assert_eq!(headroom, (free_mib * MIB) as i64 - u(&s["total_bytes"]) as i64);
+        assert!(u(&s["scratch_bytes"]) > 0 && u(&s["staging_bytes"]) > 0, "{s}");
+        weights += u(&s["weights_bytes"]);
+    }
+    // The last stage holds the (tied) head: more than the first's half of the layers.
+    assert!(u(&stages[1]["weights_bytes"]) > u(&stages[0]["weights_bytes"]));
+    // Every weight is placed once (92 MiB of quantized tensors, plus the cached outlier columns).
+    assert!((90 * MIB..160 * MIB).contains(&weights), "{weights}");
+}
+
+#[test]
+fn plan_applies_faults_from_a_file_and_warns_when_kv_outgrows_a_device() {
+    let faults = temp_file("faults.txt", b"# another process on the second card\n1:pressure-mib=300\n");
+    let o = strata(&[
+        "plan",
+        "--devices",
+        "sim:200,sim:400",
+        "--layer-split",
+        "15",
+        "-c",
+        "8192",
+        "--sim-faults",
+        faults.to_str().unwrap(),
+        "--json",
+    ]);
+    let v = json_of(&o);
+    let s1 = &v["stages"][1];
+    assert_eq!(u(&s1["free_bytes"]), 100 * MIB, "{s1}");
+    assert!(s1["headroom_bytes"].as_i64().expect("headroom") < 0, "{s1}");
+    // The load still fits, so this is a warning about KV going to the host, not an error.
+    let err = stderr(&o);
+    assert!(err.contains("warning: device 1 (sim:400)") && err.contains("positions stay resident"), "{err}");
+    assert!(!err.contains("device 0 (sim:200)"), "{err}");
+}
+
+#[test]
+fn plan_refuses_a_device_too_small_naming_it_and_the_shortfall() {
+    let o = strata(&["plan", "--devices", "sim:20"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_clean_failure(&o, "short by");
+    assert!(stderr(&o).contains("device 0 (sim:20) cannot hold layers 0..30"), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_placement_flags_are_one_clear_line() {
+    let two = ["--devices", "sim:200,sim:400"];
+    let cases: [(&[&str], &str); 8] = [
+        (&["--layer-split", "31"], "31 is beyond the model's 30 layers"),
+        (&["--layer-split", "10,20"], "3 stages but --devices lists 2"),
+        (&["--layer-split", "30"], "stage 1 (device 1 (sim:400)) with no layers"),
+        (&["--layer-split", "x"], "bad --layer-split"),
+        (&["--sim-fault", "5:fail-allocs=1"], "names device 5"),
+        (&["--sim-fault", "1:bogus=1"], "--sim-fault"),
+        (&["--kv-resident", "0"], "--kv-resident"),
+        (&["--vram-reserve-mib", "lots"], "--vram-reserve-mib"),
+    ];
+    for (extra, needle) in cases {
+        for sub in ["run", "plan"] {
+            let mut args = vec![sub];
+            if sub == "run" {
+                args.extend(["-p", "hi", "-n", "1"]);
+            }
+            args.extend(two);
+            args.extend(extra);
+            let o = strata(&args);
+            assert!(matches!(o.status.code(), Some(1 | 2)), "{args:?}: {:?}", o.status);
+            assert_clean_failure(&o, needle);
+        }
+    }
+    for sub in [&["run", "-p", "hi"][..], &["plan"], &["devices"]] {
+        let mut args = sub.to_vec();
+        args.extend(["--devices", "cuda:0"]);
+        let o = strata(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert_clean_failure(&o, "cuda:0 is not available");
+    }
+    let o = strata(&["run", "-p", "hi", "--devices", "cpu", "--sim-fault", "0:fail-allocs=1"]);
+    assert_clean_failure(&o, "faults can only be injected into sim devices");
+}
+
+#[test]
+fn devices_lists_the_host_with_its_memory() {
+    let o = strata(&["devices"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.lines().any(|l| l.starts_with("0  cpu")), "{out}");
+    assert!(out.contains("not available in this build"), "{out}");
+    let v = json_of(&strata(&["devices", "--json"]));
+    let d = &v["devices"][0];
+    assert_eq!(d["kind"], "cpu");
+    assert!(u(&d["total_bytes"]) > 0 && u(&d["free_bytes"]) <= u(&d["total_bytes"]), "{d}");
+    assert_eq!(v["cuda_available"], false);
+    let v = json_of(&strata(&["devices", "--devices", "sim:300", "--vram-reserve-mib", "64", "--json"]));
+    let d = &v["devices"][0];
+    assert_eq!((u(&d["total_bytes"]), u(&d["free_bytes"]), u(&d["reserve_bytes"])), (300 * MIB, 300 * MIB, 64 * MIB));
+}
+
+#[test]
+fn run_on_a_two_sim_split_gives_the_cpu_tokens_and_shows_the_ledgers() {
+    let base = ["run", "-p", "The quick brown fox", "--temp", "0", "-n", "16", "--ignore-eos", "--json"];
+    let cpu = json_of(&strata(&base));
+    let mut split = base.to_vec();
+    split.extend(["--devices", "sim:200,sim:400", "--layer-split", "15"]);
+    let v = json_of(&strata(&split));
+    assert_eq!(v["tokens"], cpu["tokens"]);
+    assert_eq!(v["tokens"].as_array().expect("tokens").len(), 16);
+    let devices = v["devices"].as_array().expect("devices");
+    assert_eq!(devices.len(), 3, "two sims and the host: {devices:?}");
+    assert_eq!(devices[0]["device"], "0 (sim:200)");
+    assert_eq!(devices[2]["device"], "2 (cpu)");
+    for d in &devices[..2] {
+        assert!(u(&d["weights_bytes"]) > 0 && u(&d["kv_bytes"]) > 0, "{d}");
+        assert!(u(&d["high_water_bytes"]) >= u(&d["weights_bytes"]) + u(&d["kv_bytes"]), "{d}");
+    }
+    assert_eq!(u(&devices[0]["total_bytes"]), 200 * MIB);
+    // Hidden states cross from stage 0 to stage 1 at every forward pass.
+    assert!(u(&devices[1]["copies_in"]) > 0 && u(&devices[1]["copied_in_bytes"]) > 0, "{}", devices[1]);
+    assert_eq!(u(&devices[2]["weights_bytes"]), 0);
+    // On the host alone the one device holds everything.
+    let cpu_devices = cpu["devices"].as_array().expect("devices");
+    assert_eq!(cpu_devices.len(), 1);
+    assert!(u(&cpu_devices[0]["weights_bytes"]) > 0 && u(&cpu_devices[0]["copies_in"]) == 0);
+}
+
+#[test]
+fn an_injected_allocation_failure_ends_the_run_cleanly() {
+    let args = [
+        "run",
+        "-p",
+        "The quick brown fox",
+        "-n",
+        "8",
+        "--devices",
+        "sim:200,sim:400",
+        "--layer-split",
+        "15",
+        "--sim-fault",
+        "1:fail-allocs=1000",
+    ];
+    let o = strata(&args);
+    assert_eq!(o.status.code(), Some(1));
+    assert_clean_failure(&o, "device 1 (sim:400)");
+    assert!(stderr(&o).contains("injected fault"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_kv_resident_window_moves_old_kv_to_the_host() {
+    let prompt = "The history of the city is long and full of events. ".repeat(12);
+    let base = ["run", "-p", &prompt, "--temp", "0", "-n", "16", "--ignore-eos", "--json"];
+    let cpu = json_of(&strata(&base));
+    let mut windowed = base.to_vec();
+    windowed.extend(["--devices", "sim:200,sim:400", "--layer-split", "15", "--kv-resident", "64"]);
+    let v = json_of(&strata(&windowed));
+    assert!(u(&v["prompt_tokens"]) > 128, "{}", v["prompt_tokens"]);
+    // Where a page lives does not change the arithmetic that decides the greedy tokens.
+    assert_eq!(v["tokens"], cpu["tokens"]);
+    let devices = v["devices"].as_array().expect("devices");
+    let host = &devices[2];
+    assert!(u(&host["kv_bytes"]) > 0, "older pages are on the host: {host}");
+    // Each sim keeps only the window: at most two pages of 64 positions per layer (the newest 64 positions
+    // can straddle a page boundary), a page being 64 positions * 192 values * f16 * (K, V).
+    let page_bytes = 64 * 192 * 2 * 2;
+    for d in &devices[..2] {
+        assert!((15 * page_bytes..=15 * 2 * page_bytes).contains(&u(&d["kv_bytes"])), "{d}");
+    }
+}

@@ -49,7 +49,14 @@ fn long_prompt(tok: &Tokenizer, n: usize) -> Vec<u32> {
 }
 
 /// (tokens, bits of the top-5 log-probabilities at every step)
-fn run(model: &Model, tok: &Tokenizer, pool: &ThreadPool, kv: KvType, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<u32>) {
+fn run(
+    model: &Model,
+    tok: &Tokenizer,
+    pool: &ThreadPool,
+    kv: KvType,
+    prompt: &[u32],
+    n: usize,
+) -> (Vec<u32>, Vec<u32>) {
     let mut seq = Sequence::new(model, kv, 4096).expect("sequence");
     let g = generate(model, tok, pool, &mut seq, prompt, &greedy(n), |_| {}).expect("generate");
     let bits = g.top_logprobs.iter().flatten().flat_map(|&(id, lp)| [id, lp.to_bits()]).collect();
@@ -72,7 +79,10 @@ fn the_same_greedy_tokens_on_cpu_and_on_two_and_three_way_splits() {
         let cpu = load(&file, DeviceSet::cpu(), None, kv);
         let two = load(&file, sims(&[200, 400], 0), Some(vec![15]), kv);
         let three = load(&file, sims(&[100, 100, 100], 0), Some(vec![10, 20]), kv);
-        assert_eq!(three.placement.stages.iter().map(|s| s.layers.clone()).collect::<Vec<_>>(), [0..10, 10..20, 20..30]);
+        assert_eq!(
+            three.placement.stages.iter().map(|s| s.layers.clone()).collect::<Vec<_>>(),
+            [0..10, 10..20, 20..30]
+        );
         for prompt in &prompts {
             let want = run(&cpu, &tok, &pool, kv, prompt, 64);
             assert_eq!(want.0.len(), 64);

@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use strata::model::Model;
 use strata::threadpool::ThreadPool;
 
-use super::{load, EngineArgs, ModelArgs};
+use super::{load, stages_summary, EngineArgs, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -33,7 +33,7 @@ pub struct BenchArgs {
 }
 
 pub fn main(a: BenchArgs) -> anyhow::Result<()> {
-    let loaded = load(&a.model)?;
+    let loaded = load(&a.model, &a.engine)?;
     let model = &loaded.model;
     let pool = a.engine.pool();
     let ctx = (a.n_prompt.max(a.n_gen)).max(1);
@@ -51,11 +51,20 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
         None
     };
     let name = loaded.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let stages = stages_summary(model);
     if a.json {
+        let split: Vec<serde_json::Value> = model
+            .placement
+            .stages
+            .iter()
+            .map(|s| serde_json::json!({"device": s.device.name(), "layers": [s.layers.start, s.layers.end]}))
+            .collect();
         let obj = serde_json::json!({
             "model": name,
             "threads": pool.n_threads(),
             "kv": format!("{:?}", a.engine.kv).to_lowercase(),
+            "devices": a.engine.placement.devices,
+            "stages": split,
             "n_prompt": a.n_prompt,
             "n_gen": a.n_gen,
             "repetitions": a.reps,
@@ -66,13 +75,13 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
         });
         println!("{obj}");
     } else {
-        println!("| model | size | threads | kv | test | t/s |");
-        println!("| --- | ---: | ---: | --- | --- | ---: |");
+        println!("| model | size | threads | kv | devices [layers] | test | t/s |");
+        println!("| --- | ---: | ---: | --- | --- | --- | ---: |");
         let size = format!("{:.2} MiB", model.weight_bytes() as f64 / (1 << 20) as f64);
         let kv = format!("{:?}", a.engine.kv).to_lowercase();
         for (test, s) in [(format!("pp{}", a.n_prompt), pp), (format!("tg{}", a.n_gen), tg)] {
             if let Some((mean, sd)) = s {
-                println!("| {name} | {size} | {} | {kv} | {test} | {mean:.2} ± {sd:.2} |", pool.n_threads());
+                println!("| {name} | {size} | {} | {kv} | {stages} | {test} | {mean:.2} ± {sd:.2} |", pool.n_threads());
             }
         }
     }

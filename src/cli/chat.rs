@@ -34,7 +34,7 @@ pub struct ChatArgs {
 
 pub fn main(a: ChatArgs) -> anyhow::Result<()> {
     let sampler = a.sampling.config()?;
-    let loaded = load(&a.model)?;
+    let loaded = load(&a.model, &a.engine)?;
     let template = ChatTemplate::from_gguf(&loaded.model.file).context("cannot read the chat template")?;
     let pool = a.engine.pool();
     let mut seq = Sequence::new(&loaded.model, a.engine.kv, a.engine.context(&loaded.model))?;

@@ -1,10 +1,13 @@
-//! Subcommands of the `strata` binary, and what they share: model location and loading, engine flags,
+//! Subcommands of the `strata` binary, and what they share: model location and loading, engine flags
+//! (threads, context, KV type, and where the model runs: devices, layer split, reserve, simulated faults),
 //! error reporting in one line.
 
 pub mod bench;
 pub mod chat;
+pub mod devices;
 pub mod info;
 pub mod perplexity;
+pub mod plan;
 pub mod run;
 pub mod tokenize;
 
@@ -16,8 +19,10 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Args;
 
+use strata::device::{DeviceSet, FaultSpec};
 use strata::gguf::GgufFile;
-use strata::model::{KvType, Model};
+use strata::model::{KvType, LoadOptions, Model};
+use strata::split;
 use strata::threadpool::ThreadPool;
 use strata::tokenizer::Tokenizer;
 
@@ -48,6 +53,8 @@ pub struct EngineArgs {
     /// Tokens per prompt-processing batch
     #[arg(short = 'b', long = "batch-size", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub batch: u32,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
 }
 
 fn parse_kv(s: &str) -> Result<KvType, String> {
@@ -62,6 +69,110 @@ impl EngineArgs {
     pub fn context(&self, model: &Model) -> usize {
         self.max_context.map(|c| c as usize).unwrap_or(model.cfg.n_ctx_train)
     }
+
+    /// How to place the model: the devices, the split, the KV type and residency, the batch the scratch is
+    /// sized for, and the context `-c` asks for.
+    pub fn load_options(&self) -> anyhow::Result<LoadOptions> {
+        self.placement.load_options(self.kv, self.batch as usize, self.max_context.map(|c| c as usize))
+    }
+}
+
+/// Where the model runs: the devices, the layer split over them, the memory kept free on each GPU, KV
+/// residency, and faults for simulated GPUs. Part of [`EngineArgs`]; `perplexity` takes it on its own (its
+/// `-c` means the chunk size).
+#[derive(Args, Clone, Debug)]
+pub struct PlacementArgs {
+    /// Devices to run on, in stage order: cpu, sim:MIB (a simulated GPU of MIB MiB), cuda:N
+    #[arg(long = "devices", value_name = "LIST", default_value = "cpu")]
+    pub devices: String,
+    /// Layers where each stage after the first starts, e.g. 15 or 10,20 (one point fewer than devices)
+    /// [default: layers in proportion to each device's memory]
+    #[arg(long = "layer-split", value_name = "POINTS")]
+    pub layer_split: Option<String>,
+    /// MiB each GPU keeps free: no allocation may leave less than this
+    #[arg(long = "vram-reserve-mib", value_name = "N", default_value_t = 0)]
+    pub vram_reserve_mib: u64,
+    /// Positions of KV per layer kept on the device; older pages move to the host [default: all]
+    #[arg(long = "kv-resident", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub kv_resident: Option<u32>,
+    /// A fault for a sim device, DEVICE:WHAT=N[@tokens=T] with WHAT pressure-mib, leave-free-mib,
+    /// fail-samples or fail-allocs (repeatable), e.g. 1:leave-free-mib=64@tokens=2048
+    #[arg(long = "sim-fault", value_name = "SPEC", value_parser = parse_fault)]
+    pub sim_fault: Vec<FaultSpec>,
+    /// A file of --sim-fault specs, one per line (# starts a comment)
+    #[arg(long = "sim-faults", value_name = "FILE")]
+    pub sim_faults: Option<PathBuf>,
+}
+
+fn parse_fault(s: &str) -> Result<FaultSpec, String> {
+    FaultSpec::parse(s).map_err(|e| e.to_string())
+}
+
+const MIB: u64 = 1 << 20;
+
+impl PlacementArgs {
+    /// The devices (each GPU with the reserve) and the model's placement on them.
+    pub fn load_options(
+        &self,
+        kv_type: KvType,
+        batch: usize,
+        max_context: Option<usize>,
+    ) -> anyhow::Result<LoadOptions> {
+        let reserve_bytes = self
+            .vram_reserve_mib
+            .checked_mul(MIB)
+            .with_context(|| format!("--vram-reserve-mib {} is too large", self.vram_reserve_mib))?;
+        let devices = DeviceSet::parse(&self.devices, reserve_bytes)?;
+        let split = self.layer_split.as_deref().map(split::parse_points).transpose()?;
+        Ok(LoadOptions {
+            devices,
+            split,
+            kv_type,
+            batch,
+            max_context,
+            kv_resident: self.kv_resident.map(|n| n as usize),
+        })
+    }
+
+    /// The faults of `--sim-fault` and of the `--sim-faults` file, checked against `devices`.
+    pub fn faults(&self, devices: &DeviceSet) -> anyhow::Result<Vec<FaultSpec>> {
+        let mut specs = self.sim_fault.clone();
+        if let Some(path) = &self.sim_faults {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --sim-faults {}", path.display()))?;
+            let from_file = FaultSpec::parse_file_text(&text)
+                .with_context(|| format!("bad fault in --sim-faults {}", path.display()))?;
+            specs.extend(from_file);
+        }
+        for s in &specs {
+            if s.device >= devices.devices.len() {
+                let names: Vec<String> = devices.devices.iter().map(|d| d.name()).collect();
+                bail!(
+                    "a sim fault names device {}, but --devices lists {} device(s): {}",
+                    s.device,
+                    names.len(),
+                    names.join(", ")
+                );
+            }
+        }
+        Ok(specs)
+    }
+}
+
+/// Applies fault specs to their devices: now, or when a sequence reaches the spec's `@tokens`. Only sim
+/// devices take faults; the library refuses the others.
+pub fn apply_faults(devices: &DeviceSet, specs: &[FaultSpec]) -> anyhow::Result<()> {
+    for s in specs {
+        let device = devices.devices.get(s.device).with_context(|| {
+            format!("a sim fault names device {}, but --devices lists {} device(s)", s.device, devices.devices.len())
+        })?;
+        let applied = match s.at_tokens {
+            Some(at) => device.schedule(at, s.fault),
+            None => device.inject(s.fault),
+        };
+        applied.with_context(|| format!("cannot apply a fault to device {}", device.name()))?;
+    }
+    Ok(())
 }
 
 /// A thread pool of `threads` threads, or one per CPU when not given.
@@ -103,17 +214,41 @@ pub struct Loaded {
     pub path: PathBuf,
 }
 
-/// Opens the GGUF file, reads the weights into memory (with a progress bar on a terminal) and builds the
-/// tokenizer.
-pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
+/// Opens the GGUF file, places the model on the devices of `engine`, reads the weights into memory (with a
+/// progress bar on a terminal), builds the tokenizer, and applies the sim faults (those with `@tokens` fire
+/// during generation).
+pub fn load(args: &ModelArgs, engine: &EngineArgs) -> anyhow::Result<Loaded> {
+    load_placed(args, &engine.placement, engine.load_options()?)
+}
+
+/// [`load`] with placement options built by the caller (`perplexity`, whose `-c` is not a context limit).
+pub fn load_placed(args: &ModelArgs, placement: &PlacementArgs, opts: LoadOptions) -> anyhow::Result<Loaded> {
+    let faults = placement.faults(&opts.devices)?;
     let path = resolve_model(args)?;
     let file = GgufFile::open(&path).with_context(|| format!("cannot load model {}", path.display()))?;
     let file = Arc::new(file);
-    let model = Model::from_file(file.clone()).with_context(|| format!("cannot load model {}", path.display()))?;
+    let model =
+        Model::from_file_with(file.clone(), &opts).with_context(|| format!("cannot load model {}", path.display()))?;
     let tokenizer =
         Tokenizer::from_gguf(&file).with_context(|| format!("cannot load the tokenizer of {}", path.display()))?;
     page_in(&file, std::io::stderr().is_terminal());
+    apply_faults(&model.placement.devices, &faults)?;
     Ok(Loaded { model, tokenizer, path })
+}
+
+/// The tokenizer of the model alone (no weights are read, nothing is placed on a device).
+pub fn load_tokenizer(args: &ModelArgs) -> anyhow::Result<Tokenizer> {
+    let path = resolve_model(args)?;
+    let file = GgufFile::open(&path).with_context(|| format!("cannot load model {}", path.display()))?;
+    Tokenizer::from_gguf(&file).with_context(|| format!("cannot load the tokenizer of {}", path.display()))
+}
+
+/// The stages of a loaded model in short: `sim:200[0..15] sim:400[15..30]`.
+pub fn stages_summary(model: &Model) -> String {
+    let stages = &model.placement.stages;
+    let parts: Vec<String> =
+        stages.iter().map(|s| format!("{}[{}..{}]", s.device.kind, s.layers.start, s.layers.end)).collect();
+    parts.join(" ")
 }
 
 /// Reads every tensor's pages once so the first request does not pay for page faults, showing progress

@@ -11,7 +11,7 @@ use clap::Args;
 
 use strata::model::KvType;
 
-use super::{load, ModelArgs};
+use super::{load_placed, ModelArgs, PlacementArgs};
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
@@ -35,12 +35,15 @@ pub struct PerplexityArgs {
     /// Tokens per prompt-processing batch
     #[arg(short = 'b', long = "batch-size", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub batch: u32,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
 }
 
 pub fn main(a: PerplexityArgs) -> anyhow::Result<()> {
     let text = std::fs::read(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
     let text = String::from_utf8_lossy(&text);
-    let loaded = load(&a.model)?;
+    let opts = a.placement.load_options(a.kv, a.batch as usize, Some(a.ctx as usize))?;
+    let loaded = load_placed(&a.model, &a.placement, opts)?;
     let tok = &loaded.tokenizer;
     let model = &loaded.model;
     let pool = super::pool_for(a.threads);

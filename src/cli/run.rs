@@ -5,6 +5,7 @@ use std::io::Write;
 use anyhow::Context;
 use clap::Args;
 
+use strata::device::{DeviceSet, Purpose};
 use strata::engine::{generate, GenerateParams, Sequence};
 
 use super::{load, tokenize_prompt, EngineArgs, ModelArgs, SamplingArgs};
@@ -22,7 +23,7 @@ pub struct RunArgs {
     /// Do not stop at end-of-generation tokens (they are never sampled)
     #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
-    /// Print one JSON object: {"text", "tokens", "prompt_tokens", "top_logprobs"}
+    /// Print one JSON object: {"text", "tokens", "prompt_tokens", "top_logprobs", "devices", ...}
     #[arg(long = "json")]
     pub json: bool,
     /// With --json: the K most likely tokens and their log-probabilities at every step
@@ -36,7 +37,7 @@ pub struct RunArgs {
 
 pub fn main(a: RunArgs) -> anyhow::Result<()> {
     let sampler = a.sampling.config()?;
-    let loaded = load(&a.model)?;
+    let loaded = load(&a.model, &a.engine)?;
     let pool = a.engine.pool();
     let prompt = tokenize_prompt(&loaded.tokenizer, &a.prompt);
     let mut seq = Sequence::new(&loaded.model, a.engine.kv, a.engine.context(&loaded.model))?;
@@ -68,6 +69,8 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
             "stop_reason": g.stop_reason,
             "prompt_ms": g.prompt_ms,
             "gen_ms": g.gen_ms,
+            // Read while the sequence still holds its KV.
+            "devices": devices_json(&loaded.model.placement.devices),
         });
         println!("{obj}");
     } else {
@@ -83,4 +86,28 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Each device's ledger (the host included): what it holds now by purpose, its high-water mark and the
+/// copies into it.
+fn devices_json(devices: &DeviceSet) -> serde_json::Value {
+    let entries: Vec<serde_json::Value> = devices
+        .all()
+        .iter()
+        .map(|d| {
+            let u = d.usage();
+            serde_json::json!({
+                "device": d.name(),
+                "total_bytes": d.total_bytes(),
+                "weights_bytes": u.bytes(Purpose::Weights),
+                "kv_bytes": u.bytes(Purpose::Kv),
+                "scratch_bytes": u.bytes(Purpose::Scratch),
+                "staging_bytes": u.bytes(Purpose::Staging),
+                "high_water_bytes": u.high_water_bytes,
+                "copies_in": u.copies_in,
+                "copied_in_bytes": u.copied_in_bytes,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(entries)
 }

@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use super::{load, ModelArgs};
+use super::{load_tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct TokenizeArgs {
@@ -19,8 +19,7 @@ pub struct TokenizeArgs {
 }
 
 pub fn main(a: TokenizeArgs) -> anyhow::Result<()> {
-    let loaded = load(&a.model)?;
-    let tok = &loaded.tokenizer;
+    let tok = &load_tokenizer(&a.model)?;
     let ids = tok.encode(&a.text, !a.no_parse_special);
     if a.json {
         println!("{}", serde_json::to_string(&ids)?);

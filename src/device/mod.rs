@@ -22,8 +22,11 @@ pub use sim::{Fault, FaultSpec};
 
 const MIB: u64 = 1 << 20;
 
-/// Bytes as MiB with one decimal, for messages.
+/// Bytes as MiB with one decimal for messages (KiB below a tenth of a MiB, so small pages do not read 0.0).
 pub fn mib(bytes: u64) -> String {
+    if bytes > 0 && bytes < MIB / 10 {
+        return format!("{:.1} KiB", bytes as f64 / 1024.0);
+    }
     format!("{:.1} MiB", bytes as f64 / MIB as f64)
 }
 
@@ -65,7 +68,9 @@ impl fmt::Display for DeviceKind {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         match self {
             DeviceKind::Cpu => write!(f, "cpu"),
-            DeviceKind::Sim { capacity_bytes } if capacity_bytes % MIB == 0 => write!(f, "sim:{}", capacity_bytes / MIB),
+            DeviceKind::Sim { capacity_bytes } if capacity_bytes % MIB == 0 => {
+                write!(f, "sim:{}", capacity_bytes / MIB)
+            }
             DeviceKind::Sim { capacity_bytes } => write!(f, "sim:{capacity_bytes}B"),
             DeviceKind::Cuda { ordinal } => write!(f, "cuda:{ordinal}"),
         }
@@ -106,6 +111,8 @@ impl fmt::Display for Purpose {
 pub enum DeviceError {
     #[error("bad device {spec:?}: {why}")]
     BadSpec { spec: String, why: String },
+    #[error("bad fault {spec:?}: {why}")]
+    BadFault { spec: String, why: String },
     #[error("device {device} is not available: {why}")]
     Unavailable { device: String, why: String },
     #[error(
@@ -354,7 +361,7 @@ impl Device {
     /// Applies a fault now (sim devices only; other kinds refuse).
     pub fn inject(&self, fault: Fault) -> Result<(), DeviceError> {
         let DeviceKind::Sim { capacity_bytes } = self.kind else {
-            return Err(DeviceError::BadSpec {
+            return Err(DeviceError::BadFault {
                 spec: self.kind.to_string(),
                 why: "faults can only be injected into sim devices".into(),
             });
@@ -368,7 +375,7 @@ impl Device {
     /// Applies `fault` when the engine reaches `at_tokens` positions in a sequence (see `on_progress`).
     pub fn schedule(&self, at_tokens: usize, fault: Fault) -> Result<(), DeviceError> {
         if !matches!(self.kind, DeviceKind::Sim { .. }) {
-            return Err(DeviceError::BadSpec {
+            return Err(DeviceError::BadFault {
                 spec: self.kind.to_string(),
                 why: "faults can only be injected into sim devices".into(),
             });
@@ -449,11 +456,8 @@ impl DeviceSet {
 
     /// Devices from a `--devices` list (`cpu,sim:200,cuda:0`), with `reserve_bytes` on each GPU.
     pub fn parse(list: &str, reserve_bytes: u64) -> Result<DeviceSet, DeviceError> {
-        let kinds = list
-            .split(',')
-            .filter(|s| !s.trim().is_empty())
-            .map(DeviceKind::parse)
-            .collect::<Result<Vec<_>, _>>()?;
+        let kinds =
+            list.split(',').filter(|s| !s.trim().is_empty()).map(DeviceKind::parse).collect::<Result<Vec<_>, _>>()?;
         if kinds.is_empty() {
             return Err(DeviceError::BadSpec { spec: list.to_owned(), why: "no device listed".into() });
         }

@@ -31,12 +31,13 @@ impl FaultSpec {
     /// Parses `DEVICE:WHAT=N[@tokens=T]` where WHAT is `pressure-mib`, `leave-free-mib`, `fail-samples` or
     /// `fail-allocs`.
     pub fn parse(s: &str) -> Result<FaultSpec, DeviceError> {
-        let bad = |why: &str| DeviceError::BadSpec { spec: s.to_owned(), why: why.to_owned() };
+        let bad = |why: &str| DeviceError::BadFault { spec: s.to_owned(), why: why.to_owned() };
         let (body, at) = match s.trim().split_once('@') {
             Some((b, a)) => (b, Some(a)),
             None => (s.trim(), None),
         };
-        let (dev, action) = body.split_once(':').ok_or_else(|| bad("expected DEVICE:WHAT=N, e.g. 1:pressure-mib=300"))?;
+        let (dev, action) =
+            body.split_once(':').ok_or_else(|| bad("expected DEVICE:WHAT=N, e.g. 1:pressure-mib=300"))?;
         let device: usize = dev.trim().parse().map_err(|_| bad("DEVICE is the device's index in --devices"))?;
         let (what, n) = action.split_once('=').ok_or_else(|| bad("expected WHAT=N"))?;
         let n: u64 = n.trim().parse().map_err(|_| bad("N is a whole number"))?;

@@ -52,7 +52,39 @@ impl Model {
     /// Appends `tokens` to the sequence in `kv` and returns the logits of the batch positions listed in
     /// `want` (indices into `tokens`, ascending). On error nothing is appended and the pages this call
     /// took are freed.
+    ///
+    /// A batch larger than the one the stages' scratch was sized for runs in pieces of that size (the
+    /// result is the same: the pass is batch-invariant).
     pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        want: &[usize],
+    ) -> Result<Logits, ModelError> {
+        let batch = self.placement.batch;
+        if tokens.len() <= batch {
+            return self.forward_batch(pool, kv, tokens, want);
+        }
+        let pos0 = kv.len();
+        let mut data = Vec::with_capacity(want.len() * self.cfg.n_vocab);
+        for (i, piece) in tokens.chunks(batch).enumerate() {
+            let start = i * batch;
+            let piece_want: Vec<usize> =
+                want.iter().filter(|&&t| t >= start && t < start + piece.len()).map(|t| t - start).collect();
+            match self.forward_batch(pool, kv, piece, &piece_want) {
+                Ok(l) => data.extend_from_slice(&l.data),
+                Err(e) => {
+                    kv.truncate(pos0);
+                    kv.release_unused();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Logits { n_vocab: self.cfg.n_vocab, data })
+    }
+
+    fn forward_batch(
         &self,
         pool: &ThreadPool,
         kv: &mut KvCache,
@@ -75,8 +107,8 @@ impl Model {
         }
         let placement = &self.placement;
         placement.devices.on_progress(pos0);
-        // Pages for the new positions on each layer's device (or the host), and scratch beyond the batch
-        // the stages were sized for.
+        // Pages for the new positions on each layer's device (or the host), and scratch for more output
+        // rows than the one the last stage was sized for.
         kv.reserve(pos0 + t_count)?;
         let _extra_scratch = placement.extra_scratch(cfg, t_count, want.len()).inspect_err(|_| kv.release_unused())?;
 

@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use crate::device::{Allocation, DeviceError, DeviceSet, Purpose};
 use crate::gguf::{GgufError, GgufFile};
-use crate::split::{self, PlanOptions, SplitError, StagePlan};
 use crate::quant::GgmlType;
+use crate::split::{self, PlanOptions, SplitError, StagePlan};
 
 pub use config::{Arch, ModelConfig, RopeKind};
 pub use forward::Logits;
@@ -99,8 +99,8 @@ pub struct Placement {
 }
 
 impl Placement {
-    /// Takes extra scratch on each stage for a forward pass larger than the batch the scratch was sized
-    /// for (`t_count` tokens, `n_out` output rows); the allocations last as long as the returned vector.
+    /// Takes extra scratch on each stage for a forward pass larger than the scratch was sized for
+    /// (`t_count` tokens, `n_out` output rows); the allocations last as long as the returned vector.
     pub(crate) fn extra_scratch(
         &self,
         cfg: &ModelConfig,
@@ -151,9 +151,11 @@ impl Model {
         split::check_fits(&stages)?;
         let mut held = Vec::new();
         for s in &stages {
-            for (purpose, bytes) in
-                [(Purpose::Weights, s.weights_bytes), (Purpose::Scratch, s.scratch_bytes), (Purpose::Staging, s.staging_bytes)]
-            {
+            for (purpose, bytes) in [
+                (Purpose::Weights, s.weights_bytes),
+                (Purpose::Scratch, s.scratch_bytes),
+                (Purpose::Staging, s.staging_bytes),
+            ] {
                 if bytes > 0 {
                     held.push(s.device.alloc(purpose, bytes)?);
                 }

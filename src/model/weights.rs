@@ -88,7 +88,8 @@ impl LayerWeights {
     /// Device bytes of the layer: its matrices (with their column caches) and its f32 vectors.
     pub fn device_bytes(&self) -> u64 {
         let matrices = [&self.wq, &self.wk, &self.wv, &self.wo, &self.w_gate, &self.w_up, &self.w_down];
-        let vectors = [Some(&self.attn_norm), Some(&self.ffn_norm), self.bq.as_ref(), self.bk.as_ref(), self.bv.as_ref()];
+        let vectors =
+            [Some(&self.attn_norm), Some(&self.ffn_norm), self.bq.as_ref(), self.bk.as_ref(), self.bv.as_ref()];
         matrices.iter().map(|m| m.device_bytes()).sum::<u64>()
             + vectors.iter().flatten().map(|v| v.len() as u64 * 4).sum::<u64>()
     }
