@@ -46,6 +46,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    init_logging();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => return cli::report_usage_error(e),
@@ -67,4 +68,35 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Log lines on stderr as `strata: message` (info and above; `STRATA_LOG=debug` or any tracing filter for
+/// more, `STRATA_LOG=off` for none).
+fn init_logging() {
+    use tracing_subscriber::fmt::{format::Writer, FmtContext, FormatEvent, FormatFields};
+    use tracing_subscriber::registry::LookupSpan;
+
+    struct Line;
+    impl<S, N> FormatEvent<S, N> for Line
+    where
+        S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+        N: for<'a> FormatFields<'a> + 'static,
+    {
+        fn format_event(
+            &self,
+            ctx: &FmtContext<'_, S, N>,
+            mut w: Writer<'_>,
+            event: &tracing::Event<'_>,
+        ) -> std::fmt::Result {
+            write!(w, "strata: ")?;
+            ctx.field_format().format_fields(w.by_ref(), event)?;
+            writeln!(w)
+        }
+    }
+    let spec = std::env::var("STRATA_LOG").unwrap_or_default();
+    let spec = if spec.trim().is_empty() { "strata=info" } else { spec.as_str() };
+    let filter = tracing_subscriber::EnvFilter::try_new(spec)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("strata=info"));
+    let _ =
+        tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).event_format(Line).try_init();
 }

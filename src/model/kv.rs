@@ -189,6 +189,8 @@ impl KvCache {
             KvType::F16 => KvRows::F16(vec![f16::ZERO; KV_PAGE_TOKENS * kv_dim]),
             KvType::Int8 => KvRows::Int8(vec![0u8; KV_PAGE_TOKENS * ty.row_bytes(kv_dim)]),
         };
+        let spilled_before = self.spilled_pages;
+        let mut shrunk: Option<DeviceError> = None; // the last refusal that moved KV to the host
         for layer in 0..self.layers.len() {
             let on_host = self.layers[layer].device.is_host();
             if !on_host {
@@ -210,8 +212,9 @@ impl KvCache {
                             Err(e) if e.is_no_room() => {
                                 // The window shrinks: the oldest resident page makes room, or, with none
                                 // left, the new page goes to the host.
-                                if !self.spill_oldest(layer)? {
-                                    tracing::debug!("{e}; KV page {idx} of layer {layer} goes to the host");
+                                let moved = self.spill_oldest(layer)?;
+                                shrunk = Some(e);
+                                if !moved {
                                     break host.alloc(Purpose::Kv, page_bytes)?;
                                 }
                             }
@@ -221,6 +224,13 @@ impl KvCache {
                 };
                 self.layers[layer].pages.push(KvPage { k: rows(), v: rows(), alloc });
             }
+        }
+        if let Some(e) = shrunk {
+            tracing::info!(
+                "KV at {n} positions: resident window shrank, {} page(s) of {} moved to the host ({e})",
+                self.spilled_pages - spilled_before,
+                crate::device::mib(page_bytes)
+            );
         }
         Ok(())
     }
