@@ -216,6 +216,17 @@ fn an_allocation_failure_aborts_the_request_and_releases_its_memory() {
     let g = generate(&model, &tok, &pool, &mut seq, &prompt, &params, |_| {}).expect("next request");
     let cpu = load(&file, DeviceSet::cpu(), None, KvType::F16);
     assert_eq!(g.tokens, run(&cpu, &tok, &pool, KvType::F16, &prompt, 4).0);
+
+    // In decode: the prompt fills 100 positions, the failure comes with the page at position 128.
+    drop(seq);
+    let mut seq = Sequence::new(&model, KvType::F16, 4096).expect("sequence");
+    dev1.schedule(110, Fault::FailAllocs(1)).expect("schedule");
+    let err = generate(&model, &tok, &pool, &mut seq, &prompt[..100], &greedy(40), |_| {}).expect_err("decode fails");
+    assert!(err.to_string().contains("injected fault"), "{err}");
+    assert_eq!((seq.tokens.len(), seq.kv.allocated_bytes()), (0, 0), "the failed request released its KV");
+    assert_eq!(dev1.usage().bytes(Purpose::Kv), 0);
+    let g = generate(&model, &tok, &pool, &mut seq, &prompt[..100], &greedy(40), |_| {}).expect("next request");
+    assert_eq!(g.tokens, run(&cpu, &tok, &pool, KvType::F16, &prompt[..100], 40).0);
 }
 
 #[test]

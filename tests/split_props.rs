@@ -5,6 +5,7 @@
 //! - no engine step leaves a device's free memory under the reserve (or lower, when pressure already put
 //!   it there), whenever the step could sample it;
 //! - a failed step appends nothing and holds no pages past the sequence;
+//! - with `--kv-resident N`, no layer keeps more than the pages of its newest N positions on its device;
 //! - the logits are bit-identical to a cpu run of the same steps, wherever the KV pages went;
 //! - every device, the host included, is back to zero bytes once the model and its sequence are dropped.
 
@@ -178,6 +179,13 @@ fn check(cfg: Config, ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::FailSamples(d, k) => sims[d % n_dev].inject(Fault::FailSamples(k)).unwrap(),
             Op::FailAllocs(d, k) => sims[d % n_dev].inject(Fault::FailAllocs(k)).unwrap(),
         }
+        if let Some(n) = cfg.kv_resident {
+            // The resident window: at most the pages covering the newest N positions stay on a device.
+            for (l, layer) in kv.layers.iter().enumerate() {
+                let resident = layer.pages.iter().filter(|p| !p.on_host()).count();
+                prop_assert!(resident <= n.div_ceil(KV_PAGE_TOKENS) + 1, "layer {l}: {resident} pages resident");
+            }
+        }
         for (i, d) in sims.iter().enumerate() {
             let u = d.usage();
             prop_assert!(
@@ -198,7 +206,7 @@ fn check(cfg: Config, ops: Vec<Op>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn ledger_reserve_and_results_hold_under_random_splits_and_faults(

@@ -274,3 +274,57 @@ impl KvCache {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(resident: Option<usize>, device: Arc<Device>) -> (KvCache, Arc<Device>) {
+        let host = Device::cpu(1);
+        (KvCache::new(KvType::F16, 64, 4096, vec![device.clone(), device], host.clone(), resident), host)
+    }
+
+    fn resident_pages(kv: &KvCache) -> Vec<usize> {
+        kv.layers.iter().map(|l| l.pages.iter().filter(|p| !p.on_host()).count()).collect()
+    }
+
+    #[test]
+    fn old_pages_leave_the_device_past_the_resident_window() {
+        let dev = Device::sim(0, 64 << 20, 0);
+        let (mut kv, host) = cache(Some(100), dev.clone());
+        kv.reserve(1000).unwrap();
+        kv.set_len(1000);
+        // 16 pages cover 1000 positions; the newest 100 positions span pages 14 and 15.
+        assert_eq!(kv.layers[0].pages.len(), 16);
+        assert_eq!(resident_pages(&kv), [2, 2]);
+        assert_eq!(dev.usage().bytes(Purpose::Kv), 4 * kv.page_bytes());
+        assert_eq!(host.usage().bytes(Purpose::Kv), 28 * kv.page_bytes());
+        assert_eq!(kv.spilled_bytes(), 28 * kv.page_bytes());
+        kv.clear();
+        assert_eq!((dev.usage().total_bytes, host.usage().total_bytes), (0, 0));
+    }
+
+    #[test]
+    fn a_full_device_moves_its_oldest_pages_and_a_hard_failure_frees_the_new_ones() {
+        let page = (KV_PAGE_TOKENS * 64 * 2 * 2) as u64;
+        let dev = Device::sim(0, 3 * page, 0);
+        let (mut kv, host) = cache(None, dev.clone());
+        kv.reserve(64 * 5).unwrap(); // 10 pages wanted, room for 3
+        kv.set_len(64 * 5);
+        assert_eq!(dev.usage().bytes(Purpose::Kv), 3 * page);
+        assert_eq!(resident_pages(&kv).iter().sum::<usize>(), 3);
+        // Layer 0 keeps its newest pages; layer 1, finding no room and nothing of its own to move, went to
+        // the host.
+        assert!(
+            kv.layers[0].pages[..2].iter().all(|p| p.on_host()) && kv.layers[0].pages[2..].iter().all(|p| !p.on_host())
+        );
+        assert!(kv.layers[1].pages.iter().all(|p| p.on_host()));
+        assert_eq!(host.usage().bytes(Purpose::Kv), 7 * page);
+
+        dev.inject(crate::device::Fault::FailAllocs(1)).unwrap();
+        let e = kv.reserve(64 * 7).unwrap_err();
+        assert!(matches!(e, DeviceError::AllocFailed { .. }));
+        assert_eq!(kv.allocated_bytes() as u64, 10 * page, "pages past the filled positions were freed");
+        assert_eq!(kv.len(), 64 * 5);
+    }
+}
