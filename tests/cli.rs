@@ -547,3 +547,27 @@ fn a_kv_resident_window_moves_old_kv_to_the_host() {
         assert!((15 * page_bytes..=15 * 2 * page_bytes).contains(&u(&d["kv_bytes"])), "{d}");
     }
 }
+
+#[test]
+fn pressure_scripted_mid_prefill_moves_kv_to_the_host_and_keeps_the_tokens() {
+    let prompt = "The history of the city is long and full of events. ".repeat(40);
+    let base = ["run", "-p", &prompt, "--temp", "0", "-n", "8", "--ignore-eos", "--json", "-b", "128"];
+    let cpu = json_of(&strata(&base));
+    let faults = temp_file(
+        "pressure.faults",
+        b"# squeeze device 1 to its reserve once 256 positions are read\n1:leave-free-mib=8@tokens=256\n",
+    );
+    let mut squeezed = base.to_vec();
+    let faults_arg = faults.to_str().expect("utf-8 path");
+    squeezed.extend(["--devices", "sim:200,sim:400", "--layer-split", "15", "--vram-reserve-mib", "8"]);
+    squeezed.extend(["--sim-faults", faults_arg]);
+    let out = strata(&squeezed);
+    let log = stderr(&out);
+    assert!(log.contains("1 scheduled fault(s) applied at 256 tokens"), "{log}");
+    assert!(log.contains("resident window shrank") && log.contains("reserve 8.0 MiB"), "{log}");
+    let v = json_of(&out);
+    assert!(u(&v["prompt_tokens"]) > 400, "{}", v["prompt_tokens"]);
+    assert_eq!(v["tokens"], cpu["tokens"]);
+    let devices = v["devices"].as_array().expect("devices");
+    assert!(u(&devices[2]["kv_bytes"]) > 0, "device 1's older KV is on the host");
+}
