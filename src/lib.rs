@@ -4,6 +4,7 @@
 //! their arithmetic, `tokenizer` turns text into tokens and back (and renders chat templates), `model`
 //! holds the architecture and the forward pass, `sample` picks tokens, `engine` runs requests.
 
+pub mod cache;
 pub mod device;
 pub mod engine;
 pub mod gguf;
@@ -11,5 +12,6 @@ pub mod model;
 pub mod quant;
 pub mod sample;
 pub mod split;
+pub mod telemetry;
 pub mod threadpool;
 pub mod tokenizer;

@@ -3,6 +3,8 @@
 //!
 //! It owns no model state beyond the live sequence (tokens + KV cache); the model is shared and immutable.
 
+pub mod session;
+
 use std::time::Instant;
 
 use crate::model::{KvCache, KvType, Model, ModelError};

@@ -22,7 +22,7 @@ use crate::quant::{self, GgmlType};
 pub const KV_PAGE_TOKENS: usize = 64;
 
 /// The element format of the KV cache (`--kv`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum KvType {
     #[default]
     F16,
@@ -54,6 +54,22 @@ impl std::str::FromStr for KvType {
 pub enum KvRows {
     F16(Vec<f16>), // (KV_PAGE_TOKENS, kv_dim)
     Int8(Vec<u8>), // (KV_PAGE_TOKENS, kv_dim / 32 blocks of 34 bytes)
+}
+
+/// The K and V rows of a sequence's first `len` positions, per layer, in host memory (a parked
+/// conversation).
+pub struct KvSnapshot {
+    pub ty: KvType,
+    pub kv_dim: usize,
+    pub len: usize,
+    pub layers: Vec<(KvRows, KvRows)>, // per layer: K (len, kv_dim), V (len, kv_dim)
+}
+
+impl KvSnapshot {
+    /// Host bytes it holds.
+    pub fn bytes(&self) -> u64 {
+        (self.len * self.ty.row_bytes(self.kv_dim) * 2 * self.layers.len()) as u64
+    }
 }
 
 /// One page of one layer and the ledger entry that pays for it (on the layer's device or the host).
@@ -173,14 +189,16 @@ impl KvCache {
     /// Makes room for positions up to `n` (exclusive), page by page, on each layer's device where it has
     /// room. On a hard failure the pages past the filled positions are freed and the error returned.
     pub fn reserve(&mut self, n: usize) -> Result<(), DeviceError> {
-        let result = self.try_reserve(n);
+        let result = self.try_reserve(n, false);
         if result.is_err() {
             self.release_unused();
         }
         result
     }
 
-    fn try_reserve(&mut self, n: usize) -> Result<(), DeviceError> {
+    /// With `strict`, a device without room is an error instead of a reason to move KV to the host (a
+    /// restore must not silently land somewhere else than the gate admitted).
+    fn try_reserve(&mut self, n: usize, strict: bool) -> Result<(), DeviceError> {
         let need_pages = n.div_ceil(KV_PAGE_TOKENS);
         let first_resident = self.first_resident_page(n);
         let page_bytes = self.page_bytes();
@@ -209,7 +227,7 @@ impl KvCache {
                         let device = self.layers[layer].device.clone();
                         match device.alloc(Purpose::Kv, page_bytes) {
                             Ok(a) => break a,
-                            Err(e) if e.is_no_room() => {
+                            Err(e) if e.is_no_room() && !strict => {
                                 // The window shrinks: the oldest resident page makes room, or, with none
                                 // left, the new page goes to the host.
                                 let moved = self.spill_oldest(layer)?;
@@ -248,6 +266,76 @@ impl KvCache {
         page.alloc = on_host;
         self.spilled_pages += 1;
         Ok(true)
+    }
+
+    /// Bytes each device needs to hold `n` positions (pages in the resident window on the layers' own
+    /// devices; the host's pages are not listed).
+    pub fn device_need_bytes(&self, n: usize) -> Vec<(Arc<Device>, u64)> {
+        let pages = n.div_ceil(KV_PAGE_TOKENS) - self.first_resident_page(n).min(n.div_ceil(KV_PAGE_TOKENS));
+        let mut need: Vec<(Arc<Device>, u64)> = Vec::new();
+        for l in self.layers.iter().filter(|l| !l.device.is_host()) {
+            match need.iter_mut().find(|(d, _)| Arc::ptr_eq(d, &l.device)) {
+                Some((_, b)) => *b += pages as u64 * self.page_bytes(),
+                None => need.push((l.device.clone(), pages as u64 * self.page_bytes())),
+            }
+        }
+        need
+    }
+
+    /// A host copy of the first `len()` positions, copied page by page (no second full copy on the way).
+    pub fn snapshot(&self) -> KvSnapshot {
+        let (n, dim, row) = (self.len, self.kv_dim, self.ty.row_bytes(self.kv_dim));
+        let copy = |layer: &LayerKv, pick: fn(&KvPage) -> &KvRows| -> KvRows {
+            let mut out = match self.ty {
+                KvType::F16 => KvRows::F16(Vec::with_capacity(n * dim)),
+                KvType::Int8 => KvRows::Int8(Vec::with_capacity(n * row)),
+            };
+            for (i, page) in layer.pages.iter().enumerate().take(n.div_ceil(KV_PAGE_TOKENS)) {
+                let rows = (n - i * KV_PAGE_TOKENS).min(KV_PAGE_TOKENS);
+                match (&mut out, pick(page)) {
+                    (KvRows::F16(o), KvRows::F16(p)) => o.extend_from_slice(&p[..rows * dim]),
+                    (KvRows::Int8(o), KvRows::Int8(p)) => o.extend_from_slice(&p[..rows * row]),
+                    _ => unreachable!("a cache holds one KV type"),
+                }
+            }
+            out
+        };
+        let layers = self.layers.iter().map(|l| (copy(l, |p| &p.k), copy(l, |p| &p.v))).collect();
+        KvSnapshot { ty: self.ty, kv_dim: dim, len: n, layers }
+    }
+
+    /// Replaces the contents with the first `n` positions of `snap`: every page is allocated first, on the
+    /// layers' devices (no move to the host: a device without room is an error), then filled page by page.
+    /// On error the cache is left empty with nothing allocated.
+    pub fn restore(&mut self, snap: &KvSnapshot, n: usize) -> Result<(), DeviceError> {
+        debug_assert!(snap.ty == self.ty && snap.kv_dim == self.kv_dim && snap.layers.len() == self.layers.len());
+        let n = n.min(snap.len).min(self.max_tokens);
+        self.clear();
+        if let Err(e) = self.try_reserve(n, true) {
+            self.clear();
+            return Err(e);
+        }
+        let (dim, row) = (self.kv_dim, self.ty.row_bytes(self.kv_dim));
+        for (layer, (sk, sv)) in self.layers.iter_mut().zip(&snap.layers) {
+            for (i, page) in layer.pages.iter_mut().enumerate() {
+                let rows = n.saturating_sub(i * KV_PAGE_TOKENS).min(KV_PAGE_TOKENS);
+                let at = i * KV_PAGE_TOKENS;
+                for (dst, src) in [(&mut page.k, sk), (&mut page.v, sv)] {
+                    match (dst, src) {
+                        (KvRows::F16(d), KvRows::F16(s)) => {
+                            d[..rows * dim].copy_from_slice(&s[at * dim..(at + rows) * dim])
+                        }
+                        (KvRows::Int8(d), KvRows::Int8(s)) => {
+                            d[..rows * row].copy_from_slice(&s[at * row..(at + rows) * row])
+                        }
+                        _ => unreachable!("a cache holds one KV type"),
+                    }
+                }
+                page.alloc.device().count_copy_in((rows * row * 2) as u64);
+            }
+        }
+        self.len = n;
+        Ok(())
     }
 
     /// Marks positions up to `n` (exclusive) as filled; they must have been written.

@@ -1,0 +1,262 @@
+//! Many conversations over one live sequence: the request path of DESIGN.md. A prompt that extends the live
+//! sequence continues it; otherwise the live sequence is parked in the conversation cache, the cache is
+//! looked up (longest common prefix), and a hit goes through the restore gate: admitted, the snapshot's KV
+//! comes back (all pages allocated first; any failure releases them, keeps the snapshot and rereads);
+//! refused, the snapshot stays where it was and the prompt is reread. Results never depend on the path:
+//! restored KV is a byte copy and the forward pass is batch-invariant.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::cache::gate::{self, GateDecision};
+use crate::cache::{ConversationCache, KvIdentity, ParkOutcome, RestoreKind, Snapshot};
+use crate::device::Purpose;
+use crate::model::{KvType, Model, ModelError};
+use crate::telemetry::Telemetry;
+use crate::threadpool::ThreadPool;
+use crate::tokenizer::Tokenizer;
+
+use super::{generate, EngineError, GenerateParams, Generation, Sequence};
+
+/// A checkpoint is recorded every this many prompt tokens (and at the end of every prompt).
+pub const CHECKPOINT_EVERY: usize = 4096;
+
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    pub kv_type: KvType,
+    pub max_context: usize,
+    /// `--conversation-cache-slots` (0: no cache).
+    pub cache_slots: usize,
+    /// `--conversation-cache-mib`, in bytes.
+    pub cache_budget_bytes: u64,
+}
+
+/// One served request.
+#[derive(Clone, Debug)]
+pub struct Served {
+    pub generation: Generation,
+    /// Prompt tokens whose state was not read (live prefix or restored).
+    pub reused: usize,
+    /// Prompt tokens read.
+    pub read: usize,
+    /// A restore from the cache, and how many tokens it brought back.
+    pub restored: Option<(RestoreKind, usize)>,
+}
+
+pub struct Session<'a> {
+    model: &'a Model,
+    tokenizer: &'a Tokenizer,
+    pool: &'a ThreadPool,
+    live: Sequence,
+    live_checkpoints: Vec<usize>,
+    pub cache: ConversationCache,
+    pub telemetry: Arc<Telemetry>,
+    identity: KvIdentity,
+    /// Free-memory samples that failed at a gate decision.
+    pub sample_failures: u64,
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn mib_f(bytes: u64) -> f64 {
+    (bytes as f64 / (1u64 << 20) as f64 * 10.0).round() / 10.0
+}
+
+impl<'a> Session<'a> {
+    pub fn new(
+        model: &'a Model,
+        tokenizer: &'a Tokenizer,
+        pool: &'a ThreadPool,
+        cfg: &SessionConfig,
+    ) -> Result<Session<'a>, EngineError> {
+        let identity = KvIdentity {
+            model: format!("{}:{}", model.cfg.arch_name, model.weight_bytes()),
+            kv_type: cfg.kv_type,
+            n_layer: model.cfg.n_layer,
+            kv_dim: model.cfg.kv_dim(),
+        };
+        Ok(Session {
+            model,
+            tokenizer,
+            pool,
+            live: Sequence::new(model, cfg.kv_type, cfg.max_context)?,
+            live_checkpoints: Vec::new(),
+            cache: ConversationCache::new(cfg.cache_slots, cfg.cache_budget_bytes),
+            telemetry: Arc::new(Telemetry::new()),
+            identity,
+            sample_failures: 0,
+        })
+    }
+
+    /// The live sequence's tokens.
+    pub fn live_tokens(&self) -> &[u32] {
+        &self.live.tokens
+    }
+
+    /// Generates after `prompt` from the best start state (see the module comment).
+    pub fn serve(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        on_text: impl FnMut(&str),
+    ) -> Result<Served, EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if prompt.len() > self.live.kv.max_tokens {
+            return Err(ModelError::ContextOverflow { needed: prompt.len(), max: self.live.kv.max_tokens }.into());
+        }
+        let live_common = self.live.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let mut restored = None;
+        if live_common < self.live.tokens.len() {
+            // The live sequence would lose tokens: park it, then take the best start state.
+            let cand = self.cache.lookup(prompt, &self.identity, live_common);
+            if let Some(c) = cand {
+                self.cache.pin(c.id);
+            }
+            self.park_live();
+            if let Some(c) = cand {
+                self.live.clear();
+                self.live_checkpoints.clear();
+                if self.restore(c.id, c.tokens, c.kind, prompt.len()) {
+                    restored = Some((c.kind, c.tokens));
+                }
+            }
+        }
+        let generation = generate(self.model, self.tokenizer, self.pool, &mut self.live, prompt, params, on_text)?;
+        let reused = generation.reused_tokens;
+        let read = prompt.len() - reused;
+        self.live_checkpoints.retain(|&c| c <= reused);
+        self.live_checkpoints.extend((reused + 1..=prompt.len()).filter(|p| p % CHECKPOINT_EVERY == 0));
+        if self.live_checkpoints.last() != Some(&prompt.len()) {
+            self.live_checkpoints.push(prompt.len());
+        }
+        let g = &generation;
+        tracing::info!(
+            "prompt {} tokens = {} reused + {} read in {:.0} ms ({:.1} tok/s), {} generated in {:.0} ms ({:.1} tok/s), drafts accepted 0 of 0, {} checkpoints",
+            prompt.len(),
+            reused,
+            read,
+            g.prompt_ms,
+            read as f64 / (g.prompt_ms / 1e3).max(1e-9),
+            g.tokens.len(),
+            g.gen_ms,
+            g.tokens.len() as f64 / (g.gen_ms / 1e3).max(1e-9),
+            self.live_checkpoints.len(),
+        );
+        Ok(Served { generation, reused, read, restored })
+    }
+
+    /// Parks the live sequence in the cache (when it fits the budget), evicting as needed. The live
+    /// sequence itself is left as it is.
+    fn park_live(&mut self) {
+        let n = self.live.tokens.len();
+        if n == 0 || self.cache.slots == 0 {
+            return;
+        }
+        let t0 = Instant::now();
+        let bytes = (n * self.live.kv.ty.row_bytes(self.live.kv.kv_dim) * 2 * self.live.kv.layers.len()) as u64;
+        let Some(evicted) = self.cache.make_room(bytes) else {
+            tracing::info!(
+                "conversation cache: not parked: {n} tokens take {bytes} bytes, more than the budget of {} bytes can hold",
+                self.cache.budget_bytes
+            );
+            self.telemetry.event("not_parked", serde_json::json!({"tokens": n, "bytes": bytes}));
+            return;
+        };
+        for e in &evicted {
+            self.telemetry.event("evicted", serde_json::json!({"tokens": e.tokens, "bytes": e.bytes}));
+        }
+        let host = self.model.placement.devices.host.clone();
+        let held = match host.alloc(Purpose::Kv, bytes) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::info!("conversation cache: not parked: {e}");
+                self.telemetry.event("not_parked", serde_json::json!({"tokens": n, "bytes": bytes}));
+                return;
+            }
+        };
+        let kv = self.live.kv.snapshot();
+        host.count_copy_in(bytes);
+        let mut snap =
+            Snapshot::new(self.live.tokens.clone(), self.live_checkpoints.clone(), kv, self.identity.clone());
+        snap.host = Some(held);
+        match self.cache.park(snap) {
+            ParkOutcome::Parked { .. } => {
+                let elapsed = ms(t0);
+                tracing::info!(
+                    "conversation cache: parked {n} tokens in {elapsed:.1} ms; parked={} bytes={} evictions={} snapshot_bytes={bytes}",
+                    self.cache.len(),
+                    self.cache.bytes(),
+                    self.cache.evictions()
+                );
+                self.telemetry.event(
+                    "parked",
+                    serde_json::json!({"tokens": n, "ms": elapsed, "snapshot_bytes": bytes, "parked": self.cache.len(),
+                        "bytes": self.cache.bytes(), "evictions": self.cache.evictions()}),
+                );
+            }
+            ParkOutcome::NoRoom { .. } | ParkOutcome::Disabled => {}
+        }
+    }
+
+    /// Restores `tokens` positions of snapshot `id` into the (empty) live sequence if the gate admits it
+    /// and every allocation succeeds; false (snapshot kept, unpinned) otherwise.
+    fn restore(&mut self, id: u64, tokens: usize, kind: RestoreKind, prompt_len: usize) -> bool {
+        let needs = self.live.kv.device_need_bytes(tokens);
+        match gate::decide(&needs, &self.telemetry) {
+            GateDecision::Refuse { device, free_bytes, need_bytes, reserve_bytes } => {
+                self.cache.unpin(id);
+                tracing::info!(
+                    "conversation cache: restore skipped: device {device} free {:.0} MiB - need {:.0} MiB < reserve {:.0} MiB; snapshot kept, rereading {prompt_len} tokens",
+                    mib_f(free_bytes),
+                    mib_f(need_bytes),
+                    mib_f(reserve_bytes),
+                );
+                self.telemetry.event(
+                    "restore_fallback",
+                    serde_json::json!({"device": device, "free_mib": mib_f(free_bytes), "need_mib": mib_f(need_bytes),
+                        "reserve_mib": mib_f(reserve_bytes), "tokens": tokens}),
+                );
+                return false;
+            }
+            GateDecision::Admit { failed_samples } => {
+                for device in failed_samples {
+                    self.sample_failures += 1;
+                    tracing::info!(
+                        "conversation cache: free-memory sample of device {device} failed; restoring without it ({} failed so far)",
+                        self.sample_failures
+                    );
+                    self.telemetry
+                        .event("sample_failed", serde_json::json!({"device": device, "count": self.sample_failures}));
+                }
+            }
+        }
+        let t0 = Instant::now();
+        let Some(snap) = self.cache.get(id) else { return false };
+        if let Err(e) = self.live.kv.restore(&snap.kv, tokens) {
+            self.cache.unpin(id);
+            tracing::info!("conversation cache: restore failed, released and rereading {prompt_len} tokens: {e}");
+            self.telemetry.event("oom_averted", serde_json::json!({"error": e.to_string(), "tokens": tokens}));
+            return false;
+        }
+        self.live.tokens = snap.tokens[..tokens].to_vec();
+        self.live_checkpoints = snap.checkpoints.iter().copied().filter(|&c| c <= tokens).collect();
+        let bytes = snap.kv.bytes() * tokens as u64 / snap.kv.len.max(1) as u64;
+        self.cache.remove(id);
+        let elapsed = ms(t0);
+        tracing::info!(
+            "conversation cache: restored {tokens} tokens ({kind}) in {elapsed:.1} ms; parked={} bytes={}",
+            self.cache.len(),
+            self.cache.bytes()
+        );
+        self.telemetry.event(
+            "restored",
+            serde_json::json!({"kind": kind, "tokens": tokens, "ms": elapsed, "restored_bytes": bytes,
+                "parked": self.cache.len(), "bytes": self.cache.bytes()}),
+        );
+        true
+    }
+}

@@ -1,0 +1,139 @@
+//! Telemetry of one engine: a ring buffer of device samples (free and total memory per device) and engine
+//! events (parked, restored, restore_fallback, sample_failed, evicted, oom_averted, ...), with subscribers
+//! that receive every new entry. It never blocks the engine: a subscriber that went away is dropped.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::Serialize;
+
+/// Entries kept of each kind; older ones are dropped.
+pub const RING_ENTRIES: usize = 4096;
+
+/// Free memory of one device at one moment (`free_bytes` is None when the sample failed).
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceSample {
+    pub t_ms: f64,
+    pub device: usize,
+    pub free_bytes: Option<u64>,
+    pub total_bytes: u64,
+}
+
+/// An engine event: its kind and its fields (a JSON object).
+#[derive(Clone, Debug, Serialize)]
+pub struct Event {
+    pub t_ms: f64,
+    pub event: String,
+    #[serde(flatten)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum Entry {
+    Sample(DeviceSample),
+    Event(Event),
+}
+
+#[derive(Default)]
+struct Ring {
+    samples: VecDeque<DeviceSample>,
+    events: VecDeque<Event>,
+    subscribers: Vec<Sender<Entry>>,
+}
+
+pub struct Telemetry {
+    start: Instant,
+    ring: Mutex<Ring>,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Telemetry { start: Instant::now(), ring: Mutex::new(Ring::default()) }
+    }
+}
+
+impl Telemetry {
+    pub fn new() -> Telemetry {
+        Telemetry::default()
+    }
+
+    /// Milliseconds since the engine started.
+    pub fn now_ms(&self) -> f64 {
+        self.start.elapsed().as_secs_f64() * 1e3
+    }
+
+    fn publish(&self, ring: &mut Ring, entry: Entry) {
+        ring.subscribers.retain(|s| s.send(entry.clone()).is_ok());
+    }
+
+    pub fn sample(&self, device: usize, free_bytes: Option<u64>, total_bytes: u64) {
+        let s = DeviceSample { t_ms: self.now_ms(), device, free_bytes, total_bytes };
+        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        if ring.samples.len() == RING_ENTRIES {
+            ring.samples.pop_front();
+        }
+        ring.samples.push_back(s.clone());
+        self.publish(&mut ring, Entry::Sample(s));
+    }
+
+    /// Records an event `kind` with `fields` (a JSON object; other values are recorded under "value").
+    pub fn event(&self, kind: &str, fields: serde_json::Value) {
+        let fields = match fields {
+            serde_json::Value::Object(m) => m,
+            serde_json::Value::Null => serde_json::Map::new(),
+            v => serde_json::Map::from_iter([("value".to_owned(), v)]),
+        };
+        let e = Event { t_ms: self.now_ms(), event: kind.to_owned(), fields };
+        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        if ring.events.len() == RING_ENTRIES {
+            ring.events.pop_front();
+        }
+        ring.events.push_back(e.clone());
+        self.publish(&mut ring, Entry::Event(e));
+    }
+
+    /// Every new entry from now on.
+    pub fn subscribe(&self) -> Receiver<Entry> {
+        let (tx, rx) = channel();
+        self.ring.lock().unwrap_or_else(|e| e.into_inner()).subscribers.push(tx);
+        rx
+    }
+
+    /// Samples and events recorded after `since_ms`, oldest first.
+    pub fn since(&self, since_ms: f64) -> (Vec<DeviceSample>, Vec<Event>) {
+        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        (
+            ring.samples.iter().filter(|s| s.t_ms > since_ms).cloned().collect(),
+            ring.events.iter().filter(|e| e.t_ms > since_ms).cloned().collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_publishes_and_forgets_the_oldest() {
+        let t = Telemetry::new();
+        let rx = t.subscribe();
+        t.sample(1, Some(100), 200);
+        t.event("parked", serde_json::json!({"tokens": 5}));
+        assert!(matches!(rx.try_recv().unwrap(), Entry::Sample(DeviceSample { device: 1, .. })));
+        match rx.try_recv().unwrap() {
+            Entry::Event(e) => assert_eq!((e.event.as_str(), e.fields["tokens"].as_u64()), ("parked", Some(5))),
+            other => panic!("{other:?}"),
+        }
+        for i in 0..RING_ENTRIES + 10 {
+            t.event("evicted", serde_json::json!({ "i": i }));
+        }
+        let (samples, events) = t.since(-1.0);
+        assert_eq!((samples.len(), events.len()), (1, RING_ENTRIES));
+        assert_eq!(events[0].fields["i"].as_u64(), Some(10));
+        drop(rx);
+        t.event("x", serde_json::Value::Null); // a gone subscriber is dropped, not an error
+    }
+}
