@@ -203,9 +203,12 @@ impl KvCache {
         let first_resident = self.first_resident_page(n);
         let page_bytes = self.page_bytes();
         let (ty, kv_dim, host) = (self.ty, self.kv_dim, self.host.clone());
-        let rows = || match ty {
-            KvType::F16 => KvRows::F16(vec![f16::ZERO; KV_PAGE_TOKENS * kv_dim]),
-            KvType::Int8 => KvRows::Int8(vec![0u8; KV_PAGE_TOKENS * ty.row_bytes(kv_dim)]),
+        // A restore fills its pages itself: they start empty (no zeroing of bytes about to be overwritten).
+        let rows = || match (ty, strict) {
+            (KvType::F16, false) => KvRows::F16(vec![f16::ZERO; KV_PAGE_TOKENS * kv_dim]),
+            (KvType::Int8, false) => KvRows::Int8(vec![0u8; KV_PAGE_TOKENS * ty.row_bytes(kv_dim)]),
+            (KvType::F16, true) => KvRows::F16(Vec::with_capacity(KV_PAGE_TOKENS * kv_dim)),
+            (KvType::Int8, true) => KvRows::Int8(Vec::with_capacity(KV_PAGE_TOKENS * ty.row_bytes(kv_dim))),
         };
         let spilled_before = self.spilled_pages;
         let mut shrunk: Option<DeviceError> = None; // the last refusal that moved KV to the host
@@ -323,10 +326,12 @@ impl KvCache {
                 for (dst, src) in [(&mut page.k, sk), (&mut page.v, sv)] {
                     match (dst, src) {
                         (KvRows::F16(d), KvRows::F16(s)) => {
-                            d[..rows * dim].copy_from_slice(&s[at * dim..(at + rows) * dim])
+                            d.extend_from_slice(&s[at * dim..(at + rows) * dim]);
+                            d.resize(KV_PAGE_TOKENS * dim, f16::ZERO);
                         }
                         (KvRows::Int8(d), KvRows::Int8(s)) => {
-                            d[..rows * row].copy_from_slice(&s[at * row..(at + rows) * row])
+                            d.extend_from_slice(&s[at * row..(at + rows) * row]);
+                            d.resize(KV_PAGE_TOKENS * row, 0);
                         }
                         _ => unreachable!("a cache holds one KV type"),
                     }
