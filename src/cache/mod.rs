@@ -78,6 +78,13 @@ pub struct Evicted {
     pub bytes: u64,
 }
 
+/// What `make_room` evicted, and the KV buffers of the largest evicted snapshot, for the next park to
+/// write into (memory already touched; its ledger entry is gone with the snapshot).
+pub struct Room {
+    pub evicted: Vec<Evicted>,
+    pub spare: Option<KvSnapshot>,
+}
+
 #[derive(Debug)]
 pub enum ParkOutcome {
     Parked {
@@ -134,7 +141,7 @@ impl ConversationCache {
 
     /// Evicts least recently used snapshots (never the pinned one) until `bytes` more fit the budget and a
     /// slot is free; None when that is impossible (nothing is evicted then).
-    pub fn make_room(&mut self, bytes: u64) -> Option<Vec<Evicted>> {
+    pub fn make_room(&mut self, bytes: u64) -> Option<Room> {
         if self.slots == 0 || bytes > self.budget_bytes {
             return None;
         }
@@ -145,14 +152,18 @@ impl ConversationCache {
             return None;
         }
         let mut evicted = Vec::new();
+        let mut spare: Option<KvSnapshot> = None;
         while self.bytes + bytes > self.budget_bytes || self.entries.len() + 1 > self.slots {
             let i = self.entries.iter().position(|s| !s.pinned)?;
             let s = self.entries.remove(i);
             self.bytes -= s.bytes();
             self.evictions += 1;
             evicted.push(Evicted { tokens: s.tokens.len(), bytes: s.bytes() });
+            if spare.as_ref().map_or(true, |k| k.bytes() < s.kv.bytes()) {
+                spare = Some(s.kv);
+            }
         }
-        Some(evicted)
+        Some(Room { evicted, spare })
     }
 
     /// Parks `snap` as the most recently used, evicting as needed (call `make_room` first to avoid
@@ -162,7 +173,7 @@ impl ConversationCache {
             return ParkOutcome::Disabled;
         }
         let bytes = snap.bytes();
-        let Some(evicted) = self.make_room(bytes) else { return ParkOutcome::NoRoom { bytes } };
+        let Some(Room { evicted, .. }) = self.make_room(bytes) else { return ParkOutcome::NoRoom { bytes } };
         snap.id = self.next_id;
         snap.pinned = false;
         self.next_id += 1;
@@ -184,7 +195,7 @@ impl ConversationCache {
                 let at = s.checkpoints.iter().copied().filter(|&c| c <= common).max().unwrap_or(0);
                 (at, RestoreKind::Checkpoint)
             };
-            if tokens > at_least && best.is_none_or(|b| tokens > b.tokens) {
+            if tokens > at_least && best.map_or(true, |b| tokens > b.tokens) {
                 best = Some(Candidate { id: s.id, tokens, kind });
             }
         }

@@ -158,7 +158,7 @@ impl<'a> Session<'a> {
         }
         let t0 = Instant::now();
         let bytes = (n * self.live.kv.ty.row_bytes(self.live.kv.kv_dim) * 2 * self.live.kv.layers.len()) as u64;
-        let Some(evicted) = self.cache.make_room(bytes) else {
+        let Some(room) = self.cache.make_room(bytes) else {
             tracing::info!(
                 "conversation cache: not parked: {n} tokens take {bytes} bytes, more than the budget of {} bytes can hold",
                 self.cache.budget_bytes
@@ -166,7 +166,7 @@ impl<'a> Session<'a> {
             self.telemetry.event("not_parked", serde_json::json!({"tokens": n, "bytes": bytes}));
             return;
         };
-        for e in &evicted {
+        for e in &room.evicted {
             self.telemetry.event("evicted", serde_json::json!({"tokens": e.tokens, "bytes": e.bytes}));
         }
         let host = self.model.placement.devices.host.clone();
@@ -178,7 +178,7 @@ impl<'a> Session<'a> {
                 return;
             }
         };
-        let kv = self.live.kv.snapshot();
+        let kv = self.live.kv.snapshot_into(room.spare);
         host.count_copy_in(bytes);
         let mut snap =
             Snapshot::new(self.live.tokens.clone(), self.live_checkpoints.clone(), kv, self.identity.clone());
