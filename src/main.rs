@@ -37,6 +37,25 @@ enum Command {
     Plan(cli::plan::PlanArgs),
     /// The devices to run on, with their free and total memory.
     Devices(cli::devices::DevicesArgs),
+    /// Run a scripted workload (conversations, device faults) and print every engine event as JSON lines.
+    Replay(cli::replay::ReplayArgs),
+}
+
+impl Command {
+    /// The subcommand's name, as typed.
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Run(_) => "run",
+            Command::Chat(_) => "chat",
+            Command::Tokenize(_) => "tokenize",
+            Command::Perplexity(_) => "perplexity",
+            Command::Bench(_) => "bench",
+            Command::Info(_) => "info",
+            Command::Plan(_) => "plan",
+            Command::Devices(_) => "devices",
+            Command::Replay(_) => "replay",
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -46,11 +65,11 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    init_logging();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => return cli::report_usage_error(e),
     };
+    init_logging(cli.command.name());
     let result = match cli.command {
         Command::Run(a) => cli::run::main(a),
         Command::Chat(a) => cli::chat::main(a),
@@ -60,6 +79,7 @@ fn main() -> ExitCode {
         Command::Info(a) => cli::info::main(a),
         Command::Plan(a) => cli::plan::main(a),
         Command::Devices(a) => cli::devices::main(a),
+        Command::Replay(a) => cli::replay::main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -70,13 +90,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Log lines on stderr as `strata: message` (info and above; `STRATA_LOG=debug` or any tracing filter for
-/// more, `STRATA_LOG=off` for none).
-fn init_logging() {
+/// Log lines on stderr as `strata <subcommand>: message`, e.g. `strata replay: conversation cache: parked ...`
+/// (info and above; `STRATA_LOG=debug` or any tracing filter for more, `STRATA_LOG=off` for none).
+fn init_logging(subcommand: &'static str) {
     use tracing_subscriber::fmt::{format::Writer, FmtContext, FormatEvent, FormatFields};
     use tracing_subscriber::registry::LookupSpan;
 
-    struct Line;
+    struct Line(&'static str);
     impl<S, N> FormatEvent<S, N> for Line
     where
         S: tracing::Subscriber + for<'a> LookupSpan<'a>,
@@ -88,7 +108,7 @@ fn init_logging() {
             mut w: Writer<'_>,
             event: &tracing::Event<'_>,
         ) -> std::fmt::Result {
-            write!(w, "strata: ")?;
+            write!(w, "strata {}: ", self.0)?;
             ctx.field_format().format_fields(w.by_ref(), event)?;
             writeln!(w)
         }
@@ -97,6 +117,9 @@ fn init_logging() {
     let spec = if spec.trim().is_empty() { "strata=info" } else { spec.as_str() };
     let filter = tracing_subscriber::EnvFilter::try_new(spec)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("strata=info"));
-    let _ =
-        tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).event_format(Line).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .event_format(Line(subcommand))
+        .try_init();
 }

@@ -8,6 +8,7 @@ pub mod devices;
 pub mod info;
 pub mod perplexity;
 pub mod plan;
+pub mod replay;
 pub mod run;
 pub mod tokenize;
 

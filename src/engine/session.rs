@@ -118,7 +118,7 @@ impl<'a> Session<'a> {
             }
             self.park_live();
             if let Some(c) = cand {
-                self.live.clear();
+                self.live.rewind(0); // frees its pages: the gate must see that memory free
                 self.live_checkpoints.clear();
                 if self.restore(c.id, c.tokens, c.kind, prompt.len()) {
                     restored = Some((c.kind, c.tokens));

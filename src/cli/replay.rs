@@ -1,0 +1,345 @@
+//! `strata replay SCRIPT.jsonl`: a scripted workload of several conversations and device faults, run
+//! deterministically (greedy sampling) through one engine session with its conversation cache, printing the
+//! story as JSON lines on stdout: every engine event (parked, restored, restore_fallback, sample_failed,
+//! evicted, ...) as the session emits it, every fault applied, and every response. It reproduces a user's
+//! report on a machine without their GPUs (`--devices sim:...`), and its output can be compared with the
+//! same script run without the cache (`--conversation-cache-slots 0`): the tokens must not change.
+//!
+//! The script has one JSON object per line; blank lines and lines starting with `#` are skipped:
+//!
+//! ```text
+//! {"op":"chat","conversation":"a","user":"text","max_tokens":32}   a user turn in conversation a (created on
+//!                                                                  first use); its whole history is rendered
+//!                                                                  with the chat template and served; the reply
+//!                                                                  joins the history (max_tokens: default 128)
+//! {"op":"fork","from":"a","to":"a2","drop_last":2}                 a2 starts as a copy of a's history without
+//!                                                                  its last drop_last messages (an edited turn)
+//! {"op":"pressure","device":1,"mib":300}                           another process holds 300 MiB of device 1
+//!                                                                  (replaces the previous amount; 0 lifts it)
+//! {"op":"pressure","device":1,"leave_free_mib":40}                 ... or whatever leaves 40 MiB free now
+//! {"op":"fail_samples","device":1,"count":1}                       the next free-memory samples of device 1 fail
+//! {"op":"fail_alloc","device":1,"count":1}                         the next allocations on device 1 fail
+//! ```
+//!
+//! Devices are numbered in `--devices` order and only `sim` devices take faults. The whole script is checked
+//! before anything runs: a bad line is one error naming the line and why. Output lines carry the script line
+//! that caused them: `{"event":"response","line":3,"conversation":"a","tokens":[...],"text":"...","reused":0,
+//! "read":812,"restored":null,...}`; a failed serve prints `{"event":"error",...}` (the user's turn is dropped
+//! from the history) and the script goes on.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::mpsc::Receiver;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde::Deserialize;
+use serde_json::json;
+
+use strata::device::{DeviceKind, DeviceSet, Fault};
+use strata::engine::session::{Session, SessionConfig};
+use strata::engine::GenerateParams;
+use strata::sample::SamplerConfig;
+use strata::telemetry::Entry;
+use strata::tokenizer::{ChatMessage, ChatTemplate};
+
+use super::{load, one_line, tokenize_prompt_templated, EngineArgs, ModelArgs};
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// The script: one JSON operation per line (chat, fork, pressure, fail_samples, fail_alloc)
+    #[arg(value_name = "SCRIPT.jsonl")]
+    pub script: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Conversations the cache may hold parked (0: no cache, every switch rereads)
+    #[arg(long = "conversation-cache-slots", value_name = "N", default_value_t = 4)]
+    pub cache_slots: usize,
+    /// Host memory the parked conversations may take, in MiB
+    #[arg(long = "conversation-cache-mib", value_name = "M", default_value_t = 4096)]
+    pub cache_mib: u64,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+fn default_max_tokens() -> usize {
+    128
+}
+
+/// One script line.
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+enum Op {
+    Chat {
+        conversation: String,
+        user: String,
+        #[serde(default = "default_max_tokens")]
+        max_tokens: usize,
+    },
+    Fork {
+        from: String,
+        to: String,
+        #[serde(default)]
+        drop_last: usize,
+    },
+    Pressure {
+        device: usize,
+        mib: Option<u64>,
+        leave_free_mib: Option<u64>,
+    },
+    FailSamples {
+        device: usize,
+        count: u32,
+    },
+    FailAlloc {
+        device: usize,
+        count: u32,
+    },
+}
+
+impl Op {
+    /// The device a fault op aims at.
+    fn device(&self) -> Option<usize> {
+        match self {
+            Op::Pressure { device, .. } | Op::FailSamples { device, .. } | Op::FailAlloc { device, .. } => {
+                Some(*device)
+            }
+            Op::Chat { .. } | Op::Fork { .. } => None,
+        }
+    }
+}
+
+/// Parses the script: (line number, op) for every line that is not blank or a comment. Checks what needs
+/// no model: the JSON, the ops and their fields, pressure given one way, forks of known conversations.
+fn parse_script(text: &str) -> anyhow::Result<Vec<(usize, Op)>> {
+    let mut ops = Vec::new();
+    let mut conversations = HashSet::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let op: Op = serde_json::from_str(line).with_context(|| format!("line {n}"))?;
+        match &op {
+            Op::Chat { conversation, .. } => {
+                conversations.insert(conversation.clone());
+            }
+            Op::Fork { from, to, .. } => {
+                if !conversations.contains(from) {
+                    bail!("line {n}: fork from {from:?}, a conversation no earlier line chats in");
+                }
+                conversations.insert(to.clone());
+            }
+            Op::Pressure { mib, leave_free_mib, .. } => {
+                if mib.is_some() == leave_free_mib.is_some() {
+                    bail!("line {n}: pressure takes exactly one of \"mib\" and \"leave_free_mib\"");
+                }
+            }
+            Op::FailSamples { .. } | Op::FailAlloc { .. } => {}
+        }
+        ops.push((n, op));
+    }
+    Ok(ops)
+}
+
+/// Checks that every fault op names a sim device of `devices`.
+fn check_devices(ops: &[(usize, Op)], devices: &DeviceSet) -> anyhow::Result<()> {
+    for (n, op) in ops {
+        let Some(d) = op.device() else { continue };
+        let Some(device) = devices.devices.get(d) else {
+            let names: Vec<String> = devices.devices.iter().map(|d| d.name()).collect();
+            bail!("line {n}: device {d} is not in --devices ({})", names.join(", "));
+        };
+        if !matches!(device.kind, DeviceKind::Sim { .. }) {
+            bail!("line {n}: device {} is not a sim device: only sim devices take faults", device.name());
+        }
+    }
+    Ok(())
+}
+
+/// The fault a fault op applies: (device, fault, the fields of its output line).
+fn fault_of(op: &Op) -> Option<(usize, Fault, serde_json::Value)> {
+    Some(match *op {
+        Op::Pressure { device, mib: Some(mib), .. } => (
+            device,
+            Fault::PressureBytes(mib.saturating_mul(MIB)),
+            json!({"op": "pressure", "device": device, "mib": mib}),
+        ),
+        Op::Pressure { device, leave_free_mib: Some(m), .. } => (
+            device,
+            Fault::LeaveFreeBytes(m.saturating_mul(MIB)),
+            json!({"op": "pressure", "device": device, "leave_free_mib": m}),
+        ),
+        Op::FailSamples { device, count } => {
+            (device, Fault::FailSamples(count), json!({"op": "fail_samples", "device": device, "count": count}))
+        }
+        Op::FailAlloc { device, count } => {
+            (device, Fault::FailAllocs(count), json!({"op": "fail_alloc", "device": device, "count": count}))
+        }
+        Op::Pressure { .. } | Op::Chat { .. } | Op::Fork { .. } => return None,
+    })
+}
+
+/// Prints one output line: `{"event":..,"line":..,` then the other fields of `fields` (a JSON object).
+fn emit(event: &str, line: usize, fields: serde_json::Value) {
+    let mut text = format!("{{\"event\":{},\"line\":{line}", json!(event));
+    if let serde_json::Value::Object(map) = fields {
+        for (k, v) in map.iter().filter(|(k, _)| !matches!(k.as_str(), "event" | "line")) {
+            text.push_str(&format!(",{}:{v}", json!(k)));
+        }
+    }
+    text.push('}');
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}");
+    let _ = out.flush();
+}
+
+/// Prints every event the session emitted since the last drain, in order, tagged with the script line.
+fn drain(events: &Receiver<Entry>, line: usize) {
+    for entry in events.try_iter() {
+        if let Entry::Event(e) = entry {
+            let fields = serde_json::to_value(&e).unwrap_or(serde_json::Value::Null);
+            emit(&e.event, line, fields);
+        }
+    }
+}
+
+pub fn main(a: ReplayArgs) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(&a.script).with_context(|| format!("cannot read script {}", a.script.display()))?;
+    let ops = parse_script(&text).with_context(|| format!("bad script {}", a.script.display()))?;
+    let cache_budget_bytes = a
+        .cache_mib
+        .checked_mul(MIB)
+        .with_context(|| format!("--conversation-cache-mib {} is too large", a.cache_mib))?;
+    // Fault lines are checked against the devices before the model loads.
+    check_devices(&ops, &a.engine.load_options()?.devices)
+        .with_context(|| format!("bad script {}", a.script.display()))?;
+
+    let loaded = load(&a.model, &a.engine)?;
+    let template = ChatTemplate::from_gguf(&loaded.model.file).context("cannot read the chat template")?;
+    let pool = a.engine.pool();
+    let cfg = SessionConfig {
+        kv_type: a.engine.kv,
+        max_context: a.engine.context(&loaded.model),
+        cache_slots: a.cache_slots,
+        cache_budget_bytes,
+    };
+    let mut session = Session::new(&loaded.model, &loaded.tokenizer, &pool, &cfg)?;
+    let events = session.telemetry.subscribe();
+    let devices = &loaded.model.placement.devices.devices;
+    let mut histories: HashMap<String, Vec<ChatMessage>> = HashMap::new();
+
+    for (line, op) in &ops {
+        let line = *line;
+        match op {
+            Op::Chat { conversation, user, max_tokens } => {
+                let history = histories.entry(conversation.clone()).or_default();
+                history.push(ChatMessage::new("user", user.as_str()));
+                let rendered = template.render(history, true).with_context(|| format!("line {line}"))?;
+                let prompt = tokenize_prompt_templated(&loaded.tokenizer, &rendered);
+                let params = GenerateParams {
+                    max_tokens: *max_tokens,
+                    sampler: SamplerConfig::greedy(),
+                    ignore_eos: false,
+                    stop: Vec::new(),
+                    top_logprobs: 0,
+                    batch: a.engine.batch as usize,
+                };
+                let served = session.serve(&prompt, &params, |_| {});
+                drain(&events, line);
+                match served {
+                    Ok(s) => {
+                        let g = &s.generation;
+                        history.push(ChatMessage::new("assistant", g.text.trim()));
+                        let fields = json!({
+                            "conversation": conversation,
+                            "tokens": g.tokens,
+                            "text": g.text,
+                            "prompt_tokens": prompt.len(),
+                            "reused": s.reused,
+                            "read": s.read,
+                            "restored": s.restored.map(|(kind, _)| kind),
+                            "restored_tokens": s.restored.map(|(_, n)| n),
+                            "prompt_ms": g.prompt_ms,
+                            "gen_ms": g.gen_ms,
+                        });
+                        emit("response", line, fields);
+                    }
+                    Err(e) => {
+                        history.pop();
+                        let e = anyhow::Error::from(e);
+                        emit("error", line, json!({"conversation": conversation, "error": one_line(&e)}));
+                    }
+                }
+            }
+            Op::Fork { from, to, drop_last } => {
+                let source = histories.get(from).cloned().unwrap_or_default();
+                if *drop_last > source.len() {
+                    bail!(
+                        "line {line}: fork drops {drop_last} messages but conversation {from:?} has {}",
+                        source.len()
+                    );
+                }
+                let kept = source.len() - drop_last;
+                histories.insert(to.clone(), source[..kept].to_vec());
+                emit("fork", line, json!({"from": from, "to": to, "messages": kept}));
+            }
+            Op::Pressure { .. } | Op::FailSamples { .. } | Op::FailAlloc { .. } => {
+                // parse_script vouched for the fields, check_devices for the index and the kind.
+                let (d, fault, fields) = fault_of(op).with_context(|| format!("line {line}: not a fault"))?;
+                let device = devices.get(d).with_context(|| format!("line {line}: no device {d}"))?;
+                device.inject(fault).with_context(|| format!("line {line}"))?;
+                emit("fault", line, fields);
+                drain(&events, line);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ops_and_names_the_bad_line() {
+        let text = "# a comment\n\n{\"op\":\"chat\",\"conversation\":\"a\",\"user\":\"hi\"}\n\
+                    {\"op\":\"pressure\",\"device\":1,\"leave_free_mib\":40}\n\
+                    {\"op\":\"fork\",\"from\":\"a\",\"to\":\"b\",\"drop_last\":2}\n";
+        let ops = parse_script(text).unwrap();
+        assert_eq!(ops.len(), 3);
+        assert_eq!(ops[0], (3, Op::Chat { conversation: "a".into(), user: "hi".into(), max_tokens: 128 }));
+        assert_eq!(ops[1], (4, Op::Pressure { device: 1, mib: None, leave_free_mib: Some(40) }));
+        for (bad, why) in [
+            ("{\"op\":\"explode\"}", "unknown variant"),
+            ("{\"op\":\"chat\",\"conversation\":\"a\",\"user\":\"hi\",\"colour\":1}", "unknown field"),
+            ("{\"op\":\"chat\",\"user\":\"hi\"}", "missing field"),
+            ("{not json", "key must be a string"),
+            ("{\"op\":\"pressure\",\"device\":1}", "exactly one"),
+            ("{\"op\":\"pressure\",\"device\":1,\"mib\":1,\"leave_free_mib\":1}", "exactly one"),
+            ("{\"op\":\"fork\",\"from\":\"nobody\",\"to\":\"b\"}", "no earlier line"),
+        ] {
+            let e = parse_script(&format!("# first\n{bad}\n")).unwrap_err();
+            let msg = one_line(&e);
+            assert!(msg.starts_with("line 2"), "{msg}");
+            assert!(msg.contains(why), "{why:?} not in {msg}");
+        }
+    }
+
+    #[test]
+    fn faults_need_a_sim_device_in_the_list() {
+        let devices = DeviceSet::parse("sim:100,cpu", 0).unwrap();
+        let ops = parse_script("{\"op\":\"fail_alloc\",\"device\":0,\"count\":1}\n").unwrap();
+        check_devices(&ops, &devices).unwrap();
+        let ops = parse_script("{\"op\":\"fail_alloc\",\"device\":1,\"count\":1}\n").unwrap();
+        assert!(one_line(&check_devices(&ops, &devices).unwrap_err()).contains("not a sim device"));
+        let ops = parse_script("\n{\"op\":\"fail_samples\",\"device\":9,\"count\":1}\n").unwrap();
+        let msg = one_line(&check_devices(&ops, &devices).unwrap_err());
+        assert!(msg.starts_with("line 2: device 9 is not in --devices"), "{msg}");
+    }
+}

@@ -1,0 +1,278 @@
+//! `strata replay` end to end on the default model: the reported scenario (a long conversation parked, its
+//! restore refused by the gate on a squeezed device, then restored live, then an edited turn restored from a
+//! checkpoint despite a failed free-memory sample), a failed turn, and bad scripts. Every run with the cache
+//! gives the same tokens as the same script without it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, OnceLock};
+
+use serde_json::Value;
+
+/// The model runs one at a time: each uses every core (a spinning pool), and two at once on a small machine
+/// would mostly wait for each other.
+static MODEL_RUNS: Mutex<()> = Mutex::new(());
+
+/// The split of the report, scaled to the default model: layers 0..15 on a 200 MiB GPU, 15..30 on a 400 MiB
+/// one, 32 MiB kept free on each, two cache slots of a 256 MiB budget.
+const SPLIT: &[&str] = &[
+    "--devices",
+    "sim:200,sim:400",
+    "--layer-split",
+    "15",
+    "--vram-reserve-mib",
+    "32",
+    "--conversation-cache-mib",
+    "256",
+    "-c",
+    "8192",
+];
+
+const MIB: f64 = (1u64 << 20) as f64;
+/// One KV page of one layer: 64 positions of K and V, 192 f16 values each.
+const PAGE_BYTES: u64 = 64 * 192 * 2 * 2;
+/// Layers on device 1.
+const LAYERS_ON_DEVICE_1: u64 = 15;
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/replay").join(name)
+}
+
+fn replay(script: &Path, args: &[&str]) -> Output {
+    let _one = MODEL_RUNS.lock().unwrap_or_else(|e| e.into_inner());
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .arg("replay")
+        .arg(script)
+        .args(args)
+        .env("STRATA_MODEL", common::model_path())
+        .output()
+        .expect("the strata binary runs")
+}
+
+/// The output lines of a run that must have succeeded.
+fn story(o: &Output) -> Vec<Value> {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "replay failed: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+fn of<'a>(story: &'a [Value], event: &str) -> Vec<&'a Value> {
+    story.iter().filter(|v| v["event"] == event).collect()
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a whole number: {v}"))
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// The response of script line `line`.
+fn response(story: &[Value], line: u64) -> &Value {
+    story.iter().find(|v| v["event"] == "response" && v["line"] == line).expect("a response on that line")
+}
+
+/// Each response's line and tokens, which the cache must never change.
+fn tokens_by_line(story: &[Value]) -> Vec<(u64, Value)> {
+    of(story, "response").iter().map(|r| (u(&r["line"]), r["tokens"].clone())).collect()
+}
+
+/// MiB as the engine reports them (one decimal).
+fn mib_1(bytes: u64) -> f64 {
+    (bytes as f64 / MIB * 10.0).round() / 10.0
+}
+
+/// The reported scenario with the cache and without it (one pair of runs for the tests that read it: each run
+/// reads the long conversation several times).
+struct Reported {
+    cached: Vec<Value>,
+    uncached: Vec<Value>,
+    /// The cached run's log.
+    log: String,
+}
+
+fn reported() -> &'static Reported {
+    static RUNS: OnceLock<Reported> = OnceLock::new();
+    RUNS.get_or_init(|| {
+        let path = script("reported.jsonl");
+        let cached_run = replay(&path, &[SPLIT, &["--conversation-cache-slots", "2"]].concat());
+        let uncached = story(&replay(&path, &[SPLIT, &["--conversation-cache-slots", "0"]].concat()));
+        Reported { cached: story(&cached_run), uncached, log: String::from_utf8_lossy(&cached_run.stderr).into_owned() }
+    })
+}
+
+#[test]
+fn the_cache_never_changes_a_reply() {
+    let Reported { cached, uncached, .. } = reported();
+    assert_eq!(tokens_by_line(cached), tokens_by_line(uncached), "the cache changed a reply");
+    assert_eq!(of(cached, "response").len(), 8);
+    assert!(of(cached, "error").is_empty() && of(uncached, "error").is_empty());
+    assert!(of(uncached, "parked").is_empty() && of(uncached, "restored").is_empty());
+    assert_eq!(of(cached, "fault").len(), 3);
+}
+
+#[test]
+fn the_reported_scenario_falls_back_then_restores() {
+    let Reported { cached, log, .. } = reported();
+    // a is parked when the user switches to b.
+    let first_park = of(cached, "parked")[0];
+    let a_tokens = u(&first_park["tokens"]);
+    assert!((2000..3000).contains(&a_tokens), "a is long: {first_park}");
+
+    // Back to a with device 1 squeezed to 20 MiB free while b (holding the pages a left) was live: parking b
+    // frees those pages before the gate samples, so it sees 20 MiB + a's pages, and still refuses.
+    let fallbacks = of(cached, "restore_fallback");
+    assert_eq!(fallbacks.len(), 1, "{fallbacks:?}");
+    let fb = fallbacks[0];
+    assert_eq!((u(&fb["device"]), u(&fb["tokens"])), (1, a_tokens), "{fb}");
+    assert_eq!(f(&fb["reserve_mib"]), 32.0, "{fb}");
+    let need_bytes = a_tokens.div_ceil(64) * LAYERS_ON_DEVICE_1 * PAGE_BYTES;
+    assert_eq!(f(&fb["free_mib"]), mib_1(20 * (1 << 20) + need_bytes), "the squeeze plus b's freed pages: {fb}");
+    assert_eq!(f(&fb["need_mib"]), mib_1(need_bytes), "a's KV on device 1 in whole pages: {fb}");
+    assert!(f(&fb["free_mib"]) - f(&fb["need_mib"]) < f(&fb["reserve_mib"]));
+    let skipped = "strata replay: conversation cache: restore skipped: device 1 free 44 MiB - need 24 MiB < reserve 32 MiB; snapshot kept";
+    assert!(log.contains(skipped), "{log}");
+    // ... and the prompt is reread from the start.
+    let reread = response(cached, u(&fb["line"]));
+    assert_eq!(reread["conversation"], "a");
+    assert_eq!(reread["restored"], Value::Null);
+    assert_eq!(u(&reread["reused"]), 0, "{reread}");
+    assert_eq!(u(&reread["read"]), u(&reread["prompt_tokens"]));
+    assert!(u(&reread["read"]) > a_tokens, "{reread}");
+    // The refused snapshot stayed in the cache: it is the one evicted when a is parked again.
+    let evicted = of(cached, "evicted");
+    assert!(!evicted.is_empty() && u(&evicted[0]["tokens"]) == a_tokens, "{evicted:?}");
+
+    // With the pressure lifted, b and back to a: a restores live and reads only the new turn.
+    let restored: Vec<&Value> =
+        of(cached, "restored").into_iter().filter(|r| r["kind"] == "live" && u(&r["tokens"]) > 2000).collect();
+    assert_eq!(restored.len(), 1, "{restored:?}");
+    let resp = response(cached, u(&restored[0]["line"]));
+    assert_eq!((&resp["conversation"], &resp["restored"]), (&Value::from("a"), &Value::from("live")));
+    assert_eq!(u(&resp["reused"]), u(&restored[0]["tokens"]), "{resp}");
+    assert!(u(&resp["read"]) < 64, "only the new turn is read: {resp}");
+}
+
+#[test]
+fn an_edited_turn_restores_from_a_checkpoint_despite_a_failed_sample() {
+    let Reported { cached, log, .. } = reported();
+    // a2 is a without its last turn, plus a different question: a's snapshot restores up to the end of the
+    // prompt whose reply a2 keeps (a's third), and the rest (that reply and the new question) is read.
+    let kept_turn = of(cached, "response").into_iter().filter(|r| r["conversation"] == "a").nth(2).expect("a's 3rd");
+    let checkpoint = u(&kept_turn["prompt_tokens"]);
+    assert!(checkpoint > 2000, "{kept_turn}");
+    let restored: Vec<&Value> = of(cached, "restored").into_iter().filter(|r| r["kind"] == "checkpoint").collect();
+    assert_eq!(restored.len(), 1, "{restored:?}");
+    assert_eq!(u(&restored[0]["tokens"]), checkpoint, "{}", restored[0]);
+    let line = u(&restored[0]["line"]);
+    let edited = response(cached, line);
+    assert_eq!((&edited["conversation"], &edited["restored"]), (&Value::from("a2"), &Value::from("checkpoint")));
+    assert_eq!(u(&edited["reused"]), checkpoint, "{edited}");
+    assert_eq!(u(&edited["read"]), u(&edited["prompt_tokens"]) - checkpoint);
+    assert!(u(&edited["read"]) < 64, "the kept reply and the new question: {edited}");
+    assert_eq!(of(cached, "fork").len(), 1);
+
+    // Device 1's free-memory sample failed at that gate decision: reported, and the restore went ahead.
+    let failed = of(cached, "sample_failed");
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!((u(&failed[0]["device"]), u(&failed[0]["count"]), u(&failed[0]["line"])), (1, 1, line));
+    assert!(log.contains("strata replay: conversation cache: free-memory sample of device 1 failed"), "{log}");
+}
+
+fn temp_script(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("strata-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write temp script");
+    p
+}
+
+#[test]
+fn a_failed_turn_is_reported_and_dropped_and_the_script_goes_on() {
+    let failing = temp_script(
+        "failing.jsonl",
+        "{\"op\":\"fail_alloc\",\"device\":1,\"count\":1000}\n\
+         {\"op\":\"chat\",\"conversation\":\"a\",\"user\":\"hi\",\"max_tokens\":4}\n\
+         {\"op\":\"fail_alloc\",\"device\":1,\"count\":0}\n\
+         {\"op\":\"chat\",\"conversation\":\"a\",\"user\":\"Name a fruit.\",\"max_tokens\":6}\n",
+    );
+    let clean = temp_script(
+        "clean.jsonl",
+        "{\"op\":\"chat\",\"conversation\":\"a\",\"user\":\"Name a fruit.\",\"max_tokens\":6}\n",
+    );
+    let s = story(&replay(&failing, SPLIT));
+    let errors = of(&s, "error");
+    assert_eq!(errors.len(), 1, "{s:?}");
+    assert_eq!((u(&errors[0]["line"]), &errors[0]["conversation"]), (2, &Value::from("a")));
+    assert!(errors[0]["error"].as_str().is_some_and(|e| e.contains("device 1 (sim:400)")), "{}", errors[0]);
+    // The failed turn left the history: the next turn's prompt is the one of a fresh conversation.
+    let after = response(&s, 4);
+    let fresh = story(&replay(&clean, SPLIT));
+    assert_eq!((&after["prompt_tokens"], &after["tokens"]), (&fresh[0]["prompt_tokens"], &fresh[0]["tokens"]));
+}
+
+/// A run that must fail before doing anything: exit 1, no output, one line on stderr naming `needles`.
+fn assert_script_refused(text: &str, devices: &[&str], needles: &[&str]) {
+    let p = temp_script("bad.jsonl", text);
+    let o = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .arg("replay")
+        .arg(&p)
+        .args(devices)
+        .env("STRATA_MODEL", common::model_path())
+        .output()
+        .expect("the strata binary runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert!(o.stdout.is_empty(), "nothing runs: {}", String::from_utf8_lossy(&o.stdout));
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    assert!(lines[0].starts_with("strata: error: "), "{err}");
+    for n in needles {
+        assert!(lines[0].contains(n), "{n:?} not in {err}");
+    }
+}
+
+#[test]
+fn a_bad_script_line_is_one_error_naming_the_line() {
+    let chat = "{\"op\":\"chat\",\"conversation\":\"a\",\"user\":\"hi\",\"max_tokens\":4}\n";
+    let split = ["--devices", "sim:200,sim:400", "--layer-split", "15"];
+    assert_script_refused(&format!("# comment\n{chat}{{\"op\":\"explode\"}}\n"), &split, &["line 3", "explode"]);
+    assert_script_refused(&format!("{chat}\n{{\"op\":\"chat\",\n"), &split, &["line 3", "EOF"]);
+    assert_script_refused(
+        &format!("{chat}{{\"op\":\"chat\",\"conversation\":\"a\",\"user\":\"hi\",\"temperature\":1}}\n"),
+        &split,
+        &["line 2", "unknown field `temperature`"],
+    );
+    assert_script_refused(
+        &format!("{chat}{{\"op\":\"pressure\",\"device\":9,\"mib\":10}}\n"),
+        &split,
+        &["line 2", "device 9 is not in --devices"],
+    );
+    assert_script_refused(
+        &format!("{chat}{{\"op\":\"pressure\",\"device\":1}}\n"),
+        &split,
+        &["line 2", "exactly one of \"mib\" and \"leave_free_mib\""],
+    );
+    assert_script_refused(
+        &format!("{chat}{{\"op\":\"fail_samples\",\"device\":0,\"count\":1}}\n"),
+        &["--devices", "cpu,sim:400", "--layer-split", "15"],
+        &["line 2", "device 0 (cpu) is not a sim device"],
+    );
+    assert_script_refused(
+        &format!("{chat}{{\"op\":\"fork\",\"from\":\"z\",\"to\":\"y\"}}\n"),
+        &split,
+        &["line 2", "fork from \"z\""],
+    );
+    let missing = Path::new("/nonexistent/script.jsonl");
+    let o = Command::new(env!("CARGO_BIN_EXE_strata")).arg("replay").arg(missing).output().expect("runs");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read script /nonexistent/script.jsonl"));
+}
