@@ -1,0 +1,58 @@
+//! The conversation cache on the default model through `Session`: a checkpoint restore after an edited last
+//! message of a 3,000-token conversation, on a 2-way sim split.
+
+mod common;
+
+use std::sync::Arc;
+
+use strata::cache::RestoreKind;
+use strata::device::{DeviceKind, DeviceSet};
+use strata::engine::session::{Session, SessionConfig};
+use strata::engine::{generate, GenerateParams, Sequence};
+use strata::gguf::GgufFile;
+use strata::model::{KvType, LoadOptions, Model};
+use strata::sample::SamplerConfig;
+use strata::threadpool::ThreadPool;
+use strata::tokenizer::Tokenizer;
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn an_edited_last_message_restores_from_a_checkpoint_and_reads_only_the_rest() {
+    let file = Arc::new(GgufFile::open(&common::model_path()).expect("model"));
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let pool = ThreadPool::new(2);
+    let kinds = [DeviceKind::Sim { capacity_bytes: 200 * MIB }, DeviceKind::Sim { capacity_bytes: 400 * MIB }];
+    let devices = DeviceSet::from_kinds(&kinds, 16 * MIB).expect("sims");
+    let opts = LoadOptions { devices, split: Some(vec![15]), ..Default::default() };
+    let model = Model::from_file_with(file.clone(), &opts).expect("model");
+    let cfg = SessionConfig { kv_type: KvType::F16, max_context: 8192, cache_slots: 4, cache_budget_bytes: 1024 * MIB };
+    let mut session = Session::new(&model, &tok, &pool, &cfg).expect("session");
+    let params =
+        GenerateParams { max_tokens: 8, sampler: SamplerConfig::greedy(), ignore_eos: true, ..Default::default() };
+
+    // Conversation a: a long first message and its reply, then a short second message (3,000+ tokens).
+    let text = std::fs::read_to_string(common::reference_path("perplexity_GPL-3.txt")).expect("text");
+    let first: Vec<u32> = tok.encode(&text, false)[..2990].to_vec();
+    let reply = session.serve(&first, &params, |_| {}).expect("turn 1").generation.tokens;
+    let mut turn2 = first.clone();
+    turn2.extend_from_slice(&reply);
+    let history = turn2.clone();
+    turn2.extend(tok.encode("\nSummarize the text above in one sentence.\n", false));
+    session.serve(&turn2, &params, |_| {}).expect("turn 2");
+    assert!(turn2.len() >= 3000, "{}", turn2.len());
+
+    // The user switches to b (a is parked), then comes back having edited a's last message.
+    session.serve(&tok.encode("Write a haiku about rain.", false), &params, |_| {}).expect("conversation b");
+    let mut edited = history.clone();
+    edited.extend(tok.encode("\nWho wrote this license?\n", false));
+    let served = session.serve(&edited, &params, |_| {}).expect("edited turn");
+
+    // a's snapshot restores at the checkpoint recorded at the end of its first prompt; the rest is read.
+    assert_eq!(served.restored, Some((RestoreKind::Checkpoint, first.len())), "{:?}", served.restored);
+    assert_eq!((served.reused, served.read), (first.len(), edited.len() - first.len()));
+    let cpu = Model::from_file(file).expect("cpu model");
+    let mut fresh = Sequence::new(&cpu, KvType::F16, 8192).expect("sequence");
+    let want = generate(&cpu, &tok, &pool, &mut fresh, &edited, &params, |_| {}).expect("reread");
+    assert_eq!(served.generation.tokens, want.tokens, "a checkpoint restore gives the reread's tokens");
+}
