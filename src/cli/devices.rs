@@ -1,9 +1,11 @@
 //! `strata devices`: the devices Strata can run on, with their free and total memory and the reserve each
-//! GPU keeps. Without `--devices` it lists the host and says whether CUDA devices exist in this build.
+//! GPU keeps. Without `--devices` it lists the host and the CUDA devices the driver reports, or why there are
+//! none (no driver, no GPU); CUDA compute is not built yet, so those are listed, not usable.
 
 use anyhow::Context;
 use clap::Args;
 
+use strata::device::cuda::{self, Probe};
 use strata::device::{mib, DeviceKind, DeviceSet};
 
 #[derive(Args, Debug)]
@@ -37,8 +39,14 @@ pub fn main(a: DevicesArgs) -> anyhow::Result<()> {
             (d, kind, d.sample_free().ok())
         })
         .collect();
-    // This build has no CUDA backend (DeviceSet::parse refuses cuda:N), so the default list is the host.
-    let cuda_note = "CUDA devices: not available in this build (no CUDA backend; use cpu or sim:MIB)";
+    // CUDA devices are probed (never a panic without a driver or a GPU) and listed; computing on them is not
+    // built yet, so DeviceSet::parse refuses cuda:N.
+    let probe = if a.devices.is_none() { Some(cuda::probe()) } else { None };
+    let found: Vec<cuda::CudaInfo> = match &probe {
+        Some(Probe::Devices(d)) => d.clone(),
+        _ => Vec::new(),
+    };
+    let why_none = probe.as_ref().and_then(|p| p.why_none());
     if a.json {
         let list: Vec<serde_json::Value> = devices
             .iter()
@@ -53,7 +61,10 @@ pub fn main(a: DevicesArgs) -> anyhow::Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::json!({ "devices": list, "cuda_available": false }));
+        println!(
+            "{}",
+            serde_json::json!({ "devices": list, "cuda_available": false, "cuda_found": found, "cuda_none_why": why_none })
+        );
     } else {
         for (d, kind, free) in &devices {
             println!(
@@ -65,8 +76,19 @@ pub fn main(a: DevicesArgs) -> anyhow::Result<()> {
                 mib(d.reserve_bytes)
             );
         }
-        if a.devices.is_none() {
-            println!("{cuda_note}");
+        for c in &found {
+            println!(
+                "cuda:{}  {} (compute {}.{})  free {}  total {}  (found; CUDA compute is not in this build yet)",
+                c.ordinal,
+                c.name,
+                c.compute_capability.0,
+                c.compute_capability.1,
+                mib(c.free_bytes),
+                mib(c.total_bytes)
+            );
+        }
+        if let Some(why) = why_none {
+            println!("CUDA devices: none ({why})");
         }
     }
     Ok(())

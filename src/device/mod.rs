@@ -11,6 +11,7 @@
 //! failing free-memory samples, failing allocations. It is the test double of `cuda`: every engine path
 //! (allocation checks, copies between stages, KV residency) runs on it unchanged.
 
+pub mod cuda;
 mod host;
 pub mod sim;
 
@@ -189,11 +190,21 @@ impl fmt::Debug for Device {
 impl Device {
     /// A device of `kind` at position `index` of its set. `cuda:N` is refused: this build has no CUDA backend.
     pub fn new(index: usize, kind: DeviceKind, reserve_bytes: u64) -> Result<Arc<Device>, DeviceError> {
-        if let DeviceKind::Cuda { .. } = kind {
-            return Err(DeviceError::Unavailable {
-                device: kind.to_string(),
-                why: "this build has no CUDA backend yet (use cpu or sim:MIB)".into(),
-            });
+        if let DeviceKind::Cuda { ordinal } = kind {
+            let probe = cuda::probe();
+            let why = match (probe.why_none(), &probe) {
+                (Some(why), _) => why,
+                (None, cuda::Probe::Devices(found)) => match found.iter().find(|d| d.ordinal == ordinal) {
+                    Some(d) => format!(
+                        "{} ({}) is present, but this build cannot compute on CUDA yet (use cpu or sim:MIB)",
+                        d.name,
+                        mib(d.total_bytes)
+                    ),
+                    None => format!("the driver reports {} CUDA device(s), numbered from 0", found.len()),
+                },
+                (None, _) => "no CUDA device".into(),
+            };
+            return Err(DeviceError::Unavailable { device: kind.to_string(), why });
         }
         let reserve_bytes = if kind == DeviceKind::Cpu { 0 } else { reserve_bytes };
         Ok(Arc::new(Device {
