@@ -1,0 +1,42 @@
+// Element-wise steps of a llama layer. Shapes are flat vectors of `n` values unless said otherwise.
+
+// x[i] += y[i] (the residual stream).
+extern "C" __global__ void add_f32(float *x, const float *y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        x[i] += y[i];
+    }
+}
+
+// SwiGLU: g[i] = silu(g[i]) * u[i].
+extern "C" __global__ void swiglu_f32(float *g, const float *u, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = g[i];
+        g[i] = v / (1.0f + expf(-v)) * u[i];
+    }
+}
+
+// RoPE on `heads` heads of `head_dim` values per token, rotating the first `rope_dims` of each head, for
+// tokens at positions pos0, pos0 + 1, ... Pairs are (2i, 2i + 1) for norm RoPE (llama) and (i, i + rope_dims/2)
+// for neox RoPE (qwen2). x: (tokens, heads * head_dim). One thread per (token, head, pair).
+extern "C" __global__ void rope_f32(float *x, int tokens, int heads, int head_dim, int rope_dims, int pos0,
+                                    float base, int neox) {
+    int half = rope_dims / 2;
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long total = (long long)tokens * heads * half;
+    if (idx >= total) {
+        return;
+    }
+    int i = (int)(idx % half);
+    int h = (int)((idx / half) % heads);
+    int t = (int)(idx / ((long long)half * heads));
+    float theta = (float)(pos0 + t) * powf(base, -2.0f * (float)i / (float)rope_dims);
+    float c = cosf(theta), s = sinf(theta);
+    float *v = x + ((size_t)t * heads + h) * head_dim;
+    int a = neox ? i : 2 * i;
+    int b = neox ? i + half : 2 * i + 1;
+    float x0 = v[a], x1 = v[b];
+    v[a] = x0 * c - x1 * s;
+    v[b] = x0 * s + x1 * c;
+}
