@@ -39,6 +39,8 @@ enum Command {
     Devices(cli::devices::DevicesArgs),
     /// Run a scripted workload (conversations, device faults) and print every engine event as JSON lines.
     Replay(cli::replay::ReplayArgs),
+    /// Write a llama-shaped model with seeded random weights (speed and memory tests).
+    Synth(cli::synth::SynthArgs),
 }
 
 impl Command {
@@ -54,6 +56,7 @@ impl Command {
             Command::Plan(_) => "plan",
             Command::Devices(_) => "devices",
             Command::Replay(_) => "replay",
+            Command::Synth(_) => "synth",
         }
     }
 }
@@ -80,6 +83,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => cli::plan::main(a),
         Command::Devices(a) => cli::devices::main(a),
         Command::Replay(a) => cli::replay::main(a),
+        Command::Synth(a) => cli::synth::main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -571,3 +571,22 @@ fn pressure_scripted_mid_prefill_moves_kv_to_the_host_and_keeps_the_tokens() {
     let devices = v["devices"].as_array().expect("devices");
     assert!(u(&devices[2]["kv_bytes"]) > 0, "device 1's older KV is on the host");
 }
+
+#[test]
+fn synth_writes_the_same_runnable_model_for_the_same_seed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (a, b, c) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"), dir.path().join("c.gguf"));
+    for (path, seed) in [(&a, "7"), (&b, "7"), (&c, "8")] {
+        let o = strata(&["synth", "-o", path.to_str().unwrap(), "--preset", "1b", "--layers", "1", "--seed", seed]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stderr(&o).contains("n_embd 2048, FFN 5632"), "{}", stderr(&o));
+    }
+    let (ba, bb, bc) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), std::fs::read(&c).unwrap());
+    assert!(ba == bb, "same seed, same file");
+    assert!(ba != bc && ba.len() == bc.len(), "another seed, other weights of the same shape");
+    let v =
+        json_of(&strata(&["run", "-m", a.to_str().unwrap(), "-p", "the quick", "-n", "4", "--temp", "0", "--json"]));
+    assert_eq!(v["tokens"].as_array().map(Vec::len), Some(4), "{v}");
+    assert_clean_failure(&strata(&["synth", "-o", a.to_str().unwrap(), "--preset", "7b"]), "unknown --preset");
+    assert_clean_failure(&strata(&["synth", "-o", a.to_str().unwrap(), "--type", "q9"]), "unknown --type");
+}

@@ -10,6 +10,7 @@ pub mod perplexity;
 pub mod plan;
 pub mod replay;
 pub mod run;
+pub mod synth;
 pub mod tokenize;
 
 use std::io::IsTerminal;
