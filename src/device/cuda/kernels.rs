@@ -26,5 +26,8 @@ macro_rules! kernel_file {
     };
 }
 
-pub const KERNEL_FILES: &[KernelFile] =
-    &[kernel_file!("norm", ["rms_norm_f32"]), kernel_file!("elementwise", ["add_f32", "swiglu_f32", "rope_f32"])];
+pub const KERNEL_FILES: &[KernelFile] = &[
+    kernel_file!("norm", ["rms_norm_f32"]),
+    kernel_file!("elementwise", ["add_f32", "swiglu_f32", "rope_f32"]),
+    kernel_file!("matvec", ["matvec_f16_f32", "matvec_q8_0_f32", "matvec_q4_1_f32"]),
+];
