@@ -132,7 +132,11 @@ fn main() {
 
     // 3. The gate decision: sample both devices, compare with need + reserve.
     let t = Telemetry::new();
-    let needs: Vec<_> = devices.devices.iter().map(|d| (d.clone(), 20 * MIB)).collect();
+    let needs: Vec<_> = devices
+        .devices
+        .iter()
+        .map(|d| gate::Need { device: d.clone(), need_bytes: 20 * MIB, credit_bytes: 0 })
+        .collect();
     let n = 100_000;
     let start = Instant::now();
     for _ in 0..n {

@@ -126,8 +126,8 @@ fn the_reported_scenario_falls_back_then_restores() {
     let a_tokens = u(&first_park["tokens"]);
     assert!((2000..3000).contains(&a_tokens), "a is long: {first_park}");
 
-    // Back to a with device 1 squeezed to 20 MiB free while b (holding the pages a left) was live: parking b
-    // frees those pages before the gate samples, so it sees 20 MiB + a's pages, and still refuses.
+    // Back to a with device 1 squeezed to 20 MiB free while b (holding the pages a left) is live: the gate
+    // counts b's pages as free (they go first when a restore is admitted), sees 20 MiB + those, and refuses.
     let fallbacks = of(cached, "restore_fallback");
     assert_eq!(fallbacks.len(), 1, "{fallbacks:?}");
     let fb = fallbacks[0];
@@ -139,13 +139,14 @@ fn the_reported_scenario_falls_back_then_restores() {
     assert!(f(&fb["free_mib"]) - f(&fb["need_mib"]) < f(&fb["reserve_mib"]));
     let skipped = "strata replay: conversation cache: restore skipped: device 1 free 44 MiB - need 24 MiB < reserve 32 MiB; snapshot kept";
     assert!(log.contains(skipped), "{log}");
-    // ... and the prompt is reread from the start.
+    // ... and the prompt is reread: all but the few template tokens it shares with the live b, which the
+    // refusal left in place.
     let reread = response(cached, u(&fb["line"]));
     assert_eq!(reread["conversation"], "a");
     assert_eq!(reread["restored"], Value::Null);
-    assert_eq!(u(&reread["reused"]), 0, "{reread}");
-    assert_eq!(u(&reread["read"]), u(&reread["prompt_tokens"]));
-    assert!(u(&reread["read"]) > a_tokens, "{reread}");
+    assert!(u(&reread["reused"]) < 64, "{reread}");
+    assert_eq!(u(&reread["read"]) + u(&reread["reused"]), u(&reread["prompt_tokens"]));
+    assert!(u(&reread["read"]) > a_tokens - 64, "{reread}");
     // The refused snapshot stayed in the cache: it is the one evicted when a is parked again.
     let evicted = of(cached, "evicted");
     assert!(!evicted.is_empty() && u(&evicted[0]["tokens"]) == a_tokens, "{evicted:?}");

@@ -14,7 +14,8 @@ pub struct DevicesArgs {
     #[arg(long = "devices", value_name = "LIST")]
     pub devices: Option<String>,
     /// MiB each GPU keeps free
-    #[arg(long = "vram-reserve-mib", value_name = "N", default_value_t = 0)]
+    #[arg(long = "vram-reserve-mib", value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=1 << 24))]
     pub vram_reserve_mib: u64,
     /// Print one JSON object: {"devices": [...], "cuda_available"}
     #[arg(long = "json")]

@@ -92,7 +92,8 @@ pub struct PlacementArgs {
     #[arg(long = "layer-split", value_name = "POINTS")]
     pub layer_split: Option<String>,
     /// MiB each GPU keeps free: no allocation may leave less than this
-    #[arg(long = "vram-reserve-mib", value_name = "N", default_value_t = 0)]
+    #[arg(long = "vram-reserve-mib", value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=1 << 24))]
     pub vram_reserve_mib: u64,
     /// Positions of KV per layer kept on the device; older pages move to the host [default: all]
     #[arg(long = "kv-resident", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -226,6 +227,8 @@ pub fn load(args: &ModelArgs, engine: &EngineArgs) -> anyhow::Result<Loaded> {
 /// [`load`] with placement options built by the caller (`perplexity`, whose `-c` is not a context limit).
 pub fn load_placed(args: &ModelArgs, placement: &PlacementArgs, opts: LoadOptions) -> anyhow::Result<Loaded> {
     let faults = placement.faults(&opts.devices)?;
+    // Faults apply before loading, as in `plan`: memory another process holds is there when the model loads.
+    apply_faults(&opts.devices, &faults)?;
     let path = resolve_model(args)?;
     let file = GgufFile::open(&path).with_context(|| format!("cannot load model {}", path.display()))?;
     let file = Arc::new(file);
@@ -234,7 +237,6 @@ pub fn load_placed(args: &ModelArgs, placement: &PlacementArgs, opts: LoadOption
     let tokenizer =
         Tokenizer::from_gguf(&file).with_context(|| format!("cannot load the tokenizer of {}", path.display()))?;
     page_in(&file, std::io::stderr().is_terminal());
-    apply_faults(&model.placement.devices, &faults)?;
     Ok(Loaded { model, tokenizer, path })
 }
 

@@ -63,6 +63,17 @@ pub fn main(a: SynthArgs) -> anyhow::Result<()> {
     let (d, ff, l) = (spec.n_embd as u64, spec.n_ff as u64, spec.n_layer as u64);
     let kv = d / spec.n_head as u64 * spec.n_head_kv as u64;
     let params = l * (2 * d * d + 2 * d * kv + 3 * d * ff);
+    // The image is built in memory: refuse what this machine could not hold rather than be killed.
+    let image_bytes = params as f64 * ty.block_bytes() as f64 / ty.block_len() as f64;
+    let available = strata::device::Device::cpu(0).sample_free().unwrap_or(u64::MAX) as f64;
+    if image_bytes * 2.5 > available {
+        bail!(
+            "a {:.1} GB model needs about {:.1} GB of memory to write, and {:.1} GB is available",
+            image_bytes / 1e9,
+            image_bytes * 2.5 / 1e9,
+            available / 1e9
+        );
+    }
     eprintln!(
         "strata synth: {} layers, n_embd {d}, FFN {ff}, {} matrices: {:.2}B parameters",
         l,

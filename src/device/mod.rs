@@ -280,7 +280,7 @@ impl Device {
 
     /// Takes `bytes` of device memory for `purpose`. Refused when it does not fit the device, or (GPUs)
     /// when it would leave the sampled free memory under the reserve. When the sample itself fails, the
-    /// last good sample minus what was allocated since stands in for it.
+    /// last good sample moved by what was allocated or freed since stands in for it.
     pub fn alloc(self: &Arc<Self>, purpose: Purpose, bytes: u64) -> Result<Allocation, DeviceError> {
         let mut st = self.lock();
         let refuse = |st: &mut State, e: DeviceError| {
@@ -322,8 +322,11 @@ impl Device {
                 }
                 let free = match self.sample_locked(&mut st) {
                     Ok(f) => f,
+                    // The last good sample, moved by what Strata allocated (or freed) since.
                     Err(_) => match st.last_sample {
-                        Some((f, at_total)) => f.saturating_sub(st.usage.total_bytes.saturating_sub(at_total)),
+                        Some((f, at_total)) => (f + at_total)
+                            .saturating_sub(st.usage.total_bytes)
+                            .min(capacity_bytes.saturating_sub(st.usage.total_bytes)),
                         None => capacity_bytes.saturating_sub(st.usage.total_bytes),
                     },
                 };

@@ -2,7 +2,7 @@
 //! sequence continues it; otherwise the live sequence is parked in the conversation cache, the cache is
 //! looked up (longest common prefix), and a hit goes through the restore gate: admitted, the snapshot's KV
 //! comes back (all pages allocated first; any failure releases them, keeps the snapshot and rereads);
-//! refused, the snapshot stays where it was and the prompt is reread. Results never depend on the path:
+//! refused, the snapshot stays where it was, the live sequence keeps its common prefix, and the rest is read. Results never depend on the path:
 //! restored KV is a byte copy and the forward pass is batch-invariant.
 
 use std::sync::Arc;
@@ -118,8 +118,6 @@ impl<'a> Session<'a> {
             }
             self.park_live();
             if let Some(c) = cand {
-                self.live.rewind(0); // frees its pages: the gate must see that memory free
-                self.live_checkpoints.clear();
                 if self.restore(c.id, c.tokens, c.kind, prompt.len()) {
                     restored = Some((c.kind, c.tokens));
                 }
@@ -202,10 +200,23 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Restores `tokens` positions of snapshot `id` into the (empty) live sequence if the gate admits it
-    /// and every allocation succeeds; false (snapshot kept, unpinned) otherwise.
+    /// Restores `tokens` positions of snapshot `id` into the live sequence if the gate admits it (counting
+    /// the live sequence's own pages as free: they go first) and every allocation succeeds; false
+    /// otherwise, with the snapshot kept (unpinned) and, when the gate refused, the live sequence intact.
+    /// A whole snapshot becomes the live sequence and leaves the cache; a checkpoint restore leaves it there
+    /// (its later tokens may still be wanted).
     fn restore(&mut self, id: u64, tokens: usize, kind: RestoreKind, prompt_len: usize) -> bool {
-        let needs = self.live.kv.device_need_bytes(tokens);
+        let held = self.live.kv.device_held_bytes();
+        let needs: Vec<gate::Need> = self
+            .live
+            .kv
+            .device_need_bytes(tokens)
+            .into_iter()
+            .map(|(device, need_bytes)| {
+                let credit_bytes = held.iter().find(|(d, _)| Arc::ptr_eq(d, &device)).map_or(0, |(_, b)| *b);
+                gate::Need { device, need_bytes, credit_bytes }
+            })
+            .collect();
         match gate::decide(&needs, &self.telemetry) {
             GateDecision::Refuse { device, free_bytes, need_bytes, reserve_bytes } => {
                 self.cache.unpin(id);
@@ -235,6 +246,8 @@ impl<'a> Session<'a> {
             }
         }
         let t0 = Instant::now();
+        self.live.rewind(0);
+        self.live_checkpoints.clear();
         let Some(snap) = self.cache.get(id) else { return false };
         if let Err(e) = self.live.kv.restore(&snap.kv, tokens) {
             self.cache.unpin(id);
@@ -245,7 +258,10 @@ impl<'a> Session<'a> {
         self.live.tokens = snap.tokens[..tokens].to_vec();
         self.live_checkpoints = snap.checkpoints.iter().copied().filter(|&c| c <= tokens).collect();
         let bytes = snap.kv.bytes() * tokens as u64 / snap.kv.len.max(1) as u64;
-        self.cache.remove(id);
+        match kind {
+            RestoreKind::Live => drop(self.cache.remove(id)),
+            RestoreKind::Checkpoint => self.cache.unpin(id),
+        }
         let elapsed = ms(t0);
         tracing::info!(
             "conversation cache: restored {tokens} tokens ({kind}) in {elapsed:.1} ms; parked={} bytes={}",

@@ -62,6 +62,9 @@ impl Model {
         tokens: &[u32],
         want: &[usize],
     ) -> Result<Logits, ModelError> {
+        if let Some(&bad) = want.iter().find(|&&t| t >= tokens.len()) {
+            return Err(ModelError::Inconsistent(format!("logits wanted at {bad} of a {}-token batch", tokens.len())));
+        }
         let batch = self.placement.batch;
         if tokens.len() <= batch {
             return self.forward_batch(pool, kv, tokens, want);

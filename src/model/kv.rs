@@ -285,6 +285,19 @@ impl KvCache {
         need
     }
 
+    /// Bytes of pages this cache holds on each of its layers' devices (not the host).
+    pub fn device_held_bytes(&self) -> Vec<(Arc<Device>, u64)> {
+        let mut held: Vec<(Arc<Device>, u64)> = Vec::new();
+        for l in self.layers.iter().filter(|l| !l.device.is_host()) {
+            let bytes = l.pages.iter().filter(|p| !p.on_host()).count() as u64 * self.page_bytes();
+            match held.iter_mut().find(|(d, _)| Arc::ptr_eq(d, &l.device)) {
+                Some((_, b)) => *b += bytes,
+                None => held.push((l.device.clone(), bytes)),
+            }
+        }
+        held
+    }
+
     /// A host copy of the first `len()` positions, copied page by page (no second full copy on the way).
     pub fn snapshot(&self) -> KvSnapshot {
         self.snapshot_into(None)
@@ -317,6 +330,11 @@ impl KvCache {
                     (KvRows::Int8(o), KvRows::Int8(p)) => o.extend_from_slice(&p[..rows * row]),
                     _ => unreachable!("a cache holds one KV type"),
                 }
+            }
+            // A larger reused buffer gives its tail back: the cache counts what a snapshot holds.
+            match &mut out {
+                KvRows::F16(o) => o.shrink_to_fit(),
+                KvRows::Int8(o) => o.shrink_to_fit(),
             }
             out
         };
