@@ -118,7 +118,7 @@ impl<'a> Session<'a> {
             }
             self.park_live();
             if let Some(c) = cand {
-                if self.restore(c.id, c.tokens, c.kind, prompt.len()) {
+                if self.restore(c.id, c.tokens, c.kind, prompt) {
                     restored = Some((c.kind, c.tokens));
                 }
             }
@@ -205,7 +205,7 @@ impl<'a> Session<'a> {
     /// otherwise, with the snapshot kept (unpinned) and, when the gate refused, the live sequence intact.
     /// A whole snapshot becomes the live sequence and leaves the cache; a checkpoint restore leaves it there
     /// (its later tokens may still be wanted).
-    fn restore(&mut self, id: u64, tokens: usize, kind: RestoreKind, prompt_len: usize) -> bool {
+    fn restore(&mut self, id: u64, tokens: usize, kind: RestoreKind, prompt: &[u32]) -> bool {
         let held = self.live.kv.device_held_bytes();
         let needs: Vec<gate::Need> = self
             .live
@@ -221,10 +221,12 @@ impl<'a> Session<'a> {
             GateDecision::Refuse { device, free_bytes, need_bytes, reserve_bytes } => {
                 self.cache.unpin(id);
                 tracing::info!(
-                    "conversation cache: restore skipped: device {device} free {:.0} MiB - need {:.0} MiB < reserve {:.0} MiB; snapshot kept, rereading {prompt_len} tokens",
+                    "conversation cache: restore skipped: device {device} free {:.0} MiB - need {:.0} MiB < reserve {:.0} MiB; snapshot kept, rereading {} tokens",
                     mib_f(free_bytes),
                     mib_f(need_bytes),
                     mib_f(reserve_bytes),
+                    // The live sequence keeps its common prefix with the prompt; the rest is read.
+                    prompt.len() - self.live.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count(),
                 );
                 self.telemetry.event(
                     "restore_fallback",
@@ -251,7 +253,7 @@ impl<'a> Session<'a> {
         let Some(snap) = self.cache.get(id) else { return false };
         if let Err(e) = self.live.kv.restore(&snap.kv, tokens) {
             self.cache.unpin(id);
-            tracing::info!("conversation cache: restore failed, released and rereading {prompt_len} tokens: {e}");
+            tracing::info!("conversation cache: restore failed, released and rereading {} tokens: {e}", prompt.len());
             self.telemetry.event("oom_averted", serde_json::json!({"error": e.to_string(), "tokens": tokens}));
             return false;
         }
