@@ -118,7 +118,7 @@ impl<'a> Session<'a> {
             }
             self.park_live();
             if let Some(c) = cand {
-                if self.restore(c.id, c.tokens, c.kind, prompt) {
+                if self.restore(c.id, c.tokens, c.kind, prompt.len(), live_common) {
                     restored = Some((c.kind, c.tokens));
                 }
             }
@@ -155,7 +155,7 @@ impl<'a> Session<'a> {
             return;
         }
         let t0 = Instant::now();
-        let bytes = (n * self.live.kv.ty.row_bytes(self.live.kv.kv_dim) * 2 * self.live.kv.layers.len()) as u64;
+        let bytes = self.live.kv.snapshot_bytes();
         let Some(room) = self.cache.make_room(bytes) else {
             tracing::info!(
                 "conversation cache: not parked: {n} tokens take {bytes} bytes, more than the budget of {} bytes can hold",
@@ -205,7 +205,7 @@ impl<'a> Session<'a> {
     /// otherwise, with the snapshot kept (unpinned) and, when the gate refused, the live sequence intact.
     /// A whole snapshot becomes the live sequence and leaves the cache; a checkpoint restore leaves it there
     /// (its later tokens may still be wanted).
-    fn restore(&mut self, id: u64, tokens: usize, kind: RestoreKind, prompt: &[u32]) -> bool {
+    fn restore(&mut self, id: u64, tokens: usize, kind: RestoreKind, prompt_len: usize, live_common: usize) -> bool {
         let held = self.live.kv.device_held_bytes();
         let needs: Vec<gate::Need> = self
             .live
@@ -226,7 +226,7 @@ impl<'a> Session<'a> {
                     mib_f(need_bytes),
                     mib_f(reserve_bytes),
                     // The live sequence keeps its common prefix with the prompt; the rest is read.
-                    prompt.len() - self.live.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count(),
+                    prompt_len - live_common,
                 );
                 self.telemetry.event(
                     "restore_fallback",
@@ -253,7 +253,7 @@ impl<'a> Session<'a> {
         let Some(snap) = self.cache.get(id) else { return false };
         if let Err(e) = self.live.kv.restore(&snap.kv, tokens) {
             self.cache.unpin(id);
-            tracing::info!("conversation cache: restore failed, released and rereading {} tokens: {e}", prompt.len());
+            tracing::info!("conversation cache: restore failed, released and rereading {prompt_len} tokens: {e}");
             self.telemetry.event("oom_averted", serde_json::json!({"error": e.to_string(), "tokens": tokens}));
             return false;
         }

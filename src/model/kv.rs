@@ -275,27 +275,30 @@ impl KvCache {
     /// devices; the host's pages are not listed).
     pub fn device_need_bytes(&self, n: usize) -> Vec<(Arc<Device>, u64)> {
         let pages = n.div_ceil(KV_PAGE_TOKENS) - self.first_resident_page(n).min(n.div_ceil(KV_PAGE_TOKENS));
-        let mut need: Vec<(Arc<Device>, u64)> = Vec::new();
-        for l in self.layers.iter().filter(|l| !l.device.is_host()) {
-            match need.iter_mut().find(|(d, _)| Arc::ptr_eq(d, &l.device)) {
-                Some((_, b)) => *b += pages as u64 * self.page_bytes(),
-                None => need.push((l.device.clone(), pages as u64 * self.page_bytes())),
-            }
-        }
-        need
+        self.pages_per_device(|_| pages)
     }
 
     /// Bytes of pages this cache holds on each of its layers' devices (not the host).
     pub fn device_held_bytes(&self) -> Vec<(Arc<Device>, u64)> {
-        let mut held: Vec<(Arc<Device>, u64)> = Vec::new();
+        self.pages_per_device(|l| l.pages.iter().filter(|p| !p.on_host()).count())
+    }
+
+    /// `pages(layer)` pages of each layer on a device other than the host, summed per device, in bytes.
+    fn pages_per_device(&self, pages: impl Fn(&LayerKv) -> usize) -> Vec<(Arc<Device>, u64)> {
+        let mut out: Vec<(Arc<Device>, u64)> = Vec::new();
         for l in self.layers.iter().filter(|l| !l.device.is_host()) {
-            let bytes = l.pages.iter().filter(|p| !p.on_host()).count() as u64 * self.page_bytes();
-            match held.iter_mut().find(|(d, _)| Arc::ptr_eq(d, &l.device)) {
+            let bytes = pages(l) as u64 * self.page_bytes();
+            match out.iter_mut().find(|(d, _)| Arc::ptr_eq(d, &l.device)) {
                 Some((_, b)) => *b += bytes,
-                None => held.push((l.device.clone(), bytes)),
+                None => out.push((l.device.clone(), bytes)),
             }
         }
-        held
+        out
+    }
+
+    /// Host bytes a snapshot of the filled positions takes (`KvSnapshot::bytes` of `snapshot()`).
+    pub fn snapshot_bytes(&self) -> u64 {
+        (self.len * self.ty.row_bytes(self.kv_dim) * 2 * self.layers.len()) as u64
     }
 
     /// A host copy of the first `len()` positions, copied page by page (no second full copy on the way).

@@ -147,7 +147,7 @@ impl Model {
     pub fn from_file_with(file: Arc<GgufFile>, opts: &LoadOptions) -> Result<Model, ModelError> {
         let cfg = ModelConfig::from_gguf(&file)?;
         let weights = Weights::load(&file, &cfg)?;
-        let (stages, _) = Self::plan_stages(&cfg, &weights, opts)?;
+        let stages = Self::plan_stages(&cfg, &weights, opts)?;
         split::check_fits(&stages)?;
         let mut held = Vec::new();
         for s in &stages {
@@ -180,26 +180,16 @@ impl Model {
     pub fn plan(file: &Arc<GgufFile>, opts: &LoadOptions) -> Result<(ModelConfig, Vec<StagePlan>), ModelError> {
         let cfg = ModelConfig::from_gguf(file)?;
         let weights = Weights::load(file, &cfg)?;
-        let (stages, _) = Self::plan_stages(&cfg, &weights, opts)?;
+        let stages = Self::plan_stages(&cfg, &weights, opts)?;
         Ok((cfg, stages))
     }
 
-    fn plan_stages(
-        cfg: &ModelConfig,
-        weights: &Weights,
-        opts: &LoadOptions,
-    ) -> Result<(Vec<StagePlan>, PlanOptions), ModelError> {
+    fn plan_stages(cfg: &ModelConfig, weights: &Weights, opts: &LoadOptions) -> Result<Vec<StagePlan>, ModelError> {
         if opts.kv_type == KvType::Int8 && cfg.head_dim % 32 != 0 {
             return Err(ModelError::KvLayout(cfg.head_dim));
         }
-        let popts = PlanOptions {
-            kv_type: opts.kv_type,
-            batch: opts.batch.max(1),
-            max_context: opts.max_context.unwrap_or(cfg.n_ctx_train),
-            kv_resident: opts.kv_resident,
-        };
-        let stages = split::plan(cfg, weights, &opts.devices, opts.split.as_deref(), &popts)?;
-        Ok((stages, popts))
+        let popts = PlanOptions { kv_type: opts.kv_type, batch: opts.batch.max(1) };
+        Ok(split::plan(cfg, weights, &opts.devices, opts.split.as_deref(), &popts)?)
     }
 
     /// A new empty KV cache for this model holding up to `max_tokens` positions, each layer's pages on its

@@ -111,9 +111,6 @@ pub struct PlanOptions {
     pub kv_type: KvType,
     /// Tokens per forward batch the scratch is sized for.
     pub batch: usize,
-    pub max_context: usize,
-    /// `--kv-resident`: positions per layer kept on the device (None: all).
-    pub kv_resident: Option<usize>,
 }
 
 /// One stage: a device, its layers, and what it needs there.
