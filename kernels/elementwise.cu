@@ -1,10 +1,19 @@
-// Element-wise steps of a llama layer. Shapes are flat vectors of `n` values unless said otherwise.
+// Element-wise steps of a llama layer. One thread per value; shapes are flat unless said otherwise.
+#include "common.cuh"
 
 // x[i] += y[i] (the residual stream).
 extern "C" __global__ void add_f32(float *x, const float *y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         x[i] += y[i];
+    }
+}
+
+// x[r][i] += b[i]: a bias added to every row. x (rows, n), `total` = rows * n.
+extern "C" __global__ void add_bias_f32(float *x, const float *b, int n, int total) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) {
+        x[i] += b[i % n];
     }
 }
 
@@ -17,11 +26,22 @@ extern "C" __global__ void swiglu_f32(float *g, const float *u, int n) {
     }
 }
 
+// out[i] = x[idx[i]]: rows of n values picked by index (the positions whose logits are wanted).
+// One block per output row.
+extern "C" __global__ void gather_rows_f32(const float *x, const int *idx, float *out, int n) {
+    const float *src = x + (long long)idx[blockIdx.x] * n;
+    float *dst = out + (long long)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        dst[i] = src[i];
+    }
+}
+
 // RoPE on `heads` heads of `head_dim` values per token, rotating the first `rope_dims` of each head, for
 // tokens at positions pos0, pos0 + 1, ... Pairs are (2i, 2i + 1) for norm RoPE (llama) and (i, i + rope_dims/2)
-// for neox RoPE (qwen2). x: (tokens, heads * head_dim). One thread per (token, head, pair).
+// for neox RoPE (qwen2). The angle of pair i is pos * theta_scale^i by repeated multiplication, as the CPU and
+// ggml compute it. x: (tokens, heads * head_dim). One thread per (token, head, pair).
 extern "C" __global__ void rope_f32(float *x, int tokens, int heads, int head_dim, int rope_dims, int pos0,
-                                    float base, int neox) {
+                                    float theta_scale, int neox) {
     int half = rope_dims / 2;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long total = (long long)tokens * heads * half;
@@ -31,9 +51,12 @@ extern "C" __global__ void rope_f32(float *x, int tokens, int heads, int head_di
     int i = (int)(idx % half);
     int h = (int)((idx / half) % heads);
     int t = (int)(idx / ((long long)half * heads));
-    float theta = (float)(pos0 + t) * powf(base, -2.0f * (float)i / (float)rope_dims);
+    float theta = (float)(pos0 + t);
+    for (int k = 0; k < i; k++) {
+        theta *= theta_scale;
+    }
     float c = cosf(theta), s = sinf(theta);
-    float *v = x + ((size_t)t * heads + h) * head_dim;
+    float *v = x + ((long long)t * heads + h) * head_dim;
     int a = neox ? i : 2 * i;
     int b = neox ? i + half : 2 * i + 1;
     float x0 = v[a], x1 = v[b];

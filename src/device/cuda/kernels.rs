@@ -1,6 +1,7 @@
 //! The CUDA kernels: each `kernels/*.cu` source with the PTX built from it, both embedded in the binary, and
-//! the entry points each must define. `scripts/build-ptx` regenerates the PTX (NVRTC 12.0, compute_70, no
-//! GPU needed); a test recompiles every source and checks that the committed PTX is current.
+//! every entry point with its parameter kinds. `scripts/build-ptx` regenerates the PTX (NVRTC 12.0,
+//! compute_70, no GPU needed); tests recompile every source, check that the committed PTX is current, and
+//! that the PTX and the CPU emulator (kernels/emu) take the parameters listed here.
 
 /// The GPU architecture the PTX targets: compute_70 runs from a V100 up.
 pub const ARCH: &str = "compute_70";
@@ -11,23 +12,64 @@ pub struct KernelFile {
     pub name: &'static str,
     pub source: &'static str,
     pub ptx: &'static str,
-    /// `extern "C"` entry points the PTX must contain.
-    pub entries: &'static [&'static str],
 }
 
 macro_rules! kernel_file {
-    ($name:literal, [$($entry:literal),* $(,)?]) => {
+    ($name:literal) => {
         KernelFile {
             name: $name,
             source: include_str!(concat!("../../../kernels/", $name, ".cu")),
             ptx: include_str!(concat!("../../../kernels/ptx/", $name, ".ptx")),
-            entries: &[$($entry),*],
         }
     };
 }
 
-pub const KERNEL_FILES: &[KernelFile] = &[
-    kernel_file!("norm", ["rms_norm_f32"]),
-    kernel_file!("elementwise", ["add_f32", "swiglu_f32", "rope_f32"]),
-    kernel_file!("matvec", ["matvec_f16_f32", "matvec_q8_0_f32", "matvec_q4_1_f32"]),
+pub const KERNEL_FILES: &[KernelFile] =
+    &[kernel_file!("attn"), kernel_file!("elementwise"), kernel_file!("norm"), kernel_file!("quant")];
+
+/// The header every source includes (NVRTC finds it through the include path).
+pub const COMMON_HEADER: &str = include_str!("../../../kernels/common.cuh");
+
+/// An `extern "C"` entry point: its file and its parameters, one letter each: `p` a device address, `i` an
+/// i32, `l` an i64, `f` an f32.
+#[derive(Clone, Copy, Debug)]
+pub struct Entry {
+    pub name: &'static str,
+    pub file: &'static str,
+    pub params: &'static str,
+}
+
+macro_rules! quant_entries {
+    ($($t:ident),*) => {
+        [$([
+            Entry { name: concat!("matvec_", stringify!($t)), file: "quant", params: "pppiil" },
+            Entry { name: concat!("gemm_", stringify!($t)), file: "quant", params: "pppiili" },
+            Entry { name: concat!("rows_", stringify!($t)), file: "quant", params: "pppil" },
+        ]),*]
+    };
+}
+
+const QUANT: [[Entry; 3]; 11] = quant_entries!(f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K);
+
+const OTHERS: [Entry; 10] = [
+    Entry { name: "rms_norm_f32", file: "norm", params: "pppif" },
+    Entry { name: "add_f32", file: "elementwise", params: "ppi" },
+    Entry { name: "add_bias_f32", file: "elementwise", params: "ppii" },
+    Entry { name: "swiglu_f32", file: "elementwise", params: "ppi" },
+    Entry { name: "gather_rows_f32", file: "elementwise", params: "pppi" },
+    Entry { name: "rope_f32", file: "elementwise", params: "piiiiifi" },
+    Entry { name: "kv_store_f16", file: "attn", params: "ppiii" },
+    Entry { name: "kv_store_q8_0", file: "attn", params: "ppiii" },
+    Entry { name: "attention_f16", file: "attn", params: "ppppiiiif" },
+    Entry { name: "attention_q8_0", file: "attn", params: "ppppiiiif" },
 ];
+
+/// Every entry point of every file.
+pub fn entries() -> impl Iterator<Item = Entry> {
+    OTHERS.into_iter().chain(QUANT.into_iter().flatten())
+}
+
+/// The entry point named `name`.
+pub fn entry(name: &str) -> Option<Entry> {
+    entries().find(|e| e.name == name)
+}

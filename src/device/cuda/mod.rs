@@ -6,6 +6,9 @@
 //! context); computing on them (kernels, the forward pass) is not built yet, so `cuda:N` in `--devices` is
 //! refused with what was found.
 
+pub mod driver;
+pub mod emu;
+pub mod gpu;
 pub mod kernels;
 pub mod ptx;
 

@@ -44,6 +44,8 @@ pub fn compile(name: &str, source: &str) -> Result<String, String> {
         arch: Some(ARCH),
         name: Some(format!("{name}.cu")),
         use_fast_math: Some(false),
+        // The sources `#include "common.cuh"`.
+        include_paths: vec![concat!(env!("CARGO_MANIFEST_DIR"), "/kernels").to_owned()],
         ..Default::default()
     };
     compile_ptx_with_opts(source, opts).map(|p| p.to_src()).map_err(|e| format!("{name}.cu: {e}"))

@@ -1,0 +1,17 @@
+//! Builds the CPU emulator of the CUDA kernels (kernels/emu/): the kernel sources compiled as C++ with a
+//! fiber scheduler, behind the `emu:MIB` device that tests the CUDA backend on machines without a GPU.
+
+fn main() {
+    for path in ["kernels", "kernels/emu"] {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .file("kernels/emu/emu.cpp")
+        .opt_level(2)
+        .flag_if_supported("-fno-strict-aliasing")
+        .flag_if_supported("-ffp-contract=off")
+        .warnings(false)
+        .compile("strata_emu");
+}

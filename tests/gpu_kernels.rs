@@ -1,0 +1,369 @@
+//! Every CUDA kernel against the CPU's arithmetic, run through the CPU emulator of a GPU (`emu`): the
+//! products for each weight type (one token, a batch, row lookups), RMSNorm, RoPE, SwiGLU, the residual and
+//! bias adds, storing K/V rows into f16 and int8 pages, and attention over pages that live partly in device
+//! memory and partly in pinned host memory. Also checks that the Rust side, the PTX and the emulator agree
+//! on every kernel's parameters.
+
+use std::sync::Arc;
+
+use half::f16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use strata::device::cuda::emu::{self, EmuGpu};
+use strata::device::cuda::gpu::{launch, Arg, Buffer, Dims, Gpu};
+use strata::device::cuda::kernels::{self, KERNEL_FILES};
+use strata::model::ops;
+use strata::model::RopeKind;
+use strata::quant::{self, GgmlType};
+
+fn gpu() -> Arc<dyn Gpu> {
+    Arc::new(EmuGpu::new(1 << 30))
+}
+
+fn randn(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| (rng.gen::<f32>() * 2.0 - 1.0) * scale).collect()
+}
+
+fn upload(gpu: &Arc<dyn Gpu>, bytes: &[u8]) -> Buffer {
+    let b = Buffer::device(gpu, bytes.len() as u64).unwrap();
+    b.write_at(0, bytes).unwrap();
+    b
+}
+
+fn upload_f32(gpu: &Arc<dyn Gpu>, v: &[f32]) -> Buffer {
+    upload(gpu, bytemuck::cast_slice(v))
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}[{i}]: got {g}, want {w}");
+    }
+}
+
+fn kernel_name(prefix: &str, ty: GgmlType) -> &'static str {
+    let name = format!("{prefix}_{}", ty.name());
+    kernels::entry(&name).unwrap_or_else(|| panic!("no kernel {name}")).name
+}
+
+#[test]
+fn products_and_row_lookups_match_the_cpu_for_every_weight_type() {
+    let gpu = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let (rows, cols, tokens) = (70, 512, 37); // rows and tokens not multiples of the tiles
+    for ty in GgmlType::WEIGHT_TYPES {
+        let w_f32 = randn(&mut rng, rows * cols, 1.0);
+        let row_bytes = quant::row_len_bytes(ty, cols).unwrap();
+        let mut w = vec![0u8; rows * row_bytes];
+        for r in 0..rows {
+            quant::quantize_row(ty, &w_f32[r * cols..(r + 1) * cols], &mut w[r * row_bytes..(r + 1) * row_bytes]);
+        }
+        // The reference: the CPU's dequantized weights times exact f32 activations, summed in f64.
+        let mut deq = vec![0f32; rows * cols];
+        for r in 0..rows {
+            quant::dequantize_row(ty, &w[r * row_bytes..(r + 1) * row_bytes], &mut deq[r * cols..(r + 1) * cols]);
+        }
+        let x = randn(&mut rng, tokens * cols, 1.0);
+        let want: Vec<f32> = (0..tokens * rows)
+            .map(|i| {
+                let (t, r) = (i / rows, i % rows);
+                (0..cols).map(|c| deq[r * cols + c] as f64 * x[t * cols + c] as f64).sum::<f64>() as f32
+            })
+            .collect();
+        let (wb, xb) = (upload(&gpu, &w), upload_f32(&gpu, &x));
+        let y = Buffer::device(&gpu, (tokens * rows * 4) as u64).unwrap();
+
+        let args = [
+            Arg::Ptr(wb.ptr()),
+            Arg::Ptr(xb.ptr()),
+            Arg::Ptr(y.ptr()),
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+            Arg::I64(row_bytes as i64),
+        ];
+        launch(&*gpu, kernel_name("matvec", ty), Dims::linear((rows as u32).div_ceil(4), 128), &args).unwrap();
+        assert_close(&format!("matvec {}", ty.name()), &y.read_f32(rows).unwrap(), &want[..rows], 1e-4);
+
+        let mut args = args.to_vec();
+        args.push(Arg::I32(tokens as i32));
+        let dims = Dims { grid: [(rows as u32).div_ceil(32), (tokens as u32).div_ceil(32), 1], block: [256, 1, 1] };
+        launch(&*gpu, kernel_name("gemm", ty), dims, &args).unwrap();
+        assert_close(&format!("gemm {}", ty.name()), &y.read_f32(tokens * rows).unwrap(), &want, 1e-4);
+
+        let ids: Vec<i32> = vec![3, 0, 69, 3];
+        let idb = upload(&gpu, bytemuck::cast_slice(&ids));
+        let out = Buffer::device(&gpu, (ids.len() * cols * 4) as u64).unwrap();
+        let args = [
+            Arg::Ptr(wb.ptr()),
+            Arg::Ptr(idb.ptr()),
+            Arg::Ptr(out.ptr()),
+            Arg::I32(cols as i32),
+            Arg::I64(row_bytes as i64),
+        ];
+        launch(&*gpu, kernel_name("rows", ty), Dims::linear(ids.len() as u32, 64), &args).unwrap();
+        let got = out.read_f32(ids.len() * cols).unwrap();
+        let want_rows: Vec<f32> =
+            ids.iter().flat_map(|&r| deq[r as usize * cols..(r as usize + 1) * cols].to_vec()).collect();
+        assert_eq!(got, want_rows, "rows {}: dequantization is bit-exact", ty.name());
+    }
+}
+
+#[test]
+fn norm_rope_swiglu_and_adds_match_the_cpu() {
+    let gpu = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let (t, n) = (5, 576);
+    let x = randn(&mut rng, t * n, 3.0);
+    let w = randn(&mut rng, n, 1.0);
+    let (xb, wb) = (upload_f32(&gpu, &x), upload_f32(&gpu, &w));
+    let out = Buffer::device(&gpu, (t * n * 4) as u64).unwrap();
+    let args = [Arg::Ptr(xb.ptr()), Arg::Ptr(wb.ptr()), Arg::Ptr(out.ptr()), Arg::I32(n as i32), Arg::F32(1e-5)];
+    launch(&*gpu, "rms_norm_f32", Dims::linear(t as u32, 256), &args).unwrap();
+    let mut want = vec![0f32; t * n];
+    for r in 0..t {
+        ops::rms_norm(&x[r * n..(r + 1) * n], &w, 1e-5, &mut want[r * n..(r + 1) * n]);
+    }
+    assert_close("rms_norm", &out.read_f32(t * n).unwrap(), &want, 1e-5);
+
+    // RoPE, both pair layouts, partial rotation (rope_dims < head_dim), positions from 1000.
+    let (heads, head_dim, rope_dims, pos0, base) = (3, 64, 32, 1000, 10000.0f32);
+    for (kind, neox) in [(RopeKind::Norm, 0), (RopeKind::Neox, 1)] {
+        let q = randn(&mut rng, t * heads * head_dim, 1.0);
+        let qb = upload_f32(&gpu, &q);
+        let theta_scale = base.powf(-2.0 / rope_dims as f32);
+        let args = [
+            Arg::Ptr(qb.ptr()),
+            Arg::I32(t as i32),
+            Arg::I32(heads as i32),
+            Arg::I32(head_dim as i32),
+            Arg::I32(rope_dims as i32),
+            Arg::I32(pos0 as i32),
+            Arg::F32(theta_scale),
+            Arg::I32(neox),
+        ];
+        launch(&*gpu, "rope_f32", Dims::over(t * heads * rope_dims / 2, 128), &args).unwrap();
+        let mut want = q.clone();
+        for tt in 0..t {
+            let table = ops::rope_table(pos0 + tt, rope_dims, base);
+            for h in 0..heads {
+                let at = (tt * heads + h) * head_dim;
+                ops::rope_apply(&mut want[at..at + rope_dims], &table, kind);
+            }
+        }
+        assert_close(&format!("rope {kind:?}"), &qb.read_f32(q.len()).unwrap(), &want, 1e-5);
+    }
+
+    let (g, u) = (randn(&mut rng, 1000, 4.0), randn(&mut rng, 1000, 1.0));
+    let (gb, ub) = (upload_f32(&gpu, &g), upload_f32(&gpu, &u));
+    launch(&*gpu, "swiglu_f32", Dims::over(1000, 256), &[Arg::Ptr(gb.ptr()), Arg::Ptr(ub.ptr()), Arg::I32(1000)])
+        .unwrap();
+    let mut want = g.clone();
+    ops::swiglu(&mut want, &u);
+    assert_close("swiglu", &gb.read_f32(1000).unwrap(), &want, 1e-6);
+
+    launch(&*gpu, "add_f32", Dims::over(1000, 256), &[Arg::Ptr(gb.ptr()), Arg::Ptr(ub.ptr()), Arg::I32(1000)]).unwrap();
+    let want: Vec<f32> = want.iter().zip(&u).map(|(a, b)| a + b).collect();
+    assert_eq!(gb.read_f32(1000).unwrap(), want, "add");
+
+    let bias = randn(&mut rng, 100, 1.0);
+    let bb = upload_f32(&gpu, &bias);
+    launch(
+        &*gpu,
+        "add_bias_f32",
+        Dims::over(1000, 256),
+        &[Arg::Ptr(gb.ptr()), Arg::Ptr(bb.ptr()), Arg::I32(100), Arg::I32(1000)],
+    )
+    .unwrap();
+    let want: Vec<f32> = want.iter().enumerate().map(|(i, a)| a + bias[i % 100]).collect();
+    assert_eq!(gb.read_f32(1000).unwrap(), want, "add_bias");
+
+    let idx: Vec<i32> = vec![4, 1];
+    let ib = upload(&gpu, bytemuck::cast_slice(&idx));
+    let picked = Buffer::device(&gpu, (2 * n * 4) as u64).unwrap();
+    launch(
+        &*gpu,
+        "gather_rows_f32",
+        Dims::linear(2, 128),
+        &[Arg::Ptr(xb.ptr()), Arg::Ptr(ib.ptr()), Arg::Ptr(picked.ptr()), Arg::I32(n as i32)],
+    )
+    .unwrap();
+    let want: Vec<f32> = [4, 1].iter().flat_map(|&r| x[r * n..(r + 1) * n].to_vec()).collect();
+    assert_eq!(picked.read_f32(2 * n).unwrap(), want, "gather_rows");
+}
+
+/// K and V of `n` positions in pages of 64 rows; odd pages in pinned host memory.
+struct Pages {
+    pages: Vec<Buffer>,
+    table: Buffer,
+}
+
+fn pages(gpu: &Arc<dyn Gpu>, n: usize, row_bytes: usize) -> Pages {
+    let pages: Vec<Buffer> = (0..n.div_ceil(64))
+        .map(|i| {
+            let bytes = (64 * row_bytes) as u64;
+            if i % 2 == 1 {
+                Buffer::pinned_host(gpu, bytes).unwrap()
+            } else {
+                Buffer::device(gpu, bytes).unwrap()
+            }
+        })
+        .collect();
+    let addrs: Vec<u64> = pages.iter().map(Buffer::ptr).collect();
+    let table = upload(gpu, bytemuck::cast_slice(&addrs));
+    Pages { pages, table }
+}
+
+#[test]
+fn kv_rows_are_stored_as_the_cpu_stores_them_and_attention_matches() {
+    let gpu = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let (n_head, n_head_kv, head_dim) = (6, 2, 64);
+    let kv_dim = n_head_kv * head_dim;
+    let (pos0, tokens) = (150, 5); // 155 positions over 3 pages, the batch crossing no page boundary
+    let n = pos0 + tokens;
+    for int8 in [false, true] {
+        let row_bytes = if int8 { kv_dim / 32 * 34 } else { kv_dim * 2 };
+        let (kp, vp) = (pages(&gpu, n, row_bytes), pages(&gpu, n, row_bytes));
+        let k = randn(&mut rng, n * kv_dim, 1.0);
+        let v = randn(&mut rng, n * kv_dim, 1.0);
+        let store = if int8 { "kv_store_q8_0" } else { "kv_store_f16" };
+        // Positions 0..pos0 in one batch, then the last `tokens` positions in another.
+        for (from, count) in [(0, pos0), (pos0, tokens)] {
+            for (src, p) in [(&k, &kp), (&v, &vp)] {
+                let sb = upload_f32(&gpu, &src[from * kv_dim..(from + count) * kv_dim]);
+                let per_thread = if int8 { kv_dim / 32 } else { kv_dim };
+                let args = [
+                    Arg::Ptr(sb.ptr()),
+                    Arg::Ptr(p.table.ptr()),
+                    Arg::I32(count as i32),
+                    Arg::I32(from as i32),
+                    Arg::I32(kv_dim as i32),
+                ];
+                launch(&*gpu, store, Dims::over(count * per_thread, 128), &args).unwrap();
+            }
+        }
+        // Stored bytes equal the CPU cache's.
+        let mut stored_k = vec![0u8; n * row_bytes];
+        for (i, page) in kp.pages.iter().enumerate() {
+            let rows = (n - i * 64).min(64);
+            page.read_at(0, &mut stored_k[i * 64 * row_bytes..(i * 64 + rows) * row_bytes]).unwrap();
+        }
+        let mut want_k = vec![0u8; n * row_bytes];
+        for p in 0..n {
+            let (src, dst) = (&k[p * kv_dim..(p + 1) * kv_dim], &mut want_k[p * row_bytes..(p + 1) * row_bytes]);
+            if int8 {
+                quant::quantize_q8_0_row(src, dst);
+            } else {
+                for (j, x) in src.iter().enumerate() {
+                    dst[2 * j..2 * j + 2].copy_from_slice(&f16::from_f32(*x).to_le_bytes());
+                }
+            }
+        }
+        assert!(stored_k == want_k, "{store}: stored bytes differ from the CPU's");
+
+        // Attention of the batch's queries over everything stored, against an f64 reference over the stored
+        // (rounded) K and V.
+        let mut stored_v = vec![0u8; n * row_bytes];
+        for (i, page) in vp.pages.iter().enumerate() {
+            let rows = (n - i * 64).min(64);
+            page.read_at(0, &mut stored_v[i * 64 * row_bytes..(i * 64 + rows) * row_bytes]).unwrap();
+        }
+        let deq = |bytes: &[u8]| -> Vec<f32> {
+            let mut out = vec![0f32; n * kv_dim];
+            let ty = if int8 { GgmlType::Q8_0 } else { GgmlType::F16 };
+            for p in 0..n {
+                quant::dequantize_row(
+                    ty,
+                    &bytes[p * row_bytes..(p + 1) * row_bytes],
+                    &mut out[p * kv_dim..(p + 1) * kv_dim],
+                );
+            }
+            out
+        };
+        let (kd, vd) = (deq(&stored_k), deq(&stored_v));
+        let q = randn(&mut rng, tokens * n_head * head_dim, 1.0);
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let mut want = vec![0f32; q.len()];
+        for t in 0..tokens {
+            for h in 0..n_head {
+                let kvh = h / (n_head / n_head_kv);
+                let qv = &q[(t * n_head + h) * head_dim..][..head_dim];
+                let scores: Vec<f64> = (0..=pos0 + t)
+                    .map(|p| {
+                        (0..head_dim).map(|d| qv[d] as f64 * kd[p * kv_dim + kvh * head_dim + d] as f64).sum::<f64>()
+                            * scale as f64
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for d in 0..head_dim {
+                    let o: f64 =
+                        e.iter().enumerate().map(|(p, w)| w * vd[p * kv_dim + kvh * head_dim + d] as f64).sum();
+                    want[(t * n_head + h) * head_dim + d] = (o / sum) as f32;
+                }
+            }
+        }
+        let qb = upload_f32(&gpu, &q);
+        let out = Buffer::device(&gpu, (q.len() * 4) as u64).unwrap();
+        let kernel = if int8 { "attention_q8_0" } else { "attention_f16" };
+        let args = [
+            Arg::Ptr(qb.ptr()),
+            Arg::Ptr(out.ptr()),
+            Arg::Ptr(kp.table.ptr()),
+            Arg::Ptr(vp.table.ptr()),
+            Arg::I32(pos0 as i32),
+            Arg::I32(n_head as i32),
+            Arg::I32(n_head_kv as i32),
+            Arg::I32(head_dim as i32),
+            Arg::F32(scale),
+        ];
+        launch(&*gpu, kernel, Dims::linear((tokens * n_head) as u32, 128), &args).unwrap();
+        assert_close(kernel, &out.read_f32(q.len()).unwrap(), &want, 1e-5);
+    }
+}
+
+#[test]
+fn launches_with_wrong_arguments_are_refused_before_running() {
+    let gpu = gpu();
+    let e = launch(&*gpu, "add_f32", Dims::over(10, 32), &[Arg::Ptr(0), Arg::I32(1)]).unwrap_err();
+    assert!(e.to_string().contains("do not match its parameters \"ppi\""), "{e}");
+    let e = launch(&*gpu, "no_such_kernel", Dims::over(10, 32), &[]).unwrap_err();
+    assert!(e.to_string().contains("no such kernel"), "{e}");
+    let e = launch(&*gpu, "add_f32", Dims::linear(1, 2048), &[Arg::Ptr(0), Arg::Ptr(0), Arg::I32(0)]).unwrap_err();
+    assert!(e.to_string().contains("bad launch dimensions"), "{e}");
+}
+
+/// `.param .u64 name_param_0,` ... of `.entry name(` in PTX, as kinds: u64 -> p or l, u32 -> i, f32 -> f.
+fn ptx_params(ptx: &str, name: &str) -> Option<String> {
+    let start = ptx.find(&format!(".entry {name}("))?;
+    let body = &ptx[start..ptx[start..].find(')')? + start];
+    Some(
+        body.lines()
+            .filter_map(|l| l.trim().strip_prefix(".param ."))
+            .map(|l| match &l[..3] {
+                "u64" => 'P',
+                "u32" => 'i',
+                "f32" => 'f',
+                other => panic!("{name}: parameter type {other}"),
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn the_ptx_the_emulator_and_the_launch_table_agree_on_every_kernel() {
+    let emulated = emu::signatures();
+    let listed: Vec<_> = kernels::entries().collect();
+    assert_eq!(emulated.len(), listed.len(), "the emulator and kernels::entries list the same kernels");
+    for e in &listed {
+        let (_, sig) = emulated.iter().find(|(n, _)| n == e.name).unwrap_or_else(|| panic!("{} not emulated", e.name));
+        assert_eq!(sig, e.params, "{}: emulator parameters", e.name);
+        let file = KERNEL_FILES.iter().find(|f| f.name == e.file).unwrap();
+        let ptx = ptx_params(file.ptx, e.name).unwrap_or_else(|| panic!("{} not in {}.ptx", e.name, e.file));
+        // PTX does not tell a pointer from an i64: both are .u64.
+        let want: String = e.params.chars().map(|c| if c == 'p' || c == 'l' { 'P' } else { c }).collect();
+        assert_eq!(ptx, want, "{}: PTX parameters", e.name);
+    }
+}
