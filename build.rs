@@ -13,5 +13,6 @@ fn main() {
         .flag_if_supported("-fno-strict-aliasing")
         .flag_if_supported("-ffp-contract=off")
         .warnings(false)
+        .flag_if_supported("-pthread")
         .compile("strata_emu");
 }

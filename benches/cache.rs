@@ -52,15 +52,15 @@ fn main() {
     let mut park_s = Vec::new();
     let mut park_reuse_s = Vec::new();
     let mut restore_s = Vec::new();
-    let mut snap = seq.kv.snapshot();
+    let mut snap = seq.kv.snapshot().expect("snapshot");
     let bytes = snap.bytes();
     for _ in 0..reps {
         let t = Instant::now();
-        snap = black_box(seq.kv.snapshot());
+        snap = black_box(seq.kv.snapshot().expect("snapshot"));
         park_s.push(t.elapsed().as_secs_f64());
         // At the slot limit a park evicts a snapshot and writes into its buffers.
         let t = Instant::now();
-        snap = black_box(seq.kv.snapshot_into(Some(snap)));
+        snap = black_box(seq.kv.snapshot_into(Some(snap)).expect("snapshot"));
         park_reuse_s.push(t.elapsed().as_secs_f64());
         let mut target = model.new_kv(KvType::F16, 8192).expect("kv");
         let t = Instant::now();

@@ -14,6 +14,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <atomic>
+#include <memory>
+#include <thread>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -57,7 +60,7 @@ struct Launch {
     void **args = nullptr;
     std::vector<Fiber> fibers;
     std::vector<Warp> warps;
-    std::vector<char> stacks;
+    char *stacks = nullptr;
     unsigned block_gen = 0;
     int block_arrived = 0, live = 0;
     Fiber *cur = nullptr;
@@ -204,7 +207,7 @@ static bool run_block(Launch &l) {
         Fiber &f = l.fibers[i];
         f.state = RUNNABLE;
         f.wait_gen = 0;
-        char *stack = l.stacks.data() + i * STACK_BYTES;
+        char *stack = l.stacks + i * STACK_BYTES;
 #if defined(__x86_64__)
         // The stack as strata_emu_switch leaves it: six registers, then fiber_main as the return address,
         // so that fiber_main starts with the stack aligned as after a call.
@@ -322,9 +325,45 @@ static void put(char *err, size_t len, const std::string &msg) {
     }
 }
 
+// Runs blocks `next++` of the grid until none is left or one fails (then *failed holds its message).
+static void run_blocks(const Entry *e, dim3 grid, dim3 block, void **args, std::atomic<size_t> *next,
+                       std::atomic<bool> *stop, std::string *failed) {
+    size_t threads = block.x;
+    Launch l;
+    l.grid = grid;
+    l.block = block;
+    l.call = e->call;
+    l.args = args;
+    l.fibers.resize(threads);
+    for (size_t i = 0; i < threads; i++) l.fibers[i].tid = dim3{(unsigned)i, 0, 0};
+    l.warps.resize((threads + 31) / 32);
+    // Fiber stacks, kept per OS thread across launches and never cleared (a fiber's frame initializes what
+    // it uses).
+    static thread_local std::unique_ptr<char[]> stack_pool;
+    static thread_local size_t stack_pool_threads = 0;
+    if (stack_pool_threads < threads) {
+        stack_pool.reset(new char[threads * STACK_BYTES]);
+        stack_pool_threads = threads;
+    }
+    l.stacks = stack_pool.get();
+    Launch *outer = L;
+    L = &l;
+    size_t total = (size_t)grid.x * grid.y * grid.z;
+    for (size_t b = (*next)++; b < total && !*stop; b = (*next)++) {
+        l.bid = dim3{(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / grid.x / grid.y)};
+        if (!run_block(l)) {
+            *failed = "threads of block (" + std::to_string(l.bid.x) + ", " + std::to_string(l.bid.y) + ", " +
+                      std::to_string(l.bid.z) + ") wait at a barrier no thread can complete";
+            *stop = true;
+        }
+    }
+    L = outer;
+}
+
 } // namespace emu
 
-// 0 on success; otherwise nonzero with a message in err.
+// 0 on success; otherwise nonzero with a message in err. Blocks are spread over the machine's cores (each
+// OS thread runs whole blocks, as an SM would); a kernel's blocks never share memory but its output.
 extern "C" int strata_emu_launch(const char *name, const unsigned grid[3], const unsigned block[3], void **args,
                                  char *err, size_t err_len) {
     using namespace emu;
@@ -338,33 +377,25 @@ extern "C" int strata_emu_launch(const char *name, const unsigned grid[3], const
         put(err, err_len, std::string(name) + ": the emulator runs 1 to 1024 threads in x only");
         return 2;
     }
-    Launch l;
-    l.grid = dim3{grid[0], grid[1], grid[2]};
-    l.block = dim3{block[0], block[1], block[2]};
-    l.call = e->call;
-    l.args = args;
-    l.fibers.resize(threads);
-    for (size_t i = 0; i < threads; i++) l.fibers[i].tid = dim3{(unsigned)i, 0, 0};
-    l.warps.resize((threads + 31) / 32);
-    l.stacks.resize(threads * STACK_BYTES);
-    Launch *outer = L;
-    L = &l;
-    int rc = 0;
-    for (unsigned z = 0; z < grid[2] && rc == 0; z++) {
-        for (unsigned y = 0; y < grid[1] && rc == 0; y++) {
-            for (unsigned x = 0; x < grid[0] && rc == 0; x++) {
-                l.bid = dim3{x, y, z};
-                if (!run_block(l)) {
-                    put(err, err_len,
-                        std::string(name) + ": threads of block (" + std::to_string(x) + ", " + std::to_string(y) +
-                            ", " + std::to_string(z) + ") wait at a barrier no thread can complete");
-                    rc = 3;
-                }
-            }
+    dim3 g{grid[0], grid[1], grid[2]}, b{block[0], 1, 1};
+    size_t total = (size_t)grid[0] * grid[1] * grid[2];
+    size_t workers = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), total);
+    std::atomic<size_t> next{0};
+    std::atomic<bool> stop{false};
+    std::vector<std::string> failed(workers);
+    std::vector<std::thread> pool;
+    for (size_t w = 1; w < workers; w++) {
+        pool.emplace_back(run_blocks, e, g, b, args, &next, &stop, &failed[w]);
+    }
+    run_blocks(e, g, b, args, &next, &stop, &failed[0]);
+    for (std::thread &t : pool) t.join();
+    for (const std::string &f : failed) {
+        if (!f.empty()) {
+            put(err, err_len, std::string(name) + ": " + f);
+            return 3;
         }
     }
-    L = outer;
-    return rc;
+    return 0;
 }
 
 // The parameter kinds of kernel `name` (see emu::kind) into out; 0 when found.

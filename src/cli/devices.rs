@@ -1,6 +1,6 @@
 //! `strata devices`: the devices Strata can run on, with their free and total memory and the reserve each
-//! GPU keeps. Without `--devices` it lists the host and the CUDA devices the driver reports, or why there are
-//! none (no driver, no GPU); CUDA compute is not built yet, so those are listed, not usable.
+//! GPU keeps. Without `--devices` it lists the host and the CUDA devices the driver reports (usable as
+//! `cuda:N` in `--devices`), or why there are none (no driver, no GPU).
 
 use anyhow::Context;
 use clap::Args;
@@ -10,7 +10,7 @@ use strata::device::{mib, DeviceKind, DeviceSet};
 
 #[derive(Args, Debug)]
 pub struct DevicesArgs {
-    /// Devices to list: cpu, sim:MIB, cuda:N [default: every device of this build]
+    /// Devices to list: cpu, cuda:N, cuda:N@MIB, sim:MIB, emu:MIB [default: the host and every CUDA device found]
     #[arg(long = "devices", value_name = "LIST")]
     pub devices: Option<String>,
     /// MiB each GPU keeps free
@@ -36,12 +36,12 @@ pub fn main(a: DevicesArgs) -> anyhow::Result<()> {
                 DeviceKind::Cpu => "cpu",
                 DeviceKind::Sim { .. } => "sim",
                 DeviceKind::Cuda { .. } => "cuda",
+                DeviceKind::Emu { .. } => "emu",
             };
             (d, kind, d.sample_free().ok())
         })
         .collect();
-    // CUDA devices are probed (never a panic without a driver or a GPU) and listed; computing on them is not
-    // built yet, so DeviceSet::parse refuses cuda:N.
+    // CUDA devices are probed (never a panic without a driver or a GPU) and listed.
     let probe = if a.devices.is_none() { Some(cuda::probe()) } else { None };
     let found: Vec<cuda::CudaInfo> = match &probe {
         Some(Probe::Devices(d)) => d.clone(),
@@ -64,7 +64,7 @@ pub fn main(a: DevicesArgs) -> anyhow::Result<()> {
             .collect();
         println!(
             "{}",
-            serde_json::json!({ "devices": list, "cuda_available": false, "cuda_found": found, "cuda_none_why": why_none })
+            serde_json::json!({ "devices": list, "cuda_available": !found.is_empty(), "cuda_found": found, "cuda_none_why": why_none })
         );
     } else {
         for (d, kind, free) in &devices {
@@ -79,7 +79,7 @@ pub fn main(a: DevicesArgs) -> anyhow::Result<()> {
         }
         for c in &found {
             println!(
-                "cuda:{}  {} (compute {}.{})  free {}  total {}  (found; CUDA compute is not in this build yet)",
+                "cuda:{}  {} (compute {}.{})  free {}  total {}",
                 c.ordinal,
                 c.name,
                 c.compute_capability.0,

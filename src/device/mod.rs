@@ -1,4 +1,6 @@
-//! Devices and their memory: `cpu` (the host), `sim:MIB` (a simulated GPU) and the `cuda:N` slot.
+//! Devices and their memory: `cpu` (the host), `cuda:N` (an NVIDIA GPU, `cuda:N@MIB` capped to act as a
+//! smaller card), `sim:MIB` (a simulated GPU that computes on the CPU) and `emu:MIB` (the CUDA backend run
+//! on the CPU emulator of a GPU).
 //!
 //! Every byte the engine places on a device goes through that device's ledger: [`Device::alloc`] checks the
 //! request against the device's capacity and, for a GPU, against its sampled free memory minus the
@@ -8,8 +10,10 @@
 //!
 //! A `sim` device computes on the CPU like `cpu` does (its data lives in host memory), but keeps the books
 //! of a GPU with a fixed capacity and can be given faults (`sim::Fault`): memory held by another process,
-//! failing free-memory samples, failing allocations. It is the test double of `cuda`: every engine path
-//! (allocation checks, copies between stages, KV residency) runs on it unchanged.
+//! failing free-memory samples, failing allocations. `emu` keeps the same books and takes the same faults
+//! but computes through the CUDA backend (real allocations on the emulated card, kernels, page tables). On
+//! `cuda`, an allocation is a real `cuMemAlloc` after the ledger's checks; free memory is `cuMemGetInfo`
+//! (within the cap); and a pressure fault really takes device memory, as another process would.
 
 pub mod cuda;
 mod host;
@@ -18,6 +22,8 @@ pub mod sim;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use cuda::gpu::{Buffer, Gpu, GpuError};
 
 pub use sim::{Fault, FaultSpec};
 
@@ -38,30 +44,46 @@ pub enum DeviceKind {
     Cpu,
     /// A simulated GPU with `capacity_bytes` of memory (CPU compute).
     Sim { capacity_bytes: u64 },
-    /// CUDA device `ordinal` (not available in this build).
-    Cuda { ordinal: usize },
+    /// CUDA device `ordinal`; with a cap, it acts as a card of `cap_bytes` (the gate and ledger see that).
+    Cuda { ordinal: usize, cap_bytes: Option<u64> },
+    /// A GPU of `capacity_bytes` emulated on the CPU: the CUDA backend's code and kernels, run slowly.
+    Emu { capacity_bytes: u64 },
 }
 
 impl DeviceKind {
-    /// Parses one entry of `--devices`: `cpu`, `sim:MIB`, `cuda:N`.
+    /// Parses one entry of `--devices`: `cpu`, `cuda:N`, `cuda:N@MIB`, `sim:MIB`, `emu:MIB`.
     pub fn parse(s: &str) -> Result<DeviceKind, DeviceError> {
         let bad = |why: &str| DeviceError::BadSpec { spec: s.to_owned(), why: why.to_owned() };
+        let size = |m: &str, what: &str| -> Result<u64, DeviceError> {
+            match m.parse::<u64>() {
+                Ok(mib) if mib > 0 && mib <= 1 << 24 => Ok(mib * MIB),
+                _ => Err(bad(&format!("{what} is a whole number of MiB from 1 to 16777216"))),
+            }
+        };
         let s = s.trim();
         if s == "cpu" {
             return Ok(DeviceKind::Cpu);
         }
         if let Some(m) = s.strip_prefix("sim:") {
-            let mib: u64 = m.parse().map_err(|_| bad("the size of a sim device is a whole number of MiB"))?;
-            if mib == 0 || mib > 1 << 24 {
-                return Err(bad("the size of a sim device must be 1 to 16777216 MiB"));
-            }
-            return Ok(DeviceKind::Sim { capacity_bytes: mib * MIB });
+            return Ok(DeviceKind::Sim { capacity_bytes: size(m, "the size of a sim device")? });
+        }
+        if let Some(m) = s.strip_prefix("emu:") {
+            return Ok(DeviceKind::Emu { capacity_bytes: size(m, "the size of an emu device")? });
         }
         if let Some(n) = s.strip_prefix("cuda:") {
+            let (n, cap) = match n.split_once('@') {
+                Some((n, cap)) => (n, Some(size(cap, "the cap of a CUDA device (cuda:N@MIB)")?)),
+                None => (n, None),
+            };
             let ordinal: usize = n.parse().map_err(|_| bad("a CUDA device is cuda:N with N its index"))?;
-            return Ok(DeviceKind::Cuda { ordinal });
+            return Ok(DeviceKind::Cuda { ordinal, cap_bytes: cap });
         }
-        Err(bad("expected cpu, sim:MIB or cuda:N"))
+        Err(bad("expected cpu, cuda:N, cuda:N@MIB, sim:MIB or emu:MIB"))
+    }
+
+    /// True for the kinds that compute through the CUDA backend (`cuda`, `emu`).
+    pub fn is_gpu(&self) -> bool {
+        matches!(self, DeviceKind::Cuda { .. } | DeviceKind::Emu { .. })
     }
 }
 
@@ -73,7 +95,9 @@ impl fmt::Display for DeviceKind {
                 write!(f, "sim:{}", capacity_bytes / MIB)
             }
             DeviceKind::Sim { capacity_bytes } => write!(f, "sim:{capacity_bytes}B"),
-            DeviceKind::Cuda { ordinal } => write!(f, "cuda:{ordinal}"),
+            DeviceKind::Emu { capacity_bytes } => write!(f, "emu:{}", capacity_bytes / MIB),
+            DeviceKind::Cuda { ordinal, cap_bytes: None } => write!(f, "cuda:{ordinal}"),
+            DeviceKind::Cuda { ordinal, cap_bytes: Some(c) } => write!(f, "cuda:{ordinal}@{}", c / MIB),
         }
     }
 }
@@ -130,6 +154,10 @@ pub enum DeviceError {
     AllocFailed { device: String, purpose: Purpose, need_bytes: u64 },
     #[error("device {device}: free-memory sample failed")]
     SampleFailed { device: String },
+    /// The GPU failed a call. A `sticky` failure (a faulted context) leaves the device unusable: the
+    /// engine reports itself unhealthy and exits instead of computing on.
+    #[error("device {device}: {msg}")]
+    Gpu { device: String, msg: String, sticky: bool },
 }
 
 impl DeviceError {
@@ -137,6 +165,11 @@ impl DeviceError {
     /// host and try again. Other failures end the request.
     pub fn is_no_room(&self) -> bool {
         matches!(self, DeviceError::BelowReserve { .. } | DeviceError::OutOfMemory { .. })
+    }
+
+    /// True when a device faulted for good (a sticky CUDA error): nothing more can run on it.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, DeviceError::Gpu { sticky: true, .. })
     }
 }
 
@@ -169,6 +202,8 @@ struct State {
     /// Last successful free-memory sample and the ledger total when it was taken: a failed sample is
     /// replaced by that sample minus what the engine allocated since.
     last_sample: Option<(u64, u64)>,
+    /// CUDA: device memory held by a pressure fault, as another process would hold it.
+    hold: Option<Buffer>,
 }
 
 /// One device: its kind, its reserve and its ledger.
@@ -179,6 +214,8 @@ pub struct Device {
     pub reserve_bytes: u64,
     state: Mutex<State>,
     has_scheduled: AtomicBool,
+    /// The GPU behind a `cuda` or `emu` device.
+    gpu: Option<Arc<dyn Gpu>>,
 }
 
 impl fmt::Debug for Device {
@@ -188,32 +225,63 @@ impl fmt::Debug for Device {
 }
 
 impl Device {
-    /// A device of `kind` at position `index` of its set. `cuda:N` is refused: this build has no CUDA backend.
+    /// A device of `kind` at position `index` of its set. `cuda:N` opens the GPU (its context, stream and
+    /// kernels); when that is not possible the error says what the driver probe found.
     pub fn new(index: usize, kind: DeviceKind, reserve_bytes: u64) -> Result<Arc<Device>, DeviceError> {
-        if let DeviceKind::Cuda { ordinal } = kind {
-            let probe = cuda::probe();
-            let why = match (probe.why_none(), &probe) {
-                (Some(why), _) => why,
-                (None, cuda::Probe::Devices(found)) => match found.iter().find(|d| d.ordinal == ordinal) {
-                    Some(d) => format!(
-                        "{} ({}) is present, but this build cannot compute on CUDA yet (use cpu or sim:MIB)",
-                        d.name,
-                        mib(d.total_bytes)
-                    ),
-                    None => format!("the driver reports {} CUDA device(s), numbered from 0", found.len()),
-                },
-                (None, _) => "no CUDA device".into(),
-            };
-            return Err(DeviceError::Unavailable { device: kind.to_string(), why });
-        }
+        let gpu: Option<Arc<dyn Gpu>> = match kind {
+            DeviceKind::Cuda { ordinal, cap_bytes } => {
+                let unavailable = |why: String| DeviceError::Unavailable { device: kind.to_string(), why };
+                let probe = cuda::probe();
+                if let Some(why) = probe.why_none() {
+                    return Err(unavailable(why));
+                }
+                if let cuda::Probe::Devices(found) = &probe {
+                    let Some(info) = found.iter().find(|d| d.ordinal == ordinal) else {
+                        let why = format!("the driver reports {} CUDA device(s), numbered from 0", found.len());
+                        return Err(unavailable(why));
+                    };
+                    if let Some(cap) = cap_bytes.filter(|&c| c > info.total_bytes) {
+                        let why = format!("a cap of {} is more than the card's {}", mib(cap), mib(info.total_bytes));
+                        return Err(unavailable(why));
+                    }
+                }
+                let gpu = cuda::driver::CudaGpu::open(ordinal).map_err(|e| unavailable(e.to_string()))?;
+                Some(Arc::new(gpu))
+            }
+            DeviceKind::Emu { capacity_bytes } => Some(Arc::new(cuda::emu::EmuGpu::new(capacity_bytes))),
+            DeviceKind::Cpu | DeviceKind::Sim { .. } => None,
+        };
         let reserve_bytes = if kind == DeviceKind::Cpu { 0 } else { reserve_bytes };
         Ok(Arc::new(Device {
             index,
             kind,
             reserve_bytes,
-            state: Mutex::new(State { usage: Usage::default(), sim: sim::SimState::default(), last_sample: None }),
+            state: Mutex::new(State {
+                usage: Usage::default(),
+                sim: sim::SimState::default(),
+                last_sample: None,
+                hold: None,
+            }),
             has_scheduled: AtomicBool::new(false),
+            gpu,
         }))
+    }
+
+    /// The GPU of a `cuda` or `emu` device.
+    pub fn gpu(&self) -> Option<&Arc<dyn Gpu>> {
+        self.gpu.as_ref()
+    }
+
+    /// The fixed capacity of a `sim` or `emu` device (whose free memory is simulated).
+    fn simulated_capacity(&self) -> Option<u64> {
+        match self.kind {
+            DeviceKind::Sim { capacity_bytes } | DeviceKind::Emu { capacity_bytes } => Some(capacity_bytes),
+            _ => None,
+        }
+    }
+
+    fn gpu_error(&self, e: GpuError) -> DeviceError {
+        DeviceError::Gpu { device: self.name(), msg: e.to_string(), sticky: e.is_sticky() }
     }
 
     /// A simulated GPU of `capacity_bytes` (tests use byte sizes; the CLI whole MiB).
@@ -243,8 +311,11 @@ impl Device {
     pub fn total_bytes(&self) -> u64 {
         match self.kind {
             DeviceKind::Cpu => host::total_bytes(),
-            DeviceKind::Sim { capacity_bytes } => capacity_bytes,
-            DeviceKind::Cuda { .. } => 0,
+            DeviceKind::Sim { capacity_bytes } | DeviceKind::Emu { capacity_bytes } => capacity_bytes,
+            DeviceKind::Cuda { cap_bytes: Some(c), .. } => c,
+            DeviceKind::Cuda { cap_bytes: None, .. } => {
+                self.gpu.as_ref().and_then(|g| g.mem_info().ok()).map_or(0, |(_, total)| total)
+            }
         }
     }
 
@@ -258,8 +329,24 @@ impl Device {
     fn sample_locked(&self, st: &mut State) -> Result<u64, DeviceError> {
         let free = match self.kind {
             DeviceKind::Cpu => Some(host::available_bytes()),
-            DeviceKind::Sim { capacity_bytes } => st.sim.sample(capacity_bytes, st.usage.total_bytes),
-            DeviceKind::Cuda { .. } => None,
+            DeviceKind::Sim { capacity_bytes } | DeviceKind::Emu { capacity_bytes } => {
+                st.sim.sample(capacity_bytes, st.usage.total_bytes)
+            }
+            DeviceKind::Cuda { cap_bytes, .. } => {
+                if st.sim.take_sample_failure() {
+                    None
+                } else {
+                    let real = self.gpu.as_ref().map(|g| g.mem_info());
+                    match real {
+                        Some(Ok((free, _))) => {
+                            // Within a cap, what the engine and the pressure hold come off the cap.
+                            let held = st.usage.total_bytes + st.hold.as_ref().map_or(0, Buffer::bytes);
+                            Some(cap_bytes.map_or(free, |c| free.min(c.saturating_sub(held))))
+                        }
+                        _ => None,
+                    }
+                }
+            }
         };
         match free {
             Some(f) => {
@@ -308,7 +395,7 @@ impl Device {
                     return refuse(&mut st, e);
                 }
             }
-            DeviceKind::Sim { capacity_bytes } => {
+            DeviceKind::Sim { capacity_bytes } | DeviceKind::Emu { capacity_bytes } => {
                 let physical_free = st.sim.true_free(capacity_bytes, st.usage.total_bytes);
                 if bytes > physical_free {
                     let e = DeviceError::OutOfMemory {
@@ -341,13 +428,80 @@ impl Device {
                     return refuse(&mut st, e);
                 }
             }
-            DeviceKind::Cuda { .. } => {
-                return refuse(
-                    &mut st,
-                    DeviceError::Unavailable { device: self.name(), why: "no CUDA backend in this build".into() },
-                )
+            DeviceKind::Cuda { cap_bytes, .. } => {
+                let held = st.usage.total_bytes + st.hold.as_ref().map_or(0, Buffer::bytes);
+                if let Some(cap) = cap_bytes.filter(|&c| held.saturating_add(bytes) > c) {
+                    let e = DeviceError::OutOfMemory {
+                        device: self.name(),
+                        purpose,
+                        need_bytes: bytes,
+                        free_bytes: cap.saturating_sub(held),
+                        capacity_bytes: cap,
+                    };
+                    return refuse(&mut st, e);
+                }
+                let free = match self.sample_locked(&mut st) {
+                    Ok(f) => f,
+                    Err(_) => match st.last_sample {
+                        Some((f, at_total)) => (f + at_total).saturating_sub(st.usage.total_bytes),
+                        None => 0,
+                    },
+                };
+                if free < bytes.saturating_add(self.reserve_bytes) {
+                    let e = DeviceError::BelowReserve {
+                        device: self.name(),
+                        purpose,
+                        need_bytes: bytes,
+                        free_bytes: free,
+                        reserve_bytes: self.reserve_bytes,
+                    };
+                    return refuse(&mut st, e);
+                }
             }
         }
+        // The memory itself, on a GPU; the driver may still say no (another process took it meanwhile).
+        let mem = match &self.gpu {
+            Some(gpu) => match Buffer::device(gpu, bytes) {
+                Ok(b) => Some(b),
+                Err(GpuError::OutOfMemory { .. }) => {
+                    let free = gpu.mem_info().map_or(0, |(f, _)| f);
+                    let e = DeviceError::OutOfMemory {
+                        device: self.name(),
+                        purpose,
+                        need_bytes: bytes,
+                        free_bytes: free,
+                        capacity_bytes: self.total_bytes(),
+                    };
+                    return refuse(&mut st, e);
+                }
+                Err(e) => return refuse(&mut st, self.gpu_error(e)),
+            },
+            None => None,
+        };
+        Ok(self.book(&mut st, purpose, bytes, mem))
+    }
+
+    /// Pinned host memory that `gpu` reads directly (KV pages a GPU layer keeps on the host), booked on
+    /// this device (the host).
+    pub fn alloc_pinned(self: &Arc<Self>, gpu: &Arc<dyn Gpu>, purpose: Purpose, bytes: u64) -> Result<Allocation, DeviceError> {
+        let mut book = self.alloc(purpose, bytes)?;
+        match Buffer::pinned_host(gpu, bytes) {
+            Ok(b) => {
+                book.mem = Some(b);
+                Ok(book)
+            }
+            Err(GpuError::OutOfMemory { .. }) => Err(DeviceError::OutOfMemory {
+                device: self.name(),
+                purpose,
+                need_bytes: bytes,
+                free_bytes: host::available_bytes(),
+                capacity_bytes: host::total_bytes(),
+            }),
+            Err(e) => Err(self.gpu_error(e)),
+        }
+    }
+
+    fn book(self: &Arc<Self>, st: &mut State, purpose: Purpose, bytes: u64, mem: Option<Buffer>) -> Allocation {
         let u = &mut st.usage;
         u.by_purpose_bytes[purpose.index()] += bytes;
         u.total_bytes += bytes;
@@ -355,7 +509,7 @@ impl Device {
         u.high_water_bytes = u.high_water_bytes.max(u.total_bytes);
         let i = purpose.index();
         u.high_water_by_purpose_bytes[i] = u.high_water_by_purpose_bytes[i].max(u.by_purpose_bytes[i]);
-        Ok(Allocation { device: self.clone(), purpose, bytes })
+        Allocation { device: self.clone(), purpose, bytes, mem }
     }
 
     fn release(&self, purpose: Purpose, bytes: u64) {
@@ -372,26 +526,49 @@ impl Device {
         st.usage.copied_in_bytes += bytes;
     }
 
-    /// Applies a fault now (sim devices only; other kinds refuse).
+    /// Applies a fault now (GPU-like devices: sim, emu, cuda; the host refuses). On `cuda`, pressure is
+    /// device memory really taken (and given back when the pressure is lifted).
     pub fn inject(&self, fault: Fault) -> Result<(), DeviceError> {
-        let DeviceKind::Sim { capacity_bytes } = self.kind else {
+        let mut st = self.lock();
+        self.apply_locked(&mut st, fault)
+    }
+
+    fn apply_locked(&self, st: &mut State, fault: Fault) -> Result<(), DeviceError> {
+        if let Some(capacity_bytes) = self.simulated_capacity() {
+            let allocated = st.usage.total_bytes;
+            st.sim.apply(fault, capacity_bytes, allocated);
+            return Ok(());
+        }
+        let Some(gpu) = self.gpu.clone() else {
             return Err(DeviceError::BadFault {
                 spec: self.kind.to_string(),
-                why: "faults can only be injected into sim devices".into(),
+                why: "faults can only be injected into GPU-like devices (sim, emu, cuda)".into(),
             });
         };
-        let mut st = self.lock();
-        let allocated = st.usage.total_bytes;
-        st.sim.apply(fault, capacity_bytes, allocated);
+        let hold_bytes = match fault {
+            Fault::PressureBytes(b) => b,
+            Fault::LeaveFreeBytes(b) => {
+                st.hold = None;
+                self.sample_locked(st)?.saturating_sub(b)
+            }
+            Fault::FailSamples(_) | Fault::FailAllocs(_) => {
+                st.sim.apply(fault, 0, 0);
+                return Ok(());
+            }
+        };
+        st.hold = None;
+        if hold_bytes > 0 {
+            st.hold = Some(Buffer::device(&gpu, hold_bytes).map_err(|e| self.gpu_error(e))?);
+        }
         Ok(())
     }
 
     /// Applies `fault` when the engine reaches `at_tokens` positions in a sequence (see `on_progress`).
     pub fn schedule(&self, at_tokens: usize, fault: Fault) -> Result<(), DeviceError> {
-        if !matches!(self.kind, DeviceKind::Sim { .. }) {
+        if self.is_host() {
             return Err(DeviceError::BadFault {
                 spec: self.kind.to_string(),
-                why: "faults can only be injected into sim devices".into(),
+                why: "faults can only be injected into GPU-like devices (sim, emu, cuda)".into(),
             });
         }
         self.lock().sim.scheduled.push((at_tokens, fault));
@@ -404,10 +581,14 @@ impl Device {
         if !self.has_scheduled.load(Ordering::Acquire) {
             return;
         }
-        let DeviceKind::Sim { capacity_bytes } = self.kind else { return };
         let mut st = self.lock();
-        let allocated = st.usage.total_bytes;
-        let fired = st.sim.fire_due(tokens, capacity_bytes, allocated);
+        let due = st.sim.take_due(tokens);
+        let fired = due.len();
+        for f in due {
+            if let Err(e) = self.apply_locked(&mut st, f) {
+                tracing::warn!("device {}: scheduled fault not applied: {e}", self.name());
+            }
+        }
         if fired > 0 {
             tracing::info!("device {}: {fired} scheduled fault(s) applied at {tokens} tokens", self.name());
         }
@@ -419,7 +600,7 @@ impl Device {
     /// What is really free on a sim device (capacity minus everything held), whatever the faults make
     /// samples report. For tests checking the invariants from outside.
     pub fn sim_true_free(&self) -> Option<u64> {
-        let DeviceKind::Sim { capacity_bytes } = self.kind else { return None };
+        let capacity_bytes = self.simulated_capacity()?;
         let st = self.lock();
         Some(st.sim.true_free(capacity_bytes, st.usage.total_bytes))
     }
@@ -431,6 +612,8 @@ pub struct Allocation {
     device: Arc<Device>,
     purpose: Purpose,
     bytes: u64,
+    /// The memory itself where the device is a GPU (or pinned host memory for one); books only elsewhere.
+    mem: Option<Buffer>,
 }
 
 impl Allocation {
@@ -445,10 +628,16 @@ impl Allocation {
     pub fn purpose(&self) -> Purpose {
         self.purpose
     }
+
+    /// The GPU memory behind it, if any.
+    pub fn mem(&self) -> Option<&Buffer> {
+        self.mem.as_ref()
+    }
 }
 
 impl Drop for Allocation {
     fn drop(&mut self) {
+        self.mem = None; // memory first, then the books: a sample between the two sees it gone
         self.device.release(self.purpose, self.bytes);
     }
 }

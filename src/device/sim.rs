@@ -94,6 +94,15 @@ impl SimState {
         Some(self.true_free(capacity_bytes, allocated_bytes))
     }
 
+    /// True (and one fewer armed) when a sample fault is armed.
+    pub(super) fn take_sample_failure(&mut self) -> bool {
+        if self.fail_samples > 0 {
+            self.fail_samples -= 1;
+            return true;
+        }
+        false
+    }
+
     pub(super) fn take_alloc_failure(&mut self) -> bool {
         if self.fail_allocs > 0 {
             self.fail_allocs -= 1;
@@ -113,14 +122,11 @@ impl SimState {
         }
     }
 
-    /// Applies every scheduled fault due at `tokens`; returns how many.
-    pub(super) fn fire_due(&mut self, tokens: usize, capacity_bytes: u64, allocated_bytes: u64) -> usize {
+    /// Takes the scheduled faults due at `tokens`, in order.
+    pub(super) fn take_due(&mut self, tokens: usize) -> Vec<Fault> {
         let (due, later): (Vec<_>, Vec<_>) = self.scheduled.drain(..).partition(|(at, _)| *at <= tokens);
         self.scheduled = later;
-        for (_, f) in &due {
-            self.apply(*f, capacity_bytes, allocated_bytes);
-        }
-        due.len()
+        due.into_iter().map(|(_, f)| f).collect()
     }
 }
 

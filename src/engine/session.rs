@@ -176,7 +176,14 @@ impl<'a> Session<'a> {
                 return;
             }
         };
-        let kv = self.live.kv.snapshot_into(room.spare);
+        let kv = match self.live.kv.snapshot_into(room.spare) {
+            Ok(kv) => kv,
+            Err(e) => {
+                tracing::warn!("conversation cache: not parked: {e}");
+                self.telemetry.event("not_parked", serde_json::json!({"tokens": n, "bytes": bytes, "error": e.to_string()}));
+                return;
+            }
+        };
         host.count_copy_in(bytes);
         let mut snap =
             Snapshot::new(self.live.tokens.clone(), self.live_checkpoints.clone(), kv, self.identity.clone());

@@ -127,6 +127,8 @@ impl Model {
         if w.tied_output && stages.len() > 1 {
             x = copy_to(&stages[0].device, x);
         }
+        // Stages on a GPU take the hidden state from the host and return it (or, last, the logits).
+        let mut gpu_logits = None;
         let mut s = Scratch {
             xn: vec![0f32; t_count * d],
             q: vec![0f32; t_count * q_dim],
@@ -140,6 +142,22 @@ impl Model {
             ropes: (0..t_count).map(|t| ops::rope_table(pos0 + t, cfg.rope_dims, cfg.rope_base)).collect(),
         };
         for (si, stage) in stages.iter().enumerate() {
+            if let Some(g) = &placement.gpu[si] {
+                let ran = g.upload_x(&x).and_then(|_| g.run_layers(cfg, kv, t_count, pos0)).and_then(|_| {
+                    if si + 1 == stages.len() {
+                        gpu_logits = Some(g.head(cfg, want)?);
+                        Ok(())
+                    } else {
+                        x = g.download_x(t_count, d)?;
+                        Ok(())
+                    }
+                });
+                if let Err(e) = ran {
+                    kv.release_unused();
+                    return Err(e.into());
+                }
+                continue;
+            }
             if si > 0 {
                 x = copy_to(&stage.device, x);
             }
@@ -148,6 +166,9 @@ impl Model {
             }
         }
         kv.set_len(pos0 + t_count);
+        if let Some(data) = gpu_logits {
+            return Ok(Logits { n_vocab, data });
+        }
 
         // Output head (last stage), for the wanted positions only.
         let n_out = want.len();

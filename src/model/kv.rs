@@ -10,6 +10,11 @@
 //!
 //! Where a page lives never changes the arithmetic (see `ops::attention`), so results do not depend on
 //! `--kv-resident` or memory pressure.
+//!
+//! On a GPU layer (`cuda`, `emu`) a page is one allocation of GPU memory, K rows then V rows, written and
+//! read by the kernels through the layer's page table (the pages' addresses, uploaded when they change). A
+//! page moved to the host goes to pinned host memory the GPU reads directly, so attention still covers
+//! every page in one pass. Parking and restoring copy page by page between GPU and host.
 
 use std::sync::Arc;
 
@@ -54,6 +59,8 @@ impl std::str::FromStr for KvType {
 pub enum KvRows {
     F16(Vec<f16>), // (KV_PAGE_TOKENS, kv_dim)
     Int8(Vec<u8>), // (KV_PAGE_TOKENS, kv_dim / 32 blocks of 34 bytes)
+    /// In the page's GPU (or pinned host) memory: K at offset 0, V at half the page.
+    Gpu,
 }
 
 /// The K and V rows of a sequence's first `len` positions, per layer, in host memory (a parked
@@ -83,13 +90,29 @@ impl KvPage {
     pub fn on_host(&self) -> bool {
         self.alloc.device().is_host()
     }
+
+    /// Addresses of its K and V rows, for a page in GPU memory.
+    fn gpu_addrs(&self) -> Option<(u64, u64)> {
+        let mem = self.alloc.mem()?;
+        Some((mem.ptr(), mem.ptr() + mem.bytes() / 2))
+    }
+}
+
+/// A GPU layer's page table on its device: `capacity` K-page addresses, then as many V-page addresses.
+struct PageTable {
+    alloc: Allocation,
+    capacity: usize,
+    /// The addresses as last uploaded.
+    uploaded: Vec<u64>,
 }
 
 /// One layer's pages, oldest first; page `i` holds positions `i * KV_PAGE_TOKENS ..`.
 pub struct LayerKv {
     pub device: Arc<Device>,
     pub pages: Vec<KvPage>,
+    table: Option<PageTable>,
 }
+
 
 pub struct KvCache {
     pub ty: KvType,
@@ -125,7 +148,7 @@ impl KvCache {
             resident_tokens,
             len: 0,
             host,
-            layers: layer_devices.into_iter().map(|device| LayerKv { device, pages: Vec::new() }).collect(),
+            layers: layer_devices.into_iter().map(|device| LayerKv { device, pages: Vec::new(), table: None }).collect(),
             spilled_pages: 0,
         }
     }
@@ -221,10 +244,15 @@ impl KvCache {
                     self.spill_oldest(layer)?;
                 }
             }
+            let gpu = self.layers[layer].device.gpu().cloned();
             while self.layers[layer].pages.len() < need_pages {
                 let idx = self.layers[layer].pages.len();
+                let host_page = |host: &Arc<Device>| match &gpu {
+                    Some(g) => host.alloc_pinned(g, Purpose::Kv, page_bytes),
+                    None => host.alloc(Purpose::Kv, page_bytes),
+                };
                 let alloc = if on_host || idx < first_resident {
-                    host.alloc(Purpose::Kv, page_bytes)?
+                    host_page(&host)?
                 } else {
                     loop {
                         let device = self.layers[layer].device.clone();
@@ -236,14 +264,15 @@ impl KvCache {
                                 let moved = self.spill_oldest(layer)?;
                                 shrunk = Some(e);
                                 if !moved {
-                                    break host.alloc(Purpose::Kv, page_bytes)?;
+                                    break host_page(&host)?;
                                 }
                             }
                             Err(e) => return Err(e),
                         }
                     }
                 };
-                self.layers[layer].pages.push(KvPage { k: rows(), v: rows(), alloc });
+                let (k, v) = if gpu.is_some() { (KvRows::Gpu, KvRows::Gpu) } else { (rows(), rows()) };
+                self.layers[layer].pages.push(KvPage { k, v, alloc });
             }
         }
         if let Some(e) = shrunk {
@@ -258,13 +287,26 @@ impl KvCache {
 
     /// Moves the oldest device-resident page of `layer` to the host; false when none is left.
     fn spill_oldest(&mut self, layer: usize) -> Result<bool, DeviceError> {
+        let device = self.layers[layer].device.clone();
+        let gpu = device.gpu().cloned();
         let Some(page) = self.layers[layer].pages.iter_mut().find(|p| !p.on_host()) else {
             return Ok(false);
         };
         let bytes = page.alloc.bytes();
-        let on_host = self.host.alloc(Purpose::Kv, bytes)?;
-        // A device-to-host copy (`memcpy_dtoh`): the data of a sim device is host memory already, so
-        // only the books change; dropping the old allocation frees the device bytes.
+        let on_host = match &gpu {
+            // A GPU page is copied to pinned host memory the GPU keeps reading.
+            Some(g) => {
+                let to = self.host.alloc_pinned(g, Purpose::Kv, bytes)?;
+                let (src, dst) = (page.alloc.mem().map(|m| m.ptr()), to.mem().map(|m| m.ptr()));
+                if let (Some(src), Some(dst)) = (src, dst) {
+                    g.dtod(dst, src, bytes).map_err(|e| gpu_error(&device, e))?;
+                }
+                to
+            }
+            // The data of a sim device is host memory already, so only the books change.
+            None => self.host.alloc(Purpose::Kv, bytes)?,
+        };
+        // Dropping the old allocation frees the device bytes.
         self.host.count_copy_in(bytes);
         page.alloc = on_host;
         self.spilled_pages += 1;
@@ -302,18 +344,19 @@ impl KvCache {
     }
 
     /// A host copy of the first `len()` positions, copied page by page (no second full copy on the way).
-    pub fn snapshot(&self) -> KvSnapshot {
+    /// Fails only when a GPU fails the copy.
+    pub fn snapshot(&self) -> Result<KvSnapshot, DeviceError> {
         self.snapshot_into(None)
     }
 
     /// [`snapshot`](Self::snapshot) into the buffers of `reuse` (a snapshot the cache just evicted) where
     /// they fit: memory already touched is written at memcpy speed, fresh memory pays a page fault per 4 KiB.
-    pub fn snapshot_into(&self, reuse: Option<KvSnapshot>) -> KvSnapshot {
+    pub fn snapshot_into(&self, reuse: Option<KvSnapshot>) -> Result<KvSnapshot, DeviceError> {
         let (n, dim, row) = (self.len, self.kv_dim, self.ty.row_bytes(self.kv_dim));
         let fits = |s: &KvSnapshot| s.ty == self.ty && s.kv_dim == dim && s.layers.len() == self.layers.len();
         let mut spare: Vec<(KvRows, KvRows)> = reuse.filter(fits).map(|s| s.layers).unwrap_or_default();
         spare.reverse();
-        let copy = |layer: &LayerKv, pick: fn(&KvPage) -> &KvRows, buf: Option<KvRows>| -> KvRows {
+        let copy = |layer: &LayerKv, v_half: bool, buf: Option<KvRows>| -> Result<KvRows, DeviceError> {
             let mut out = match (self.ty, buf) {
                 (KvType::F16, Some(KvRows::F16(mut v))) => {
                     v.clear();
@@ -328,9 +371,29 @@ impl KvCache {
             };
             for (i, page) in layer.pages.iter().enumerate().take(n.div_ceil(KV_PAGE_TOKENS)) {
                 let rows = (n - i * KV_PAGE_TOKENS).min(KV_PAGE_TOKENS);
-                match (&mut out, pick(page)) {
+                let src = if v_half { &page.v } else { &page.k };
+                match (&mut out, src) {
                     (KvRows::F16(o), KvRows::F16(p)) => o.extend_from_slice(&p[..rows * dim]),
                     (KvRows::Int8(o), KvRows::Int8(p)) => o.extend_from_slice(&p[..rows * row]),
+                    (o, KvRows::Gpu) => {
+                        // A device-to-host copy straight into the snapshot's buffer.
+                        let mem = page.alloc.mem().expect("a GPU page has memory");
+                        let at = if v_half { mem.bytes() / 2 } else { 0 };
+                        let dst: &mut [u8] = match o {
+                            KvRows::F16(o) => {
+                                let start = o.len();
+                                o.resize(start + rows * dim, f16::ZERO);
+                                bytemuck::cast_slice_mut(&mut o[start..])
+                            }
+                            KvRows::Int8(o) => {
+                                let start = o.len();
+                                o.resize(start + rows * row, 0);
+                                &mut o[start..]
+                            }
+                            KvRows::Gpu => unreachable!("snapshots live in host memory"),
+                        };
+                        mem.read_at(at, dst).map_err(|e| gpu_error(&layer.device, e))?;
+                    }
                     _ => unreachable!("a cache holds one KV type"),
                 }
             }
@@ -338,18 +401,19 @@ impl KvCache {
             match &mut out {
                 KvRows::F16(o) => o.shrink_to_fit(),
                 KvRows::Int8(o) => o.shrink_to_fit(),
+                KvRows::Gpu => {}
             }
-            out
+            Ok(out)
         };
         let layers = self
             .layers
             .iter()
             .map(|l| {
                 let (bk, bv) = spare.pop().map_or((None, None), |(k, v)| (Some(k), Some(v)));
-                (copy(l, |p| &p.k, bk), copy(l, |p| &p.v, bv))
+                Ok((copy(l, false, bk)?, copy(l, true, bv)?))
             })
-            .collect();
-        KvSnapshot { ty: self.ty, kv_dim: dim, len: n, layers }
+            .collect::<Result<_, DeviceError>>()?;
+        Ok(KvSnapshot { ty: self.ty, kv_dim: dim, len: n, layers })
     }
 
     /// Replaces the contents with the first `n` positions of `snap`: every page is allocated first, on the
@@ -368,6 +432,23 @@ impl KvCache {
             for (i, page) in layer.pages.iter_mut().enumerate() {
                 let rows = n.saturating_sub(i * KV_PAGE_TOKENS).min(KV_PAGE_TOKENS);
                 let at = i * KV_PAGE_TOKENS;
+                if let Some(mem) = page.alloc.mem() {
+                    // A host-to-device copy of the page's rows, K then V.
+                    for (half, src) in [(0, sk), (mem.bytes() / 2, sv)] {
+                        let bytes: &[u8] = match src {
+                            KvRows::F16(s) => bytemuck::cast_slice(&s[at * dim..(at + rows) * dim]),
+                            KvRows::Int8(s) => &s[at * row..(at + rows) * row],
+                            KvRows::Gpu => unreachable!("snapshots live in host memory"),
+                        };
+                        if let Err(e) = mem.write_at(half, bytes) {
+                            let e = gpu_error(&layer.device, e);
+                            self.clear();
+                            return Err(e);
+                        }
+                    }
+                    page.alloc.device().count_copy_in((rows * row * 2) as u64);
+                    continue;
+                }
                 for (dst, src) in [(&mut page.k, sk), (&mut page.v, sv)] {
                     match (dst, src) {
                         (KvRows::F16(d), KvRows::F16(s)) => {
@@ -394,6 +475,32 @@ impl KvCache {
         self.len = n;
     }
 
+    /// The device addresses of GPU layer `layer`'s K and V page tables, uploaded when its pages changed
+    /// since the last call. The table is allocated on the layer's device at the first call, for
+    /// `max_tokens` positions, and kept.
+    pub fn gpu_tables(&mut self, layer: usize) -> Result<(u64, u64), DeviceError> {
+        let capacity = self.max_tokens.div_ceil(KV_PAGE_TOKENS).max(1);
+        let l = &mut self.layers[layer];
+        let device = l.device.clone();
+        if l.table.is_none() {
+            let alloc = device.alloc(Purpose::Kv, (2 * capacity * 8) as u64)?;
+            l.table = Some(PageTable { alloc, capacity, uploaded: Vec::new() });
+        }
+        let t = l.table.as_mut().expect("just made");
+        let mut addrs = vec![0u64; 2 * t.capacity];
+        for (i, p) in l.pages.iter().enumerate() {
+            let (k, v) = p.gpu_addrs().expect("pages of a GPU layer have memory");
+            addrs[i] = k;
+            addrs[t.capacity + i] = v;
+        }
+        let mem = t.alloc.mem().expect("a GPU allocation has memory");
+        if addrs != t.uploaded {
+            mem.write_at(0, bytemuck::cast_slice(&addrs)).map_err(|e| gpu_error(&device, e))?;
+            t.uploaded = addrs;
+        }
+        Ok((mem.ptr(), mem.ptr() + (t.capacity * 8) as u64))
+    }
+
     /// Writes the K and V rows of position `pos` in layer `layer`.
     pub fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
         let dim = self.kv_dim;
@@ -408,9 +515,15 @@ impl KvCache {
                     }
                 }
                 KvRows::Int8(buf) => quant::quantize_q8_0_row(src, &mut buf[r * row..(r + 1) * row]),
+                KvRows::Gpu => unreachable!("GPU layers store K and V with a kernel"),
             }
         }
     }
+}
+
+/// A GPU failure as the device's error.
+fn gpu_error(device: &Device, e: crate::device::cuda::gpu::GpuError) -> DeviceError {
+    DeviceError::Gpu { device: device.name(), msg: e.to_string(), sticky: e.is_sticky() }
 }
 
 #[cfg(test)]

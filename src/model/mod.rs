@@ -7,6 +7,7 @@
 pub mod acts;
 pub mod config;
 mod forward;
+pub mod gpu;
 pub mod kv;
 pub mod ops;
 pub mod synthetic;
@@ -94,7 +95,9 @@ pub struct Placement {
     pub layer_stage: Vec<usize>,
     pub batch: usize,
     pub kv_resident: Option<usize>,
-    /// Weights, scratch and staging of every stage, held while the model lives.
+    /// The weights and scratch of each stage on a GPU (`None` for stages that compute on the CPU).
+    pub gpu: Vec<Option<gpu::GpuStage>>,
+    /// Weights, scratch and staging of every CPU-computed stage, held while the model lives.
     _held: Vec<Allocation>,
 }
 
@@ -109,7 +112,7 @@ impl Placement {
     ) -> Result<Vec<Allocation>, DeviceError> {
         let mut held = Vec::new();
         let n = self.stages.len();
-        for (i, s) in self.stages.iter().enumerate() {
+        for (i, s) in self.stages.iter().enumerate().filter(|(i, _)| self.gpu[*i].is_none()) {
             let need = split::scratch_bytes(cfg, t_count, n_out, i + 1 == n);
             if need > s.scratch_bytes {
                 held.push(s.device.alloc(Purpose::Scratch, need - s.scratch_bytes)?);
@@ -150,7 +153,15 @@ impl Model {
         let stages = Self::plan_stages(&cfg, &weights, opts)?;
         split::check_fits(&stages)?;
         let mut held = Vec::new();
-        for s in &stages {
+        let mut gpu_stages = Vec::new();
+        let n_stages = stages.len();
+        for (i, s) in stages.iter().enumerate() {
+            if s.device.kind.is_gpu() {
+                let last = i + 1 == n_stages;
+                gpu_stages.push(Some(gpu::GpuStage::load(&s.device, &cfg, &weights, s.layers.clone(), last, opts.batch.max(1))?));
+                continue;
+            }
+            gpu_stages.push(None);
             for (purpose, bytes) in [
                 (Purpose::Weights, s.weights_bytes),
                 (Purpose::Scratch, s.scratch_bytes),
@@ -171,6 +182,7 @@ impl Model {
             layer_stage,
             batch: opts.batch.max(1),
             kv_resident: opts.kv_resident,
+            gpu: gpu_stages,
             _held: held,
         };
         Ok(Model { cfg, weights, file, placement })

@@ -298,6 +298,7 @@ impl PartShape<'_> {
                         scores.push(s);
                     }
                 }
+                KvRows::Gpu => unreachable!("GPU layers attend with a kernel"),
             }
         });
         let mut sum = 0f32;
@@ -325,6 +326,7 @@ impl PartShape<'_> {
                         j += 1;
                     }
                 }
+                KvRows::Gpu => unreachable!("GPU layers attend with a kernel"),
             }
         });
     }

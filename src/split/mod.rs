@@ -11,6 +11,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::device::{mib, Device, DeviceError, DeviceSet};
+use crate::model::gpu;
 use crate::model::kv::KV_PAGE_TOKENS;
 use crate::model::{KvType, ModelConfig, Weights};
 
@@ -185,6 +186,18 @@ pub fn plan(
         .enumerate()
         .map(|(s, layers)| {
             let (first, last) = (s == 0, s + 1 == n_stages);
+            if devs[s].kind.is_gpu() {
+                // The CUDA backend's own layout (see model::gpu): weights as stored, f32 scratch; hidden
+                // states pass through host memory.
+                return StagePlan {
+                    device: devs[s].clone(),
+                    kv_bytes_per_token: 2 * row_bytes * layers.len() as u64,
+                    weights_bytes: gpu::weight_bytes(weights, layers.clone(), last),
+                    scratch_bytes: gpu::scratch_bytes(cfg, opts.batch, last),
+                    staging_bytes: 0,
+                    layers,
+                };
+            }
             let mut weights_bytes: u64 = weights.layers[layers.clone()].iter().map(|l| l.device_bytes()).sum();
             if first && !weights.tied_output {
                 weights_bytes += weights.token_embd.device_bytes();

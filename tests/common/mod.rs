@@ -46,3 +46,107 @@ pub fn logits_in_batches(
     }
     out
 }
+
+#[allow(dead_code)]
+/// A float64 forward pass over dequantized weights: the arithmetic of a llama-shaped model, spelled out.
+pub fn reference_logits(model: &strata::model::Model, toks: &[u32]) -> Vec<Vec<f64>> {
+    let c = &model.cfg;
+    let file = &model.file;
+    let mat = |name: &str| -> (Vec<f64>, usize, usize) {
+        let t = file.tensor(name).unwrap_or_else(|| panic!("{name}"));
+        let cols = t.dims[0] as usize;
+        let rows = t.n_rows() as usize;
+        let mut f = vec![0f32; cols * rows];
+        strata::quant::dequantize_row(t.ty, file.tensor_data(t), &mut f);
+        (f.into_iter().map(f64::from).collect(), rows, cols)
+    };
+    let vecf = |name: &str| mat(name).0;
+    let matvec = |m: &(Vec<f64>, usize, usize), x: &[f64]| -> Vec<f64> {
+        (0..m.1).map(|r| (0..m.2).map(|i| m.0[r * m.2 + i] * x[i]).sum()).collect()
+    };
+    let rms = |x: &[f64], w: &[f64]| -> Vec<f64> {
+        let s = (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + c.rms_eps as f64).sqrt();
+        x.iter().zip(w).map(|(a, b)| a / s * b).collect()
+    };
+    let rope = |v: &mut [f64], pos: usize| {
+        let n = c.rope_dims / 2;
+        for i in 0..n {
+            let theta = pos as f64 * (c.rope_base as f64).powf(-2.0 * i as f64 / c.rope_dims as f64);
+            let (a, b) = match c.rope_kind {
+                strata::model::RopeKind::Norm => (2 * i, 2 * i + 1),
+                strata::model::RopeKind::Neox => (i, i + n),
+            };
+            let (x0, x1) = (v[a], v[b]);
+            v[a] = x0 * theta.cos() - x1 * theta.sin();
+            v[b] = x0 * theta.sin() + x1 * theta.cos();
+        }
+    };
+    let emb = mat("token_embd.weight");
+    let head = if file.tensor("output.weight").is_some() { mat("output.weight") } else { mat("token_embd.weight") };
+    let hd = c.head_dim;
+    let mut xs: Vec<Vec<f64>> =
+        toks.iter().map(|&t| emb.0[t as usize * c.n_embd..(t as usize + 1) * c.n_embd].to_vec()).collect();
+    for l in 0..c.n_layer {
+        let p = |s: &str| format!("blk.{l}.{s}");
+        let (wq, wk, wv, wo) = (
+            mat(&p("attn_q.weight")),
+            mat(&p("attn_k.weight")),
+            mat(&p("attn_v.weight")),
+            mat(&p("attn_output.weight")),
+        );
+        let bias = |s: &str| file.tensor(&p(s)).map(|_| vecf(&p(s)));
+        let (bq, bk, bv) = (bias("attn_q.bias"), bias("attn_k.bias"), bias("attn_v.bias"));
+        let add = |mut v: Vec<f64>, b: &Option<Vec<f64>>| {
+            if let Some(b) = b {
+                v.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+            }
+            v
+        };
+        let an = vecf(&p("attn_norm.weight"));
+        let mut qs = Vec::new();
+        let mut ks = Vec::new();
+        let mut vs = Vec::new();
+        for (pos, x) in xs.iter().enumerate() {
+            let h = rms(x, &an);
+            let mut q = add(matvec(&wq, &h), &bq);
+            let mut k = add(matvec(&wk, &h), &bk);
+            for hh in 0..c.n_head {
+                rope(&mut q[hh * hd..hh * hd + c.rope_dims], pos);
+            }
+            for hh in 0..c.n_head_kv {
+                rope(&mut k[hh * hd..hh * hd + c.rope_dims], pos);
+            }
+            qs.push(q);
+            ks.push(k);
+            vs.push(add(matvec(&wv, &h), &bv));
+        }
+        let group = c.n_head / c.n_head_kv;
+        for (t, x) in xs.iter_mut().enumerate() {
+            let mut att = vec![0f64; c.q_dim()];
+            for h in 0..c.n_head {
+                let kh = h / group;
+                let s: Vec<f64> = (0..=t)
+                    .map(|j| (0..hd).map(|i| qs[t][h * hd + i] * ks[j][kh * hd + i]).sum::<f64>() / (hd as f64).sqrt())
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (j, w) in e.iter().enumerate() {
+                    for i in 0..hd {
+                        att[h * hd + i] += w / z * vs[j][kh * hd + i];
+                    }
+                }
+            }
+            let o = matvec(&wo, &att);
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let h = rms(x, &vecf(&p("ffn_norm.weight")));
+            let g = matvec(&mat(&p("ffn_gate.weight")), &h);
+            let u = matvec(&mat(&p("ffn_up.weight")), &h);
+            let a: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let dn = matvec(&mat(&p("ffn_down.weight")), &a);
+            x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
+        }
+    }
+    let on = vecf("output_norm.weight");
+    xs.iter().map(|x| matvec(&head, &rms(x, &on))).collect()
+}
