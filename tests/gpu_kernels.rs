@@ -367,4 +367,3 @@ fn the_ptx_the_emulator_and_the_launch_table_agree_on_every_kernel() {
         assert_eq!(ptx, want, "{}: PTX parameters", e.name);
     }
 }
-

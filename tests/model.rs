@@ -21,7 +21,6 @@ fn tokens(n: usize, n_vocab: usize, seed: u32) -> Vec<u32> {
     (0..n as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) % n_vocab as u32).collect()
 }
 
-
 /// Largest |ours - reference| relative to the largest |reference| logit.
 fn rel_error(ours: &[f32], reference: &[Vec<f64>]) -> f64 {
     let n = reference[0].len();

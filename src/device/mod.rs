@@ -483,7 +483,12 @@ impl Device {
 
     /// Pinned host memory that `gpu` reads directly (KV pages a GPU layer keeps on the host), booked on
     /// this device (the host).
-    pub fn alloc_pinned(self: &Arc<Self>, gpu: &Arc<dyn Gpu>, purpose: Purpose, bytes: u64) -> Result<Allocation, DeviceError> {
+    pub fn alloc_pinned(
+        self: &Arc<Self>,
+        gpu: &Arc<dyn Gpu>,
+        purpose: Purpose,
+        bytes: u64,
+    ) -> Result<Allocation, DeviceError> {
         let mut book = self.alloc(purpose, bytes)?;
         match Buffer::pinned_host(gpu, bytes) {
             Ok(b) => {

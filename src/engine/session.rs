@@ -180,7 +180,8 @@ impl<'a> Session<'a> {
             Ok(kv) => kv,
             Err(e) => {
                 tracing::warn!("conversation cache: not parked: {e}");
-                self.telemetry.event("not_parked", serde_json::json!({"tokens": n, "bytes": bytes, "error": e.to_string()}));
+                self.telemetry
+                    .event("not_parked", serde_json::json!({"tokens": n, "bytes": bytes, "error": e.to_string()}));
                 return;
             }
         };

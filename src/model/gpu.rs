@@ -87,7 +87,9 @@ pub fn weight_bytes(weights: &Weights, layers: Range<usize>, last: bool) -> u64 
         for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
             bytes += m.data().len() as u64;
         }
-        for v in [Some(&l.attn_norm), Some(&l.ffn_norm), l.bq.as_ref(), l.bk.as_ref(), l.bv.as_ref()].into_iter().flatten() {
+        for v in
+            [Some(&l.attn_norm), Some(&l.ffn_norm), l.bq.as_ref(), l.bk.as_ref(), l.bv.as_ref()].into_iter().flatten()
+        {
             bytes += v.len() as u64 * 4;
         }
     }
@@ -129,10 +131,10 @@ impl GpuStage {
         last: bool,
         batch: usize,
     ) -> Result<GpuStage, DeviceError> {
-        let gpu = device.gpu().cloned().ok_or_else(|| DeviceError::Unavailable {
-            device: device.name(),
-            why: "not a GPU".into(),
-        })?;
+        let gpu = device
+            .gpu()
+            .cloned()
+            .ok_or_else(|| DeviceError::Unavailable { device: device.name(), why: "not a GPU".into() })?;
         let upload = |purpose: Purpose, bytes: &[u8]| -> Result<Allocation, DeviceError> {
             let a = device.alloc(purpose, bytes.len() as u64)?;
             a.mem().expect("GPU allocations have memory").write_at(0, bytes).map_err(|e| gpu_err(device, e))?;
@@ -274,10 +276,20 @@ impl GpuStage {
         debug_assert!(t <= self.batch);
         let s = &self.scratch;
         let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
-        let (x, xn, q, k, v, att, proj, gate, up) =
-            (ptr(&s.x), ptr(&s.xn), ptr(&s.q), ptr(&s.k), ptr(&s.v), ptr(&s.att), ptr(&s.proj), ptr(&s.gate), ptr(&s.up));
+        let (x, xn, q, k, v, att, proj, gate, up) = (
+            ptr(&s.x),
+            ptr(&s.xn),
+            ptr(&s.q),
+            ptr(&s.k),
+            ptr(&s.v),
+            ptr(&s.att),
+            ptr(&s.proj),
+            ptr(&s.gate),
+            ptr(&s.up),
+        );
         let int8 = kv.ty == KvType::Int8;
-        let (store, attend) = if int8 { ("kv_store_q8_0", "attention_q8_0") } else { ("kv_store_f16", "attention_f16") };
+        let (store, attend) =
+            if int8 { ("kv_store_q8_0", "attention_q8_0") } else { ("kv_store_f16", "attention_f16") };
         let store_dims = Dims::over(t * if int8 { kv_dim / 32 } else { kv_dim }, 128);
         let scale = 1.0 / (cfg.head_dim as f32).sqrt();
         for (l, w) in self.layers.clone().zip(&self.weights) {
@@ -293,7 +305,13 @@ impl GpuStage {
             self.rope(cfg, k, t, cfg.n_head_kv, pos0)?;
             let (k_table, v_table) = kv.gpu_tables(l)?;
             for (rows, table) in [(k, k_table), (v, v_table)] {
-                let args = [Arg::Ptr(rows), Arg::Ptr(table), Arg::I32(t as i32), Arg::I32(pos0 as i32), Arg::I32(kv_dim as i32)];
+                let args = [
+                    Arg::Ptr(rows),
+                    Arg::Ptr(table),
+                    Arg::I32(t as i32),
+                    Arg::I32(pos0 as i32),
+                    Arg::I32(kv_dim as i32),
+                ];
                 self.run(store, store_dims, &args)?;
             }
             let args = [
@@ -315,7 +333,11 @@ impl GpuStage {
             self.rms_norm(x, &w.ffn_norm, xn, t, d, cfg.rms_eps)?;
             self.matmul(&w.w_gate, xn, gate, t)?;
             self.matmul(&w.w_up, xn, up, t)?;
-            self.run("swiglu_f32", Dims::over(t * ff, 256), &[Arg::Ptr(gate), Arg::Ptr(up), Arg::I32((t * ff) as i32)])?;
+            self.run(
+                "swiglu_f32",
+                Dims::over(t * ff, 256),
+                &[Arg::Ptr(gate), Arg::Ptr(up), Arg::I32((t * ff) as i32)],
+            )?;
             self.matmul(&w.w_down, gate, proj, t)?;
             self.add(x, proj, t * d)?;
         }
@@ -346,7 +368,12 @@ impl GpuStage {
         let idx_mem = self.scratch.idx.mem().expect("GPU memory");
         for (i, chunk) in idx.chunks(self.batch).enumerate() {
             idx_mem.write_at(0, bytemuck::cast_slice(chunk)).map_err(|e| self.err(e))?;
-            let args = [Arg::Ptr(ptr(&self.scratch.x)), Arg::Ptr(idx_mem.ptr()), Arg::Ptr(hn + (i * self.batch * d * 4) as u64), Arg::I32(d as i32)];
+            let args = [
+                Arg::Ptr(ptr(&self.scratch.x)),
+                Arg::Ptr(idx_mem.ptr()),
+                Arg::Ptr(hn + (i * self.batch * d * 4) as u64),
+                Arg::I32(d as i32),
+            ];
             self.run("gather_rows_f32", Dims::linear(chunk.len() as u32, 256), &args)?;
         }
         self.rms_norm(hn, &head.norm, hn, n_out, d, cfg.rms_eps)?;

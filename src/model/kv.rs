@@ -113,7 +113,6 @@ pub struct LayerKv {
     table: Option<PageTable>,
 }
 
-
 pub struct KvCache {
     pub ty: KvType,
     /// Values per row: `n_head_kv * head_dim`.
@@ -148,7 +147,10 @@ impl KvCache {
             resident_tokens,
             len: 0,
             host,
-            layers: layer_devices.into_iter().map(|device| LayerKv { device, pages: Vec::new(), table: None }).collect(),
+            layers: layer_devices
+                .into_iter()
+                .map(|device| LayerKv { device, pages: Vec::new(), table: None })
+                .collect(),
             spilled_pages: 0,
         }
     }

@@ -158,7 +158,14 @@ impl Model {
         for (i, s) in stages.iter().enumerate() {
             if s.device.kind.is_gpu() {
                 let last = i + 1 == n_stages;
-                gpu_stages.push(Some(gpu::GpuStage::load(&s.device, &cfg, &weights, s.layers.clone(), last, opts.batch.max(1))?));
+                gpu_stages.push(Some(gpu::GpuStage::load(
+                    &s.device,
+                    &cfg,
+                    &weights,
+                    s.layers.clone(),
+                    last,
+                    opts.batch.max(1),
+                )?));
                 continue;
             }
             gpu_stages.push(None);
