@@ -61,6 +61,10 @@ impl Command {
     }
 }
 
+/// Exit status when a GPU faulted for good (a sticky CUDA error): sysexits' EX_TEMPFAIL, "try again", for
+/// a supervisor to restart on. Other errors exit with 1.
+const EXIT_DEVICE_FAULT: u8 = 75;
+
 fn main() -> ExitCode {
     // A closed pipe (`strata tokenize ... | head`) ends the process quietly, as for any Unix tool, instead
     // of a panic in the first print after it. SAFETY: first thing in main, before any thread exists.
@@ -89,6 +93,14 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("strata: error: {}", cli::one_line(&e));
+            if let Some(fault) = cli::device_fault(&e) {
+                // Never compute on after a faulted context: say so and leave with the code a supervisor
+                // restarts on.
+                eprintln!(
+                    "strata: unhealthy: {fault}; exiting with status {EXIT_DEVICE_FAULT} so that a supervisor restarts strata"
+                );
+                return ExitCode::from(EXIT_DEVICE_FAULT);
+            }
             ExitCode::FAILURE
         }
     }

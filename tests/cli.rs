@@ -458,7 +458,7 @@ fn bad_placement_flags_are_one_clear_line() {
         assert_clean_failure(&o, "cuda:0 is not available");
     }
     let o = strata(&["run", "-p", "hi", "--devices", "cpu", "--sim-fault", "0:fail-allocs=1"]);
-    assert_clean_failure(&o, "faults can only be injected into sim devices");
+    assert_clean_failure(&o, "faults can only be injected into GPU-like devices");
 }
 
 #[test]
@@ -589,4 +589,43 @@ fn synth_writes_the_same_runnable_model_for_the_same_seed() {
     assert_eq!(v["tokens"].as_array().map(Vec::len), Some(4), "{v}");
     assert_clean_failure(&strata(&["synth", "-o", a.to_str().unwrap(), "--preset", "7b"]), "unknown --preset");
     assert_clean_failure(&strata(&["synth", "-o", a.to_str().unwrap(), "--type", "q9"]), "unknown --type");
+}
+
+#[test]
+fn a_faulted_gpu_context_ends_the_process_with_the_restart_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    let synth = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["synth", "--preset", "tiny", "-o"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(synth.status.success());
+    // Eight tokens in, the emulated GPU's context faults (as an illegal address would on a real one).
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "run",
+            "-p",
+            "hello there",
+            "-n",
+            "20",
+            "--devices",
+            "emu:64",
+            "--sim-fault",
+            "0:fault-context=1@tokens=8",
+            "-m",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    assert!(err.contains("unhealthy") && err.contains("the context faulted"), "{err}");
+    // Without the fault the same run succeeds on the emulated GPU.
+    let ok = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["run", "-p", "hello there", "-n", "20", "--devices", "emu:64", "-m"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
 }

@@ -10,6 +10,7 @@ use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use strata::device::cuda::driver::CudaGpu;
 use strata::device::cuda::emu::{self, EmuGpu};
 use strata::device::cuda::gpu::{launch, Arg, Buffer, Dims, Gpu};
 use strata::device::cuda::kernels::{self, KERNEL_FILES};
@@ -17,8 +18,16 @@ use strata::model::ops;
 use strata::model::RopeKind;
 use strata::quant::{self, GgmlType};
 
+/// The emulated GPU, or with `STRATA_TEST_GPU=cuda:N` (scripts/gpu-check) that CUDA device.
 fn gpu() -> Arc<dyn Gpu> {
-    Arc::new(EmuGpu::new(1 << 30))
+    match std::env::var("STRATA_TEST_GPU") {
+        Ok(spec) => {
+            let ordinal: usize =
+                spec.strip_prefix("cuda:").and_then(|n| n.parse().ok()).expect("STRATA_TEST_GPU=cuda:N");
+            Arc::new(CudaGpu::open(ordinal).unwrap_or_else(|e| panic!("{spec}: {e}")))
+        }
+        Err(_) => Arc::new(EmuGpu::new(1 << 30)),
+    }
 }
 
 fn randn(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {

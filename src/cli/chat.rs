@@ -94,7 +94,8 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
             Err(e) => {
                 // The conversation survives a failed turn: drop the message and report.
                 history.pop();
-                if a.message.is_some() {
+                let fatal = matches!(&e, strata::engine::EngineError::Model(strata::model::ModelError::Device(d)) if d.is_fatal());
+                if a.message.is_some() || fatal {
                     return Err(e).context("generation failed");
                 }
                 eprintln!("strata: error: {e}");

@@ -84,7 +84,8 @@ impl EngineArgs {
 /// `-c` means the chunk size).
 #[derive(Args, Clone, Debug)]
 pub struct PlacementArgs {
-    /// Devices to run on, in stage order: cpu, sim:MIB (a simulated GPU of MIB MiB), cuda:N
+    /// Devices to run on, in stage order: cpu, cuda:N, cuda:N@MIB (CUDA device N acting as a MIB MiB card),
+    /// sim:MIB (a simulated GPU computing on the CPU), emu:MIB (the CUDA backend on a CPU emulator; slow)
     #[arg(long = "devices", value_name = "LIST", default_value = "cpu")]
     pub devices: String,
     /// Layers where each stage after the first starts, e.g. 15 or 10,20 (one point fewer than devices)
@@ -98,8 +99,9 @@ pub struct PlacementArgs {
     /// Positions of KV per layer kept on the device; older pages move to the host [default: all]
     #[arg(long = "kv-resident", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_resident: Option<u32>,
-    /// A fault for a sim device, DEVICE:WHAT=N[@tokens=T] with WHAT pressure-mib, leave-free-mib,
-    /// fail-samples or fail-allocs (repeatable), e.g. 1:leave-free-mib=64@tokens=2048
+    /// A fault for a GPU-like device (sim, emu, cuda), DEVICE:WHAT=N[@tokens=T] with WHAT pressure-mib,
+    /// leave-free-mib (on cuda: memory really taken), fail-samples, fail-allocs or fault-context=1 (emu:
+    /// a sticky context fault) (repeatable), e.g. 1:leave-free-mib=64@tokens=2048
     #[arg(long = "sim-fault", value_name = "SPEC", value_parser = parse_fault)]
     pub sim_fault: Vec<FaultSpec>,
     /// A file of --sim-fault specs, one per line (# starts a comment)
@@ -293,6 +295,25 @@ pub fn tokenize_prompt(tok: &Tokenizer, text: &str) -> Vec<u32> {
 }
 
 /// An error chain as one line: "outer: cause: root cause".
+/// The device error in `e`'s chain that faulted a GPU for good (a sticky CUDA error), if any.
+pub fn device_fault(e: &anyhow::Error) -> Option<&strata::device::DeviceError> {
+    use strata::engine::EngineError;
+    use strata::model::ModelError;
+    e.chain().find_map(|c| {
+        let d = c
+            .downcast_ref::<strata::device::DeviceError>()
+            .or_else(|| match c.downcast_ref::<ModelError>() {
+                Some(ModelError::Device(d)) => Some(d),
+                _ => None,
+            })
+            .or_else(|| match c.downcast_ref::<EngineError>() {
+                Some(EngineError::Model(ModelError::Device(d))) => Some(d),
+                _ => None,
+            })?;
+        d.is_fatal().then_some(d)
+    })
+}
+
 pub fn one_line(e: &anyhow::Error) -> String {
     let parts: Vec<String> = e.chain().map(|c| c.to_string()).collect();
     let mut out: Vec<String> = Vec::new();

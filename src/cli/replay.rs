@@ -274,6 +274,10 @@ pub fn main(a: ReplayArgs) -> anyhow::Result<()> {
                         history.pop();
                         let e = anyhow::Error::from(e);
                         emit("error", line, json!({"conversation": conversation, "error": one_line(&e)}));
+                        if super::device_fault(&e).is_some() {
+                            // A faulted GPU computes nothing more: stop, and let main exit with its code.
+                            return Err(e);
+                        }
                     }
                 }
             }

@@ -539,6 +539,15 @@ impl Device {
     }
 
     fn apply_locked(&self, st: &mut State, fault: Fault) -> Result<(), DeviceError> {
+        if fault == Fault::FaultContext {
+            return match &self.gpu {
+                Some(gpu) if gpu.poison() => Ok(()),
+                _ => Err(DeviceError::BadFault {
+                    spec: self.kind.to_string(),
+                    why: "only an emu device's context can be faulted on purpose".into(),
+                }),
+            };
+        }
         if let Some(capacity_bytes) = self.simulated_capacity() {
             let allocated = st.usage.total_bytes;
             st.sim.apply(fault, capacity_bytes, allocated);
@@ -556,7 +565,7 @@ impl Device {
                 st.hold = None;
                 self.sample_locked(st)?.saturating_sub(b)
             }
-            Fault::FailSamples(_) | Fault::FailAllocs(_) => {
+            Fault::FailSamples(_) | Fault::FailAllocs(_) | Fault::FaultContext => {
                 st.sim.apply(fault, 0, 0);
                 return Ok(());
             }

@@ -17,6 +17,9 @@ pub enum Fault {
     FailSamples(u32),
     /// The next k allocations fail (as a driver's out-of-memory would).
     FailAllocs(u32),
+    /// The GPU's context faults for good (an `emu` device; a sticky error such as an illegal address):
+    /// every later call on it fails.
+    FaultContext,
 }
 
 /// A fault aimed at device `device` of the set, now or at a sequence length.
@@ -28,8 +31,8 @@ pub struct FaultSpec {
 }
 
 impl FaultSpec {
-    /// Parses `DEVICE:WHAT=N[@tokens=T]` where WHAT is `pressure-mib`, `leave-free-mib`, `fail-samples` or
-    /// `fail-allocs`.
+    /// Parses `DEVICE:WHAT=N[@tokens=T]` where WHAT is `pressure-mib`, `leave-free-mib`, `fail-samples`,
+    /// `fail-allocs` or `fault-context` (=1; emu devices only).
     pub fn parse(s: &str) -> Result<FaultSpec, DeviceError> {
         let bad = |why: &str| DeviceError::BadFault { spec: s.to_owned(), why: why.to_owned() };
         let (body, at) = match s.trim().split_once('@') {
@@ -47,7 +50,9 @@ impl FaultSpec {
             "leave-free-mib" => Fault::LeaveFreeBytes(n.saturating_mul(MIB)),
             "fail-samples" => Fault::FailSamples(count()?),
             "fail-allocs" => Fault::FailAllocs(count()?),
-            _ => return Err(bad("WHAT is pressure-mib, leave-free-mib, fail-samples or fail-allocs")),
+            "fault-context" if n == 1 => Fault::FaultContext,
+            "fault-context" => return Err(bad("fault-context takes =1")),
+            _ => return Err(bad("WHAT is pressure-mib, leave-free-mib, fail-samples, fail-allocs or fault-context")),
         };
         let at_tokens = match at {
             None => None,
@@ -119,6 +124,7 @@ impl SimState {
             }
             Fault::FailSamples(k) => self.fail_samples = k,
             Fault::FailAllocs(k) => self.fail_allocs = k,
+            Fault::FaultContext => {}
         }
     }
 

@@ -83,7 +83,24 @@ impl KvSnapshot {
 pub struct KvPage {
     pub k: KvRows,
     pub v: KvRows,
-    alloc: Allocation,
+    alloc: PageMem,
+}
+
+/// What holds a page: its own allocation (K rows, then V rows, on GPUs), or a share of a layer's slab (a
+/// restore allocates a layer's pages at once: one allocation, and the K rows of consecutive pages adjacent,
+/// so each of K and V crosses to the GPU in one copy).
+enum PageMem {
+    Own(Allocation),
+    Slab { slab: Arc<Allocation>, k: u64, v: u64 },
+}
+
+impl PageMem {
+    fn device(&self) -> &Arc<Device> {
+        match self {
+            PageMem::Own(a) => a.device(),
+            PageMem::Slab { slab, .. } => slab.device(),
+        }
+    }
 }
 
 impl KvPage {
@@ -91,11 +108,31 @@ impl KvPage {
         self.alloc.device().is_host()
     }
 
-    /// Addresses of its K and V rows, for a page in GPU memory.
+    /// Addresses of its K and V rows, for a page in GPU (or pinned host) memory.
     fn gpu_addrs(&self) -> Option<(u64, u64)> {
-        let mem = self.alloc.mem()?;
-        Some((mem.ptr(), mem.ptr() + mem.bytes() / 2))
+        match &self.alloc {
+            PageMem::Own(a) => {
+                let mem = a.mem()?;
+                Some((mem.ptr(), mem.ptr() + mem.bytes() / 2))
+            }
+            PageMem::Slab { k, v, .. } => Some((*k, *v)),
+        }
     }
+}
+
+/// Runs of consecutive pages whose rows are adjacent in memory, as (first page, pages, address of the
+/// first), for the K (`v` false) or V rows of GPU pages: one copy each.
+fn adjacent_runs(pages: &[KvPage], v: bool, half_bytes: u64) -> Vec<(usize, usize, u64)> {
+    let mut runs: Vec<(usize, usize, u64)> = Vec::new();
+    for (i, p) in pages.iter().enumerate() {
+        let (ka, va) = p.gpu_addrs().expect("pages of a GPU layer have memory");
+        let a = if v { va } else { ka };
+        match runs.last_mut() {
+            Some((_, n, start)) if *start + *n as u64 * half_bytes == a => *n += 1,
+            _ => runs.push((i, 1, a)),
+        }
+    }
+    runs
 }
 
 /// A GPU layer's page table on its device: `capacity` K-page addresses, then as many V-page addresses.
@@ -247,6 +284,28 @@ impl KvCache {
                 }
             }
             let gpu = self.layers[layer].device.gpu().cloned();
+            let have = self.layers[layer].pages.len();
+            if strict && gpu.is_some() && !on_host && need_pages > have.max(first_resident) {
+                // A restore: the layer's resident pages as one slab (the pages before the window, on the
+                // host, are made one by one below).
+                for idx in have..first_resident {
+                    let g = gpu.as_ref().expect("checked");
+                    let alloc = PageMem::Own(host.alloc_pinned(g, Purpose::Kv, page_bytes)?);
+                    self.layers[layer].pages.push(KvPage { k: KvRows::Gpu, v: KvRows::Gpu, alloc });
+                    let _ = idx;
+                }
+                let from = self.layers[layer].pages.len();
+                let count = need_pages - from;
+                let slab = Arc::new(self.layers[layer].device.alloc(Purpose::Kv, count as u64 * page_bytes)?);
+                let base = slab.mem().expect("GPU allocations have memory").ptr();
+                let half = page_bytes / 2;
+                for i in 0..count as u64 {
+                    let (k, v) = (base + i * half, base + count as u64 * half + i * half);
+                    let alloc = PageMem::Slab { slab: slab.clone(), k, v };
+                    self.layers[layer].pages.push(KvPage { k: KvRows::Gpu, v: KvRows::Gpu, alloc });
+                }
+                continue;
+            }
             while self.layers[layer].pages.len() < need_pages {
                 let idx = self.layers[layer].pages.len();
                 let host_page = |host: &Arc<Device>| match &gpu {
@@ -274,7 +333,7 @@ impl KvCache {
                     }
                 };
                 let (k, v) = if gpu.is_some() { (KvRows::Gpu, KvRows::Gpu) } else { (rows(), rows()) };
-                self.layers[layer].pages.push(KvPage { k, v, alloc });
+                self.layers[layer].pages.push(KvPage { k, v, alloc: PageMem::Own(alloc) });
             }
         }
         if let Some(e) = shrunk {
@@ -291,18 +350,18 @@ impl KvCache {
     fn spill_oldest(&mut self, layer: usize) -> Result<bool, DeviceError> {
         let device = self.layers[layer].device.clone();
         let gpu = device.gpu().cloned();
+        let bytes = self.page_bytes();
         let Some(page) = self.layers[layer].pages.iter_mut().find(|p| !p.on_host()) else {
             return Ok(false);
         };
-        let bytes = page.alloc.bytes();
         let on_host = match &gpu {
             // A GPU page is copied to pinned host memory the GPU keeps reading.
             Some(g) => {
                 let to = self.host.alloc_pinned(g, Purpose::Kv, bytes)?;
-                let (src, dst) = (page.alloc.mem().map(|m| m.ptr()), to.mem().map(|m| m.ptr()));
-                if let (Some(src), Some(dst)) = (src, dst) {
-                    g.dtod(dst, src, bytes).map_err(|e| gpu_error(&device, e))?;
-                }
+                let dst = to.mem().expect("pinned memory").ptr();
+                let (k, v) = page.gpu_addrs().expect("a GPU page has memory");
+                g.dtod(dst, k, bytes / 2).map_err(|e| gpu_error(&device, e))?;
+                g.dtod(dst + bytes / 2, v, bytes / 2).map_err(|e| gpu_error(&device, e))?;
                 to
             }
             // The data of a sim device is host memory already, so only the books change.
@@ -310,7 +369,7 @@ impl KvCache {
         };
         // Dropping the old allocation frees the device bytes.
         self.host.count_copy_in(bytes);
-        page.alloc = on_host;
+        page.alloc = PageMem::Own(on_host);
         self.spilled_pages += 1;
         Ok(true)
     }
@@ -371,31 +430,33 @@ impl KvCache {
                 (KvType::F16, _) => KvRows::F16(Vec::with_capacity(n * dim)),
                 (KvType::Int8, _) => KvRows::Int8(Vec::with_capacity(n * row)),
             };
+            if let Some(gpu) = layer.device.gpu() {
+                // Device-to-host copies straight into the snapshot's buffer, one per run of adjacent pages.
+                let dst: &mut [u8] = match &mut out {
+                    KvRows::F16(o) => {
+                        o.resize(n * dim, f16::ZERO);
+                        bytemuck::cast_slice_mut(&mut o[..])
+                    }
+                    KvRows::Int8(o) => {
+                        o.resize(n * row, 0);
+                        &mut o[..]
+                    }
+                    KvRows::Gpu => unreachable!("snapshots live in host memory"),
+                };
+                let pages = n.div_ceil(KV_PAGE_TOKENS).min(layer.pages.len());
+                for (first, count, addr) in adjacent_runs(&layer.pages[..pages], v_half, (KV_PAGE_TOKENS * row) as u64)
+                {
+                    let (from, to) = (first * KV_PAGE_TOKENS * row, ((first + count) * KV_PAGE_TOKENS).min(n) * row);
+                    gpu.dtoh(&mut dst[from..to], addr).map_err(|e| gpu_error(&layer.device, e))?;
+                }
+                return Ok(out);
+            }
             for (i, page) in layer.pages.iter().enumerate().take(n.div_ceil(KV_PAGE_TOKENS)) {
                 let rows = (n - i * KV_PAGE_TOKENS).min(KV_PAGE_TOKENS);
                 let src = if v_half { &page.v } else { &page.k };
                 match (&mut out, src) {
                     (KvRows::F16(o), KvRows::F16(p)) => o.extend_from_slice(&p[..rows * dim]),
                     (KvRows::Int8(o), KvRows::Int8(p)) => o.extend_from_slice(&p[..rows * row]),
-                    (o, KvRows::Gpu) => {
-                        // A device-to-host copy straight into the snapshot's buffer.
-                        let mem = page.alloc.mem().expect("a GPU page has memory");
-                        let at = if v_half { mem.bytes() / 2 } else { 0 };
-                        let dst: &mut [u8] = match o {
-                            KvRows::F16(o) => {
-                                let start = o.len();
-                                o.resize(start + rows * dim, f16::ZERO);
-                                bytemuck::cast_slice_mut(&mut o[start..])
-                            }
-                            KvRows::Int8(o) => {
-                                let start = o.len();
-                                o.resize(start + rows * row, 0);
-                                &mut o[start..]
-                            }
-                            KvRows::Gpu => unreachable!("snapshots live in host memory"),
-                        };
-                        mem.read_at(at, dst).map_err(|e| gpu_error(&layer.device, e))?;
-                    }
                     _ => unreachable!("a cache holds one KV type"),
                 }
             }
@@ -431,26 +492,34 @@ impl KvCache {
         }
         let (dim, row) = (self.kv_dim, self.ty.row_bytes(self.kv_dim));
         for (layer, (sk, sv)) in self.layers.iter_mut().zip(&snap.layers) {
-            for (i, page) in layer.pages.iter_mut().enumerate() {
-                let rows = n.saturating_sub(i * KV_PAGE_TOKENS).min(KV_PAGE_TOKENS);
-                let at = i * KV_PAGE_TOKENS;
-                if let Some(mem) = page.alloc.mem() {
-                    // A host-to-device copy of the page's rows, K then V.
-                    for (half, src) in [(0, sk), (mem.bytes() / 2, sv)] {
-                        let bytes: &[u8] = match src {
-                            KvRows::F16(s) => bytemuck::cast_slice(&s[at * dim..(at + rows) * dim]),
-                            KvRows::Int8(s) => &s[at * row..(at + rows) * row],
-                            KvRows::Gpu => unreachable!("snapshots live in host memory"),
-                        };
-                        if let Err(e) = mem.write_at(half, bytes) {
+            if let Some(gpu) = layer.device.gpu().cloned() {
+                // Host-to-device copies, one per run of adjacent pages (a whole layer's K, then its V, for
+                // the slab a restore allocates).
+                for (v_half, src) in [(false, sk), (true, sv)] {
+                    let bytes: &[u8] = match src {
+                        KvRows::F16(s) => bytemuck::cast_slice(&s[..n * dim]),
+                        KvRows::Int8(s) => &s[..n * row],
+                        KvRows::Gpu => unreachable!("snapshots live in host memory"),
+                    };
+                    for (first, count, addr) in adjacent_runs(&layer.pages, v_half, (KV_PAGE_TOKENS * row) as u64) {
+                        let (from, to) =
+                            (first * KV_PAGE_TOKENS * row, ((first + count) * KV_PAGE_TOKENS).min(n) * row);
+                        if from >= to {
+                            continue;
+                        }
+                        if let Err(e) = gpu.htod(addr, &bytes[from..to]) {
                             let e = gpu_error(&layer.device, e);
                             self.clear();
                             return Err(e);
                         }
+                        layer.pages[first].alloc.device().count_copy_in((to - from) as u64);
                     }
-                    page.alloc.device().count_copy_in((rows * row * 2) as u64);
-                    continue;
                 }
+                continue;
+            }
+            for (i, page) in layer.pages.iter_mut().enumerate() {
+                let rows = n.saturating_sub(i * KV_PAGE_TOKENS).min(KV_PAGE_TOKENS);
+                let at = i * KV_PAGE_TOKENS;
                 for (dst, src) in [(&mut page.k, sk), (&mut page.v, sv)] {
                     match (dst, src) {
                         (KvRows::F16(d), KvRows::F16(s)) => {

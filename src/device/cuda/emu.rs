@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use super::gpu::{Arg, Dims, Gpu, GpuError};
@@ -34,11 +35,30 @@ pub struct EmuGpu {
     live: Mutex<HashMap<u64, usize>>,
     /// Live "pinned host" allocations (host memory that does not count against the card).
     host: Mutex<HashMap<u64, usize>>,
+    /// Set by `poison`: the context faulted, every later call fails with a sticky error.
+    poisoned: AtomicBool,
 }
 
 impl EmuGpu {
     pub fn new(capacity_bytes: u64) -> EmuGpu {
-        EmuGpu { capacity_bytes, live: Mutex::new(HashMap::new()), host: Mutex::new(HashMap::new()) }
+        EmuGpu {
+            capacity_bytes,
+            live: Mutex::new(HashMap::new()),
+            host: Mutex::new(HashMap::new()),
+            poisoned: AtomicBool::new(false),
+        }
+    }
+
+    /// The sticky error of a poisoned context.
+    fn check(&self) -> Result<(), GpuError> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(GpuError::Driver {
+                what: "emulated GPU".into(),
+                msg: "the context faulted (injected): an illegal memory access".into(),
+                sticky: true,
+            });
+        }
+        Ok(())
     }
 
     fn held_bytes(&self) -> u64 {
@@ -88,10 +108,12 @@ impl Gpu for EmuGpu {
     }
 
     fn mem_info(&self) -> Result<(u64, u64), GpuError> {
+        self.check()?;
         Ok((self.capacity_bytes.saturating_sub(self.held_bytes()), self.capacity_bytes))
     }
 
     fn alloc(&self, bytes: u64) -> Result<u64, GpuError> {
+        self.check()?;
         self.take(bytes)
     }
 
@@ -100,6 +122,7 @@ impl Gpu for EmuGpu {
     }
 
     fn alloc_host(&self, bytes: u64) -> Result<u64, GpuError> {
+        self.check()?;
         // Host memory is host memory; it does not count against the emulated card.
         let size = (bytes as usize).max(1);
         let layout = std::alloc::Layout::from_size_align(size, ALIGN).map_err(|_| GpuError::OutOfMemory { bytes })?;
@@ -121,6 +144,7 @@ impl Gpu for EmuGpu {
     }
 
     fn htod(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
+        self.check()?;
         // SAFETY: `dst` is an address this emulator (or alloc_host) handed out, holding at least
         // `src.len()` bytes: the callers' buffers carry their sizes.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
@@ -128,18 +152,21 @@ impl Gpu for EmuGpu {
     }
 
     fn dtoh(&self, dst: &mut [u8], src: u64) -> Result<(), GpuError> {
+        self.check()?;
         // SAFETY: as in `htod`.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
     fn dtod(&self, dst: u64, src: u64, bytes: u64) -> Result<(), GpuError> {
+        self.check()?;
         // SAFETY: as in `htod`; `copy` allows overlap.
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes as usize) };
         Ok(())
     }
 
     fn launch_unchecked(&self, kernel: &'static str, dims: Dims, args: &mut [Arg]) -> Result<(), GpuError> {
+        self.check()?;
         let name = CString::new(kernel)
             .map_err(|_| GpuError::BadLaunch { kernel: kernel.to_owned(), why: "a NUL in the name".into() })?;
         let mut params: Vec<*mut c_void> = args.iter_mut().map(Arg::as_param).collect();
@@ -165,7 +192,12 @@ impl Gpu for EmuGpu {
     }
 
     fn synchronize(&self) -> Result<(), GpuError> {
-        Ok(())
+        self.check()
+    }
+
+    fn poison(&self) -> bool {
+        self.poisoned.store(true, Ordering::Release);
+        true
     }
 }
 

@@ -105,6 +105,10 @@ pub trait Gpu: Send + Sync + fmt::Debug {
     fn launch_unchecked(&self, kernel: &'static str, dims: Dims, args: &mut [Arg]) -> Result<(), GpuError>;
     /// Waits for all work queued so far.
     fn synchronize(&self) -> Result<(), GpuError>;
+    /// Faults the context on purpose (tests of the sticky-error path); false where that is not possible.
+    fn poison(&self) -> bool {
+        false
+    }
 }
 
 /// Launches `kernel` with `args` after checking them against its parameter kinds.
