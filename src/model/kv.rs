@@ -285,14 +285,12 @@ impl KvCache {
             }
             let gpu = self.layers[layer].device.gpu().cloned();
             let have = self.layers[layer].pages.len();
-            if strict && gpu.is_some() && !on_host && need_pages > have.max(first_resident) {
-                // A restore: the layer's resident pages as one slab (the pages before the window, on the
-                // host, are made one by one below).
-                for idx in have..first_resident {
-                    let g = gpu.as_ref().expect("checked");
+            if let (true, Some(g)) = (strict && !on_host && need_pages > have.max(first_resident), &gpu) {
+                // A restore: the layer's resident pages as one slab (the pages before the window go to
+                // pinned host memory one by one).
+                for _ in have..first_resident {
                     let alloc = PageMem::Own(host.alloc_pinned(g, Purpose::Kv, page_bytes)?);
                     self.layers[layer].pages.push(KvPage { k: KvRows::Gpu, v: KvRows::Gpu, alloc });
-                    let _ = idx;
                 }
                 let from = self.layers[layer].pages.len();
                 let count = need_pages - from;
