@@ -629,3 +629,50 @@ fn a_faulted_gpu_context_ends_the_process_with_the_restart_code() {
         .unwrap();
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
 }
+
+#[test]
+fn bench_on_an_emulated_gpu_reports_bandwidth_the_decode_floor_and_kv_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    let synth = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["synth", "--preset", "tiny", "-o"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(synth.status.success());
+    let o = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "bench",
+            "-p",
+            "32",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "--devices",
+            "emu:64",
+            "--bandwidth",
+            "--kv-tokens",
+            "256",
+            "--json",
+            "-m",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("json");
+    let g = &v["gpus"][0];
+    for k in ["device_gbps", "h2d_pinned_gbps", "h2d_pageable_gbps"] {
+        assert!(g[k].as_f64().expect(k) > 0.0, "{k}: {g}");
+    }
+    let floor = v["floor_tg_tok_s"].as_f64().expect("floor");
+    let weights = v["weight_bytes"].as_f64().expect("weight bytes");
+    assert!(
+        (floor - g["device_gbps"].as_f64().unwrap() * 1e9 / weights).abs() < 1e-6 * floor,
+        "floor = bandwidth / weights"
+    );
+    let kv = &v["kv_copies"];
+    assert_eq!(kv["tokens"], 256);
+    assert!(kv["restore_gbps"].as_f64().unwrap() > 0.0 && kv["park_gbps"].as_f64().unwrap() > 0.0, "{kv}");
+}

@@ -28,6 +28,13 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table
     #[arg(long = "json")]
     pub json: bool,
+    /// Also measure memory: each GPU's device and host-to-device bandwidth (and the decode floor they set),
+    /// and parking / restoring the KV of a conversation of --kv-tokens tokens
+    #[arg(long = "bandwidth")]
+    pub bandwidth: bool,
+    /// Tokens of the conversation whose KV --bandwidth parks and restores
+    #[arg(long = "kv-tokens", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    pub kv_tokens: u32,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -50,6 +57,23 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    let (gpus, kv_copies) = if a.bandwidth {
+        let gpus = model
+            .placement
+            .devices
+            .devices
+            .iter()
+            .filter(|d| d.gpu().is_some())
+            .map(|d| super::bandwidth::measure_gpu(d, 256 << 20))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let kv =
+            super::bandwidth::measure_kv(model, &pool, a.engine.kv, a.engine.batch as usize, a.kv_tokens as usize)?;
+        (gpus, Some(kv))
+    } else {
+        (Vec::new(), None)
+    };
+    // The decode floor: every weight byte read once per token at the slowest GPU's device bandwidth.
+    let floor_tg = gpus.iter().map(|g| g.device_gbps).reduce(f64::min).map(|bw| bw * 1e9 / model.weight_bytes() as f64);
     let name = loaded.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let stages = stages_summary(model);
     if a.json {
@@ -72,6 +96,10 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
             "pp_tok_s_stddev": pp.map(|s| s.1),
             "tg_tok_s": tg.map(|s| s.0),
             "tg_tok_s_stddev": tg.map(|s| s.1),
+            "weight_bytes": model.weight_bytes(),
+            "gpus": gpus,
+            "floor_tg_tok_s": floor_tg,
+            "kv_copies": kv_copies,
         });
         println!("{obj}");
     } else {
@@ -83,6 +111,25 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
             if let Some((mean, sd)) = s {
                 println!("| {name} | {size} | {} | {kv} | {stages} | {test} | {mean:.2} ± {sd:.2} |", pool.n_threads());
             }
+        }
+        for g in &gpus {
+            println!(
+                "{} ({}): device {:.1} GB/s, host-to-device pinned {:.1} GB/s, pageable {:.1} GB/s",
+                g.device, g.name, g.device_gbps, g.h2d_pinned_gbps, g.h2d_pageable_gbps
+            );
+        }
+        if let Some(f) = floor_tg {
+            println!("decode floor (weight bytes / device bandwidth): {f:.1} tok/s");
+        }
+        if let Some(k) = &kv_copies {
+            println!(
+                "KV of {} tokens ({:.1} MiB): park {:.2} GB/s (into reused buffers {:.2}), restore {:.2} GB/s",
+                k.tokens,
+                k.bytes as f64 / (1 << 20) as f64,
+                k.park_gbps,
+                k.park_reused_gbps,
+                k.restore_gbps
+            );
         }
     }
     Ok(())

@@ -2,6 +2,7 @@
 //! (threads, context, KV type, and where the model runs: devices, layer split, reserve, simulated faults),
 //! error reporting in one line.
 
+pub mod bandwidth;
 pub mod bench;
 pub mod chat;
 pub mod devices;

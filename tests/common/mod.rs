@@ -14,9 +14,11 @@ pub fn model_path() -> PathBuf {
     path
 }
 
-/// A file of llama.cpp's reference data (copied from shared/reference into tests/data/reference).
+/// A file of llama.cpp's reference data (copied from shared/reference into tests/data/reference), under
+/// `STRATA_ROOT` when set (test binaries run elsewhere than they were built: scripts/gpu-check).
 pub fn reference_path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference").join(name)
+    let root = std::env::var_os("STRATA_ROOT").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    root.join("tests/data/reference").join(name)
 }
 
 pub fn reference_json(name: &str) -> serde_json::Value {
