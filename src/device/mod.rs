@@ -726,9 +726,19 @@ mod tests {
         assert!(set.host.is_host() && set.host.index == 2);
         let set = DeviceSet::parse("cpu,sim:100", 0).unwrap();
         assert!(Arc::ptr_eq(&set.host, &set.devices[0]));
-        for bad in ["gpu", "sim:", "sim:x", "sim:0", "", "cpu,cpu", "cuda:a"] {
+        for bad in ["gpu", "sim:", "sim:x", "sim:0", "", "cpu,cpu", "cuda:a", "cuda:0@", "cuda:0@0", "emu:", "emu:x"] {
             assert!(DeviceSet::parse(bad, 0).is_err(), "{bad:?} accepted");
         }
+        assert_eq!(
+            DeviceKind::parse("cuda:1@12288").unwrap(),
+            DeviceKind::Cuda { ordinal: 1, cap_bytes: Some(12288 * MIB) }
+        );
+        assert_eq!(DeviceKind::parse("cuda:0").unwrap(), DeviceKind::Cuda { ordinal: 0, cap_bytes: None });
+        assert_eq!(DeviceKind::parse("cuda:1@12288").unwrap().to_string(), "cuda:1@12288");
+        let emu = DeviceSet::parse("emu:128,emu:64", 8 * MIB).unwrap();
+        assert_eq!(emu.devices[0].kind, DeviceKind::Emu { capacity_bytes: 128 * MIB });
+        assert!(emu.devices[0].gpu().is_some() && emu.devices[0].kind.is_gpu());
+        assert_eq!(emu.devices[1].sample_free().unwrap(), 64 * MIB);
         let e = DeviceSet::parse("cuda:0", 0).unwrap_err().to_string();
         assert!(e.contains("cuda:0 is not available"), "{e}");
     }

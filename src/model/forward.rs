@@ -129,7 +129,8 @@ impl Model {
         }
         // Stages on a GPU take the hidden state from the host and return it (or, last, the logits).
         let mut gpu_logits = None;
-        let mut s = Scratch {
+        // The CPU's activations, for stages computed on the CPU (GPU stages keep their own).
+        let new_scratch = || Scratch {
             xn: vec![0f32; t_count * d],
             q: vec![0f32; t_count * q_dim],
             k: vec![0f32; t_count * kv_dim],
@@ -141,16 +142,23 @@ impl Model {
             act: QuantActs::default(),
             ropes: (0..t_count).map(|t| ops::rope_table(pos0 + t, cfg.rope_dims, cfg.rope_base)).collect(),
         };
+        let mut s: Option<Scratch> = None;
         for (si, stage) in stages.iter().enumerate() {
             if let Some(g) = &placement.gpu[si] {
-                let ran = g.upload_x(&x).and_then(|_| g.run_layers(cfg, kv, t_count, pos0)).and_then(|_| {
+                // From the previous GPU stage device to device; from the host (embeddings, a CPU stage) up.
+                let prev = si.checked_sub(1).and_then(|p| placement.gpu[p].as_ref());
+                let arrive = match prev {
+                    Some(p) => g.receive_x(p, t_count, d),
+                    None => g.upload_x(&x),
+                };
+                let next_on_gpu = placement.gpu.get(si + 1).is_some_and(Option::is_some);
+                let ran = arrive.and_then(|_| g.run_layers(cfg, kv, t_count, pos0)).and_then(|_| {
                     if si + 1 == stages.len() {
                         gpu_logits = Some(g.head(cfg, want)?);
-                        Ok(())
-                    } else {
+                    } else if !next_on_gpu {
                         x = g.download_x(t_count, d)?;
-                        Ok(())
                     }
+                    Ok(())
                 });
                 if let Err(e) = ran {
                     kv.release_unused();
@@ -162,7 +170,7 @@ impl Model {
                 x = copy_to(&stage.device, x);
             }
             for l in stage.layers.clone() {
-                self.layer(pool, kv, l, pos0, &mut x, &mut s);
+                self.layer(pool, kv, l, pos0, &mut x, s.get_or_insert_with(new_scratch));
             }
         }
         kv.set_len(pos0 + t_count);
@@ -178,8 +186,9 @@ impl Model {
         }
         let mut data = vec![0f32; n_out * n_vocab];
         if n_out > 0 {
-            s.act.quantize(pool, w.output.ty, &hn, d);
-            ops::matmul(pool, &[MatJob { w: &w.output, bias: None, out: SharedMut::new(&mut data) }], &s.act);
+            let act = &mut s.get_or_insert_with(new_scratch).act;
+            act.quantize(pool, w.output.ty, &hn, d);
+            ops::matmul(pool, &[MatJob { w: &w.output, bias: None, out: SharedMut::new(&mut data) }], act);
         }
         Ok(Logits { n_vocab, data })
     }

@@ -135,6 +135,19 @@ impl GpuStage {
             .gpu()
             .cloned()
             .ok_or_else(|| DeviceError::Unavailable { device: device.name(), why: "not a GPU".into() })?;
+        // What the kernels assume: heads of whole warps (attention keeps up to 8 values per lane) and rows
+        // of whole 32-value chunks.
+        let unsupported = |why: String| Err(DeviceError::Unavailable { device: device.name(), why });
+        if cfg.head_dim % 32 != 0 || cfg.head_dim > 256 {
+            let why = format!(
+                "the CUDA backend needs heads of 32 to 256 values in steps of 32 (this model's: {})",
+                cfg.head_dim
+            );
+            return unsupported(why);
+        }
+        if cfg.n_embd % 32 != 0 || cfg.n_ff % 32 != 0 || cfg.q_dim() % 32 != 0 {
+            return unsupported("the CUDA backend needs matrix widths that are multiples of 32".into());
+        }
         let upload = |purpose: Purpose, bytes: &[u8]| -> Result<Allocation, DeviceError> {
             let a = device.alloc(purpose, bytes.len() as u64)?;
             a.mem().expect("GPU allocations have memory").write_at(0, bytes).map_err(|e| gpu_err(device, e))?;
@@ -263,6 +276,17 @@ impl GpuStage {
     pub fn upload_x(&self, x: &[f32]) -> Result<(), DeviceError> {
         self.scratch.x.mem().expect("GPU memory").write_at(0, bytemuck::cast_slice(x)).map_err(|e| self.err(e))?;
         self.device.count_copy_in((x.len() * 4) as u64);
+        Ok(())
+    }
+
+    /// Copies the hidden state of `t` tokens from the previous stage's GPU (device to device; between two
+    /// cards the driver stages it through host memory, since peer access is not enabled yet). Waits for
+    /// the previous stage first.
+    pub fn receive_x(&self, prev: &GpuStage, t: usize, n_embd: usize) -> Result<(), DeviceError> {
+        prev.gpu.synchronize().map_err(|e| prev.err(e))?;
+        let bytes = (t * n_embd * 4) as u64;
+        self.gpu.dtod(ptr(&self.scratch.x), ptr(&prev.scratch.x), bytes).map_err(|e| self.err(e))?;
+        self.device.count_copy_in(bytes);
         Ok(())
     }
 

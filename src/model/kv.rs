@@ -88,7 +88,9 @@ pub struct KvPage {
 
 /// What holds a page: its own allocation (K rows, then V rows, on GPUs), or a share of a layer's slab (a
 /// restore allocates a layer's pages at once: one allocation, and the K rows of consecutive pages adjacent,
-/// so each of K and V crosses to the GPU in one copy).
+/// so each of K and V crosses to the GPU in one copy). Slab pages stay on the device: moving one would free
+/// nothing. So after a restore under `--kv-resident`, a layer holds up to its restored window plus the
+/// new one until the sequence is cut below the slab.
 enum PageMem {
     Own(Allocation),
     Slab { slab: Arc<Allocation>, k: u64, v: u64 },
@@ -106,6 +108,12 @@ impl PageMem {
 impl KvPage {
     pub fn on_host(&self) -> bool {
         self.alloc.device().is_host()
+    }
+
+    /// A device page that moving to the host would free: not on the host, and not part of a restored
+    /// layer's slab (its memory goes only with the whole slab, when the sequence is cut below it).
+    fn movable(&self) -> bool {
+        !self.on_host() && matches!(self.alloc, PageMem::Own(_))
     }
 
     /// Addresses of its K and V rows, for a page in GPU (or pinned host) memory.
@@ -278,7 +286,7 @@ impl KvCache {
             let on_host = self.layers[layer].device.is_host();
             if !on_host {
                 // Pages that fell out of the resident window move to the host.
-                let stale = self.layers[layer].pages.iter().take(first_resident).filter(|p| !p.on_host()).count();
+                let stale = self.layers[layer].pages.iter().take(first_resident).filter(|p| p.movable()).count();
                 for _ in 0..stale {
                     self.spill_oldest(layer)?;
                 }
@@ -349,7 +357,7 @@ impl KvCache {
         let device = self.layers[layer].device.clone();
         let gpu = device.gpu().cloned();
         let bytes = self.page_bytes();
-        let Some(page) = self.layers[layer].pages.iter_mut().find(|p| !p.on_host()) else {
+        let Some(page) = self.layers[layer].pages.iter_mut().find(|p| p.movable()) else {
             return Ok(false);
         };
         let on_host = match &gpu {
@@ -360,6 +368,7 @@ impl KvCache {
                 let (k, v) = page.gpu_addrs().expect("a GPU page has memory");
                 g.dtod(dst, k, bytes / 2).map_err(|e| gpu_error(&device, e))?;
                 g.dtod(dst + bytes / 2, v, bytes / 2).map_err(|e| gpu_error(&device, e))?;
+                g.synchronize().map_err(|e| gpu_error(&device, e))?; // before the device page is freed
                 to
             }
             // The data of a sim device is host memory already, so only the books change.

@@ -18,14 +18,16 @@ use super::kernels::{self, KERNEL_FILES};
 
 /// Driver errors after which the context is unusable.
 fn is_sticky(e: &DriverError) -> bool {
-    matches!(e.0 as u32, 214 | 700 | 702 | 714 | 715 | 716 | 717 | 718 | 719 | 999)
+    matches!(e.0 as u32, 214 | 220 | 700 | 702 | 710 | 714 | 715 | 716 | 717 | 718 | 719 | 999)
 }
 
 pub struct CudaGpu {
     ordinal: usize,
     name: String,
+    dev: sys::CUdevice,
     ctx: sys::CUcontext,
     stream: sys::CUstream,
+    modules: Vec<sys::CUmodule>,
     functions: HashMap<&'static str, sys::CUfunction>,
     faulted: Mutex<Option<String>>,
 }
@@ -69,6 +71,7 @@ impl CudaGpu {
         unsafe { result::ctx::set_current(ctx) }.map_err(e("cuCtxSetCurrent"))?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(e("cuStreamCreate"))?;
         let mut functions = HashMap::new();
+        let mut modules = Vec::new();
         for file in KERNEL_FILES {
             let image = CString::new(file.ptx).map_err(|_| GpuError::Driver {
                 what: "load PTX".into(),
@@ -79,6 +82,7 @@ impl CudaGpu {
             let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }.map_err(|err| {
                 GpuError::Driver { what: format!("load {}.ptx", file.name), msg: err.to_string(), sticky: false }
             })?;
+            modules.push(module);
             for entry in kernels::entries().filter(|en| en.file == file.name) {
                 let cname = CString::new(entry.name).expect("entry names have no NUL");
                 // SAFETY: a module just loaded.
@@ -90,7 +94,7 @@ impl CudaGpu {
                 functions.insert(entry.name, f);
             }
         }
-        Ok(CudaGpu { ordinal, name, ctx, stream, functions, faulted: Mutex::new(None) })
+        Ok(CudaGpu { ordinal, name, dev, ctx, stream, modules, functions, faulted: Mutex::new(None) })
     }
 
     /// The sticky error that poisoned this device, if one did.
@@ -150,9 +154,9 @@ impl Gpu for CudaGpu {
     }
 
     fn free(&self, ptr: u64) {
-        if self.bind().is_ok() {
-            // SAFETY: `ptr` came from `alloc` and is freed once (the owner's drop). cuMemFree waits for
-            // the work that may still use it.
+        // Work queued on the stream may still use it: wait for that first (frees are rare).
+        if self.bind().is_ok() && self.sync_stream().is_ok() {
+            // SAFETY: `ptr` came from `alloc` and is freed once (the owner's drop), after the stream's work.
             if let Err(e) = unsafe { result::free_sync(ptr) } {
                 tracing::warn!("cuda:{}: cuMemFree failed: {}", self.ordinal, self.error("cuMemFree", e));
             }
@@ -171,9 +175,11 @@ impl Gpu for CudaGpu {
         })?;
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: `host` is mapped pinned memory from cuMemHostAlloc.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host, 0) }
-            .result()
-            .map_err(|e| self.error("cuMemHostGetDevicePointer", e))?;
+        if let Err(e) = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host, 0) }.result() {
+            // SAFETY: allocated just above, not handed out.
+            unsafe { result::free_host(host) }.ok();
+            return Err(self.error("cuMemHostGetDevicePointer", e));
+        }
         if dptr != host as u64 {
             // Without unified addressing the two differ; this backend needs them equal.
             // SAFETY: allocated just above.
@@ -188,7 +194,7 @@ impl Gpu for CudaGpu {
     }
 
     fn free_host(&self, ptr: u64) {
-        if self.bind().is_ok() {
+        if self.bind().is_ok() && self.sync_stream().is_ok() {
             // SAFETY: `ptr` came from `alloc_host` (host and device addresses are equal) and is freed once.
             if let Err(e) = unsafe { result::free_host(ptr as *mut c_void) } {
                 tracing::warn!("cuda:{}: cuMemFreeHost failed: {}", self.ordinal, self.error("cuMemFreeHost", e));
@@ -237,5 +243,22 @@ impl Gpu for CudaGpu {
     fn synchronize(&self) -> Result<(), GpuError> {
         self.bind()?;
         self.sync_stream()
+    }
+}
+
+impl Drop for CudaGpu {
+    fn drop(&mut self) {
+        // SAFETY: this object's own handles, released once. Buffers hold an Arc to their GPU, so none of
+        // its memory outlives it.
+        unsafe {
+            if result::ctx::set_current(self.ctx).is_ok() {
+                result::stream::synchronize(self.stream).ok();
+                result::stream::destroy(self.stream).ok();
+                for m in &self.modules {
+                    result::module::unload(*m).ok();
+                }
+            }
+            result::primary_ctx::release(self.dev).ok();
+        }
     }
 }

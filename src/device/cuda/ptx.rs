@@ -44,6 +44,8 @@ pub fn compile(name: &str, source: &str) -> Result<String, String> {
         arch: Some(ARCH),
         name: Some(format!("{name}.cu")),
         use_fast_math: Some(false),
+        // No fused multiply-adds: the CPU and the emulator round `x * d + m` twice, so must the GPU.
+        fmad: Some(false),
         // The sources `#include "common.cuh"`.
         include_paths: vec![concat!(env!("CARGO_MANIFEST_DIR"), "/kernels").to_owned()],
         ..Default::default()
