@@ -350,3 +350,44 @@ fn a_restored_gpu_cache_holds_the_parked_bytes_and_continues_identically() {
         assert_eq!(next(&mut back), next(&mut seq.kv), "{kv_type:?}: the next token's logits after a restore");
     }
 }
+
+#[test]
+fn a_squeezed_gpu_falls_back_to_rereading_and_restores_once_there_is_room() {
+    let file = four_layers();
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let pool = ThreadPool::new(2);
+    let set = devices(&[emu(64), emu(64)], 8);
+    let squeezed = set.devices[1].clone();
+    let model = load(&file, set, Some(vec![2]), None);
+    let cfg = SessionConfig { kv_type: KvType::F16, max_context: 2048, cache_slots: 4, cache_budget_bytes: 256 * MIB };
+    let mut session = Session::new(&model, &tok, &pool, &cfg).expect("session");
+    let a: Vec<u32> = tokens(200, model.cfg.n_vocab, 1);
+    let b: Vec<u32> = tokens(30, model.cfg.n_vocab, 2);
+    let reply = session.serve(&a, &greedy(4), |_| {}).expect("a").generation.tokens;
+    session.serve(&b, &greedy(4), |_| {}).expect("b");
+    let mut a2 = a.clone();
+    a2.extend_from_slice(&reply);
+    a2.extend(tokens(5, model.cfg.n_vocab, 3));
+
+    // Another process leaves GPU 1 less than its reserve (counting the pages the live b holds there as
+    // free, since a restore releases them first): restoring a would break it, so a is reread.
+    squeezed.inject(Fault::LeaveFreeBytes(7 * MIB)).expect("squeeze");
+    let served = session.serve(&a2, &greedy(4), |_| {}).expect("a, squeezed");
+    assert_eq!(served.restored, None, "no restore under the squeeze");
+    let (_, events) = session.telemetry.since(0.0);
+    let fallback = events.iter().find(|e| e.event == "restore_fallback").expect("a restore_fallback event");
+    assert_eq!(fallback.fields["device"], 1, "{fallback:?}");
+    assert!(squeezed.sample_free().expect("sample") >= 7 * MIB, "the reread took nothing more from GPU 1");
+    let mut fresh = Sequence::new(&model, KvType::F16, 2048).expect("sequence");
+    let want = generate(&model, &tok, &pool, &mut fresh, &a2, &greedy(4), |_| {}).expect("reread");
+    assert_eq!(served.generation.tokens, want.tokens, "the fallback's answer");
+
+    // The squeeze lifts; after b again, a restores whole.
+    squeezed.inject(Fault::PressureBytes(0)).expect("lift");
+    session.serve(&b, &greedy(4), |_| {}).expect("b again");
+    let mut a3 = a2.clone();
+    a3.extend_from_slice(&served.generation.tokens);
+    a3.extend(tokens(5, model.cfg.n_vocab, 4));
+    let again = session.serve(&a3, &greedy(4), |_| {}).expect("a, room again");
+    assert_eq!(again.restored.map(|r| r.0), Some(RestoreKind::Live), "{:?}", again.restored);
+}

@@ -561,7 +561,16 @@ impl KvCache {
         let l = &mut self.layers[layer];
         let device = l.device.clone();
         if l.table.is_none() {
-            let alloc = device.alloc(Purpose::Kv, (2 * capacity * 8) as u64)?;
+            // On the device; when it has no room (its reserve, pressure), in pinned host memory the GPU
+            // reads as well: a full card must not stop a sequence for want of a few hundred bytes.
+            let bytes = (2 * capacity * 8) as u64;
+            let alloc = match device.alloc(Purpose::Kv, bytes) {
+                Err(e) if e.is_no_room() => {
+                    let gpu = device.gpu().expect("page tables belong to GPU layers");
+                    self.host.alloc_pinned(gpu, Purpose::Kv, bytes)?
+                }
+                other => other?,
+            };
             l.table = Some(PageTable { alloc, capacity, uploaded: Vec::new() });
         }
         let t = l.table.as_mut().expect("just made");
