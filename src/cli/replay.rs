@@ -37,7 +37,7 @@ use clap::Args;
 use serde::Deserialize;
 use serde_json::json;
 
-use strata::device::{DeviceKind, DeviceSet, Fault};
+use strata::device::{DeviceSet, Fault};
 use strata::engine::session::{Session, SessionConfig};
 use strata::engine::GenerateParams;
 use strata::sample::SamplerConfig;
@@ -146,7 +146,7 @@ fn parse_script(text: &str) -> anyhow::Result<Vec<(usize, Op)>> {
     Ok(ops)
 }
 
-/// Checks that every fault op names a sim device of `devices`.
+/// Checks that every fault op names a GPU-like device (sim, emu, cuda) of `devices`.
 fn check_devices(ops: &[(usize, Op)], devices: &DeviceSet) -> anyhow::Result<()> {
     for (n, op) in ops {
         let Some(d) = op.device() else { continue };
@@ -154,8 +154,8 @@ fn check_devices(ops: &[(usize, Op)], devices: &DeviceSet) -> anyhow::Result<()>
             let names: Vec<String> = devices.devices.iter().map(|d| d.name()).collect();
             bail!("line {n}: device {d} is not in --devices ({})", names.join(", "));
         };
-        if !matches!(device.kind, DeviceKind::Sim { .. }) {
-            bail!("line {n}: device {} is not a sim device: only sim devices take faults", device.name());
+        if device.is_host() {
+            bail!("line {n}: device {} is the host: only GPU-like devices (sim, emu, cuda) take faults", device.name());
         }
     }
     Ok(())
@@ -336,12 +336,14 @@ mod tests {
     }
 
     #[test]
-    fn faults_need_a_sim_device_in_the_list() {
-        let devices = DeviceSet::parse("sim:100,cpu", 0).unwrap();
+    fn faults_need_a_gpu_like_device_in_the_list() {
+        let devices = DeviceSet::parse("sim:100,cpu,emu:64", 0).unwrap();
+        let ops = parse_script("{\"op\":\"pressure\",\"device\":2,\"mib\":1}\n").unwrap();
+        check_devices(&ops, &devices).unwrap();
         let ops = parse_script("{\"op\":\"fail_alloc\",\"device\":0,\"count\":1}\n").unwrap();
         check_devices(&ops, &devices).unwrap();
         let ops = parse_script("{\"op\":\"fail_alloc\",\"device\":1,\"count\":1}\n").unwrap();
-        assert!(one_line(&check_devices(&ops, &devices).unwrap_err()).contains("not a sim device"));
+        assert!(one_line(&check_devices(&ops, &devices).unwrap_err()).contains("is the host"));
         let ops = parse_script("\n{\"op\":\"fail_samples\",\"device\":9,\"count\":1}\n").unwrap();
         let msg = one_line(&check_devices(&ops, &devices).unwrap_err());
         assert!(msg.starts_with("line 2: device 9 is not in --devices"), "{msg}");

@@ -120,9 +120,20 @@ impl Model {
 
         // x: (t_count, n_embd), the residual stream. A tied head lives on the last stage, so the first
         // gathers its embedding rows from there.
-        let mut x = vec![0f32; t_count * d];
-        for (t, &id) in tokens.iter().enumerate() {
-            w.token_embd.dequantize_row_into(id as usize, &mut x[t * d..(t + 1) * d]);
+        // The embedding rows: on the GPU when the first stage holds the table (a tied head on one GPU),
+        // else from the mapped file on the host.
+        let embedded_on_gpu = match placement.gpu[0].as_ref().filter(|g| g.holds_embeddings()) {
+            Some(g) => {
+                g.embed(tokens, d).inspect_err(|_| kv.release_unused())?;
+                true
+            }
+            None => false,
+        };
+        let mut x = vec![0f32; if embedded_on_gpu { 0 } else { t_count * d }];
+        if !embedded_on_gpu {
+            for (t, &id) in tokens.iter().enumerate() {
+                w.token_embd.dequantize_row_into(id as usize, &mut x[t * d..(t + 1) * d]);
+            }
         }
         if w.tied_output && stages.len() > 1 {
             x = copy_to(&stages[0].device, x);
@@ -149,6 +160,7 @@ impl Model {
                 let prev = si.checked_sub(1).and_then(|p| placement.gpu[p].as_ref());
                 let arrive = match prev {
                     Some(p) => g.receive_x(p, t_count, d),
+                    None if embedded_on_gpu => Ok(()),
                     None => g.upload_x(&x),
                 };
                 let next_on_gpu = placement.gpu.get(si + 1).is_some_and(Option::is_some);

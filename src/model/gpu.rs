@@ -65,6 +65,9 @@ struct Scratch {
 struct Head {
     norm: Allocation, // (n_embd)
     output: GpuMatrix,
+    /// The head is the token embedding table (a tied model): `rows_T` looks tokens up in it.
+    tied: bool,
+    rows: &'static str,
     hn: Allocation,     // (1, n_embd)
     logits: Allocation, // (1, n_vocab)
 }
@@ -200,6 +203,8 @@ impl GpuStage {
             Some(Head {
                 norm: vector(&weights.output_norm)?,
                 output: matrix(&weights.output)?,
+                tied: weights.tied_output,
+                rows: kernel("rows", weights.output.ty)?,
                 hn: f32s(d)?,
                 logits: f32s(cfg.n_vocab)?,
             })
@@ -270,6 +275,28 @@ impl GpuStage {
             Arg::I32(i32::from(cfg.rope_kind == RopeKind::Neox)),
         ];
         self.run("rope_f32", Dims::over(t * heads * cfg.rope_dims / 2, 128), &args)
+    }
+
+    /// True when this stage holds the token embedding table (the tied head of a single-stage model).
+    pub fn holds_embeddings(&self) -> bool {
+        self.layers.start == 0 && self.head.as_ref().is_some_and(|h| h.tied)
+    }
+
+    /// The embedding rows of `tokens` into the stage's hidden state, looked up on the GPU (`rows_T`).
+    pub fn embed(&self, tokens: &[u32], n_embd: usize) -> Result<(), DeviceError> {
+        let head = self.head.as_ref().expect("holds_embeddings checked");
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let idx = self.scratch.idx.mem().expect("GPU memory");
+        idx.write_at(0, bytemuck::cast_slice(&ids)).map_err(|e| self.err(e))?;
+        let m = &head.output;
+        let args = [
+            Arg::Ptr(ptr(&m.mem)),
+            Arg::Ptr(idx.ptr()),
+            Arg::Ptr(ptr(&self.scratch.x)),
+            Arg::I32(n_embd as i32),
+            Arg::I64(m.row_bytes as i64),
+        ];
+        self.run(head.rows, Dims::linear(tokens.len() as u32, 64), &args)
     }
 
     /// Copies the hidden state `x` (t, n_embd) from the host into the stage.
