@@ -9,27 +9,37 @@
 #define ATTN_WARPS 4
 #define HEAD_DIM_MAX 256
 
-// Rows src (tokens, kv_dim) f32 stored at positions pos0 .. pos0 + tokens - 1, as f16. One thread per value.
-extern "C" __global__ void kv_store_f16(const float *src, const u64 *pages, int tokens, int pos0, int kv_dim) {
+// K rows k (tokens, kv_dim) and V rows v, f32, stored at positions pos0 .. pos0 + tokens - 1 of the pages in
+// k_pages and v_pages, as f16. One thread per value, K's first.
+extern "C" __global__ void kv_store_f16(const float *k, const float *v, const u64 *k_pages, const u64 *v_pages,
+                                        int tokens, int pos0, int kv_dim) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long long)tokens * kv_dim) {
+    long long n = (long long)tokens * kv_dim;
+    if (idx >= 2 * n) {
         return;
     }
-    int t = (int)(idx / kv_dim), d = (int)(idx % kv_dim), pos = pos0 + t;
-    u16 *page = (u16 *)pages[pos / PAGE_TOKENS];
-    page[(long long)(pos % PAGE_TOKENS) * kv_dim + d] = f32_to_f16(src[idx]);
+    bool is_v = idx >= n;
+    long long i = is_v ? idx - n : idx;
+    int t = (int)(i / kv_dim), d = (int)(i % kv_dim), pos = pos0 + t;
+    u16 *page = (u16 *)(is_v ? v_pages : k_pages)[pos / PAGE_TOKENS];
+    page[(long long)(pos % PAGE_TOKENS) * kv_dim + d] = f32_to_f16((is_v ? v : k)[i]);
 }
 
 // The same as q8_0 blocks, quantized as the CPU's activation quantizer does (d = amax / 127, q = round half
-// to even of x * 127 / amax). One thread per block of 32 values.
-extern "C" __global__ void kv_store_q8_0(const float *src, const u64 *pages, int tokens, int pos0, int kv_dim) {
+// to even of x * 127 / amax). One thread per block of 32 values, K's first.
+extern "C" __global__ void kv_store_q8_0(const float *k, const float *v, const u64 *k_pages, const u64 *v_pages,
+                                         int tokens, int pos0, int kv_dim) {
     int blocks = kv_dim / 32;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long long)tokens * blocks) {
+    long long n = (long long)tokens * blocks;
+    if (idx >= 2 * n) {
         return;
     }
-    int t = (int)(idx / blocks), blk = (int)(idx % blocks), pos = pos0 + t;
-    const float *x = src + (long long)t * kv_dim + blk * 32;
+    bool is_v = idx >= n;
+    long long i = is_v ? idx - n : idx;
+    const u64 *pages = is_v ? v_pages : k_pages;
+    int t = (int)(i / blocks), blk = (int)(i % blocks), pos = pos0 + t;
+    const float *x = (is_v ? v : k) + (long long)t * kv_dim + blk * 32;
     float amax = 0.0f;
     for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
     float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;

@@ -1,14 +1,6 @@
 // Element-wise steps of a llama layer. One thread per value; shapes are flat unless said otherwise.
 #include "common.cuh"
 
-// x[i] += y[i] (the residual stream).
-extern "C" __global__ void add_f32(float *x, const float *y, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        x[i] += y[i];
-    }
-}
-
 // x[r][i] += b[i]: a bias added to every row. x (rows, n), `total` = rows * n.
 extern "C" __global__ void add_bias_f32(float *x, const float *b, int n, int total) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -36,13 +28,14 @@ extern "C" __global__ void gather_rows_f32(const float *x, const int *idx, float
     }
 }
 
-// RoPE on `heads` heads of `head_dim` values per token, rotating the first `rope_dims` of each head, for
-// tokens at positions pos0, pos0 + 1, ... Pairs are (2i, 2i + 1) for norm RoPE (llama) and (i, i + rope_dims/2)
-// for neox RoPE (qwen2). The angle of pair i is pos * theta_scale^i by repeated multiplication, as the CPU and
-// ggml compute it. x: (tokens, heads * head_dim). One thread per (token, head, pair).
-extern "C" __global__ void rope_f32(float *x, int tokens, int heads, int head_dim, int rope_dims, int pos0,
-                                    float theta_scale, int neox) {
-    int half = rope_dims / 2;
+// RoPE on the query heads q (tokens, n_head * head_dim) and the key heads k (tokens, n_head_kv * head_dim) in one
+// launch, rotating the first `rope_dims` of each head, for tokens at positions pos0, pos0 + 1, ... Pairs are
+// (2i, 2i + 1) for norm RoPE (llama) and (i, i + rope_dims/2) for neox RoPE (qwen2). The angle of pair i is
+// pos * theta_scale^i by repeated multiplication, as the CPU and ggml compute it. One thread per (token,
+// head, pair), query heads first.
+extern "C" __global__ void rope_f32(float *q, float *k, int tokens, int n_head, int n_head_kv, int head_dim,
+                                    int rope_dims, int pos0, float theta_scale, int neox) {
+    int half = rope_dims / 2, heads = n_head + n_head_kv;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long total = (long long)tokens * heads * half;
     if (idx >= total) {
@@ -52,11 +45,12 @@ extern "C" __global__ void rope_f32(float *x, int tokens, int heads, int head_di
     int h = (int)((idx / half) % heads);
     int t = (int)(idx / ((long long)half * heads));
     float theta = (float)(pos0 + t);
-    for (int k = 0; k < i; k++) {
+    for (int j = 0; j < i; j++) {
         theta *= theta_scale;
     }
     float c = cosf(theta), s = sinf(theta);
-    float *v = x + ((long long)t * heads + h) * head_dim;
+    float *v = h < n_head ? q + ((long long)t * n_head + h) * head_dim
+                          : k + ((long long)t * n_head_kv + (h - n_head)) * head_dim;
     int a = neox ? i : 2 * i;
     int b = neox ? i + half : 2 * i + 1;
     float x0 = v[a], x1 = v[b];

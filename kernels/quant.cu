@@ -1,6 +1,7 @@
 // Products with weights in a ggml format, read as stored (no dequantized copy in memory), against exact f32
 // activations: `matvec_T` for one token (decode), `gemm_T` for a batch (prompts), `rows_T` to dequantize
-// chosen rows (the embedding lookup). T is one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K,
+// chosen rows (the embedding lookup). With `accumulate`, the products add to y (y += W x: the residual
+// stream takes a projection without a separate add). T is one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K,
 // q6_K: every weight type the CPU reads.
 // Shapes: W (rows, cols) stored as `row_bytes` bytes per row, cols a multiple of 32 (of 256 for K-quants);
 // x (tokens, cols); y (tokens, rows).
@@ -111,7 +112,8 @@ template <int T> __device__ __forceinline__ void dequant32(const u8 *row, int c,
 
 // One warp per row, lanes taking 32-value chunks in turn. blockDim.x a multiple of 32.
 template <int T>
-__device__ __forceinline__ void matvec(const u8 *w, const float *x, float *y, int rows, int cols, long long row_bytes) {
+__device__ __forceinline__ void matvec(const u8 *w, const float *x, float *y, int rows, int cols, long long row_bytes,
+                                       int accumulate) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= rows) {
@@ -128,7 +130,7 @@ __device__ __forceinline__ void matvec(const u8 *w, const float *x, float *y, in
     }
     acc = warp_sum(acc);
     if (lane == 0) {
-        y[row] = acc;
+        y[row] = accumulate ? y[row] + acc : acc;
     }
 }
 
@@ -138,7 +140,7 @@ __device__ __forceinline__ void matvec(const u8 *w, const float *x, float *y, in
 // are dequantized once into shared memory. Grid (ceil(rows / 32), ceil(tokens / 32)).
 template <int T>
 __device__ __forceinline__ void gemm(const u8 *w, const float *x, float *y, int rows, int cols, long long row_bytes,
-                                     int tokens) {
+                                     int tokens, int accumulate) {
     __shared__ float ws[GEMM_TILE][GEMM_TILE + 1]; // (row, k)
     __shared__ float xs[GEMM_TILE][GEMM_TILE + 1]; // (token, k)
     const int r0 = blockIdx.x * GEMM_TILE, t0 = blockIdx.y * GEMM_TILE;
@@ -168,7 +170,8 @@ __device__ __forceinline__ void gemm(const u8 *w, const float *x, float *y, int 
         for (int b = 0; b < 2; b++) {
             int r = r0 + tr * 2 + a, t = t0 + tt * 2 + b;
             if (r < rows && t < tokens) {
-                y[(long long)t * rows + r] = acc[a][b];
+                long long at = (long long)t * rows + r;
+                y[at] = accumulate ? y[at] + acc[a][b] : acc[a][b];
             }
         }
     }
@@ -185,12 +188,12 @@ __device__ __forceinline__ void rows(const u8 *w, const int *ids, float *out, in
 
 #define QUANT_KERNELS(NAME, T)                                                                                     \
     extern "C" __global__ void matvec_##NAME(const u8 *w, const float *x, float *y, int rows_, int cols,           \
-                                             long long row_bytes) {                                               \
-        matvec<T>(w, x, y, rows_, cols, row_bytes);                                                               \
+                                             long long row_bytes, int accumulate) {                               \
+        matvec<T>(w, x, y, rows_, cols, row_bytes, accumulate);                                                   \
     }                                                                                                             \
     extern "C" __global__ void gemm_##NAME(const u8 *w, const float *x, float *y, int rows_, int cols,             \
-                                           long long row_bytes, int tokens) {                                     \
-        gemm<T>(w, x, y, rows_, cols, row_bytes, tokens);                                                         \
+                                           long long row_bytes, int tokens, int accumulate) {                     \
+        gemm<T>(w, x, y, rows_, cols, row_bytes, tokens, accumulate);                                             \
     }                                                                                                             \
     extern "C" __global__ void rows_##NAME(const u8 *w, const int *ids, float *out, int cols, long long row_bytes) { \
         rows<T>(w, ids, out, cols, row_bytes);                                                                    \

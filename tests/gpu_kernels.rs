@@ -91,14 +91,21 @@ fn products_and_row_lookups_match_the_cpu_for_every_weight_type() {
             Arg::I32(cols as i32),
             Arg::I64(row_bytes as i64),
         ];
-        launch(&*gpu, kernel_name("matvec", ty), Dims::linear((rows as u32).div_ceil(4), 128), &args).unwrap();
+        let with = |extra: &[Arg]| -> Vec<Arg> { args.iter().chain(extra).copied().collect() };
+        let matvec_dims = Dims::linear((rows as u32).div_ceil(4), 128);
+        launch(&*gpu, kernel_name("matvec", ty), matvec_dims, &with(&[Arg::I32(0)])).unwrap();
         assert_close(&format!("matvec {}", ty.name()), &y.read_f32(rows).unwrap(), &want[..rows], 1e-4);
+        // Accumulating (y += W x): twice the product.
+        launch(&*gpu, kernel_name("matvec", ty), matvec_dims, &with(&[Arg::I32(1)])).unwrap();
+        let twice: Vec<f32> = want[..rows].iter().map(|v| 2.0 * v).collect();
+        assert_close(&format!("matvec {} accumulating", ty.name()), &y.read_f32(rows).unwrap(), &twice, 1e-4);
 
-        let mut args = args.to_vec();
-        args.push(Arg::I32(tokens as i32));
         let dims = Dims { grid: [(rows as u32).div_ceil(32), (tokens as u32).div_ceil(32), 1], block: [256, 1, 1] };
-        launch(&*gpu, kernel_name("gemm", ty), dims, &args).unwrap();
+        launch(&*gpu, kernel_name("gemm", ty), dims, &with(&[Arg::I32(tokens as i32), Arg::I32(0)])).unwrap();
         assert_close(&format!("gemm {}", ty.name()), &y.read_f32(tokens * rows).unwrap(), &want, 1e-4);
+        launch(&*gpu, kernel_name("gemm", ty), dims, &with(&[Arg::I32(tokens as i32), Arg::I32(1)])).unwrap();
+        let twice: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
+        assert_close(&format!("gemm {} accumulating", ty.name()), &y.read_f32(tokens * rows).unwrap(), &twice, 1e-4);
 
         let ids: Vec<i32> = vec![3, 0, 69, 3];
         let idb = upload(&gpu, bytemuck::cast_slice(&ids));
@@ -135,32 +142,38 @@ fn norm_rope_swiglu_and_adds_match_the_cpu() {
     }
     assert_close("rms_norm", &out.read_f32(t * n).unwrap(), &want, 1e-5);
 
-    // RoPE, both pair layouts, partial rotation (rope_dims < head_dim), positions from 1000.
-    let (heads, head_dim, rope_dims, pos0, base) = (3, 64, 32, 1000, 10000.0f32);
+    // RoPE on query and key heads in one launch, both pair layouts, partial rotation (rope_dims <
+    // head_dim), positions from 1000.
+    let (n_head, n_head_kv, head_dim, rope_dims, pos0, base) = (3, 2, 64, 32, 1000, 10000.0f32);
     for (kind, neox) in [(RopeKind::Norm, 0), (RopeKind::Neox, 1)] {
-        let q = randn(&mut rng, t * heads * head_dim, 1.0);
-        let qb = upload_f32(&gpu, &q);
+        let q = randn(&mut rng, t * n_head * head_dim, 1.0);
+        let k = randn(&mut rng, t * n_head_kv * head_dim, 1.0);
+        let (qb, kb) = (upload_f32(&gpu, &q), upload_f32(&gpu, &k));
         let theta_scale = base.powf(-2.0 / rope_dims as f32);
         let args = [
             Arg::Ptr(qb.ptr()),
+            Arg::Ptr(kb.ptr()),
             Arg::I32(t as i32),
-            Arg::I32(heads as i32),
+            Arg::I32(n_head as i32),
+            Arg::I32(n_head_kv as i32),
             Arg::I32(head_dim as i32),
             Arg::I32(rope_dims as i32),
             Arg::I32(pos0 as i32),
             Arg::F32(theta_scale),
             Arg::I32(neox),
         ];
-        launch(&*gpu, "rope_f32", Dims::over(t * heads * rope_dims / 2, 128), &args).unwrap();
-        let mut want = q.clone();
-        for tt in 0..t {
-            let table = ops::rope_table(pos0 + tt, rope_dims, base);
-            for h in 0..heads {
-                let at = (tt * heads + h) * head_dim;
-                ops::rope_apply(&mut want[at..at + rope_dims], &table, kind);
+        launch(&*gpu, "rope_f32", Dims::over(t * (n_head + n_head_kv) * rope_dims / 2, 128), &args).unwrap();
+        for (name, x, xb, heads) in [("q", &q, &qb, n_head), ("k", &k, &kb, n_head_kv)] {
+            let mut want = x.clone();
+            for tt in 0..t {
+                let table = ops::rope_table(pos0 + tt, rope_dims, base);
+                for h in 0..heads {
+                    let at = (tt * heads + h) * head_dim;
+                    ops::rope_apply(&mut want[at..at + rope_dims], &table, kind);
+                }
             }
+            assert_close(&format!("rope {kind:?} {name}"), &xb.read_f32(x.len()).unwrap(), &want, 1e-5);
         }
-        assert_close(&format!("rope {kind:?}"), &qb.read_f32(q.len()).unwrap(), &want, 1e-5);
     }
 
     let (g, u) = (randn(&mut rng, 1000, 4.0), randn(&mut rng, 1000, 1.0));
@@ -170,10 +183,6 @@ fn norm_rope_swiglu_and_adds_match_the_cpu() {
     let mut want = g.clone();
     ops::swiglu(&mut want, &u);
     assert_close("swiglu", &gb.read_f32(1000).unwrap(), &want, 1e-6);
-
-    launch(&*gpu, "add_f32", Dims::over(1000, 256), &[Arg::Ptr(gb.ptr()), Arg::Ptr(ub.ptr()), Arg::I32(1000)]).unwrap();
-    let want: Vec<f32> = want.iter().zip(&u).map(|(a, b)| a + b).collect();
-    assert_eq!(gb.read_f32(1000).unwrap(), want, "add");
 
     let bias = randn(&mut rng, 100, 1.0);
     let bb = upload_f32(&gpu, &bias);
@@ -239,18 +248,19 @@ fn kv_rows_are_stored_as_the_cpu_stores_them_and_attention_matches() {
         let store = if int8 { "kv_store_q8_0" } else { "kv_store_f16" };
         // Positions 0..pos0 in one batch, then the last `tokens` positions in another.
         for (from, count) in [(0, pos0), (pos0, tokens)] {
-            for (src, p) in [(&k, &kp), (&v, &vp)] {
-                let sb = upload_f32(&gpu, &src[from * kv_dim..(from + count) * kv_dim]);
-                let per_thread = if int8 { kv_dim / 32 } else { kv_dim };
-                let args = [
-                    Arg::Ptr(sb.ptr()),
-                    Arg::Ptr(p.table.ptr()),
-                    Arg::I32(count as i32),
-                    Arg::I32(from as i32),
-                    Arg::I32(kv_dim as i32),
-                ];
-                launch(&*gpu, store, Dims::over(count * per_thread, 128), &args).unwrap();
-            }
+            let kb = upload_f32(&gpu, &k[from * kv_dim..(from + count) * kv_dim]);
+            let vb = upload_f32(&gpu, &v[from * kv_dim..(from + count) * kv_dim]);
+            let per_thread = if int8 { kv_dim / 32 } else { kv_dim };
+            let args = [
+                Arg::Ptr(kb.ptr()),
+                Arg::Ptr(vb.ptr()),
+                Arg::Ptr(kp.table.ptr()),
+                Arg::Ptr(vp.table.ptr()),
+                Arg::I32(count as i32),
+                Arg::I32(from as i32),
+                Arg::I32(kv_dim as i32),
+            ];
+            launch(&*gpu, store, Dims::over(2 * count * per_thread, 128), &args).unwrap();
         }
         // Stored bytes equal the CPU cache's.
         let mut stored_k = vec![0u8; n * row_bytes];
@@ -336,11 +346,11 @@ fn kv_rows_are_stored_as_the_cpu_stores_them_and_attention_matches() {
 #[test]
 fn launches_with_wrong_arguments_are_refused_before_running() {
     let gpu = gpu();
-    let e = launch(&*gpu, "add_f32", Dims::over(10, 32), &[Arg::Ptr(0), Arg::I32(1)]).unwrap_err();
+    let e = launch(&*gpu, "swiglu_f32", Dims::over(10, 32), &[Arg::Ptr(0), Arg::I32(1)]).unwrap_err();
     assert!(e.to_string().contains("do not match its parameters \"ppi\""), "{e}");
     let e = launch(&*gpu, "no_such_kernel", Dims::over(10, 32), &[]).unwrap_err();
     assert!(e.to_string().contains("no such kernel"), "{e}");
-    let e = launch(&*gpu, "add_f32", Dims::linear(1, 2048), &[Arg::Ptr(0), Arg::Ptr(0), Arg::I32(0)]).unwrap_err();
+    let e = launch(&*gpu, "swiglu_f32", Dims::linear(1, 2048), &[Arg::Ptr(0), Arg::Ptr(0), Arg::I32(0)]).unwrap_err();
     assert!(e.to_string().contains("bad launch dimensions"), "{e}");
 }
 

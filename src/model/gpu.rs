@@ -55,7 +55,6 @@ struct Scratch {
     k: Allocation,    // (batch, kv_dim)
     v: Allocation,    // (batch, kv_dim)
     att: Allocation,  // (batch, q_dim)
-    proj: Allocation, // (batch, n_embd)
     gate: Allocation, // (batch, n_ff)
     up: Allocation,   // (batch, n_ff)
     idx: Allocation,  // (batch) i32: rows wanted from the head
@@ -105,7 +104,7 @@ pub fn weight_bytes(weights: &Weights, layers: Range<usize>, last: bool) -> u64 
 /// Scratch bytes of a GPU stage for batches of up to `batch` tokens (one row of logits on the last stage).
 pub fn scratch_bytes(cfg: &ModelConfig, batch: usize, last: bool) -> u64 {
     let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
-    let mut f32s = batch * (3 * d + 2 * q + 2 * kv + 2 * ff) + batch; // + idx
+    let mut f32s = batch * (2 * d + 2 * q + 2 * kv + 2 * ff) + batch; // + idx
     if last {
         f32s += d + cfg.n_vocab;
     }
@@ -194,7 +193,6 @@ impl GpuStage {
             k: f32s(batch * kv)?,
             v: f32s(batch * kv)?,
             att: f32s(batch * q)?,
-            proj: f32s(batch * d)?,
             gate: f32s(batch * ff)?,
             up: f32s(batch * ff)?,
             idx: f32s(batch)?,
@@ -224,6 +222,15 @@ impl GpuStage {
 
     /// `y (t, m.rows) = x (t, m.cols) . W^T`.
     fn matmul(&self, m: &GpuMatrix, x: u64, y: u64, t: usize) -> Result<(), DeviceError> {
+        self.product(m, x, y, t, false)
+    }
+
+    /// `y += x . W^T` (a projection added to the residual stream).
+    fn matmul_add(&self, m: &GpuMatrix, x: u64, y: u64, t: usize) -> Result<(), DeviceError> {
+        self.product(m, x, y, t, true)
+    }
+
+    fn product(&self, m: &GpuMatrix, x: u64, y: u64, t: usize, accumulate: bool) -> Result<(), DeviceError> {
         let mut args = vec![
             Arg::Ptr(ptr(&m.mem)),
             Arg::Ptr(x),
@@ -233,10 +240,12 @@ impl GpuStage {
             Arg::I64(m.row_bytes as i64),
         ];
         if t == 1 {
+            args.push(Arg::I32(i32::from(accumulate)));
             // Eight rows (warps) per block.
             self.run(m.matvec, Dims::linear(m.rows.div_ceil(8) as u32, 256), &args)
         } else {
             args.push(Arg::I32(t as i32));
+            args.push(Arg::I32(i32::from(accumulate)));
             let dims = Dims { grid: [m.rows.div_ceil(32) as u32, t.div_ceil(32) as u32, 1], block: [256, 1, 1] };
             self.run(m.gemm, dims, &args)
         }
@@ -245,10 +254,6 @@ impl GpuStage {
     fn rms_norm(&self, x: u64, w: &Allocation, out: u64, rows: usize, n: usize, eps: f32) -> Result<(), DeviceError> {
         let args = [Arg::Ptr(x), Arg::Ptr(ptr(w)), Arg::Ptr(out), Arg::I32(n as i32), Arg::F32(eps)];
         self.run("rms_norm_f32", Dims::linear(rows as u32, 256), &args)
-    }
-
-    fn add(&self, x: u64, y: u64, n: usize) -> Result<(), DeviceError> {
-        self.run("add_f32", Dims::over(n, 256), &[Arg::Ptr(x), Arg::Ptr(y), Arg::I32(n as i32)])
     }
 
     fn add_bias(&self, x: u64, b: &Option<Allocation>, n: usize, rows: usize) -> Result<(), DeviceError> {
@@ -262,12 +267,16 @@ impl GpuStage {
         }
     }
 
-    fn rope(&self, cfg: &ModelConfig, x: u64, t: usize, heads: usize, pos0: usize) -> Result<(), DeviceError> {
+    /// RoPE on the queries `q` and keys `k` of `t` tokens, in one launch.
+    fn rope(&self, cfg: &ModelConfig, q: u64, k: u64, t: usize, pos0: usize) -> Result<(), DeviceError> {
         let theta_scale = cfg.rope_base.powf(-2.0 / cfg.rope_dims as f32);
+        let heads = cfg.n_head + cfg.n_head_kv;
         let args = [
-            Arg::Ptr(x),
+            Arg::Ptr(q),
+            Arg::Ptr(k),
             Arg::I32(t as i32),
-            Arg::I32(heads as i32),
+            Arg::I32(cfg.n_head as i32),
+            Arg::I32(cfg.n_head_kv as i32),
             Arg::I32(cfg.head_dim as i32),
             Arg::I32(cfg.rope_dims as i32),
             Arg::I32(pos0 as i32),
@@ -327,21 +336,12 @@ impl GpuStage {
         debug_assert!(t <= self.batch);
         let s = &self.scratch;
         let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
-        let (x, xn, q, k, v, att, proj, gate, up) = (
-            ptr(&s.x),
-            ptr(&s.xn),
-            ptr(&s.q),
-            ptr(&s.k),
-            ptr(&s.v),
-            ptr(&s.att),
-            ptr(&s.proj),
-            ptr(&s.gate),
-            ptr(&s.up),
-        );
+        let (x, xn, q, k, v, att, gate, up) =
+            (ptr(&s.x), ptr(&s.xn), ptr(&s.q), ptr(&s.k), ptr(&s.v), ptr(&s.att), ptr(&s.gate), ptr(&s.up));
         let int8 = kv.ty == KvType::Int8;
         let (store, attend) =
             if int8 { ("kv_store_q8_0", "attention_q8_0") } else { ("kv_store_f16", "attention_f16") };
-        let store_dims = Dims::over(t * if int8 { kv_dim / 32 } else { kv_dim }, 128);
+        let store_dims = Dims::over(2 * t * if int8 { kv_dim / 32 } else { kv_dim }, 128);
         let scale = 1.0 / (cfg.head_dim as f32).sqrt();
         for (l, w) in self.layers.clone().zip(&self.weights) {
             // Attention block.
@@ -352,19 +352,18 @@ impl GpuStage {
             self.add_bias(q, &w.bq, q_dim, t)?;
             self.add_bias(k, &w.bk, kv_dim, t)?;
             self.add_bias(v, &w.bv, kv_dim, t)?;
-            self.rope(cfg, q, t, cfg.n_head, pos0)?;
-            self.rope(cfg, k, t, cfg.n_head_kv, pos0)?;
+            self.rope(cfg, q, k, t, pos0)?;
             let (k_table, v_table) = kv.gpu_tables(l)?;
-            for (rows, table) in [(k, k_table), (v, v_table)] {
-                let args = [
-                    Arg::Ptr(rows),
-                    Arg::Ptr(table),
-                    Arg::I32(t as i32),
-                    Arg::I32(pos0 as i32),
-                    Arg::I32(kv_dim as i32),
-                ];
-                self.run(store, store_dims, &args)?;
-            }
+            let args = [
+                Arg::Ptr(k),
+                Arg::Ptr(v),
+                Arg::Ptr(k_table),
+                Arg::Ptr(v_table),
+                Arg::I32(t as i32),
+                Arg::I32(pos0 as i32),
+                Arg::I32(kv_dim as i32),
+            ];
+            self.run(store, store_dims, &args)?;
             let args = [
                 Arg::Ptr(q),
                 Arg::Ptr(att),
@@ -377,8 +376,7 @@ impl GpuStage {
                 Arg::F32(scale),
             ];
             self.run(attend, Dims::linear((t * cfg.n_head) as u32, 128), &args)?;
-            self.matmul(&w.wo, att, proj, t)?;
-            self.add(x, proj, t * d)?;
+            self.matmul_add(&w.wo, att, x, t)?;
 
             // Feed-forward block (SwiGLU).
             self.rms_norm(x, &w.ffn_norm, xn, t, d, cfg.rms_eps)?;
@@ -389,8 +387,7 @@ impl GpuStage {
                 Dims::over(t * ff, 256),
                 &[Arg::Ptr(gate), Arg::Ptr(up), Arg::I32((t * ff) as i32)],
             )?;
-            self.matmul(&w.w_down, gate, proj, t)?;
-            self.add(x, proj, t * d)?;
+            self.matmul_add(&w.w_down, gate, x, t)?;
         }
         Ok(())
     }
