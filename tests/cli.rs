@@ -594,13 +594,7 @@ fn synth_writes_the_same_runnable_model_for_the_same_seed() {
 #[test]
 fn a_faulted_gpu_context_ends_the_process_with_the_restart_code() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    let synth = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["synth", "--preset", "tiny", "-o"])
-        .arg(&model)
-        .output()
-        .unwrap();
-    assert!(synth.status.success());
+    let model = common::tiny_model_file(dir.path());
     // Eight tokens in, the emulated GPU's context faults (as an illegal address would on a real one).
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args([
@@ -633,13 +627,7 @@ fn a_faulted_gpu_context_ends_the_process_with_the_restart_code() {
 #[test]
 fn bench_on_an_emulated_gpu_reports_bandwidth_the_decode_floor_and_kv_copies() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    let synth = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["synth", "--preset", "tiny", "-o"])
-        .arg(&model)
-        .output()
-        .unwrap();
-    assert!(synth.status.success());
+    let model = common::tiny_model_file(dir.path());
     let o = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args([
             "bench",

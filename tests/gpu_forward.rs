@@ -93,13 +93,7 @@ fn default_model_on_the_gpu_follows_float64_and_gives_the_cpus_tokens() {
     let file = Arc::new(GgufFile::open(&common::model_path()).expect("model opens"));
     let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
     let pool = ThreadPool::new(2);
-    let reference = common::reference_json("greedy.json");
-    let prompts: Vec<Vec<u32>> = reference["results"]
-        .as_array()
-        .expect("results")
-        .iter()
-        .map(|r| r["prompt_tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().unwrap() as u32).collect())
-        .collect();
+    let prompts = common::greedy_prompts();
     let cpu = load(&file, DeviceSet::cpu(), None, None);
     let gpu = load(&file, devices(&[emu(512)], 0), None, None);
     let mut same_tokens = 0;
@@ -126,24 +120,10 @@ fn default_model_on_the_gpu_follows_float64_and_gives_the_cpus_tokens() {
     assert!(same_tokens >= 2, "the same greedy tokens on {same_tokens} of 3 prompts (at least 2 wanted)");
 }
 
-fn spec_for(ty: GgmlType) -> SyntheticSpec {
-    SyntheticSpec {
-        matrix_types: vec![ty],
-        embd_type: ty,
-        output_type: Some(ty),
-        seed: ty.id() as u64 + 7,
-        ..Default::default()
-    }
-}
-
-fn tokens(n: usize, n_vocab: usize, seed: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) % n_vocab as u32).collect()
-}
-
 #[test]
 fn every_weight_type_on_the_gpu_agrees_with_float64() {
     let mut specs: Vec<(String, SyntheticSpec)> =
-        GgmlType::WEIGHT_TYPES.iter().map(|&t| (t.name().to_owned(), spec_for(t))).collect();
+        GgmlType::WEIGHT_TYPES.iter().map(|&t| (t.name().to_owned(), common::spec_for(t))).collect();
     specs.push((
         "qwen2 with biases, neox RoPE, mixed types".into(),
         SyntheticSpec {
@@ -165,7 +145,7 @@ fn every_weight_type_on_the_gpu_agrees_with_float64() {
     for (name, spec) in specs {
         let file = synthetic(spec);
         let gpu = load(&file, devices(&[emu(256)], 0), None, None);
-        let toks = tokens(40, gpu.cfg.n_vocab, 3);
+        let toks = common::tokens(40, gpu.cfg.n_vocab, 3);
         let exact = common::reference_logits(&gpu, &toks);
         // A prompt batch, then single tokens: both product kernels (gemm and matvec).
         let mut ours = all_logits(&gpu, KvType::F16, &toks[..30], 30);
@@ -180,9 +160,9 @@ fn every_weight_type_on_the_gpu_agrees_with_float64() {
         assert!(err < 2e-3, "{name}: relative logit error {err}");
     }
     // int8 KV: the cache's 8-bit rounding is the error.
-    let file = synthetic(spec_for(GgmlType::Q4_1));
+    let file = synthetic(common::spec_for(GgmlType::Q4_1));
     let gpu = load(&file, devices(&[emu(256)], 0), None, None);
-    let toks = tokens(40, gpu.cfg.n_vocab, 4);
+    let toks = common::tokens(40, gpu.cfg.n_vocab, 4);
     let err = rel_error(&all_logits(&gpu, KvType::Int8, &toks, 16), &common::reference_logits(&gpu, &toks));
     println!("int8 KV: relative logit error against float64 {err:.2e}");
     assert!(err < 2e-2, "int8 KV: relative logit error {err}");
@@ -195,7 +175,7 @@ fn four_layers() -> Arc<GgufFile> {
 #[test]
 fn splits_and_host_pages_change_no_bit_on_the_gpu() {
     let file = four_layers();
-    let toks = tokens(300, 200, 9);
+    let toks = common::tokens(300, 200, 9);
     let one = load(&file, devices(&[emu(256)], 0), None, None);
     let toks: Vec<u32> = toks.iter().map(|&t| t % one.cfg.n_vocab as u32).collect();
     let base = all_logits(&one, KvType::F16, &toks, 128);
@@ -237,7 +217,7 @@ fn the_ledger_holds_what_the_plan_says_and_everything_comes_back() {
     )
     .expect("plan");
     let mut seq = Sequence::new(&model, KvType::F16, 1024).expect("sequence");
-    let toks: Vec<u32> = tokens(300, model.cfg.n_vocab, 2);
+    let toks: Vec<u32> = common::tokens(300, model.cfg.n_vocab, 2);
     let pool = ThreadPool::new(2);
     model.forward(&pool, &mut seq.kv, &toks, &[299]).expect("forward");
     for (d, s) in gpus.iter().zip(&stages) {
@@ -272,7 +252,7 @@ fn the_ledger_holds_what_the_plan_says_and_everything_comes_back() {
 #[test]
 fn pressure_on_a_gpu_moves_kv_to_pinned_host_memory_and_changes_no_bit() {
     let file = four_layers();
-    let toks: Vec<u32> = tokens(400, 250, 5);
+    let toks: Vec<u32> = common::tokens(400, 250, 5);
     // Logits of the last position of each 100-token chunk (standing scratch only: one row of logits).
     let last_logits = |model: &Model| -> (Vec<Vec<f32>>, u64) {
         let pool = ThreadPool::new(2);
@@ -306,13 +286,13 @@ fn a_conversation_parks_and_restores_through_the_gpu() {
     let model = load(&file, devices(&[emu(64), emu(64)], 0), Some(vec![2]), None);
     let cfg = SessionConfig { kv_type: KvType::F16, max_context: 2048, cache_slots: 4, cache_budget_bytes: 256 * MIB };
     let mut session = Session::new(&model, &tok, &pool, &cfg).expect("session");
-    let a: Vec<u32> = tokens(150, model.cfg.n_vocab, 1);
-    let b: Vec<u32> = tokens(90, model.cfg.n_vocab, 2);
+    let a: Vec<u32> = common::tokens(150, model.cfg.n_vocab, 1);
+    let b: Vec<u32> = common::tokens(90, model.cfg.n_vocab, 2);
     let reply_a = session.serve(&a, &greedy(6), |_| {}).expect("a").generation.tokens;
     session.serve(&b, &greedy(6), |_| {}).expect("b");
     let mut a2 = a.clone();
     a2.extend_from_slice(&reply_a);
-    a2.extend(tokens(10, model.cfg.n_vocab, 3));
+    a2.extend(common::tokens(10, model.cfg.n_vocab, 3));
     let served = session.serve(&a2, &greedy(6), |_| {}).expect("back to a");
     assert_eq!(served.restored.map(|r| r.0), Some(RestoreKind::Live), "{:?}", served.restored);
     // The same tokens as reading the whole conversation afresh on the same GPUs.
@@ -327,7 +307,7 @@ fn a_restored_gpu_cache_holds_the_parked_bytes_and_continues_identically() {
     let pool = ThreadPool::new(2);
     for (kv_type, resident) in [(KvType::F16, None), (KvType::Int8, Some(100))] {
         let model = load(&file, devices(&[emu(64), emu(64)], 0), Some(vec![2]), resident);
-        let toks: Vec<u32> = tokens(301, model.cfg.n_vocab, 8);
+        let toks: Vec<u32> = common::tokens(301, model.cfg.n_vocab, 8);
         let mut seq = Sequence::new(&model, kv_type, 1024).expect("sequence");
         model.forward(&pool, &mut seq.kv, &toks[..300], &[]).expect("forward");
         let parked = seq.kv.snapshot().expect("park");
@@ -361,13 +341,13 @@ fn a_squeezed_gpu_falls_back_to_rereading_and_restores_once_there_is_room() {
     let model = load(&file, set, Some(vec![2]), None);
     let cfg = SessionConfig { kv_type: KvType::F16, max_context: 2048, cache_slots: 4, cache_budget_bytes: 256 * MIB };
     let mut session = Session::new(&model, &tok, &pool, &cfg).expect("session");
-    let a: Vec<u32> = tokens(200, model.cfg.n_vocab, 1);
-    let b: Vec<u32> = tokens(30, model.cfg.n_vocab, 2);
+    let a: Vec<u32> = common::tokens(200, model.cfg.n_vocab, 1);
+    let b: Vec<u32> = common::tokens(30, model.cfg.n_vocab, 2);
     let reply = session.serve(&a, &greedy(4), |_| {}).expect("a").generation.tokens;
     session.serve(&b, &greedy(4), |_| {}).expect("b");
     let mut a2 = a.clone();
     a2.extend_from_slice(&reply);
-    a2.extend(tokens(5, model.cfg.n_vocab, 3));
+    a2.extend(common::tokens(5, model.cfg.n_vocab, 3));
 
     // Another process leaves GPU 1 less than its reserve (counting the pages the live b holds there as
     // free, since a restore releases them first): restoring a would break it, so a is reread.
@@ -387,7 +367,7 @@ fn a_squeezed_gpu_falls_back_to_rereading_and_restores_once_there_is_room() {
     session.serve(&b, &greedy(4), |_| {}).expect("b again");
     let mut a3 = a2.clone();
     a3.extend_from_slice(&served.generation.tokens);
-    a3.extend(tokens(5, model.cfg.n_vocab, 4));
+    a3.extend(common::tokens(5, model.cfg.n_vocab, 4));
     let again = session.serve(&a3, &greedy(4), |_| {}).expect("a, room again");
     assert_eq!(again.restored.map(|r| r.0), Some(RestoreKind::Live), "{:?}", again.restored);
 }

@@ -17,10 +17,6 @@ fn build(spec: &SyntheticSpec) -> Model {
     Model::from_file(Arc::new(file)).expect("synthetic model loads")
 }
 
-fn tokens(n: usize, n_vocab: usize, seed: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) % n_vocab as u32).collect()
-}
-
 /// Largest |ours - reference| relative to the largest |reference| logit.
 fn rel_error(ours: &[f32], reference: &[Vec<f64>]) -> f64 {
     let n = reference[0].len();
@@ -35,22 +31,12 @@ fn rel_error(ours: &[f32], reference: &[Vec<f64>]) -> f64 {
     max_err / max_ref
 }
 
-fn spec_for(ty: GgmlType) -> SyntheticSpec {
-    SyntheticSpec {
-        matrix_types: vec![ty],
-        embd_type: ty,
-        output_type: Some(ty),
-        seed: ty.id() as u64 + 7,
-        ..Default::default()
-    }
-}
-
 #[test]
 fn every_weight_type_agrees_with_the_float64_reference() {
     let pool = ThreadPool::new(2);
     for ty in GgmlType::WEIGHT_TYPES {
-        let model = build(&spec_for(ty));
-        let toks = tokens(12, model.cfg.n_vocab, 3);
+        let model = build(&common::spec_for(ty));
+        let toks = common::tokens(12, model.cfg.n_vocab, 3);
         let ours = common::logits_in_batches(&model, &pool, KvType::F16, &toks, 12);
         assert!(ours.iter().all(|v| v.is_finite()), "{ty}: non-finite logits");
         let err = rel_error(&ours, &common::reference_logits(&model, &toks));
@@ -87,7 +73,7 @@ fn mixed_types_qwen2_biases_and_neox_rope_agree_with_the_reference() {
     let model = build(&spec);
     assert_eq!(model.cfg.rope_kind, strata::model::RopeKind::Neox);
     assert!(model.weights.layers[0].bq.is_some());
-    let toks = tokens(10, model.cfg.n_vocab, 5);
+    let toks = common::tokens(10, model.cfg.n_vocab, 5);
     let ours = common::logits_in_batches(&model, &pool, KvType::F16, &toks, 10);
     let err = rel_error(&ours, &common::reference_logits(&model, &toks));
     assert!(err < 6e-2, "relative logit error {err}");
@@ -97,8 +83,8 @@ fn mixed_types_qwen2_biases_and_neox_rope_agree_with_the_reference() {
 fn logits_are_bit_identical_across_batch_sizes_for_every_type_and_kv() {
     let pool = ThreadPool::new(2);
     for ty in GgmlType::WEIGHT_TYPES {
-        let model = build(&spec_for(ty));
-        let toks = tokens(70, model.cfg.n_vocab, 11);
+        let model = build(&common::spec_for(ty));
+        let toks = common::tokens(70, model.cfg.n_vocab, 11);
         for kv in [KvType::F16, KvType::Int8] {
             let whole = common::bits(&common::logits_in_batches(&model, &pool, kv, &toks, 70));
             for batch in [1, 7, 64] {
@@ -112,7 +98,7 @@ fn logits_are_bit_identical_across_batch_sizes_for_every_type_and_kv() {
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
     let model = build(&SyntheticSpec::default());
-    let toks = tokens(40, model.cfg.n_vocab, 2);
+    let toks = common::tokens(40, model.cfg.n_vocab, 2);
     let one = common::bits(&common::logits_in_batches(&model, &ThreadPool::new(1), KvType::F16, &toks, 16));
     let three = common::bits(&common::logits_in_batches(&model, &ThreadPool::new(3), KvType::F16, &toks, 16));
     assert!(one == three);
@@ -122,7 +108,7 @@ fn results_do_not_depend_on_the_thread_count() {
 fn int8_kv_stays_close_to_f16_kv() {
     let pool = ThreadPool::new(2);
     let model = build(&SyntheticSpec::default());
-    let toks = tokens(50, model.cfg.n_vocab, 4);
+    let toks = common::tokens(50, model.cfg.n_vocab, 4);
     let a = common::logits_in_batches(&model, &pool, KvType::F16, &toks, 50);
     let b = common::logits_in_batches(&model, &pool, KvType::Int8, &toks, 50);
     let max_abs = a.iter().map(|v| v.abs()).fold(0f32, f32::max);

@@ -284,13 +284,7 @@ fn a_bad_script_line_is_one_error_naming_the_line() {
 #[test]
 fn the_scenario_on_two_emulated_gpus_falls_back_then_restores() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let model = dir.path().join("tiny.gguf");
-    let synth = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["synth", "--preset", "tiny", "-o"])
-        .arg(&model)
-        .output()
-        .unwrap();
-    assert!(synth.status.success(), "{}", String::from_utf8_lossy(&synth.stderr));
+    let model = common::tiny_model_file(dir.path());
     let long = "the quick brown fox jumps over the lazy dog. ".repeat(20);
     let lines = [
         serde_json::json!({"op": "chat", "conversation": "a", "user": long, "max_tokens": 4}),

@@ -68,13 +68,7 @@ fn the_same_greedy_tokens_on_cpu_and_on_two_and_three_way_splits() {
     let file = file();
     let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
     let pool = ThreadPool::new(2);
-    let reference = common::reference_json("greedy.json");
-    let prompts: Vec<Vec<u32>> = reference["results"]
-        .as_array()
-        .expect("results")
-        .iter()
-        .map(|r| r["prompt_tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().unwrap() as u32).collect())
-        .collect();
+    let prompts = common::greedy_prompts();
     for kv in [KvType::F16, KvType::Int8] {
         let cpu = load(&file, DeviceSet::cpu(), None, kv);
         let two = load(&file, sims(&[200, 400], 0), Some(vec![15]), kv);

@@ -379,84 +379,54 @@ impl Device {
             let e = DeviceError::AllocFailed { device: self.name(), purpose, need_bytes: bytes };
             return refuse(&mut st, e);
         }
-        match self.kind {
+        // What could fit at all (else out of memory): the host's total (its own allocator is the arbiter),
+        // a simulated card's capacity minus everything held, a capped card's cap minus what Strata and the
+        // pressure hold; an uncapped card's driver decides below.
+        let used = st.usage.total_bytes;
+        let (room, capacity_bytes) = match self.kind {
             DeviceKind::Cpu => {
-                // The host's own allocator is the arbiter; refuse only what could never fit.
                 let total = host::total_bytes();
-                if st.usage.total_bytes.saturating_add(bytes) > total {
-                    let free = total.saturating_sub(st.usage.total_bytes);
-                    let e = DeviceError::OutOfMemory {
-                        device: self.name(),
-                        purpose,
-                        need_bytes: bytes,
-                        free_bytes: free,
-                        capacity_bytes: total,
-                    };
-                    return refuse(&mut st, e);
-                }
+                (total.saturating_sub(used), total)
             }
             DeviceKind::Sim { capacity_bytes } | DeviceKind::Emu { capacity_bytes } => {
-                let physical_free = st.sim.true_free(capacity_bytes, st.usage.total_bytes);
-                if bytes > physical_free {
-                    let e = DeviceError::OutOfMemory {
-                        device: self.name(),
-                        purpose,
-                        need_bytes: bytes,
-                        free_bytes: physical_free,
-                        capacity_bytes,
-                    };
-                    return refuse(&mut st, e);
-                }
-                let free = match self.sample_locked(&mut st) {
-                    Ok(f) => f,
-                    // The last good sample, moved by what Strata allocated (or freed) since.
-                    Err(_) => match st.last_sample {
-                        Some((f, at_total)) => (f + at_total)
-                            .saturating_sub(st.usage.total_bytes)
-                            .min(capacity_bytes.saturating_sub(st.usage.total_bytes)),
-                        None => capacity_bytes.saturating_sub(st.usage.total_bytes),
-                    },
-                };
-                if free < bytes.saturating_add(self.reserve_bytes) {
-                    let e = DeviceError::BelowReserve {
-                        device: self.name(),
-                        purpose,
-                        need_bytes: bytes,
-                        free_bytes: free,
-                        reserve_bytes: self.reserve_bytes,
-                    };
-                    return refuse(&mut st, e);
-                }
+                (st.sim.true_free(capacity_bytes, used), capacity_bytes)
             }
-            DeviceKind::Cuda { cap_bytes, .. } => {
-                let held = st.usage.total_bytes + st.hold.as_ref().map_or(0, Buffer::bytes);
-                if let Some(cap) = cap_bytes.filter(|&c| held.saturating_add(bytes) > c) {
-                    let e = DeviceError::OutOfMemory {
-                        device: self.name(),
-                        purpose,
-                        need_bytes: bytes,
-                        free_bytes: cap.saturating_sub(held),
-                        capacity_bytes: cap,
-                    };
-                    return refuse(&mut st, e);
-                }
-                let free = match self.sample_locked(&mut st) {
-                    Ok(f) => f,
-                    Err(_) => match st.last_sample {
-                        Some((f, at_total)) => (f + at_total).saturating_sub(st.usage.total_bytes),
-                        None => 0,
-                    },
+            DeviceKind::Cuda { cap_bytes: Some(cap), .. } => {
+                (cap.saturating_sub(used + st.hold.as_ref().map_or(0, Buffer::bytes)), cap)
+            }
+            DeviceKind::Cuda { cap_bytes: None, .. } => (u64::MAX, u64::MAX),
+        };
+        if bytes > room {
+            let e = DeviceError::OutOfMemory {
+                device: self.name(),
+                purpose,
+                need_bytes: bytes,
+                free_bytes: room,
+                capacity_bytes,
+            };
+            return refuse(&mut st, e);
+        }
+        // GPUs keep the reserve free, against a fresh sample, or when sampling fails the last good sample
+        // moved by what Strata allocated (or freed) since.
+        if !self.is_host() {
+            let free = match self.sample_locked(&mut st) {
+                Ok(f) => f,
+                // (Never sampled: a simulated or capped card is taken as empty, an uncapped one as full.)
+                Err(_) => st
+                    .last_sample
+                    .map_or(if capacity_bytes == u64::MAX { 0 } else { capacity_bytes }, |(f, at_total)| f + at_total)
+                    .saturating_sub(used)
+                    .min(capacity_bytes.saturating_sub(used)),
+            };
+            if free < bytes.saturating_add(self.reserve_bytes) {
+                let e = DeviceError::BelowReserve {
+                    device: self.name(),
+                    purpose,
+                    need_bytes: bytes,
+                    free_bytes: free,
+                    reserve_bytes: self.reserve_bytes,
                 };
-                if free < bytes.saturating_add(self.reserve_bytes) {
-                    let e = DeviceError::BelowReserve {
-                        device: self.name(),
-                        purpose,
-                        need_bytes: bytes,
-                        free_bytes: free,
-                        reserve_bytes: self.reserve_bytes,
-                    };
-                    return refuse(&mut st, e);
-                }
+                return refuse(&mut st, e);
             }
         }
         // The memory itself, on a GPU; the driver may still say no (another process took it meanwhile).

@@ -147,8 +147,8 @@ fn adjacent_runs(pages: &[KvPage], v: bool, half_bytes: u64) -> Vec<(usize, usiz
 struct PageTable {
     alloc: Allocation,
     capacity: usize,
-    /// The addresses as last uploaded.
-    uploaded: Vec<u64>,
+    /// The (K, V) addresses of the pages as last uploaded.
+    uploaded: Vec<(u64, u64)>,
 }
 
 /// One layer's pages, oldest first; page `i` holds positions `i * KV_PAGE_TOKENS ..`.
@@ -574,16 +574,15 @@ impl KvCache {
             l.table = Some(PageTable { alloc, capacity, uploaded: Vec::new() });
         }
         let t = l.table.as_mut().expect("just made");
-        let mut addrs = vec![0u64; 2 * t.capacity];
-        for (i, p) in l.pages.iter().enumerate() {
-            let (k, v) = p.gpu_addrs().expect("pages of a GPU layer have memory");
-            addrs[i] = k;
-            addrs[t.capacity + i] = v;
-        }
         let mem = t.alloc.mem().expect("a GPU allocation has memory");
-        if addrs != t.uploaded {
-            mem.write_at(0, bytemuck::cast_slice(&addrs)).map_err(|e| gpu_error(&device, e))?;
-            t.uploaded = addrs;
+        let current = l.pages.iter().map(|p| p.gpu_addrs().expect("pages of a GPU layer have memory"));
+        if !current.clone().eq(t.uploaded.iter().copied()) {
+            let now: Vec<(u64, u64)> = current.collect();
+            let (ks, vs): (Vec<u64>, Vec<u64>) = now.iter().copied().unzip();
+            for (at, list) in [(0, &ks), ((t.capacity * 8) as u64, &vs)] {
+                mem.write_at(at, bytemuck::cast_slice(list)).map_err(|e| gpu_error(&device, e))?;
+            }
+            t.uploaded = now;
         }
         Ok((mem.ptr(), mem.ptr() + (t.capacity * 8) as u64))
     }

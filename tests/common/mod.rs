@@ -152,3 +152,42 @@ pub fn reference_logits(model: &strata::model::Model, toks: &[u32]) -> Vec<Vec<f
     let on = vecf("output_norm.weight");
     xs.iter().map(|x| matvec(&head, &rms(x, &on))).collect()
 }
+
+/// The prompt tokens of llama.cpp's greedy.json reference runs.
+pub fn greedy_prompts() -> Vec<Vec<u32>> {
+    let reference = reference_json("greedy.json");
+    reference["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["prompt_tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().unwrap() as u32).collect())
+        .collect()
+}
+
+/// `n` scattered token ids below `n_vocab` (deterministic for a seed).
+pub fn tokens(n: usize, n_vocab: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) % n_vocab as u32).collect()
+}
+
+/// A synthetic model whose matrices, embedding and (untied) head all have type `ty`.
+pub fn spec_for(ty: strata::quant::GgmlType) -> strata::model::synthetic::SyntheticSpec {
+    strata::model::synthetic::SyntheticSpec {
+        matrix_types: vec![ty],
+        embd_type: ty,
+        output_type: Some(ty),
+        seed: ty.id() as u64 + 7,
+        ..Default::default()
+    }
+}
+
+/// Writes the tiny synthetic model with the binary (`strata synth --preset tiny`) into `dir`.
+pub fn tiny_model_file(dir: &std::path::Path) -> PathBuf {
+    let model = dir.join("tiny.gguf");
+    let synth = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["synth", "--preset", "tiny", "-o"])
+        .arg(&model)
+        .output()
+        .expect("the strata binary runs");
+    assert!(synth.status.success(), "{}", String::from_utf8_lossy(&synth.stderr));
+    model
+}
