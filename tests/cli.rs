@@ -302,7 +302,8 @@ fn weights_that_produce_nan_are_an_error_not_a_panic() {
 fn a_model_with_an_empty_vocabulary_is_refused() {
     let mut w = GgufWriter::new();
     w.set("general.architecture", GgufValue::str("llama"));
-    for (k, v) in [("block_count", 1), ("embedding_length", 4), ("feed_forward_length", 4), ("attention.head_count", 8)]
+    for (k, v) in
+        [("block_count", 1), ("embedding_length", 16), ("feed_forward_length", 4), ("attention.head_count", 8)]
     {
         w.set(&format!("llama.{k}"), GgufValue::U32(v));
     }

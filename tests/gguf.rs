@@ -276,7 +276,7 @@ fn every_truncation_is_an_error() {
     let key_at = HEADER_BYTES + 45 + 8;
     let e = parse_err(full[..key_at as usize + 2].to_vec());
     assert!(matches!(e.kind, GgufErrorKind::Truncated { what: "metadata key", needed: 6, available: 2 }), "{e}");
-    check_message(&e, key_at, &["truncated", "metadata key", "needed 6 bytes"]);
+    check_message(&e, key_at, &["truncated", "metadata key needs 6 bytes", "ends 2 bytes later"]);
 }
 
 #[test]
@@ -286,8 +286,10 @@ fn tensor_data_out_of_bounds() {
     let e = parse_err(raw.0);
     let data_offset = 64; // header (24) + tensor info (8 + 1 + 4 + 8 + 4 + 8 = 33), aligned to 32
     match &e.kind {
-        GgufErrorKind::DataOutOfBounds { name, start, end, file_bytes } => {
+        GgufErrorKind::DataOutOfBounds { name, start, end, file_bytes, expected_bytes } => {
             assert_eq!((name.as_str(), *start, *end, *file_bytes), ("t", data_offset + 64, data_offset + 96, n_file));
+            // The size a complete file would have: the end of its last tensor's data.
+            assert_eq!(*expected_bytes, data_offset + 96);
         }
         _ => panic!("{e}"),
     }
@@ -358,9 +360,14 @@ fn counts_and_lengths_of_u64_max() {
     assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "metadata count", value: u64::MAX }), "{e}");
     check_message(&e, 16, &["metadata count is too large"]);
 
-    // A count that is merely more than the file can hold is refused the same way, before allocating.
+    // A count that is merely more than the file can hold is the file ending early, refused before
+    // allocating, at the offset where the file's bytes run out.
     let e = parse_err(Raw::header(3, 0, 1_000_000).kv_u32("k", 1).0);
-    assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "metadata count", .. }), "{e}");
+    assert!(
+        matches!(e.kind, GgufErrorKind::Truncated { what: "the metadata", needed: 13_000_000, available: 17 }),
+        "{e}"
+    );
+    check_message(&e, HEADER_BYTES, &["the file ends early", "the metadata needs 13000000 bytes"]);
 
     let array_at = HEADER_BYTES + 9 + 4 + 4; // key "k", value type, element type
     let e = parse_err(Raw::header(3, 0, 1).str("k").u32(9).u32(GgufValueType::U8 as u32).u64(u64::MAX).0);
@@ -582,9 +589,9 @@ fn huge_array_lengths_fail_fast_and_small() {
         let e = e.expect_err("a 2^40-element array in a 100-byte file");
         assert!(matches!(e.kind, GgufErrorKind::TooLarge { what: "array length", value } if value == 1 << 40), "{e}");
         assert!(peak < 4096, "{elem:?}: {peak} bytes");
-        // One element more than the rest of the file holds.
+        // One element more than the rest of the file holds: the file ends early.
         let (e, _) = parse_measured(array_image(elem, 64 / width + 1, &[0; 64]));
-        assert!(matches!(e.map(|_| ()).unwrap_err().kind, GgufErrorKind::TooLarge { .. }));
+        assert!(matches!(e.map(|_| ()).unwrap_err().kind, GgufErrorKind::Truncated { what: "a metadata array", .. }));
     }
     // 2^17 strings of which the first claims to be 2^64-1 bytes long.
     let garbage = vec![0xff; 1 << 20];

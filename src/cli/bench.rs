@@ -1,13 +1,16 @@
 //! `strata bench`: prompt processing and generation speed, measured like llama-bench (pp: a batch of `-p`
 //! tokens from an empty cache; tg: `-n` tokens decoded one at a time from an empty cache; one warm-up run
-//! each, then `-r` timed repetitions, mean and standard deviation).
+//! each, then `-r` timed repetitions, mean and standard deviation). Each test must fit the context (`-c`, else
+//! the model's) and its KV the host's available memory: a test that cannot is refused before anything runs.
 
 use std::time::Instant;
 
+use anyhow::bail;
 use clap::Args;
 use rand::{Rng, SeedableRng};
 
-use strata::model::Model;
+use strata::device::mib;
+use strata::model::{KvType, Model};
 use strata::threadpool::ThreadPool;
 
 use super::{load, stages_summary, EngineArgs, ModelArgs};
@@ -17,10 +20,10 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Prompt tokens of the pp test (0 = skip)
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512, value_parser = parse_count)]
     pub n_prompt: usize,
     /// Generated tokens of the tg test (0 = skip)
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128, value_parser = parse_count)]
     pub n_gen: usize,
     /// Timed repetitions of each test
     #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
@@ -32,18 +35,35 @@ pub struct BenchArgs {
     /// and parking / restoring the KV of a conversation of --kv-tokens tokens
     #[arg(long = "bandwidth")]
     pub bandwidth: bool,
-    /// Tokens of the conversation whose KV --bandwidth parks and restores
+    /// Tokens of the conversation whose KV --bandwidth parks and restores (at most the context)
     #[arg(long = "kv-tokens", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_tokens: u32,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
 
+/// A token count: a whole number from 0 (said so for a negative one).
+fn parse_count(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<i128>() {
+        Ok(n) if n < 0 => Err(format!("{n} is negative: a token count is 0 or more")),
+        Ok(n) => usize::try_from(n).map_err(|_| format!("{n} is too large")),
+        Err(_) => Err(format!("{s:?} is not a whole number")),
+    }
+}
+
 pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     let loaded = load(&a.model, &a.engine)?;
     let model = &loaded.model;
     let pool = a.engine.pool();
+    let context = a.engine.context(model);
+    let kv_tokens = a.kv_tokens as usize;
+    for (flag, n) in [("-p", a.n_prompt), ("-n", a.n_gen), ("--kv-tokens", if a.bandwidth { kv_tokens } else { 0 })] {
+        if n > context {
+            bail!("bench {flag} {n}: the test needs {n} positions but the context holds {context} (-c)");
+        }
+    }
     let ctx = (a.n_prompt.max(a.n_gen)).max(1);
+    check_kv_fits(model, a.engine.kv, ctx.max(if a.bandwidth { kv_tokens } else { 0 }))?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     let prompt: Vec<u32> = (0..a.n_prompt).map(|_| rng.gen_range(0..model.cfg.n_vocab as u32)).collect();
 
@@ -66,8 +86,7 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
             .filter(|d| d.gpu().is_some())
             .map(|d| super::bandwidth::measure_gpu(d, 256 << 20))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let kv =
-            super::bandwidth::measure_kv(model, &pool, a.engine.kv, a.engine.batch as usize, a.kv_tokens as usize)?;
+        let kv = super::bandwidth::measure_kv(model, &pool, a.engine.kv, a.engine.batch as usize, kv_tokens)?;
         (gpus, Some(kv))
     } else {
         (Vec::new(), None)
@@ -89,6 +108,7 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
             "kv": format!("{:?}", a.engine.kv).to_lowercase(),
             "devices": a.engine.placement.devices,
             "stages": split,
+            "context": context,
             "n_prompt": a.n_prompt,
             "n_gen": a.n_gen,
             "repetitions": a.reps,
@@ -131,6 +151,27 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
                 k.restore_gbps
             );
         }
+    }
+    Ok(())
+}
+
+/// Refuses a test whose KV cache (reserved up front, as llama-bench does) the host could not hold when the
+/// model runs on host memory (the CPU and simulated GPUs); real GPUs move what does not fit to the host page
+/// by page, and the ledger refuses what the host cannot take.
+fn check_kv_fits(model: &Model, kv: KvType, tokens: usize) -> anyhow::Result<()> {
+    let devices = &model.placement.devices;
+    if devices.devices.iter().any(|d| d.gpu().is_some()) {
+        return Ok(());
+    }
+    let need = (model.kv_bytes_per_token(kv) as u64).saturating_mul(tokens as u64);
+    let available = devices.host.sample_free()?;
+    if need > available {
+        bail!(
+            "bench: the KV cache of {tokens} positions needs {} but the host has {} available: use fewer tokens \
+             (-p, -n, --kv-tokens, -c) or --kv int8",
+            mib(need),
+            mib(available)
+        );
     }
     Ok(())
 }

@@ -3,14 +3,15 @@
 //! The live sequence stays between turns, so each turn reads only what the template added since the last
 //! one (the engine reuses the common prefix).
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::Args;
 
 use strata::engine::{generate, GenerateParams, Sequence};
 use strata::tokenizer::{ChatMessage, ChatTemplate};
 
+use super::input::{read_line_capped, CHAT_LINE_CAP_BYTES};
 use super::{load, EngineArgs, ModelArgs, SamplingArgs};
 
 #[derive(Args, Debug)]
@@ -24,8 +25,8 @@ pub struct ChatArgs {
     #[arg(long = "system")]
     pub system: Option<String>,
     /// Most tokens per reply
-    #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
-    pub n_predict: usize,
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub n_predict: u32,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -34,6 +35,9 @@ pub struct ChatArgs {
 
 pub fn main(a: ChatArgs) -> anyhow::Result<()> {
     let sampler = a.sampling.config()?;
+    if a.message.as_deref().is_some_and(|m| m.trim().is_empty()) {
+        bail!("--message is empty: give the text to send");
+    }
     let loaded = load(&a.model, &a.engine)?;
     let template = ChatTemplate::from_gguf(&loaded.model.file).context("cannot read the chat template")?;
     let pool = a.engine.pool();
@@ -43,7 +47,7 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
         history.push(ChatMessage { role: "system".into(), content: s.clone() });
     }
     let params = GenerateParams {
-        max_tokens: a.n_predict,
+        max_tokens: a.n_predict as usize,
         sampler,
         ignore_eos: false,
         stop: a.sampling.stop.clone(),
@@ -56,7 +60,7 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
     }
     let mut one = a.message.clone();
     let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
+    let mut input = stdin.lock();
     loop {
         let user = match one.take() {
             Some(m) => m,
@@ -66,8 +70,8 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
                     eprint!("> ");
                     let _ = std::io::stderr().flush();
                 }
-                match lines.next() {
-                    Some(line) => line.context("cannot read from standard input")?,
+                match read_line_capped(&mut input, CHAT_LINE_CAP_BYTES, "standard input")? {
+                    Some(line) => line,
                     None => break,
                 }
             }
@@ -81,7 +85,13 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
             continue;
         }
         history.push(ChatMessage { role: "user".into(), content: user });
-        let rendered = template.render(&history, true)?;
+        let rendered = match template.render(&history, true) {
+            Ok(r) => r,
+            Err(e) => {
+                history.pop();
+                return Err(e.into());
+            }
+        };
         let prompt = super::tokenize_prompt_templated(&loaded.tokenizer, &rendered);
         let stdout = std::io::stdout();
         let g = generate(&loaded.model, &loaded.tokenizer, &pool, &mut seq, &prompt, &params, |t| {

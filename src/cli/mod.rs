@@ -7,6 +7,7 @@ pub mod bench;
 pub mod chat;
 pub mod devices;
 pub mod info;
+pub mod input;
 pub mod perplexity;
 pub mod plan;
 pub mod replay;
@@ -144,8 +145,7 @@ impl PlacementArgs {
     pub fn faults(&self, devices: &DeviceSet) -> anyhow::Result<Vec<FaultSpec>> {
         let mut specs = self.sim_fault.clone();
         if let Some(path) = &self.sim_faults {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read --sim-faults {}", path.display()))?;
+            let text = input::read_text_capped(path, input::SIM_FAULTS_CAP_BYTES, "--sim-faults")?;
             let from_file = FaultSpec::parse_file_text(&text)
                 .with_context(|| format!("bad fault in --sim-faults {}", path.display()))?;
             specs.extend(from_file);
@@ -195,6 +195,9 @@ pub fn resolve_model(args: &ModelArgs) -> anyhow::Result<PathBuf> {
         return Ok(p.clone());
     }
     if let Some(p) = std::env::var_os("STRATA_MODEL") {
+        if p.is_empty() {
+            bail!("STRATA_MODEL is set but empty: set it to a GGUF file, unset it for the default model, or pass -m MODEL");
+        }
         return Ok(PathBuf::from(p));
     }
     let mut candidates = vec![PathBuf::from("models").join(DEFAULT_MODEL_FILE)];
@@ -357,8 +360,8 @@ pub struct SamplingArgs {
     #[arg(long = "temp", default_value_t = 0.8)]
     pub temp: f32,
     /// Keep the K most likely tokens (0 = off)
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
+    #[arg(long = "top-k", default_value_t = 40, value_parser = clap::value_parser!(u32).range(0..))]
+    pub top_k: u32,
     /// Keep the smallest set of tokens whose probability sums to P (1 = off)
     #[arg(long = "top-p", default_value_t = 0.95)]
     pub top_p: f32,
@@ -369,8 +372,8 @@ pub struct SamplingArgs {
     #[arg(long = "repeat-penalty", default_value_t = 1.0)]
     pub repeat_penalty: f32,
     /// Window of recent tokens the penalties look at
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
+    #[arg(long = "repeat-last-n", default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..))]
+    pub repeat_last_n: u32,
     /// Subtract this from the logits of tokens present in the window (0 = off)
     #[arg(long = "presence-penalty", default_value_t = 0.0)]
     pub presence_penalty: f32,
@@ -378,7 +381,7 @@ pub struct SamplingArgs {
     #[arg(long = "frequency-penalty", default_value_t = 0.0)]
     pub frequency_penalty: f32,
     /// Random seed of the sampler
-    #[arg(long = "seed", default_value_t = 0)]
+    #[arg(long = "seed", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..))]
     pub seed: u64,
     /// Stop when this text appears (repeatable)
     #[arg(long = "stop", value_name = "TEXT")]
@@ -404,11 +407,11 @@ impl SamplingArgs {
         }
         Ok(strata::sample::SamplerConfig {
             temperature: self.temp,
-            top_k: self.top_k,
+            top_k: self.top_k as usize,
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n,
+            repeat_last_n: self.repeat_last_n as usize,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             seed: self.seed,

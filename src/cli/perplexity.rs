@@ -6,7 +6,7 @@
 
 use std::io::Write;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
 
 use strata::model::KvType;
@@ -17,15 +17,15 @@ use super::{load_placed, ModelArgs, PlacementArgs};
 pub struct PerplexityArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The text file to score
+    /// The text file to score (UTF-8, at most 256 MiB)
     #[arg(short = 'f', long = "file")]
     pub file: std::path::PathBuf,
     /// Tokens per chunk
     #[arg(short = 'c', long = "ctx-size", default_value_t = 512, value_parser = clap::value_parser!(u32).range(4..=1_048_576))]
     pub ctx: u32,
     /// Score at most this many chunks (default: all)
-    #[arg(long = "chunks")]
-    pub chunks: Option<usize>,
+    #[arg(long = "chunks", value_parser = clap::value_parser!(u64).range(1..))]
+    pub chunks: Option<u64>,
     /// Worker threads [default: the number of CPUs]
     #[arg(short = 't', long = "threads", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
@@ -40,7 +40,7 @@ pub struct PerplexityArgs {
 }
 
 pub fn main(a: PerplexityArgs) -> anyhow::Result<()> {
-    let text = std::fs::read(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
+    let text = super::input::read_capped(&a.file, super::input::PERPLEXITY_TEXT_CAP_BYTES, "text file")?;
     let text = String::from_utf8_lossy(&text);
     let opts = a.placement.load_options(a.kv, a.batch as usize, Some(a.ctx as usize))?;
     let loaded = load_placed(&a.model, &a.placement, opts)?;
@@ -55,7 +55,7 @@ pub fn main(a: PerplexityArgs) -> anyhow::Result<()> {
     let n_ctx = a.ctx as usize;
     let mut n_chunk = tokens.len() / n_ctx;
     if let Some(c) = a.chunks {
-        n_chunk = n_chunk.min(c);
+        n_chunk = n_chunk.min(usize::try_from(c).unwrap_or(usize::MAX));
     }
     if n_chunk == 0 {
         bail!("{} has {} tokens, fewer than one chunk of -c {n_ctx}", a.file.display(), tokens.len());

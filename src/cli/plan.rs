@@ -97,6 +97,42 @@ pub fn main(a: PlanArgs) -> anyhow::Result<()> {
     for r in &rows {
         warn_kv_spill(r, tokens);
     }
+    check_host(&rows, &opts.devices.host, tokens)
+}
+
+/// The host must hold what lands on it: the KV, scratch and staging of its own stages, the KV of GPU stages
+/// out of their resident window, and the KV a GPU has no room for (it moves to the host). Weights mapped from
+/// the file are left out: the OS pages them. Refused (exit 1) with the shortfall when it does not fit.
+fn check_host(rows: &[Row], host: &strata::device::Device, tokens: usize) -> anyhow::Result<()> {
+    let mut kv_bytes = 0u64;
+    let mut buffers_bytes = 0u64;
+    for r in rows {
+        let s = r.stage;
+        kv_bytes = kv_bytes.saturating_add(r.kv_host_bytes);
+        if s.device.is_host() {
+            kv_bytes = kv_bytes.saturating_add(r.kv_device_bytes);
+            buffers_bytes = buffers_bytes.saturating_add(s.scratch_bytes + s.staging_bytes);
+        } else if let (Some(free), Some(headroom)) = (r.free_bytes, r.headroom_bytes) {
+            if headroom < 0 {
+                // The part of the device's KV above its room spills to the host.
+                let room = free.saturating_sub(s.device.reserve_bytes).saturating_sub(s.load_bytes());
+                kv_bytes = kv_bytes.saturating_add(r.kv_device_bytes.saturating_sub(room));
+            }
+        }
+    }
+    let need = kv_bytes.saturating_add(buffers_bytes);
+    let available = host.sample_free()?;
+    if need > available {
+        bail!(
+            "the host needs {} at {tokens} positions (KV {}, scratch and staging {}) but has {} available: short by \
+             {}; lower -c or --tokens, or use --kv int8",
+            mib(need),
+            mib(kv_bytes),
+            mib(buffers_bytes),
+            mib(available),
+            mib(need - available)
+        );
+    }
     Ok(())
 }
 

@@ -21,13 +21,14 @@
 //! {"op":"fail_alloc","device":1,"count":1}                         the next allocations on device 1 fail
 //! ```
 //!
-//! Devices are numbered in `--devices` order and only `sim` devices take faults. The whole script is checked
+//! Devices are numbered in `--devices` order and only `sim` devices take faults. A script is at most 64 MiB.
+//! The whole script is checked
 //! before anything runs: a bad line is one error naming the line and why. Output lines carry the script line
 //! that caused them: `{"event":"response","line":3,"conversation":"a","tokens":[...],"text":"...","reused":0,
 //! "read":812,"restored":null,...}`; a failed serve prints `{"event":"error",...}` (the user's turn is dropped
 //! from the history) and the script goes on.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
@@ -112,27 +113,40 @@ impl Op {
     }
 }
 
-/// Parses the script: (line number, op) for every line that is not blank or a comment. Checks what needs
-/// no model: the JSON, the ops and their fields, pressure given one way, forks of known conversations.
+/// Parses the script: (line number, op) for every line that is not blank or a comment (a UTF-8 byte-order
+/// mark at the start is skipped). Checks what needs no model: the JSON (errors name the line and the column
+/// in it), the ops and their fields, pressure given one way, forks of known conversations that drop no more
+/// messages than the conversation has by then (each chat adds the user's message and the reply).
 fn parse_script(text: &str) -> anyhow::Result<Vec<(usize, Op)>> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut ops = Vec::new();
-    let mut conversations = HashSet::new();
-    for (i, line) in text.lines().enumerate() {
+    // Messages of each conversation so far, if every turn is served.
+    let mut conversations: HashMap<String, usize> = HashMap::new();
+    for (i, raw) in text.lines().enumerate() {
         let n = i + 1;
-        let line = line.trim();
+        let line = raw.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let op: Op = serde_json::from_str(line).with_context(|| format!("line {n}"))?;
+        let op: Op = serde_json::from_str(line).map_err(|e| {
+            // serde's position is within the trimmed line; give it within the line as written.
+            let column = e.column() + (raw.len() - raw.trim_start().len());
+            let what = e.to_string();
+            let what = what.split(" at line ").next().unwrap_or(&what).to_owned();
+            anyhow::anyhow!("line {n}, column {column}: {what}")
+        })?;
         match &op {
             Op::Chat { conversation, .. } => {
-                conversations.insert(conversation.clone());
+                *conversations.entry(conversation.clone()).or_default() += 2;
             }
-            Op::Fork { from, to, .. } => {
-                if !conversations.contains(from) {
+            Op::Fork { from, to, drop_last } => {
+                let Some(&have) = conversations.get(from) else {
                     bail!("line {n}: fork from {from:?}, a conversation no earlier line chats in");
+                };
+                if *drop_last > have {
+                    bail!("line {n}: fork drops {drop_last} messages but conversation {from:?} has {have} by then");
                 }
-                conversations.insert(to.clone());
+                conversations.insert(to.clone(), have - drop_last);
             }
             Op::Pressure { mib, leave_free_mib, .. } => {
                 if mib.is_some() == leave_free_mib.is_some() {
@@ -209,8 +223,7 @@ fn drain(events: &Receiver<Entry>, line: usize) {
 }
 
 pub fn main(a: ReplayArgs) -> anyhow::Result<()> {
-    let text =
-        std::fs::read_to_string(&a.script).with_context(|| format!("cannot read script {}", a.script.display()))?;
+    let text = super::input::read_text_capped(&a.script, super::input::REPLAY_SCRIPT_CAP_BYTES, "script")?;
     let ops = parse_script(&text).with_context(|| format!("bad script {}", a.script.display()))?;
     let cache_budget_bytes = a
         .cache_mib
@@ -323,7 +336,8 @@ mod tests {
             ("{\"op\":\"explode\"}", "unknown variant"),
             ("{\"op\":\"chat\",\"conversation\":\"a\",\"user\":\"hi\",\"colour\":1}", "unknown field"),
             ("{\"op\":\"chat\",\"user\":\"hi\"}", "missing field"),
-            ("{not json", "key must be a string"),
+            ("{not json", "column 2: key must be a string"),
+            ("  {not json", "column 4: key must be a string"),
             ("{\"op\":\"pressure\",\"device\":1}", "exactly one"),
             ("{\"op\":\"pressure\",\"device\":1,\"mib\":1,\"leave_free_mib\":1}", "exactly one"),
             ("{\"op\":\"fork\",\"from\":\"nobody\",\"to\":\"b\"}", "no earlier line"),
@@ -333,6 +347,22 @@ mod tests {
             assert!(msg.starts_with("line 2"), "{msg}");
             assert!(msg.contains(why), "{why:?} not in {msg}");
         }
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped_and_forks_are_checked_before_anything_runs() {
+        let chat = "{\"op\":\"chat\",\"conversation\":\"a\",\"user\":\"hi\"}";
+        let ops = parse_script(&format!("\u{feff}{chat}\n")).unwrap();
+        assert_eq!(ops.len(), 1);
+        let fork = |n: usize| format!("{{\"op\":\"fork\",\"from\":\"a\",\"to\":\"b\",\"drop_last\":{n}}}");
+        assert_eq!(parse_script(&format!("{chat}\n{}\n", fork(2))).unwrap().len(), 2);
+        let e = one_line(&parse_script(&format!("{chat}\n{}\n", fork(3))).unwrap_err());
+        assert_eq!(e, "line 2: fork drops 3 messages but conversation \"a\" has 2 by then");
+        // A fork of a fork counts what the first one kept.
+        let text =
+            format!("{chat}\n{chat}\n{}\n{{\"op\":\"fork\",\"from\":\"b\",\"to\":\"c\",\"drop_last\":4}}\n", fork(1));
+        let e = one_line(&parse_script(&text).unwrap_err());
+        assert!(e.starts_with("line 4: fork drops 4 messages but conversation \"b\" has 3"), "{e}");
     }
 
     #[test]

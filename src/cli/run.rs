@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Args;
 
 use strata::device::{DeviceSet, Purpose};
-use strata::engine::{generate, GenerateParams, Sequence};
+use strata::engine::{generate, GenerateParams, Sequence, StopReason};
 
 use super::{load, tokenize_prompt, EngineArgs, ModelArgs, SamplingArgs};
 
@@ -18,8 +18,8 @@ pub struct RunArgs {
     #[arg(short = 'p', long = "prompt")]
     pub prompt: String,
     /// Most tokens to generate
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
-    pub n_predict: usize,
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub n_predict: u32,
     /// Do not stop at end-of-generation tokens (they are never sampled)
     #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
@@ -27,8 +27,8 @@ pub struct RunArgs {
     #[arg(long = "json")]
     pub json: bool,
     /// With --json: the K most likely tokens and their log-probabilities at every step
-    #[arg(long = "top-logprobs", value_name = "K", default_value_t = 0)]
-    pub top_logprobs: usize,
+    #[arg(long = "top-logprobs", value_name = "K", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub top_logprobs: u16,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -42,12 +42,12 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
     let prompt = tokenize_prompt(&loaded.tokenizer, &a.prompt);
     let mut seq = Sequence::new(&loaded.model, a.engine.kv, a.engine.context(&loaded.model))?;
     let params = GenerateParams {
-        max_tokens: a.n_predict,
+        max_tokens: a.n_predict as usize,
         sampler,
         ignore_eos: a.ignore_eos,
         stop: a.sampling.stop.clone(),
         // Only --json prints them; without it they would be computed for nothing.
-        top_logprobs: if a.json { a.top_logprobs } else { 0 },
+        top_logprobs: if a.json { a.top_logprobs as usize } else { 0 },
         batch: a.engine.batch as usize,
     };
     let stdout = std::io::stdout();
@@ -75,6 +75,12 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
         println!("{obj}");
     } else {
         println!();
+        if g.stop_reason == StopReason::Context {
+            eprintln!(
+                "strata: stopped: the context is full ({} positions, -c): the prompt took {} of them",
+                seq.kv.max_tokens, g.prompt_tokens
+            );
+        }
         eprintln!(
             "strata: prompt {} tokens in {:.0} ms ({:.1} tok/s), {} generated in {:.0} ms ({:.1} tok/s)",
             g.prompt_tokens,

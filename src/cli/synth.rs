@@ -33,7 +33,7 @@ pub fn main(a: SynthArgs) -> anyhow::Result<()> {
     let ty = GgmlType::WEIGHT_TYPES
         .iter()
         .copied()
-        .find(|t| t.name() == a.ty.to_ascii_lowercase())
+        .find(|t| t.name().eq_ignore_ascii_case(&a.ty))
         .with_context(|| format!("unknown --type {:?}", a.ty))?;
     let mut spec = match a.preset.as_str() {
         "tiny" => SyntheticSpec::default(),

@@ -29,6 +29,10 @@ pub use sim::{Fault, FaultSpec};
 
 const MIB: u64 = 1 << 20;
 
+/// Host memory no ledger allocation may take: what the rest of the process needs to go on (and to report
+/// the refusal).
+pub const HOST_MARGIN_BYTES: u64 = 128 * MIB;
+
 /// Bytes as MiB with one decimal for messages (KiB below a tenth of a MiB, so small pages do not read 0.0).
 pub fn mib(bytes: u64) -> String {
     if bytes > 0 && bytes < MIB / 10 {
@@ -150,6 +154,19 @@ pub enum DeviceError {
         mib(*need_bytes), mib(*free_bytes), mib(*capacity_bytes)
     )]
     OutOfMemory { device: String, purpose: Purpose, need_bytes: u64, free_bytes: u64, capacity_bytes: u64 },
+    #[error(
+        "device {device}: {purpose} allocation of {} refused: {} keeps its data in host memory, which has {} \
+         available ({} of it kept free for the rest of the process)",
+        mib(*need_bytes), if *is_host { "the host" } else { "a simulated GPU" }, mib(*available_bytes),
+        mib(HOST_MARGIN_BYTES)
+    )]
+    HostShort { device: String, purpose: Purpose, need_bytes: u64, available_bytes: u64, is_host: bool },
+    #[error(
+        "device {device}: the OS refused {} more of host memory for {purpose} (Strata holds {} there): out of \
+         memory, or a limit such as ulimit -v",
+        mib(*need_bytes), mib(*held_bytes)
+    )]
+    HostRefused { device: String, purpose: Purpose, need_bytes: u64, held_bytes: u64 },
     #[error("device {device}: {purpose} allocation of {} failed (injected fault)", mib(*need_bytes))]
     AllocFailed { device: String, purpose: Purpose, need_bytes: u64 },
     #[error("device {device}: free-memory sample failed")]
@@ -165,6 +182,12 @@ impl DeviceError {
     /// host and try again. Other failures end the request.
     pub fn is_no_room(&self) -> bool {
         matches!(self, DeviceError::BelowReserve { .. } | DeviceError::OutOfMemory { .. })
+    }
+
+    /// True when the host itself has no room (the host, or a simulated GPU whose memory is host memory):
+    /// moving data to the host would not help.
+    pub fn is_host_short(&self) -> bool {
+        matches!(self, DeviceError::HostShort { .. })
     }
 
     /// True when a device faulted for good (a sticky CUDA error): nothing more can run on it.
@@ -405,6 +428,24 @@ impl Device {
                 capacity_bytes,
             };
             return refuse(&mut st, e);
+        }
+        // The host, and a simulated GPU (its pages are host memory), never promise more than the OS has
+        // available now: a ledger over total RAM (or a 16 TiB sim card) would let the real allocation fail
+        // later, where it aborts the process instead of refusing one request.
+        // A margin stays free for everything else the process allocates (buffers, messages, the stack of a
+        // new thread): a ledger that hands out the last byte leaves the next small allocation to abort.
+        if matches!(self.kind, DeviceKind::Cpu | DeviceKind::Sim { .. }) {
+            let available_bytes = host::available_bytes();
+            if bytes.saturating_add(HOST_MARGIN_BYTES) > available_bytes {
+                let e = DeviceError::HostShort {
+                    device: self.name(),
+                    purpose,
+                    need_bytes: bytes,
+                    available_bytes,
+                    is_host: self.is_host(),
+                };
+                return refuse(&mut st, e);
+            }
         }
         // GPUs keep the reserve free, against a fresh sample, or when sampling fails the last good sample
         // moved by what Strata allocated (or freed) since.

@@ -23,7 +23,10 @@ pub enum GgufErrorKind {
     BadMagic { found: [u8; 4] },
     #[error("unsupported GGUF version {0} (supported: 2 and 3)")]
     UnsupportedVersion(u32),
-    #[error("file is truncated: needed {needed} bytes for {what}, only {available} left")]
+    #[error(
+        "the file ends early (truncated: a partial download?): {what} needs {needed} bytes here but the file \
+         ends {available} bytes later"
+    )]
     Truncated { what: &'static str, needed: u64, available: u64 },
     #[error("unknown metadata value type {0}")]
     UnknownValueType(u32),
@@ -45,10 +48,19 @@ pub enum GgufErrorKind {
     BadShape { name: String, dims: Vec<u64>, ty: crate::quant::GgmlType },
     #[error("tensor {name:?}: data offset {offset} is not a multiple of the alignment {alignment}")]
     Misaligned { name: String, offset: u64, alignment: u64 },
-    #[error("tensor {name:?}: data [{start}, {end}) lies outside the file's {file_bytes} bytes")]
-    DataOutOfBounds { name: String, start: u64, end: u64, file_bytes: u64 },
+    #[error(
+        "tensor {name:?}: data [{start}, {end}) lies outside the file's {file_bytes} bytes: the file ends early \
+         (its tensors need {expected_bytes} bytes: a partial download?) or its tensor index is corrupt"
+    )]
+    DataOutOfBounds { name: String, start: u64, end: u64, file_bytes: u64, expected_bytes: u64 },
     #[error("general.alignment {0} is not a power of two up to 2^30 (1 GiB)")]
     BadAlignment(u64),
+    #[error("metadata key {key} is {found}, expected {expected}")]
+    WrongType { key: String, found: String, expected: &'static str },
+    #[error("{path} is {what}, not a GGUF file (a model must be a regular file)")]
+    NotAFile { path: PathBuf, what: &'static str },
+    #[error("{path} is empty (0 bytes), not a GGUF file")]
+    Empty { path: PathBuf },
 }
 
 impl GgufError {

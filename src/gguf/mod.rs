@@ -11,7 +11,7 @@ mod writer;
 
 pub use error::{GgufError, GgufErrorKind};
 pub use reader::{GgufFile, TensorInfo};
-pub use value::{ArrayData, GgufArray, GgufValue, GgufValueType};
+pub use value::{type_name, ArrayData, GgufArray, GgufValue, GgufValueType};
 pub use writer::GgufWriter;
 
 /// The four bytes every GGUF file starts with.

@@ -23,6 +23,10 @@ const MAX_ALIGNMENT: u64 = 1 << 30;
 /// stays proportional to the bytes actually parsed. (Arrays of strings are reserved in full: they are
 /// leaves, so only one is being filled at a time, and a `String` is 24 bytes per 8 or more in the file.)
 const MAX_RESERVE: u64 = 4096;
+/// A count of metadata items or tensors whose items would need more bytes than this cannot be a real file's
+/// (the largest metadata, a 256K-token vocabulary, takes a few MiB): it is refused as corrupt. Under it, a
+/// count beyond the end of the file means the file ends early (a partial download) and is said so.
+const MAX_PLAUSIBLE_BYTES: u64 = 1 << 30;
 
 /// One tensor of the index.
 #[derive(Clone, Debug)]
@@ -81,8 +85,18 @@ impl std::fmt::Debug for GgufFile {
 
 impl GgufFile {
     /// Opens and validates the file at `path` (memory-mapped; nothing is copied).
+    /// Anything but a regular file is refused before it is opened (opening a FIFO would wait forever for a
+    /// writer; a directory or a device cannot be mapped), and so is an empty file.
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
         let io = |source| GgufError::new(GgufErrorKind::Io { path: path.to_path_buf(), source }, 0);
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if !meta.is_file() {
+            let what = file_type_name(&meta.file_type());
+            return Err(GgufError::new(GgufErrorKind::NotAFile { path: path.to_path_buf(), what }, 0));
+        }
+        if meta.len() == 0 {
+            return Err(GgufError::new(GgufErrorKind::Empty { path: path.to_path_buf() }, 0));
+        }
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the map is read-only. Strata never writes model files; a file changed by another
         // process while mapped is outside what any mmap-based loader can defend against.
@@ -123,8 +137,9 @@ impl GgufFile {
         let n_kv = r.u64("metadata count")?;
         // Each key-value pair needs at least 8 (key length) + 4 (type) + 1 bytes; each tensor info at
         // least 8 + 4 + 4 + 8. A count that cannot fit in the rest of the file is refused before allocating.
-        r.check_count(n_kv, 13, "metadata count", n_kv_at)?;
-        r.check_count(n_tensors, 24, "tensor count", n_tensors_at)?;
+        // (The tensor count is checked where the tensor index starts, so that a file cut inside its metadata
+        // is reported where it ends.)
+        r.check_count(n_kv, 13, "metadata count", "the metadata", n_kv_at)?;
 
         let mut metadata = Vec::with_capacity(reserve(n_kv));
         let mut index = HashMap::with_capacity(reserve(n_kv));
@@ -145,7 +160,14 @@ impl GgufFile {
         let alignment = match index.get("general.alignment").map(|&i| &metadata[i].1) {
             None => DEFAULT_ALIGNMENT,
             Some(v) => {
-                let a = v.as_u64().unwrap_or(0);
+                let Some(a) = v.as_u64().filter(|_| v.is_integer()) else {
+                    let kind = GgufErrorKind::WrongType {
+                        key: "general.alignment".into(),
+                        found: v.type_description(),
+                        expected: "an unsigned integer",
+                    };
+                    return Err(GgufError::new(kind, n_kv_at));
+                };
                 if !a.is_power_of_two() || a > MAX_ALIGNMENT {
                     return Err(GgufError::new(GgufErrorKind::BadAlignment(a), n_kv_at));
                 }
@@ -161,6 +183,7 @@ impl GgufFile {
             n_bytes: u64,
             at: u64,
         }
+        r.check_count(n_tensors, 24, "tensor count", "the tensor index", n_tensors_at)?;
         let mut raws = Vec::with_capacity(reserve(n_tensors));
         let mut tensor_index = HashMap::with_capacity(reserve(n_tensors));
         for i in 0..n_tensors as usize {
@@ -195,6 +218,12 @@ impl GgufFile {
 
         let data_offset = align_up(r.pos as u64, alignment);
         let file_bytes = buf.len() as u64;
+        // The size the tensor index says the file has (what a complete download would be).
+        let expected_bytes = raws
+            .iter()
+            .map(|t| data_offset.saturating_add(t.rel_offset).saturating_add(t.n_bytes))
+            .max()
+            .unwrap_or(data_offset);
         let mut tensors = Vec::with_capacity(raws.len());
         for raw in raws {
             let start = data_offset.checked_add(raw.rel_offset);
@@ -214,6 +243,7 @@ impl GgufFile {
                             start: start.unwrap_or(u64::MAX),
                             end: end.unwrap_or(u64::MAX),
                             file_bytes,
+                            expected_bytes,
                         },
                         raw.at,
                     ))
@@ -249,6 +279,31 @@ impl GgufFile {
         if let Bytes::Mapped(m) = &self.bytes {
             let _ = m.advise(memmap2::Advice::WillNeed);
         }
+    }
+}
+
+/// What a file system entry that is not a regular file is, for messages.
+fn file_type_name(t: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO (named pipe)";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    if t.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
     }
 }
 
@@ -313,10 +368,23 @@ impl<'a> Cursor<'a> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
-    /// Refuses a count of items of at least `min_item_bytes` each that cannot fit in the rest of the file.
-    fn check_count(&self, count: u64, min_item_bytes: u64, what: &'static str, at: u64) -> Result<(), GgufError> {
+    /// Refuses a count of items of at least `min_item_bytes` each that cannot fit in the rest of the file:
+    /// as too large when no file could hold it, as the file ending early when a longer file would.
+    /// `what` names the count, `items` what it counts (for the message of a file that ends early).
+    fn check_count(
+        &self,
+        count: u64,
+        min_item_bytes: u64,
+        what: &'static str,
+        items: &'static str,
+        at: u64,
+    ) -> Result<(), GgufError> {
         match count.checked_mul(min_item_bytes) {
             Some(need) if need <= self.remaining() => Ok(()),
+            Some(need) if need <= MAX_PLAUSIBLE_BYTES => Err(GgufError::new(
+                GgufErrorKind::Truncated { what: items, needed: need, available: self.remaining() },
+                self.pos as u64,
+            )),
             _ => Err(GgufError::new(GgufErrorKind::TooLarge { what, value: count }, at)),
         }
     }
@@ -378,7 +446,7 @@ impl<'a> Cursor<'a> {
             GgufValueType::Array => 12,
             t => t.fixed_bytes().unwrap_or(1),
         };
-        self.check_count(len, min_bytes, "array length", len_at)?;
+        self.check_count(len, min_bytes, "array length", "a metadata array", len_at)?;
         // From here `len * min_bytes` fits in the bytes left, so the fixed-size reads below cannot overflow
         // and each allocates exactly the bytes it takes from the file.
         const W: &str = "metadata array";

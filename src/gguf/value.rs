@@ -178,6 +178,42 @@ impl GgufValue {
         }
     }
 
+    /// True for integers of any width and sign.
+    pub fn is_integer(&self) -> bool {
+        use GgufValue::*;
+        matches!(self, U8(_) | I8(_) | U16(_) | I16(_) | U32(_) | I32(_) | U64(_) | I64(_))
+    }
+
+    /// The value's type for messages: `a u32 (7)`, `a string ("llama")`, `an array of 3 string values`.
+    pub fn type_description(&self) -> String {
+        match self {
+            GgufValue::Array(a) => format!("an array of {} {} values", a.len(), type_name(a.elem_type())),
+            _ => {
+                let name = type_name(self.value_type());
+                format!("{} {name} ({})", article_for(name), self.display_short())
+            }
+        }
+    }
+
+    /// The type tag of this value.
+    pub fn value_type(&self) -> GgufValueType {
+        match self {
+            GgufValue::U8(_) => GgufValueType::U8,
+            GgufValue::I8(_) => GgufValueType::I8,
+            GgufValue::U16(_) => GgufValueType::U16,
+            GgufValue::I16(_) => GgufValueType::I16,
+            GgufValue::U32(_) => GgufValueType::U32,
+            GgufValue::I32(_) => GgufValueType::I32,
+            GgufValue::F32(_) => GgufValueType::F32,
+            GgufValue::Bool(_) => GgufValueType::Bool,
+            GgufValue::String(_) => GgufValueType::String,
+            GgufValue::Array(_) => GgufValueType::Array,
+            GgufValue::U64(_) => GgufValueType::U64,
+            GgufValue::I64(_) => GgufValueType::I64,
+            GgufValue::F64(_) => GgufValueType::F64,
+        }
+    }
+
     /// A short human-readable rendering; long arrays are summarised.
     pub fn display_short(&self) -> String {
         match self {
@@ -206,6 +242,34 @@ impl GgufValue {
             GgufValue::F64(v) => v.to_string(),
             GgufValue::Bool(v) => v.to_string(),
         }
+    }
+}
+
+/// The GGUF name of a value type: `u32`, `string`, `array`, ...
+pub fn type_name(t: GgufValueType) -> &'static str {
+    use GgufValueType::*;
+    match t {
+        U8 => "u8",
+        I8 => "i8",
+        U16 => "u16",
+        I16 => "i16",
+        U32 => "u32",
+        I32 => "i32",
+        F32 => "f32",
+        Bool => "bool",
+        String => "string",
+        Array => "array",
+        U64 => "u64",
+        I64 => "i64",
+        F64 => "f64",
+    }
+}
+
+fn article_for(name: &str) -> &'static str {
+    if name.starts_with(['a', 'i', 'f']) {
+        "an"
+    } else {
+        "a"
     }
 }
 

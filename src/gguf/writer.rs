@@ -18,6 +18,32 @@ impl GgufWriter {
         GgufWriter { metadata: Vec::new(), tensors: Vec::new(), alignment: super::DEFAULT_ALIGNMENT }
     }
 
+    /// A copy of an open file: its metadata in file order and its tensors with their data (to write an
+    /// edited or converted model).
+    pub fn from_file(file: &super::GgufFile) -> Self {
+        let mut w = GgufWriter::new();
+        for (k, v) in &file.metadata {
+            w.set(k, v.clone());
+        }
+        w.alignment = file.alignment;
+        for t in &file.tensors {
+            w.add_tensor(&t.name, &t.dims, t.ty, file.tensor_data(t).to_vec());
+        }
+        w
+    }
+
+    /// Drops a metadata key (if present).
+    pub fn remove(&mut self, key: &str) -> &mut Self {
+        self.metadata.retain(|(k, _)| k != key);
+        self
+    }
+
+    /// Drops a tensor (if present).
+    pub fn remove_tensor(&mut self, name: &str) -> &mut Self {
+        self.tensors.retain(|(n, ..)| n != name);
+        self
+    }
+
     pub fn set(&mut self, key: &str, value: GgufValue) -> &mut Self {
         if key == "general.alignment" {
             if let Some(a) = value.as_u64() {

@@ -1,6 +1,6 @@
 //! The architecture hyper-parameters of a model, read from GGUF metadata and checked for consistency.
 
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, GgufValue};
 
 use super::ModelError;
 
@@ -41,12 +41,19 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// Reads the hyper-parameters and checks them against each other and against the tensors the file
+    /// holds, before anything is allocated by them: a corrupt count names the key, never reserves memory.
     pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
-        let arch_name = file
-            .get("general.architecture")
-            .and_then(|v| v.as_str())
-            .ok_or(ModelError::MissingKey("general.architecture".into()))?
-            .to_owned();
+        let wrong_type = |key: &str, v: &GgufValue, expected: &'static str| ModelError::WrongType {
+            key: key.to_owned(),
+            found: v.type_description(),
+            expected,
+        };
+        let arch_key = "general.architecture";
+        let arch_name = match file.get(arch_key) {
+            None => return Err(ModelError::MissingKey(arch_key.into())),
+            Some(v) => v.as_str().ok_or_else(|| wrong_type(arch_key, v, "a string"))?.to_owned(),
+        };
         let arch = match arch_name.as_str() {
             "llama" => Arch::Llama,
             "mistral" => Arch::Mistral,
@@ -57,6 +64,9 @@ impl ModelConfig {
         let req_u = |k: &str| -> Result<usize, ModelError> {
             let full = key(k);
             let v = file.get(&full).ok_or_else(|| ModelError::MissingKey(full.clone()))?;
+            if !v.is_integer() {
+                return Err(wrong_type(&full, v, "an unsigned integer"));
+            }
             v.as_u64()
                 .and_then(|x| usize::try_from(x).ok())
                 .filter(|&x| x > 0 && x < (1 << 24))
@@ -73,6 +83,9 @@ impl ModelConfig {
             let full = key(k);
             match file.get(&full) {
                 None => Ok(default),
+                Some(v) if !(v.is_integer() || matches!(v, GgufValue::F32(_) | GgufValue::F64(_))) => {
+                    Err(wrong_type(&full, v, "a number"))
+                }
                 Some(v) => v
                     .as_f64()
                     .map(|x| x as f32)
@@ -86,20 +99,38 @@ impl ModelConfig {
         let n_ff = req_u("feed_forward_length")?;
         let n_head = req_u("attention.head_count")?;
         let n_head_kv = opt_u("attention.head_count_kv")?.unwrap_or(n_head);
-        let head_dim = opt_u("attention.key_length")?.unwrap_or(n_embd / n_head);
+        let head_dim = match opt_u("attention.key_length")? {
+            Some(d) => d,
+            None if n_embd % n_head != 0 => {
+                return Err(ModelError::Inconsistent(format!(
+                    "{} {n_embd} is not a multiple of {} {n_head} (and {} is absent), so heads have no whole size",
+                    key("embedding_length"),
+                    key("attention.head_count"),
+                    key("attention.key_length")
+                )))
+            }
+            None => n_embd / n_head,
+        };
         let rope_dims = opt_u("rope.dimension_count")?.unwrap_or(head_dim);
         let n_ctx_train = opt_u("context_length")?.unwrap_or(4096);
         let rope_base = opt_f("rope.freq_base", 10_000.0)?;
         let rms_eps = opt_f("attention.layer_norm_rms_epsilon", 1e-5)?;
-        let n_vocab = match opt_u("vocab_size")? {
-            Some(n) => n,
-            None => file
-                .get("tokenizer.ggml.tokens")
-                .and_then(|v| v.as_array())
-                .map(|a| a.len())
-                .ok_or_else(|| ModelError::MissingKey(key("vocab_size")))?,
+        let tokens_key = "tokenizer.ggml.tokens";
+        let n_tokens = match file.get(tokens_key) {
+            None => None,
+            Some(v) => Some(v.as_array().ok_or_else(|| wrong_type(tokens_key, v, "an array of strings"))?.len()),
         };
-
+        let n_vocab = match (opt_u("vocab_size")?, n_tokens) {
+            (Some(n), Some(t)) if n != t => {
+                return Err(ModelError::Inconsistent(format!(
+                    "{} is {n} but the tokenizer ({tokens_key}) has {t} tokens",
+                    key("vocab_size")
+                )))
+            }
+            (Some(n), _) => n,
+            (None, Some(t)) => t,
+            (None, None) => return Err(ModelError::MissingKey(key("vocab_size"))),
+        };
         let bad = |what: &str| ModelError::Inconsistent(what.to_owned());
         if head_dim == 0 || n_vocab == 0 {
             return Err(bad(&format!("head dim {head_dim} and vocabulary size {n_vocab} must be positive")));
@@ -110,6 +141,30 @@ impl ModelConfig {
         if head_dim % 2 != 0 || rope_dims > head_dim || rope_dims % 2 != 0 {
             return Err(bad(&format!("head dim {head_dim} / rope dims {rope_dims} must be even, rope <= head")));
         }
+        check_blocks(file, n_layer, &key("block_count"))?;
+        if let Some(t) = file.tensor("token_embd.weight") {
+            // The embedding's rows are the vocabulary and its row length the embedding width; checked here,
+            // before any layer is read, with the keys the numbers come from.
+            if t.dims.len() == 2 && t.dims[0] != n_embd as u64 {
+                return Err(ModelError::Inconsistent(format!(
+                    "{} is {n_embd} but token_embd.weight has rows of {} values",
+                    key("embedding_length"),
+                    t.dims[0]
+                )));
+            }
+            if t.dims.len() == 2 && t.dims[1] != n_vocab as u64 {
+                let source = match n_tokens {
+                    Some(_) => format!("the tokenizer ({tokens_key}) has {n_vocab} tokens"),
+                    None => format!("{} is {n_vocab}", key("vocab_size")),
+                };
+                return Err(ModelError::Inconsistent(format!(
+                    "{source} but token_embd.weight has {} rows (one per token): the vocabulary and the \
+                     embedding do not match",
+                    t.dims[1]
+                )));
+            }
+        }
+
         let rope_kind = match arch {
             Arch::Llama | Arch::Mistral => RopeKind::Norm,
             Arch::Qwen2 => RopeKind::Neox,
@@ -141,4 +196,20 @@ impl ModelConfig {
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
     }
+}
+
+/// Checks `block_count` against the `blk.N.*` tensors of the file: as many blocks as tensors say, no more
+/// (llama.cpp refuses a tensor count that does not match the hyper-parameters too).
+fn check_blocks(file: &GgufFile, n_layer: usize, key: &str) -> Result<(), ModelError> {
+    let highest =
+        file.tensors.iter().filter_map(|t| t.name.strip_prefix("blk.")?.split('.').next()?.parse::<u64>().ok()).max();
+    let in_file = highest.map_or(0, |h| h.saturating_add(1));
+    if in_file == n_layer as u64 {
+        return Ok(());
+    }
+    let held = match highest {
+        Some(h) => format!("tensors for {in_file} blocks (blk.0 to blk.{h})"),
+        None => "no block tensors (blk.N.*)".to_owned(),
+    };
+    Err(ModelError::Inconsistent(format!("{key} is {n_layer} but the file has {held}")))
 }

@@ -274,11 +274,15 @@ impl KvCache {
         let page_bytes = self.page_bytes();
         let (ty, kv_dim, host) = (self.ty, self.kv_dim, self.host.clone());
         // A restore fills its pages itself: they start empty (no zeroing of bytes about to be overwritten).
-        let rows = || match (ty, strict) {
-            (KvType::F16, false) => KvRows::F16(vec![f16::ZERO; KV_PAGE_TOKENS * kv_dim]),
-            (KvType::Int8, false) => KvRows::Int8(vec![0u8; KV_PAGE_TOKENS * ty.row_bytes(kv_dim)]),
-            (KvType::F16, true) => KvRows::F16(Vec::with_capacity(KV_PAGE_TOKENS * kv_dim)),
-            (KvType::Int8, true) => KvRows::Int8(Vec::with_capacity(KV_PAGE_TOKENS * ty.row_bytes(kv_dim))),
+        // Page memory is taken fallibly: when the OS refuses it (an address-space limit, overcommit off),
+        // the request fails with the host's figures instead of the process aborting.
+        let rows = || -> Result<KvRows, DeviceError> {
+            let (n_f16, n_i8) = (KV_PAGE_TOKENS * kv_dim, KV_PAGE_TOKENS * ty.row_bytes(kv_dim));
+            let filled = !strict;
+            Ok(match ty {
+                KvType::F16 => KvRows::F16(host_vec(&host, n_f16, filled.then_some(f16::ZERO))?),
+                KvType::Int8 => KvRows::Int8(host_vec(&host, n_i8, filled.then_some(0u8))?),
+            })
         };
         let spilled_before = self.spilled_pages;
         let mut shrunk: Option<DeviceError> = None; // the last refusal that moved KV to the host
@@ -338,7 +342,7 @@ impl KvCache {
                         }
                     }
                 };
-                let (k, v) = if gpu.is_some() { (KvRows::Gpu, KvRows::Gpu) } else { (rows(), rows()) };
+                let (k, v) = if gpu.is_some() { (KvRows::Gpu, KvRows::Gpu) } else { (rows()?, rows()?) };
                 self.layers[layer].pages.push(KvPage { k, v, alloc: PageMem::Own(alloc) });
             }
         }
@@ -434,8 +438,8 @@ impl KvCache {
                     v.clear();
                     KvRows::Int8(v)
                 }
-                (KvType::F16, _) => KvRows::F16(Vec::with_capacity(n * dim)),
-                (KvType::Int8, _) => KvRows::Int8(Vec::with_capacity(n * row)),
+                (KvType::F16, _) => KvRows::F16(host_vec(&self.host, n * dim, None)?),
+                (KvType::Int8, _) => KvRows::Int8(host_vec(&self.host, n * row, None)?),
             };
             if let Some(gpu) = layer.device.gpu() {
                 // Device-to-host copies straight into the snapshot's buffer, one per run of adjacent pages.
@@ -610,6 +614,24 @@ impl KvCache {
 /// A GPU failure as the device's error.
 fn gpu_error(device: &Device, e: crate::device::cuda::gpu::GpuError) -> DeviceError {
     DeviceError::Gpu { device: device.name(), msg: e.to_string(), sticky: e.is_sticky() }
+}
+
+/// A host buffer of `len` elements, empty with that capacity or filled with `fill`, taken fallibly: a refusal
+/// by the OS becomes the host's [`DeviceError::HostRefused`] instead of an abort.
+fn host_vec<T: Clone>(host: &Arc<Device>, len: usize, fill: Option<T>) -> Result<Vec<T>, DeviceError> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(len).is_err() {
+        return Err(DeviceError::HostRefused {
+            device: host.name(),
+            purpose: Purpose::Kv,
+            need_bytes: (len * std::mem::size_of::<T>()) as u64,
+            held_bytes: host.usage().bytes(Purpose::Kv),
+        });
+    }
+    if let Some(x) = fill {
+        v.resize(len, x);
+    }
+    Ok(v)
 }
 
 #[cfg(test)]

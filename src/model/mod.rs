@@ -35,6 +35,8 @@ pub enum ModelError {
     UnsupportedArch(String),
     #[error("model metadata lacks {0}")]
     MissingKey(String),
+    #[error("model metadata {key} is {found}, expected {expected}")]
+    WrongType { key: String, found: String, expected: &'static str },
     #[error("model metadata {key} has an invalid value {value}")]
     BadValue { key: String, value: String },
     #[error("model hyper-parameters are inconsistent: {0}")]

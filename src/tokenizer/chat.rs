@@ -8,6 +8,11 @@
 //! `add_generation_prompt`, `bos_token` and `eos_token`. Without a template in the file, ChatML is used,
 //! as llama.cpp does. It never tokenizes the rendered text.
 //!
+//! A chat template is code from the model file, so rendering has a budget: [`TEMPLATE_FUEL`] instructions
+//! (minijinja's fuel) and an output cap ([`output_cap_bytes`]); a template that loops without end or writes
+//! without end fails fast with an error naming the template. Limits minijinja keeps on its own: a range has
+//! at most 100,000 items, a repeated string (`'x' * n`) at most 100 MB, recursion 500 levels.
+//!
 //! Known difference: maps are serialized with sorted keys (minijinja without `preserve_order`), where
 //! Python keeps insertion order; this only shows in templates that `tojson` whole dicts (tool schemas).
 
@@ -23,6 +28,18 @@ use crate::gguf::{GgufFile, GgufValue};
 /// The ChatML template, used when a model file has none.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + \
 message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// Instructions a render may execute (minijinja's fuel). Real templates take a few hundred per message (a
+/// 1,000-message conversation with the tool-calling templates of Llama 3.1 or Qwen 2.5 stays well under a
+/// million); a runaway loop stops here within about a second.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
+/// Bytes a render may write for `messages`: 16 MiB plus four times the text of the messages (a template
+/// repeats a message's content at most a small number of times).
+pub fn output_cap_bytes(messages: &[ChatMessage]) -> usize {
+    let content: usize = messages.iter().map(|m| m.content.len() + m.role.len()).sum();
+    (16 << 20) + content.saturating_mul(4)
+}
 
 /// The prefix that marks an error as coming from `raise_exception`.
 const RAISED: &str = "raise_exception: ";
@@ -44,6 +61,8 @@ impl ChatMessage {
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
+    /// Where the template comes from, for messages: `tokenizer.chat_template`, the built-in ChatML, ...
+    origin: String,
     bos_token: String,
     eos_token: String,
 }
@@ -58,6 +77,7 @@ impl ChatTemplate {
     /// Compiles `source`; `bos_token` and `eos_token` are the texts the template sees under those names.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TokenizerError> {
         let mut env = Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -68,6 +88,7 @@ impl ChatTemplate {
         Ok(ChatTemplate {
             env,
             source: source.to_owned(),
+            origin: "the chat template".to_owned(),
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
         })
@@ -77,9 +98,12 @@ impl ChatTemplate {
     /// BOS and EOS tokens.
     pub fn from_gguf(file: &GgufFile) -> Result<ChatTemplate, TokenizerError> {
         let key = "tokenizer.chat_template";
-        let source = match file.get(key) {
-            None => CHATML_TEMPLATE,
-            Some(v) => v.as_str().ok_or(TokenizerError::WrongType { key, expected: "string" })?,
+        let (source, origin) = match file.get(key) {
+            None => (CHATML_TEMPLATE, "the built-in ChatML chat template (the model file has none)"),
+            Some(v) => (
+                v.as_str().ok_or_else(|| TokenizerError::wrong_type(key, v, "a string"))?,
+                "the model's chat template (tokenizer.chat_template)",
+            ),
         };
         let token_text = |id_key: &str| -> &str {
             let id = file.get(id_key).and_then(GgufValue::as_u64);
@@ -89,7 +113,14 @@ impl ChatTemplate {
                 _ => "",
             }
         };
-        ChatTemplate::new(source, token_text("tokenizer.ggml.bos_token_id"), token_text("tokenizer.ggml.eos_token_id"))
+        let mut t = ChatTemplate::new(
+            source,
+            token_text("tokenizer.ggml.bos_token_id"),
+            token_text("tokenizer.ggml.eos_token_id"),
+        )
+        .map_err(|e| e.in_template(origin))?;
+        t.origin = origin.to_owned();
+        Ok(t)
     }
 
     /// The template text.
@@ -98,7 +129,8 @@ impl ChatTemplate {
     }
 
     /// Renders a conversation; with `add_generation_prompt` the text ends where the assistant's reply
-    /// begins.
+    /// begins. Within the budget of fuel and output (see the module); a template that renders nothing for
+    /// a conversation is an error too (there would be no prompt).
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
         let template = self.env.get_template("chat")?;
         let ctx = context! {
@@ -107,12 +139,58 @@ impl ChatTemplate {
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
-        template.render(ctx).map_err(|e| match e.detail().and_then(|d| d.strip_prefix(RAISED)) {
-            Some(message) if e.kind() == ErrorKind::InvalidOperation => {
-                TokenizerError::TemplateRaised { message: message.to_owned() }
-            }
-            _ => TokenizerError::Template { source: e },
-        })
+        let cap_bytes = output_cap_bytes(messages);
+        let mut out = CappedOutput { bytes: Vec::new(), cap_bytes, over: false };
+        let origin = self.origin.clone();
+        let rendered = template.render_captured_to(ctx, &mut out);
+        if out.over {
+            return Err(TokenizerError::TemplateBudget {
+                origin,
+                what: format!("wrote more than its output cap of {} MiB", cap_bytes >> 20),
+            });
+        }
+        if let Err(e) = rendered {
+            return Err(match e.detail().and_then(|d| d.strip_prefix(RAISED)) {
+                Some(message) if e.kind() == ErrorKind::InvalidOperation => {
+                    TokenizerError::TemplateRaised { message: message.to_owned() }
+                }
+                _ if e.kind() == ErrorKind::OutOfFuel => TokenizerError::TemplateBudget {
+                    origin,
+                    what: format!("ran more than {TEMPLATE_FUEL} steps (a loop without end?)"),
+                },
+                _ => TokenizerError::Template { source: e }.in_template(&origin),
+            });
+        }
+        let text = String::from_utf8(out.bytes).map_err(|_| TokenizerError::TemplateBudget {
+            origin: origin.clone(),
+            what: "wrote text that is not UTF-8".to_owned(),
+        })?;
+        if text.is_empty() && !messages.is_empty() {
+            return Err(TokenizerError::TemplateEmpty { origin, messages: messages.len() });
+        }
+        Ok(text)
+    }
+}
+
+/// The render's output, refusing bytes past `cap_bytes` (the render then stops with a write error).
+struct CappedOutput {
+    bytes: Vec<u8>,
+    cap_bytes: usize,
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.cap_bytes {
+            self.over = true;
+            return Err(std::io::Error::other("chat template output cap reached"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -342,6 +420,58 @@ mod tests {
                 .expect("compiles");
         let out = t.render(&msgs(&[("user", "é\n")]), false).expect("renders");
         assert_eq!(out, "{\"content\": \"é\\n\", \"role\": \"user\"}|{\n  \"a\": [\n    1,\n    2.5,\n    null,\n    \"x\\\"y\"\n  ]\n}");
+    }
+
+    #[test]
+    fn a_template_that_writes_without_end_stops_at_the_output_cap() {
+        let src = "{% for a in range(100000) %}{% for b in range(100000) %}xxxxxxxxxx{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").expect("compiles");
+        let started = std::time::Instant::now();
+        let e = t.render(&msgs(&[("user", "hi")]), true).unwrap_err();
+        assert!(matches!(e, TokenizerError::TemplateBudget { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("the chat template wrote more than its output cap of 16 MiB"), "{msg}");
+        // Not a timing assertion: a bound that only an unbounded render could miss.
+        assert!(started.elapsed().as_secs() < 60);
+    }
+
+    #[test]
+    fn a_template_that_loops_without_end_runs_out_of_fuel() {
+        let src = "{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}\
+                   {% endfor %}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").expect("compiles");
+        let e = t.render(&msgs(&[("user", "hi")]), true).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains(&format!("ran more than {TEMPLATE_FUEL} steps")), "{msg}");
+    }
+
+    #[test]
+    fn a_template_that_renders_nothing_is_an_error() {
+        let t = ChatTemplate::new("", "", "").expect("compiles");
+        let e = t.render(&msgs(&[("user", "hi")]), true).unwrap_err();
+        assert!(e.to_string().contains("rendered nothing for a conversation of 1 message(s)"), "{e}");
+    }
+
+    #[test]
+    fn real_templates_stay_far_below_the_fuel_over_a_long_conversation() {
+        // A Llama-3-style template over 1,000 messages: the budget must leave real conversations alone.
+        let src = "{% set loop_messages = messages %}{% for message in loop_messages %}\
+{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' %}\
+{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}\
+{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+        let mut env = Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.add_template("t", src).unwrap();
+        let messages: Vec<ChatMessage> = (0..1000)
+            .map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, "some words ".repeat(50)))
+            .collect();
+        let template = env.get_template("t").unwrap();
+        let captured = template
+            .render_captured(context! { messages => messages, add_generation_prompt => true, bos_token => "<s>" })
+            .unwrap();
+        assert!(captured.output().len() > 500_000);
+        let (used, _left) = captured.state().fuel_levels().expect("fuel is on");
+        assert!(used * 100 < TEMPLATE_FUEL, "used {used} of {TEMPLATE_FUEL}");
     }
 
     #[test]

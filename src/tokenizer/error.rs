@@ -13,8 +13,12 @@ pub enum TokenizerError {
     MissingKey { key: &'static str },
 
     /// A metadata key is present but holds a value of the wrong type.
-    #[error("GGUF metadata key `{key}` has the wrong type: expected {expected}")]
-    WrongType { key: &'static str, expected: &'static str },
+    #[error("GGUF metadata key `{key}` is {found}, expected {expected}")]
+    WrongType { key: String, found: String, expected: &'static str },
+
+    /// The BOS or EOS id names no token: every prompt would start (or every reply end) with a wrong one.
+    #[error("`{key}` is {id}, outside the vocabulary of {n_vocab} tokens (ids 0 to {})", n_vocab - 1)]
+    SpecialIdOutOfRange { key: &'static str, id: u64, n_vocab: usize },
 
     /// `tokenizer.ggml.model` names a tokenizer kind Strata does not implement.
     #[error(
@@ -53,7 +57,38 @@ pub enum TokenizerError {
         source: minijinja::Error,
     },
 
+    /// [`TokenizerError::Template`] with where the template comes from.
+    #[error("{origin}: {source}")]
+    TemplateIn {
+        origin: String,
+        #[source]
+        source: minijinja::Error,
+    },
+
+    /// The chat template went past its budget of steps or output (a runaway or hostile template).
+    #[error("{origin} {what}: rendering stopped")]
+    TemplateBudget { origin: String, what: String },
+
+    /// The chat template rendered nothing for a conversation.
+    #[error("{origin} rendered nothing for a conversation of {messages} message(s): there is no prompt to read")]
+    TemplateEmpty { origin: String, messages: usize },
+
     /// The chat template called `raise_exception(message)`, the way HF templates reject a conversation.
     #[error("chat template raised an exception: {message}")]
     TemplateRaised { message: String },
+}
+
+impl TokenizerError {
+    /// A template error naming the template (`origin`); other errors are kept as they are.
+    pub(crate) fn in_template(self, origin: &str) -> TokenizerError {
+        match self {
+            TokenizerError::Template { source } => TokenizerError::TemplateIn { origin: origin.to_owned(), source },
+            other => other,
+        }
+    }
+
+    /// A key holding a value of another type than `expected`, naming the type found.
+    pub(crate) fn wrong_type(key: &str, found: &crate::gguf::GgufValue, expected: &'static str) -> TokenizerError {
+        TokenizerError::WrongType { key: key.to_owned(), found: found.type_description(), expected }
+    }
 }

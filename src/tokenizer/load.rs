@@ -107,14 +107,14 @@ const EOG_TEXTS: &[&str] = &[
 fn get_str<'a>(file: &'a GgufFile, key: &'static str) -> Result<Option<&'a str>, TokenizerError> {
     match file.get(key) {
         None => Ok(None),
-        Some(v) => v.as_str().map(Some).ok_or(TokenizerError::WrongType { key, expected: "string" }),
+        Some(v) => v.as_str().map(Some).ok_or_else(|| TokenizerError::wrong_type(key, v, "a string")),
     }
 }
 
 fn get_bool(file: &GgufFile, key: &'static str) -> Result<Option<bool>, TokenizerError> {
     match file.get(key) {
         None => Ok(None),
-        Some(v) => v.as_bool().map(Some).ok_or(TokenizerError::WrongType { key, expected: "bool" }),
+        Some(v) => v.as_bool().map(Some).ok_or_else(|| TokenizerError::wrong_type(key, v, "a bool")),
     }
 }
 
@@ -125,15 +125,30 @@ fn get_strings<'a>(file: &'a GgufFile, key: &'static str) -> Result<Option<Vec<&
             .as_array()
             .and_then(|a| a.strings())
             .map(Some)
-            .ok_or(TokenizerError::WrongType { key, expected: "array of strings" }),
+            .ok_or_else(|| TokenizerError::wrong_type(key, v, "an array of strings")),
     }
 }
 
-/// A special-token id from metadata: `Some(id)` when present and in range, `None` when absent or out of
-/// range (llama.cpp then keeps its default).
-fn get_id(file: &GgufFile, key: &str, n_vocab: usize) -> Option<u32> {
-    let id = file.get(key).and_then(GgufValue::as_u64)?;
-    (id < n_vocab as u64).then_some(id as u32)
+/// A special-token id from metadata: `Some(id)` when present and in range, `None` when absent. A value that
+/// is not an integer is an error; one outside the vocabulary is a warning and ignored, as llama.cpp does
+/// (some files carry a padding id past the end), except for BOS and EOS, which [`required_id`] refuses.
+fn get_id(file: &GgufFile, key: &str, n_vocab: usize) -> Result<Option<u32>, TokenizerError> {
+    let Some(v) = file.get(key) else { return Ok(None) };
+    let id = v.as_u64().filter(|_| v.is_integer()).ok_or_else(|| TokenizerError::wrong_type(key, v, "a token id"))?;
+    if id < n_vocab as u64 {
+        return Ok(Some(id as u32));
+    }
+    tracing::warn!("ignoring {key} {id}: outside the vocabulary of {n_vocab} tokens");
+    Ok(None)
+}
+
+/// The BOS or EOS id from metadata: an id outside the vocabulary is refused, never replaced by a default
+/// (which would put a wrong token at the start of every prompt or end no reply).
+fn required_id(file: &GgufFile, key: &'static str, n_vocab: usize) -> Result<Option<u32>, TokenizerError> {
+    if let Some(id) = file.get(key).and_then(GgufValue::as_u64).filter(|&id| id >= n_vocab as u64) {
+        return Err(TokenizerError::SpecialIdOutOfRange { key, id, n_vocab });
+    }
+    get_id(file, key, n_vocab)
 }
 
 impl Tokenizer {
@@ -178,7 +193,7 @@ impl Tokenizer {
                 let s = v
                     .as_array()
                     .and_then(|a| a.f32s())
-                    .ok_or(TokenizerError::WrongType { key: KEY_SCORES, expected: "array of numbers" })?;
+                    .ok_or_else(|| TokenizerError::wrong_type(KEY_SCORES, v, "an array of numbers"))?;
                 if s.len() < n_vocab {
                     return Err(TokenizerError::ShortArray { key: KEY_SCORES, len: s.len(), n_vocab });
                 }
@@ -191,7 +206,7 @@ impl Tokenizer {
                 let t = v
                     .as_array()
                     .and_then(|a| a.i64s())
-                    .ok_or(TokenizerError::WrongType { key: KEY_TOKEN_TYPE, expected: "array of integers" })?;
+                    .ok_or_else(|| TokenizerError::wrong_type(KEY_TOKEN_TYPE, v, "an array of integers"))?;
                 if t.len() < n_vocab {
                     return Err(TokenizerError::ShortArray { key: KEY_TOKEN_TYPE, len: t.len(), n_vocab });
                 }
@@ -212,18 +227,19 @@ impl Tokenizer {
 
         // Special ids from metadata, in range, override the defaults.
         let key = |name: &str| format!("tokenizer.ggml.{name}_token_id");
-        bos = get_id(file, KEY_BOS, n_vocab).or(bos);
-        eos = get_id(file, KEY_EOS, n_vocab).or(eos);
-        unk = get_id(file, &key("unknown"), n_vocab).or(unk);
-        let pad = get_id(file, &key("padding"), n_vocab);
-        let mut eot = get_id(file, &key("eot"), n_vocab);
-        let mut eom = get_id(file, &key("eom"), n_vocab);
-        let mut fim_pre = get_id(file, &key("fim_pre"), n_vocab).or(get_id(file, &key("prefix"), n_vocab));
-        let mut fim_suf = get_id(file, &key("fim_suf"), n_vocab).or(get_id(file, &key("suffix"), n_vocab));
-        let mut fim_mid = get_id(file, &key("fim_mid"), n_vocab).or(get_id(file, &key("middle"), n_vocab));
-        let mut fim_pad = get_id(file, &key("fim_pad"), n_vocab);
-        let mut fim_rep = get_id(file, &key("fim_rep"), n_vocab);
-        let mut fim_sep = get_id(file, &key("fim_sep"), n_vocab);
+        bos = required_id(file, KEY_BOS, n_vocab)?.or(bos);
+        eos = required_id(file, KEY_EOS, n_vocab)?.or(eos);
+        let id = |name: &str| get_id(file, &key(name), n_vocab);
+        unk = id("unknown")?.or(unk);
+        let pad = id("padding")?;
+        let mut eot = id("eot")?;
+        let mut eom = id("eom")?;
+        let mut fim_pre = id("fim_pre")?.or(id("prefix")?);
+        let mut fim_suf = id("fim_suf")?.or(id("suffix")?);
+        let mut fim_mid = id("fim_mid")?.or(id("middle")?);
+        let mut fim_pad = id("fim_pad")?;
+        let mut fim_rep = id("fim_rep")?;
+        let mut fim_sep = id("fim_sep")?;
 
         if let Some(v) = get_bool(file, KEY_ADD_BOS)? {
             add_bos = v;
