@@ -175,12 +175,23 @@ fn more_block_tensors_than_the_block_count_are_refused() {
 
 #[test]
 fn a_template_that_writes_without_end_fails_fast_naming_the_template() {
+    // The reported template (10 bytes per inner loop) runs out of steps or of output, whichever is first.
     let src = "{% for a in range(100000) %}{% for b in range(100000) %}xxxxxxxxxx{% endfor %}{% endfor %}";
     let m = edited("template-writes.gguf", |w| {
         w.set("tokenizer.chat_template", GgufValue::str(src));
     });
     let r = strata_limited(&["chat", "-m", path_str(&m), "--message", "hi", "-n", "2"]);
-    assert_clean_failure(&r, "the model's chat template (tokenizer.chat_template) wrote more than its output cap");
+    assert_clean_failure(&r, "the model's chat template (tokenizer.chat_template) ");
+    assert!(r.stderr.contains("ran more than") || r.stderr.contains("wrote more than"), "{}", r.stderr);
+    // A megabyte per step meets the output cap.
+    let m = edited("template-floods.gguf", |w| {
+        w.set("tokenizer.chat_template", GgufValue::str("{% for a in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}"));
+    });
+    let r = strata_limited(&["chat", "-m", path_str(&m), "--message", "hi", "-n", "2"]);
+    assert_clean_failure(
+        &r,
+        "the model's chat template (tokenizer.chat_template) wrote more than its output cap of 16 MiB",
+    );
 }
 
 #[test]
@@ -274,6 +285,7 @@ fn a_model_that_is_not_a_regular_file_is_refused_without_waiting() {
     assert_clean_failure(&r, "is a directory, not a GGUF file");
     let r = strata(&["run", "-m", "/dev/null", "-p", "hi"]);
     assert_clean_failure(&r, "/dev/null is a character device, not a GGUF file");
+    assert!(!r.stderr.contains("No such device") && !r.stderr.contains("byte offset"), "{}", r.stderr);
     let empty = write("empty.gguf", b"");
     let r = strata(&["run", "-m", path_str(&empty), "-p", "hi"]);
     assert_clean_failure(&r, "empty.gguf is empty (0 bytes), not a GGUF file");

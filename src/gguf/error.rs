@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 
-/// A GGUF file could not be read. `offset` is the byte offset in the file where the problem was found.
+/// A GGUF file could not be read. `offset` is the byte offset in the file where the problem was found (shown
+/// for problems of the contents, not for a file that could not be opened at all).
 #[derive(Debug, thiserror::Error)]
-#[error("{kind} (at byte offset {offset})")]
+#[error("{kind}{}", if kind.is_about_contents() { format!(" (at byte offset {offset})") } else { String::new() })]
 pub struct GgufError {
     pub kind: GgufErrorKind,
     pub offset: u64,
@@ -61,6 +62,13 @@ pub enum GgufErrorKind {
     NotAFile { path: PathBuf, what: &'static str },
     #[error("{path} is empty (0 bytes), not a GGUF file")]
     Empty { path: PathBuf },
+}
+
+impl GgufErrorKind {
+    /// False for a file that could not be opened or is no file to read (no offset to name).
+    fn is_about_contents(&self) -> bool {
+        !matches!(self, GgufErrorKind::Io { .. } | GgufErrorKind::NotAFile { .. } | GgufErrorKind::Empty { .. })
+    }
 }
 
 impl GgufError {
