@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 
@@ -191,7 +191,8 @@ fn measure(reps: u32, mut f: impl FnMut() -> anyhow::Result<f64>, n_tokens: usiz
 
 fn run_pp(model: &Model, pool: &ThreadPool, e: &EngineArgs, prompt: &[u32], ctx: usize) -> anyhow::Result<f64> {
     let mut kv = model.new_kv(e.kv, ctx)?;
-    kv.reserve(ctx)?; // allocated before timing, as llama-bench does
+    // Allocated before timing, as llama-bench does.
+    kv.reserve(ctx).with_context(|| format!("cannot reserve the KV cache of {ctx} positions"))?;
     let t = Instant::now();
     for chunk in prompt.chunks(e.batch as usize) {
         model.forward(pool, &mut kv, chunk, &[chunk.len() - 1])?;
@@ -201,7 +202,7 @@ fn run_pp(model: &Model, pool: &ThreadPool, e: &EngineArgs, prompt: &[u32], ctx:
 
 fn run_tg(model: &Model, pool: &ThreadPool, e: &EngineArgs, n: usize, ctx: usize) -> anyhow::Result<f64> {
     let mut kv = model.new_kv(e.kv, ctx)?;
-    kv.reserve(ctx)?;
+    kv.reserve(ctx).with_context(|| format!("cannot reserve the KV cache of {ctx} positions"))?;
     let mut token = 1u32.min(model.cfg.n_vocab as u32 - 1);
     let t = Instant::now();
     for _ in 0..n {

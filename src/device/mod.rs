@@ -227,7 +227,15 @@ struct State {
     last_sample: Option<(u64, u64)>,
     /// CUDA: device memory held by a pressure fault, as another process would hold it.
     hold: Option<Buffer>,
+    /// Host-backed kinds (cpu, sim): the host's last availability reading, the ledger total then and when
+    /// it was taken. A small allocation soon after is checked against it less what was booked since, so
+    /// that KV pages (one per 64 positions per layer) do not each read /proc.
+    host_sample: Option<(u64, u64, std::time::Instant)>,
 }
+
+/// A host availability reading stands for this long for allocations of at most [`HOST_SAMPLE_SMALL_BYTES`].
+const HOST_SAMPLE_FRESH: std::time::Duration = std::time::Duration::from_millis(50);
+const HOST_SAMPLE_SMALL_BYTES: u64 = 4 * MIB;
 
 /// One device: its kind, its reserve and its ledger.
 pub struct Device {
@@ -283,6 +291,7 @@ impl Device {
                 usage: Usage::default(),
                 sim: sim::SimState::default(),
                 last_sample: None,
+                host_sample: None,
                 hold: None,
             }),
             has_scheduled: AtomicBool::new(false),
@@ -435,7 +444,17 @@ impl Device {
         // A margin stays free for everything else the process allocates (buffers, messages, the stack of a
         // new thread): a ledger that hands out the last byte leaves the next small allocation to abort.
         if matches!(self.kind, DeviceKind::Cpu | DeviceKind::Sim { .. }) {
-            let available_bytes = host::available_bytes();
+            let recent = st
+                .host_sample
+                .filter(|&(_, _, at)| bytes <= HOST_SAMPLE_SMALL_BYTES && at.elapsed() < HOST_SAMPLE_FRESH);
+            let available_bytes = match recent {
+                Some((available, used_then, _)) => available.saturating_sub(used.saturating_sub(used_then)),
+                None => {
+                    let available = host::available_bytes();
+                    st.host_sample = Some((available, used, std::time::Instant::now()));
+                    available
+                }
+            };
             if bytes.saturating_add(HOST_MARGIN_BYTES) > available_bytes {
                 let e = DeviceError::HostShort {
                     device: self.name(),
