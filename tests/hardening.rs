@@ -337,7 +337,19 @@ fn a_key_of_the_wrong_type_is_named_with_both_types() {
     assert_clean_failure(&r, "`tokenizer.ggml.bos_token_id` is a string (\"1\"), expected a token id");
 }
 
-// 9. Heads that do not divide the embedding.
+// 9. Heads that do not divide the embedding, and heads or an FFN the matrices do not have.
+
+#[test]
+fn hyper_parameters_the_matrices_do_not_have_are_named() {
+    let m = edited("heads-6.gguf", |w| {
+        w.set("llama.attention.head_count", GgufValue::U32(6));
+    });
+    let r = strata(&["plan", "-m", path_str(&m)]);
+    assert_clean_failure(
+        &r,
+        "blk.0.attn_k.weight has shape [576, 192], but the hyper-parameters (3 KV heads of 96) make it [576, 288]",
+    );
+}
 
 #[test]
 fn a_head_count_that_does_not_divide_the_embedding_is_named() {

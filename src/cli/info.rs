@@ -70,11 +70,12 @@ pub fn main(a: InfoArgs) -> anyhow::Result<()> {
             let ctx = a.ctx.map_or(cfg.n_ctx_train, |c| c as usize);
             // Scratch of one prompt batch of 512 tokens: the widest activations plus one logits row.
             let batch = 512usize;
-            let scratch = (batch * (4 * cfg.n_embd + 3 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.n_ff) * 4
-                + cfg.n_vocab * 4) as f64;
+            // (In f64: figures for a context of billions must not overflow.)
+            let widths = (4 * cfg.n_embd + 3 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.n_ff) as f64;
+            let scratch = batch as f64 * widths * 4.0 + cfg.n_vocab as f64 * 4.0;
             println!("memory at context {ctx}:");
             for ty in [KvType::F16, KvType::Int8] {
-                let kv = (ty.row_bytes(cfg.kv_dim()) * 2 * cfg.n_layer * ctx) as f64;
+                let kv = (ty.row_bytes(cfg.kv_dim()) * 2 * cfg.n_layer) as f64 * ctx as f64;
                 println!(
                     "  --kv {:<4}: weights {:.1} MiB + KV {:.1} MiB ({} bytes/token) + scratch {:.1} MiB = {:.1} MiB",
                     format!("{ty:?}").to_lowercase(),

@@ -142,6 +142,25 @@ impl ModelConfig {
             return Err(bad(&format!("head dim {head_dim} / rope dims {rope_dims} must be even, rope <= head")));
         }
         check_blocks(file, n_layer, &key("block_count"))?;
+        // The widths of the first block's matrices against the heads and the FFN (the loader checks every
+        // block; this is so that nothing sized by the hyper-parameters, here or in `info` and `plan`,
+        // exceeds what the file holds).
+        let heads = format!("{n_head} heads of {head_dim}");
+        let kv_heads = format!("{n_head_kv} KV heads of {head_dim}");
+        let ffn = format!("{} {n_ff}", key("feed_forward_length"));
+        for (name, cols, rows, what) in [
+            ("blk.0.attn_q.weight", n_embd, n_head.saturating_mul(head_dim), &heads),
+            ("blk.0.attn_k.weight", n_embd, n_head_kv.saturating_mul(head_dim), &kv_heads),
+            ("blk.0.ffn_up.weight", n_embd, n_ff, &ffn),
+        ] {
+            let Some(t) = file.tensor(name) else { continue };
+            if t.dims.len() != 2 || t.dims[0] != cols as u64 || t.dims[1] != rows as u64 {
+                return Err(ModelError::Inconsistent(format!(
+                    "{name} has shape {:?}, but the hyper-parameters ({what}) make it [{cols}, {rows}]",
+                    t.dims
+                )));
+            }
+        }
         if let Some(t) = file.tensor("token_embd.weight") {
             // The embedding's rows are the vocabulary and its row length the embedding width; checked here,
             // before any layer is read, with the keys the numbers come from.
@@ -208,6 +227,7 @@ fn check_blocks(file: &GgufFile, n_layer: usize, key: &str) -> Result<(), ModelE
         return Ok(());
     }
     let held = match highest {
+        Some(0) => "tensors for 1 block (blk.0)".to_owned(),
         Some(h) => format!("tensors for {in_file} blocks (blk.0 to blk.{h})"),
         None => "no block tensors (blk.N.*)".to_owned(),
     };
