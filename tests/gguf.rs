@@ -276,7 +276,7 @@ fn every_truncation_is_an_error() {
     let key_at = HEADER_BYTES + 45 + 8;
     let e = parse_err(full[..key_at as usize + 2].to_vec());
     assert!(matches!(e.kind, GgufErrorKind::Truncated { what: "metadata key", needed: 6, available: 2 }), "{e}");
-    check_message(&e, key_at, &["truncated", "metadata key needs 6 bytes", "ends 2 bytes later"]);
+    check_message(&e, key_at, &["truncated", "metadata key needs at least 6 bytes", "ends 2 bytes later"]);
 }
 
 #[test]
@@ -367,7 +367,7 @@ fn counts_and_lengths_of_u64_max() {
         matches!(e.kind, GgufErrorKind::Truncated { what: "the metadata", needed: 13_000_000, available: 17 }),
         "{e}"
     );
-    check_message(&e, HEADER_BYTES, &["the file ends early", "the metadata needs 13000000 bytes"]);
+    check_message(&e, HEADER_BYTES, &["the file ends early", "the metadata needs at least 13000000 bytes"]);
 
     let array_at = HEADER_BYTES + 9 + 4 + 4; // key "k", value type, element type
     let e = parse_err(Raw::header(3, 0, 1).str("k").u32(9).u32(GgufValueType::U8 as u32).u64(u64::MAX).0);

@@ -251,6 +251,8 @@ fn a_sim_device_larger_than_the_host_refuses_what_the_host_cannot_hold() {
     let sim = Device::sim(0, 16 << 40, 0);
     let e = sim.alloc(Purpose::Kv, 8 << 40).unwrap_err().to_string();
     assert!(e.contains("KV allocation of 8388608.0 MiB refused: a simulated GPU keeps its data in host memory"), "{e}");
+    // Weights are mapped from the file, not allocated: the OS pages them, so the host check leaves them be.
+    assert!(sim.alloc(Purpose::Weights, 8 << 40).is_ok());
     let cpu = Device::cpu(0);
     let e = cpu.alloc(Purpose::Kv, cpu.total_bytes()).unwrap_err().to_string();
     assert!(e.contains("the host keeps its data in host memory, which has"), "{e}");
@@ -379,6 +381,13 @@ fn special_ids_outside_the_vocabulary_are_refused_not_replaced() {
     let r = strata(&["run", "-m", path_str(&m), "-p", "hi", "-n", "1", "--temp", "0"]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(r.stderr.contains("ignoring tokenizer.ggml.padding_token_id 100000"), "{}", r.stderr);
+    // -1 stands for none in some files: ignored the same way.
+    let m = edited("minus-one-padding.gguf", |w| {
+        w.set("tokenizer.ggml.padding_token_id", GgufValue::I32(-1));
+    });
+    let r = strata(&["run", "-m", path_str(&m), "-p", "hi", "-n", "1", "--temp", "0"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stderr.contains("ignoring tokenizer.ggml.padding_token_id -1"), "{}", r.stderr);
 }
 
 // 11. The tokenizer's vocabulary against the embedding rows.

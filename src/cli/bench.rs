@@ -164,7 +164,7 @@ fn check_kv_fits(model: &Model, kv: KvType, tokens: usize) -> anyhow::Result<()>
         return Ok(());
     }
     let need = (model.kv_bytes_per_token(kv) as u64).saturating_mul(tokens as u64);
-    let available = devices.host.sample_free()?;
+    let available = devices.host.sample_free()?.saturating_sub(strata::device::HOST_MARGIN_BYTES);
     if need > available {
         bail!(
             "bench: the KV cache of {tokens} positions needs {} but the host has {} available: use fewer tokens \

@@ -121,7 +121,8 @@ fn check_host(rows: &[Row], host: &strata::device::Device, tokens: usize) -> any
         }
     }
     let need = kv_bytes.saturating_add(buffers_bytes);
-    let available = host.sample_free()?;
+    // What the host ledger hands out: available memory less the margin it keeps for the process.
+    let available = host.sample_free()?.saturating_sub(strata::device::HOST_MARGIN_BYTES);
     if need > available {
         bail!(
             "the host needs {} at {tokens} positions (KV {}, scratch and staging {}) but has {} available: short by \

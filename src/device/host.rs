@@ -15,7 +15,9 @@ pub fn available_bytes() -> u64 {
     let sys = refreshed();
     let mut free = sys.available_memory();
     if let Some(cg) = sys.cgroup_limits() {
-        free = free.min(cg.free_memory);
+        // The limit less the anonymous memory charged to the cgroup: its page cache (the model file among
+        // it) is reclaimed under pressure, so it does not count as taken.
+        free = free.min(cg.total_memory.saturating_sub(cg.rss));
     }
     free.min(address_space_left().unwrap_or(u64::MAX))
 }

@@ -401,6 +401,17 @@ impl Device {
     /// when it would leave the sampled free memory under the reserve. When the sample itself fails, the
     /// last good sample moved by what was allocated or freed since stands in for it.
     pub fn alloc(self: &Arc<Self>, purpose: Purpose, bytes: u64) -> Result<Allocation, DeviceError> {
+        self.alloc_reusing(purpose, bytes, 0)
+    }
+
+    /// [`Device::alloc`] for memory of which `reused_bytes` the process already holds (buffers of an
+    /// evicted snapshot about to be written again): the host check counts only the rest as new.
+    pub fn alloc_reusing(
+        self: &Arc<Self>,
+        purpose: Purpose,
+        bytes: u64,
+        reused_bytes: u64,
+    ) -> Result<Allocation, DeviceError> {
         let mut st = self.lock();
         let refuse = |st: &mut State, e: DeviceError| {
             st.usage.refused_allocations += 1;
@@ -443,10 +454,13 @@ impl Device {
         // later, where it aborts the process instead of refusing one request.
         // A margin stays free for everything else the process allocates (buffers, messages, the stack of a
         // new thread): a ledger that hands out the last byte leaves the next small allocation to abort.
-        if matches!(self.kind, DeviceKind::Cpu | DeviceKind::Sim { .. }) {
+        // Weights there are mapped from the file, not allocated: the OS pages them, as llama.cpp's mmap does.
+        let new_bytes = bytes.saturating_sub(reused_bytes);
+        if matches!(self.kind, DeviceKind::Cpu | DeviceKind::Sim { .. }) && purpose != Purpose::Weights && new_bytes > 0
+        {
             let recent = st
                 .host_sample
-                .filter(|&(_, _, at)| bytes <= HOST_SAMPLE_SMALL_BYTES && at.elapsed() < HOST_SAMPLE_FRESH);
+                .filter(|&(_, _, at)| new_bytes <= HOST_SAMPLE_SMALL_BYTES && at.elapsed() < HOST_SAMPLE_FRESH);
             let available_bytes = match recent {
                 Some((available, used_then, _)) => available.saturating_sub(used.saturating_sub(used_then)),
                 None => {
@@ -455,11 +469,11 @@ impl Device {
                     available
                 }
             };
-            if bytes.saturating_add(HOST_MARGIN_BYTES) > available_bytes {
+            if new_bytes.saturating_add(HOST_MARGIN_BYTES) > available_bytes {
                 let e = DeviceError::HostShort {
                     device: self.name(),
                     purpose,
-                    need_bytes: bytes,
+                    need_bytes: new_bytes,
                     available_bytes,
                     is_host: self.is_host(),
                 };

@@ -168,7 +168,9 @@ impl<'a> Session<'a> {
             self.telemetry.event("evicted", serde_json::json!({"tokens": e.tokens, "bytes": e.bytes}));
         }
         let host = self.model.placement.devices.host.clone();
-        let held = match host.alloc(Purpose::Kv, bytes) {
+        // The evicted snapshot's buffers are written again: only what they lack is new memory.
+        let reused = room.spare.as_ref().map_or(0, |s| s.bytes().min(bytes));
+        let held = match host.alloc_reusing(Purpose::Kv, bytes, reused) {
             Ok(a) => a,
             Err(e) => {
                 tracing::info!("conversation cache: not parked: {e}");

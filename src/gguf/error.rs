@@ -25,7 +25,7 @@ pub enum GgufErrorKind {
     #[error("unsupported GGUF version {0} (supported: 2 and 3)")]
     UnsupportedVersion(u32),
     #[error(
-        "the file ends early (truncated: a partial download?): {what} needs {needed} bytes here but the file \
+        "the file ends early (truncated: a partial download?): {what} needs at least {needed} bytes here but the file \
          ends {available} bytes later"
     )]
     Truncated { what: &'static str, needed: u64, available: u64 },

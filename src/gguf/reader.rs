@@ -89,7 +89,16 @@ impl GgufFile {
     /// writer; a directory or a device cannot be mapped), and so is an empty file.
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
         let io = |source| GgufError::new(GgufErrorKind::Io { path: path.to_path_buf(), source }, 0);
-        let meta = std::fs::metadata(path).map_err(io)?;
+        // Opened without blocking (a FIFO would wait for a writer), then checked on the open file itself.
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.custom_flags(libc::O_NONBLOCK);
+        }
+        let file = options.open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
         if !meta.is_file() {
             let what = file_type_name(&meta.file_type());
             return Err(GgufError::new(GgufErrorKind::NotAFile { path: path.to_path_buf(), what }, 0));
@@ -97,7 +106,6 @@ impl GgufFile {
         if meta.len() == 0 {
             return Err(GgufError::new(GgufErrorKind::Empty { path: path.to_path_buf() }, 0));
         }
-        let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the map is read-only. Strata never writes model files; a file changed by another
         // process while mapped is outside what any mmap-based loader can defend against.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;

@@ -227,6 +227,7 @@ fn check_blocks(file: &GgufFile, n_layer: usize, key: &str) -> Result<(), ModelE
         return Ok(());
     }
     let held = match highest {
+        Some(h) if h >= 1 << 24 => format!("a tensor of block {h}, beyond any model's (a corrupt tensor name)"),
         Some(0) => "tensors for 1 block (blk.0)".to_owned(),
         Some(h) => format!("tensors for {in_file} blocks (blk.0 to blk.{h})"),
         None => "no block tensors (blk.N.*)".to_owned(),

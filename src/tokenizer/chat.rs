@@ -10,8 +10,10 @@
 //!
 //! A chat template is code from the model file, so rendering has a budget: [`TEMPLATE_FUEL`] instructions
 //! (minijinja's fuel) and an output cap ([`output_cap_bytes`]); a template that loops without end or writes
-//! without end fails fast with an error naming the template. Limits minijinja keeps on its own: a range has
-//! at most 100,000 items, a repeated string (`'x' * n`) at most 100 MB, recursion 500 levels.
+//! without end fails fast with an error naming the template; `indent` and `tojson(indent=N)` are bounded.
+//! Limits minijinja keeps on its own: a range has at most 100,000 items, a repeated string (`'x' * n`) at
+//! most 100 MB, recursion 500 levels. Not bounded: memory a template builds without writing it (captures,
+//! concatenation in a `namespace`); see docs/ARCHITECTURE.md.
 //!
 //! Known difference: maps are serialized with sorted keys (minijinja without `preserve_order`), where
 //! Python keeps insertion order; this only shows in templates that `tojson` whole dicts (tool schemas).
@@ -84,6 +86,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
+        env.add_filter("indent", indent);
         env.add_template_owned("chat", source.to_owned())?;
         Ok(ChatTemplate {
             env,
@@ -194,6 +197,76 @@ impl std::io::Write for CappedOutput {
     }
 }
 
+/// The widest indent `indent` and `tojson(indent=N)` take: minijinja's own would allocate any width asked
+/// (`''|indent(10**15)` aborts the process).
+const MAX_INDENT: usize = 256;
+/// The most bytes one `indent` may produce.
+const MAX_INDENT_OUTPUT_BYTES: usize = 64 << 20;
+
+/// `text|indent(width=4, first=false, blank=false)`, Jinja's filter (width a number or a string), bounded by
+/// [`MAX_INDENT`] and [`MAX_INDENT_OUTPUT_BYTES`].
+fn indent(
+    value: String,
+    width: Option<Value>,
+    first: Option<bool>,
+    blank: Option<bool>,
+    kwargs: Kwargs,
+) -> Result<String, Error> {
+    let width = match width {
+        Some(w) => Some(w),
+        None => kwargs.get::<Option<Value>>("width")?,
+    };
+    let first = match first {
+        Some(f) => f,
+        None => kwargs.get::<Option<bool>>("first")?.unwrap_or(false),
+    };
+    let blank = match blank {
+        Some(b) => b,
+        None => kwargs.get::<Option<bool>>("blank")?.unwrap_or(false),
+    };
+    kwargs.assert_all_used()?;
+    let pad = match width {
+        None => " ".repeat(4),
+        Some(w) => match w.as_str() {
+            Some(s) if s.len() <= MAX_INDENT => s.to_owned(),
+            Some(_) => {
+                return Err(Error::new(ErrorKind::InvalidOperation, format!("indent: more than {MAX_INDENT} bytes")))
+            }
+            None => {
+                let n = usize::try_from(w)?;
+                if n > MAX_INDENT {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!("indent: width {n} is more than {MAX_INDENT}"),
+                    ));
+                }
+                " ".repeat(n)
+            }
+        },
+    };
+    let text = value.strip_suffix('\n').unwrap_or(&value);
+    let text = text.strip_suffix('\r').unwrap_or(text);
+    let lines = text.split('\n').count();
+    if text.len().saturating_add(lines.saturating_mul(pad.len() + 1)) > MAX_INDENT_OUTPUT_BYTES {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("indent: the result would pass {} MiB", MAX_INDENT_OUTPUT_BYTES >> 20),
+        ));
+    }
+    let mut out = String::with_capacity(text.len() + lines * (pad.len() + 1));
+    for (i, line) in text.split('\n').enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        // As Jinja: the first line only with `first` (then even when empty), blank lines only with `blank`.
+        if (i == 0 && first) || (i > 0 && (blank || !line.is_empty())) {
+            out.push_str(&pad);
+        }
+        out.push_str(line);
+    }
+    Ok(out)
+}
+
 /// `raise_exception(message)`: HF templates call it to reject a conversation they cannot format.
 fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{message}")))
@@ -206,6 +279,9 @@ fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value,
         Some(v) if !v.is_none() => Some(usize::try_from(v)?),
         _ => None,
     };
+    if indent.is_some_and(|n| n > MAX_INDENT) {
+        return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: indent is more than {MAX_INDENT}")));
+    }
     kwargs.assert_all_used()?;
     let json =
         serde_json::to_value(value).map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
@@ -475,6 +551,21 @@ mod tests {
         let (used, _left) = captured.state().fuel_levels().expect("fuel is on");
         eprintln!("fuel used by 1,000 messages: {used} of {TEMPLATE_FUEL}");
         assert!(used * 20 < TEMPLATE_FUEL, "used {used} of {TEMPLATE_FUEL}");
+    }
+
+    #[test]
+    fn indent_follows_jinja_and_refuses_widths_that_would_exhaust_memory() {
+        let t = ChatTemplate::new("{{ messages[0].content|indent(2) }}|{{ messages[0].content|indent('> ', first=true) }}|{{ messages[0].content|indent(2, blank=true) }}", "", "").expect("compiles");
+        assert_eq!(t.render(&msgs(&[("user", "a\n\nb\n")]), false).unwrap(), "a\n\n  b|> a\n\n> b|a\n  \n  b");
+        for src in [
+            "{{ ''|indent(1000000000000000) }}",
+            "{{ ('\n' * 100000000)|indent(200, blank=true) }}",
+            "{{ messages|tojson(indent=1000000000000) }}",
+        ] {
+            let t = ChatTemplate::new(src, "", "").expect("compiles");
+            let e = t.render(&msgs(&[("user", "hi")]), true).unwrap_err().to_string();
+            assert!(e.contains("more than") || e.contains("would pass"), "{src}: {e}");
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub enum TokenizerError {
 
     /// The BOS or EOS id names no token: every prompt would start (or every reply end) with a wrong one.
     #[error("`{key}` is {id}, outside the vocabulary of {n_vocab} tokens (ids 0 to {})", n_vocab - 1)]
-    SpecialIdOutOfRange { key: &'static str, id: u64, n_vocab: usize },
+    SpecialIdOutOfRange { key: &'static str, id: String, n_vocab: usize },
 
     /// `tokenizer.ggml.model` names a tokenizer kind Strata does not implement.
     #[error(

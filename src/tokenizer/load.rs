@@ -15,7 +15,7 @@ use super::bpe::Merges;
 use super::pretokenize::PreTokenizer;
 use super::special::attr;
 use super::{Algorithm, Tokenizer, TokenizerError};
-use crate::gguf::{GgufFile, GgufValue};
+use crate::gguf::GgufFile;
 
 const KEY_MODEL: &str = "tokenizer.ggml.model";
 const KEY_PRE: &str = "tokenizer.ggml.pre";
@@ -134,19 +134,26 @@ fn get_strings<'a>(file: &'a GgufFile, key: &'static str) -> Result<Option<Vec<&
 /// (some files carry a padding id past the end), except for BOS and EOS, which [`required_id`] refuses.
 fn get_id(file: &GgufFile, key: &str, n_vocab: usize) -> Result<Option<u32>, TokenizerError> {
     let Some(v) = file.get(key) else { return Ok(None) };
-    let id = v.as_u64().filter(|_| v.is_integer()).ok_or_else(|| TokenizerError::wrong_type(key, v, "a token id"))?;
-    if id < n_vocab as u64 {
-        return Ok(Some(id as u32));
+    if !v.is_integer() {
+        return Err(TokenizerError::wrong_type(key, v, "a token id"));
     }
-    tracing::warn!("ignoring {key} {id}: outside the vocabulary of {n_vocab} tokens");
-    Ok(None)
+    // (A negative id, -1 in some files, means none.)
+    match v.as_u64() {
+        Some(id) if id < n_vocab as u64 => Ok(Some(id as u32)),
+        _ => {
+            tracing::warn!("ignoring {key} {}: outside the vocabulary of {n_vocab} tokens", v.display_short());
+            Ok(None)
+        }
+    }
 }
 
 /// The BOS or EOS id from metadata: an id outside the vocabulary is refused, never replaced by a default
 /// (which would put a wrong token at the start of every prompt or end no reply).
 fn required_id(file: &GgufFile, key: &'static str, n_vocab: usize) -> Result<Option<u32>, TokenizerError> {
-    if let Some(id) = file.get(key).and_then(GgufValue::as_u64).filter(|&id| id >= n_vocab as u64) {
-        return Err(TokenizerError::SpecialIdOutOfRange { key, id, n_vocab });
+    if let Some(v) = file.get(key).filter(|v| v.is_integer()) {
+        if v.as_u64().map_or(true, |id| id >= n_vocab as u64) {
+            return Err(TokenizerError::SpecialIdOutOfRange { key, id: v.display_short(), n_vocab });
+        }
     }
     get_id(file, key, n_vocab)
 }
