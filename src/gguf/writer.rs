@@ -1,7 +1,7 @@
 //! A GGUF writer: metadata and tensors into a byte image. Test code and `strata`'s synthetic-model tool use
 //! it to make small models with random weights; it is the inverse of the reader.
 
-use super::value::{ArrayData, GgufArray, GgufValue, GgufValueType};
+use super::value::{ArrayData, GgufArray, GgufValue};
 use super::GGUF_MAGIC;
 use crate::quant::GgmlType;
 
@@ -70,7 +70,7 @@ impl GgufWriter {
         out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
         for (k, v) in &self.metadata {
             put_str(&mut out, k);
-            out.extend_from_slice(&(value_type(v) as u32).to_le_bytes());
+            out.extend_from_slice(&(v.value_type() as u32).to_le_bytes());
             put_value(&mut out, v);
         }
         let mut offset = 0u64;
@@ -105,24 +105,6 @@ impl GgufWriter {
 fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u64).to_le_bytes());
     out.extend_from_slice(s.as_bytes());
-}
-
-fn value_type(v: &GgufValue) -> GgufValueType {
-    match v {
-        GgufValue::U8(_) => GgufValueType::U8,
-        GgufValue::I8(_) => GgufValueType::I8,
-        GgufValue::U16(_) => GgufValueType::U16,
-        GgufValue::I16(_) => GgufValueType::I16,
-        GgufValue::U32(_) => GgufValueType::U32,
-        GgufValue::I32(_) => GgufValueType::I32,
-        GgufValue::F32(_) => GgufValueType::F32,
-        GgufValue::Bool(_) => GgufValueType::Bool,
-        GgufValue::String(_) => GgufValueType::String,
-        GgufValue::Array(_) => GgufValueType::Array,
-        GgufValue::U64(_) => GgufValueType::U64,
-        GgufValue::I64(_) => GgufValueType::I64,
-        GgufValue::F64(_) => GgufValueType::F64,
-    }
 }
 
 fn put_value(out: &mut Vec<u8>, v: &GgufValue) {
