@@ -302,6 +302,23 @@ pub fn log_softmax_top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     cands.iter().map(|c| (c.id, logp(clean(logits[c.id as usize])) as f32)).collect()
 }
 
+/// The natural-log probability of `id` under the softmax of `logits` (f64 log-sum-exp, NaN as `-inf`), the
+/// figure [`log_softmax_top_k`] gives for it.
+pub fn log_prob_of(logits: &[f32], id: u32) -> f32 {
+    let clean = |x: f32| if x.is_nan() { f64::NEG_INFINITY } else { x as f64 };
+    let Some(&x) = logits.get(id as usize) else { return f32::NEG_INFINITY };
+    let max = logits.iter().map(|&v| clean(v)).fold(f64::NEG_INFINITY, f64::max);
+    if !max.is_finite() {
+        if max == f64::INFINITY && clean(x) == max {
+            let n = logits.iter().filter(|&&v| clean(v) == max).count() as f64;
+            return -n.ln() as f32;
+        }
+        return f32::NEG_INFINITY;
+    }
+    let lse = max + logits.iter().map(|&v| (clean(v) - max).exp()).sum::<f64>().ln();
+    (clean(x) - lse) as f32
+}
+
 /// What [`StopStrings::check`] found in the text streamed so far.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopCheck {
@@ -364,6 +381,19 @@ mod tests {
 
     fn cfg(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplerConfig {
         SamplerConfig { temperature, top_k, top_p, min_p, ..SamplerConfig::greedy() }
+    }
+
+    #[test]
+    fn log_prob_of_agrees_with_the_top_k_figures() {
+        let l = logits(500, 7);
+        for (id, lp) in log_softmax_top_k(&l, 20) {
+            assert_eq!(log_prob_of(&l, id), lp);
+        }
+        let total: f64 = (0..500).map(|i| (log_prob_of(&l, i) as f64).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-4, "{total}");
+        assert_eq!(log_prob_of(&l, 500), f32::NEG_INFINITY);
+        assert_eq!(log_prob_of(&[f32::NAN, 0.0], 0), f32::NEG_INFINITY);
+        assert_eq!(log_prob_of(&[f32::INFINITY, f32::INFINITY, 0.0], 1), -(2f32.ln()));
     }
 
     /// Deterministic pseudo-random logits (an LCG; the exact values do not matter).

@@ -31,12 +31,23 @@ pub struct Snapshot {
     pub identity: KvIdentity,
     /// The host ledger's entry for the snapshot's bytes.
     pub host: Option<Allocation>,
+    /// When the conversation was parked (its last use: a parked conversation is not used until restored).
+    pub parked_at: std::time::Instant,
     pinned: bool,
 }
 
 impl Snapshot {
     pub fn new(tokens: Vec<u32>, checkpoints: Vec<usize>, kv: KvSnapshot, identity: KvIdentity) -> Snapshot {
-        Snapshot { id: 0, tokens, checkpoints, kv, identity, host: None, pinned: false }
+        Snapshot {
+            id: 0,
+            tokens,
+            checkpoints,
+            kv,
+            identity,
+            host: None,
+            parked_at: std::time::Instant::now(),
+            pinned: false,
+        }
     }
 
     pub fn bytes(&self) -> u64 {
@@ -133,6 +144,11 @@ impl ConversationCache {
     /// Ids, least recently used first.
     pub fn ids(&self) -> Vec<u64> {
         self.entries.iter().map(|s| s.id).collect()
+    }
+
+    /// Every parked snapshot, least recently used first.
+    pub fn snapshots(&self) -> impl Iterator<Item = &Snapshot> {
+        self.entries.iter()
     }
 
     pub fn get(&self, id: u64) -> Option<&Snapshot> {

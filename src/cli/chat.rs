@@ -52,6 +52,7 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
         ignore_eos: false,
         stop: a.sampling.stop.clone(),
         top_logprobs: 0,
+        logprobs: false,
         batch: a.engine.batch as usize,
     };
     let interactive = a.message.is_none() && std::io::stdin().is_terminal();

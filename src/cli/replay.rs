@@ -261,6 +261,7 @@ pub fn main(a: ReplayArgs) -> anyhow::Result<()> {
                     ignore_eos: false,
                     stop: Vec::new(),
                     top_logprobs: 0,
+                    logprobs: false,
                     batch: a.engine.batch as usize,
                 };
                 let served = session.serve(&prompt, &params, |_| {});

@@ -392,6 +392,24 @@ impl Device {
         }
     }
 
+    /// Free memory for a chart or a status page: what [`Device::sample_free`] reports, except that it never
+    /// uses up a scripted sample failure (those are for the engine's decisions) and is not recorded as the
+    /// last sample. None when the device cannot say.
+    pub fn observe_free(&self) -> Option<u64> {
+        let st = self.lock();
+        match self.kind {
+            DeviceKind::Cpu => Some(host::available_bytes()),
+            DeviceKind::Sim { capacity_bytes } | DeviceKind::Emu { capacity_bytes } => {
+                Some(st.sim.true_free(capacity_bytes, st.usage.total_bytes))
+            }
+            DeviceKind::Cuda { cap_bytes, .. } => {
+                let (free, _) = self.gpu.as_ref()?.mem_info().ok()?;
+                let held = st.usage.total_bytes + st.hold.as_ref().map_or(0, Buffer::bytes);
+                Some(cap_bytes.map_or(free, |c| free.min(c.saturating_sub(held))))
+            }
+        }
+    }
+
     /// The ledger now.
     pub fn usage(&self) -> Usage {
         self.lock().usage.clone()

@@ -8,7 +8,7 @@ pub mod session;
 use std::time::Instant;
 
 use crate::model::{KvCache, KvType, Model, ModelError};
-use crate::sample::{log_softmax_top_k, Sampler, SamplerConfig, StopCheck, StopStrings};
+use crate::sample::{log_prob_of, log_softmax_top_k, Sampler, SamplerConfig, StopCheck, StopStrings};
 use crate::threadpool::ThreadPool;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -50,6 +50,8 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Record the k most likely tokens with log-probabilities at every step (0 = off).
     pub top_logprobs: usize,
+    /// Record the log-probability of every chosen token (also on when `top_logprobs > 0`).
+    pub logprobs: bool,
     pub batch: usize,
 }
 
@@ -61,6 +63,7 @@ impl Default for GenerateParams {
             ignore_eos: false,
             stop: Vec::new(),
             top_logprobs: 0,
+            logprobs: false,
             batch: DEFAULT_BATCH,
         }
     }
@@ -77,6 +80,8 @@ pub enum StopReason {
     Length,
     /// The context is full.
     Context,
+    /// The caller asked to stop (a client that went away).
+    Cancelled,
 }
 
 /// The result of one generation.
@@ -85,6 +90,8 @@ pub struct Generation {
     pub tokens: Vec<u32>,
     pub text: String,
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// The log-probability of each token in `tokens` (empty unless asked for).
+    pub token_logprobs: Vec<f32>,
     pub stop_reason: StopReason,
     pub prompt_tokens: usize,
     /// Prompt tokens whose state came from the live sequence instead of being read.
@@ -102,6 +109,20 @@ pub fn prefill(
     prompt: &[u32],
     batch: usize,
 ) -> Result<(Vec<f32>, usize), EngineError> {
+    prefill_observed(model, pool, seq, prompt, batch, &mut |_| {}, &mut || false)
+}
+
+/// [`prefill`] that reports the tokens read so far after each chunk and stops between chunks (with
+/// [`EngineError::Cancelled`], the sequence holding the chunks read) when `cancelled` says so.
+pub fn prefill_observed(
+    model: &Model,
+    pool: &ThreadPool,
+    seq: &mut Sequence,
+    prompt: &[u32],
+    batch: usize,
+    on_chunk: &mut dyn FnMut(usize),
+    cancelled: &mut dyn FnMut() -> bool,
+) -> Result<(Vec<f32>, usize), EngineError> {
     if prompt.is_empty() {
         return Err(EngineError::EmptyPrompt);
     }
@@ -116,9 +137,13 @@ pub fn prefill(
     let rest = &prompt[reused..];
     let mut last = Vec::new();
     for chunk in rest.chunks(batch.max(1)) {
+        if cancelled() {
+            return Err(EngineError::Cancelled);
+        }
         let logits = model.forward(pool, &mut seq.kv, chunk, &[chunk.len() - 1]).inspect_err(|_| seq.rewind(reused))?;
         seq.tokens.extend_from_slice(chunk);
         last = logits.data;
+        on_chunk(seq.tokens.len());
     }
     Ok((last, reused))
 }
@@ -132,6 +157,29 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("no token can be sampled: every logit is banned or not a number (broken weights?)")]
     NoToken,
+    #[error("the request was cancelled")]
+    Cancelled,
+}
+
+/// What a generation reports as it goes, and how it is stopped from outside.
+pub trait Observer {
+    /// Text ready to show (never a split UTF-8 character, never part of a stop string), with the
+    /// generation so far: its tokens, and their log-probabilities when asked for.
+    fn on_text(&mut self, text: &str, so_far: &Generation);
+    /// Checked before every forward pass: true ends the generation (`StopReason::Cancelled`; during the
+    /// prompt, `EngineError::Cancelled`).
+    fn cancelled(&mut self) -> bool {
+        false
+    }
+}
+
+/// An [`Observer`] that passes the text to a closure and never cancels.
+pub(crate) struct TextOnly<F>(pub(crate) F);
+
+impl<F: FnMut(&str)> Observer for TextOnly<F> {
+    fn on_text(&mut self, text: &str, _: &Generation) {
+        (self.0)(text)
+    }
 }
 
 /// Generates after `prompt`: prefill (reusing `seq`'s common prefix), then decode until a stop condition.
@@ -144,10 +192,24 @@ pub fn generate(
     seq: &mut Sequence,
     prompt: &[u32],
     params: &GenerateParams,
-    mut on_text: impl FnMut(&str),
+    on_text: impl FnMut(&str),
+) -> Result<Generation, EngineError> {
+    generate_observed(model, tokenizer, pool, seq, prompt, params, &mut TextOnly(on_text))
+}
+
+/// [`generate`] with an [`Observer`]: text as it comes with the tokens so far, and cancellation.
+pub fn generate_observed(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    pool: &ThreadPool,
+    seq: &mut Sequence,
+    prompt: &[u32],
+    params: &GenerateParams,
+    obs: &mut dyn Observer,
 ) -> Result<Generation, EngineError> {
     let t0 = Instant::now();
-    let (mut logits, reused) = prefill(model, pool, seq, prompt, params.batch)?;
+    let (mut logits, reused) =
+        prefill_observed(model, pool, seq, prompt, params.batch, &mut |_| {}, &mut || obs.cancelled())?;
     let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     let t1 = Instant::now();
@@ -160,6 +222,7 @@ pub fn generate(
         tokens: Vec::new(),
         text: String::new(),
         top_logprobs: Vec::new(),
+        token_logprobs: Vec::new(),
         stop_reason: StopReason::Length,
         prompt_tokens: prompt.len(),
         reused_tokens: reused,
@@ -167,12 +230,16 @@ pub fn generate(
         gen_ms: 0.0,
     };
     let mut emitted = 0; // bytes of out.text already passed to on_text
+    let logprobs = params.logprobs || params.top_logprobs > 0;
     while out.tokens.len() < params.max_tokens {
         if params.top_logprobs > 0 {
             out.top_logprobs.push(log_softmax_top_k(&logits, params.top_logprobs));
         }
         let id = sampler.try_sample(&logits, &seq.tokens, &banned).ok_or(EngineError::NoToken)?;
         out.tokens.push(id);
+        if logprobs {
+            out.token_logprobs.push(log_prob_of(&logits, id));
+        }
         if !params.ignore_eos && eog.contains(&id) {
             out.stop_reason = StopReason::Eog;
             break;
@@ -188,7 +255,7 @@ pub fn generate(
         };
         let safe = out.text.len() - held_back;
         if safe > emitted {
-            on_text(&out.text[emitted..safe]);
+            obs.on_text(&out.text[emitted..safe], &out);
             emitted = safe;
         }
         if out.tokens.len() >= params.max_tokens {
@@ -196,6 +263,10 @@ pub fn generate(
         }
         if seq.kv.len() >= seq.kv.max_tokens {
             out.stop_reason = StopReason::Context;
+            break;
+        }
+        if obs.cancelled() {
+            out.stop_reason = StopReason::Cancelled;
             break;
         }
         let l = model.forward(pool, &mut seq.kv, &[id], &[0]).inspect_err(|_| seq.rewind(reused))?;
@@ -206,7 +277,8 @@ pub fn generate(
         out.text.push_str(&stream.finish());
     }
     if out.text.len() > emitted {
-        on_text(&out.text[emitted..]);
+        let rest = out.text[emitted..].to_owned();
+        obs.on_text(&rest, &out);
     }
     out.gen_ms = t1.elapsed().as_secs_f64() * 1e3;
     Ok(out)

@@ -16,7 +16,7 @@ use crate::telemetry::Telemetry;
 use crate::threadpool::ThreadPool;
 use crate::tokenizer::Tokenizer;
 
-use super::{generate, EngineError, GenerateParams, Generation, Sequence};
+use super::{generate_observed, EngineError, GenerateParams, Generation, Observer, Sequence, TextOnly};
 
 /// A checkpoint is recorded every this many prompt tokens (and at the end of every prompt).
 pub const CHECKPOINT_EVERY: usize = 4096;
@@ -41,6 +41,18 @@ pub struct Served {
     pub read: usize,
     /// A restore from the cache, and how many tokens it brought back.
     pub restored: Option<(RestoreKind, usize)>,
+    /// A cache hit that was not restored, and why.
+    pub fallback: Option<Fallback>,
+}
+
+/// Why a cache hit was reread instead of restored.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum Fallback {
+    /// The restore gate refused: restoring would leave `device` under its reserve.
+    Gate { device: usize, free_bytes: u64, need_bytes: u64, reserve_bytes: u64, tokens: usize },
+    /// An allocation of the restore failed; everything it took was released.
+    AllocFailed { error: String, tokens: usize },
 }
 
 pub struct Session<'a> {
@@ -102,6 +114,31 @@ impl<'a> Session<'a> {
         params: &GenerateParams,
         on_text: impl FnMut(&str),
     ) -> Result<Served, EngineError> {
+        self.serve_observed(prompt, params, &mut TextOnly(on_text))
+    }
+
+    /// Another generation after the same `prompt` as the last [`Session::serve`] (one more of a request's n
+    /// choices): the live sequence goes back to the end of the prompt, only its last token is read again,
+    /// and nothing is parked.
+    pub fn serve_again(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        obs: &mut dyn Observer,
+    ) -> Result<Served, EngineError> {
+        if self.live.tokens.starts_with(prompt) {
+            self.live.rewind(prompt.len());
+        }
+        self.serve_observed(prompt, params, obs)
+    }
+
+    /// [`Session::serve`] with an [`Observer`] (tokens as they come, cancellation).
+    pub fn serve_observed(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        obs: &mut dyn Observer,
+    ) -> Result<Served, EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -110,6 +147,7 @@ impl<'a> Session<'a> {
         }
         let live_common = self.live.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         let mut restored = None;
+        let mut fallback = None;
         if live_common < self.live.tokens.len() {
             // The live sequence would lose tokens: park it, then take the best start state.
             let cand = self.cache.lookup(prompt, &self.identity, live_common);
@@ -118,12 +156,13 @@ impl<'a> Session<'a> {
             }
             self.park_live();
             if let Some(c) = cand {
-                if self.restore(c.id, c.tokens, c.kind, prompt.len(), live_common) {
-                    restored = Some((c.kind, c.tokens));
+                match self.restore(c.id, c.tokens, c.kind, prompt.len(), live_common) {
+                    Ok(()) => restored = Some((c.kind, c.tokens)),
+                    Err(f) => fallback = f,
                 }
             }
         }
-        let generation = generate(self.model, self.tokenizer, self.pool, &mut self.live, prompt, params, on_text)?;
+        let generation = generate_observed(self.model, self.tokenizer, self.pool, &mut self.live, prompt, params, obs)?;
         let reused = generation.reused_tokens;
         let read = prompt.len() - reused;
         self.live_checkpoints.retain(|&c| c <= reused);
@@ -144,7 +183,7 @@ impl<'a> Session<'a> {
             g.tokens.len() as f64 / (g.gen_ms / 1e3).max(1e-9),
             self.live_checkpoints.len(),
         );
-        Ok(Served { generation, reused, read, restored })
+        Ok(Served { generation, reused, read, restored, fallback })
     }
 
     /// Parks the live sequence in the cache (when it fits the budget), evicting as needed. The live
@@ -212,10 +251,18 @@ impl<'a> Session<'a> {
 
     /// Restores `tokens` positions of snapshot `id` into the live sequence if the gate admits it (counting
     /// the live sequence's own pages as free: they go first) and every allocation succeeds; false
-    /// otherwise, with the snapshot kept (unpinned) and, when the gate refused, the live sequence intact.
+    /// otherwise, with the snapshot kept (unpinned) and, when the gate refused, the live sequence intact; the
+    /// error says why (None: the snapshot was gone).
     /// A whole snapshot becomes the live sequence and leaves the cache; a checkpoint restore leaves it there
     /// (its later tokens may still be wanted).
-    fn restore(&mut self, id: u64, tokens: usize, kind: RestoreKind, prompt_len: usize, live_common: usize) -> bool {
+    fn restore(
+        &mut self,
+        id: u64,
+        tokens: usize,
+        kind: RestoreKind,
+        prompt_len: usize,
+        live_common: usize,
+    ) -> Result<(), Option<Fallback>> {
         let held = self.live.kv.device_held_bytes();
         let needs: Vec<gate::Need> = self
             .live
@@ -243,7 +290,7 @@ impl<'a> Session<'a> {
                     serde_json::json!({"device": device, "free_mib": mib_f(free_bytes), "need_mib": mib_f(need_bytes),
                         "reserve_mib": mib_f(reserve_bytes), "tokens": tokens}),
                 );
-                return false;
+                return Err(Some(Fallback::Gate { device, free_bytes, need_bytes, reserve_bytes, tokens }));
             }
             GateDecision::Admit { failed_samples } => {
                 for device in failed_samples {
@@ -260,12 +307,12 @@ impl<'a> Session<'a> {
         let t0 = Instant::now();
         self.live.rewind(0);
         self.live_checkpoints.clear();
-        let Some(snap) = self.cache.get(id) else { return false };
+        let Some(snap) = self.cache.get(id) else { return Err(None) };
         if let Err(e) = self.live.kv.restore(&snap.kv, tokens) {
             self.cache.unpin(id);
             tracing::info!("conversation cache: restore failed, released and rereading {prompt_len} tokens: {e}");
             self.telemetry.event("oom_averted", serde_json::json!({"error": e.to_string(), "tokens": tokens}));
-            return false;
+            return Err(Some(Fallback::AllocFailed { error: e.to_string(), tokens }));
         }
         self.live.tokens = snap.tokens[..tokens].to_vec();
         self.live_checkpoints = snap.checkpoints.iter().copied().filter(|&c| c <= tokens).collect();
@@ -285,6 +332,6 @@ impl<'a> Session<'a> {
             serde_json::json!({"kind": kind, "tokens": tokens, "ms": elapsed, "restored_bytes": bytes,
                 "parked": self.cache.len(), "bytes": self.cache.bytes()}),
         );
-        true
+        Ok(())
     }
 }

@@ -37,11 +37,14 @@ pub enum Entry {
     Event(Event),
 }
 
+/// Receives every new entry; returns false when it wants no more (it is then dropped).
+pub type Subscriber = Box<dyn FnMut(&Entry) -> bool + Send>;
+
 #[derive(Default)]
 struct Ring {
     samples: VecDeque<DeviceSample>,
     events: VecDeque<Event>,
-    subscribers: Vec<Sender<Entry>>,
+    subscribers: Vec<Subscriber>,
 }
 
 pub struct Telemetry {
@@ -66,7 +69,7 @@ impl Telemetry {
     }
 
     fn publish(&self, ring: &mut Ring, entry: Entry) {
-        ring.subscribers.retain(|s| s.send(entry.clone()).is_ok());
+        ring.subscribers.retain_mut(|s| s(&entry));
     }
 
     pub fn sample(&self, device: usize, free_bytes: Option<u64>, total_bytes: u64) {
@@ -97,9 +100,20 @@ impl Telemetry {
 
     /// Every new entry from now on.
     pub fn subscribe(&self) -> Receiver<Entry> {
-        let (tx, rx) = channel();
-        self.ring.lock().unwrap_or_else(|e| e.into_inner()).subscribers.push(tx);
+        let (tx, rx): (Sender<Entry>, _) = channel();
+        self.subscribe_with(Box::new(move |e| tx.send(e.clone()).is_ok()));
         rx
+    }
+
+    /// Calls `f` with every new entry from now on, under the ring's lock (it must not block), until it
+    /// returns false.
+    pub fn subscribe_with(&self, f: Subscriber) {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner()).subscribers.push(f);
+    }
+
+    /// Subscribers now.
+    pub fn subscribers(&self) -> usize {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner()).subscribers.len()
     }
 
     /// Samples and events recorded after `since_ms`, oldest first.
