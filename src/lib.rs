@@ -11,6 +11,7 @@ pub mod gguf;
 pub mod model;
 pub mod quant;
 pub mod sample;
+pub mod server;
 pub mod split;
 pub mod telemetry;
 pub mod threadpool;

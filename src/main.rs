@@ -39,6 +39,8 @@ enum Command {
     Devices(cli::devices::DevicesArgs),
     /// Run a scripted workload (conversations, device faults) and print every engine event as JSON lines.
     Replay(cli::replay::ReplayArgs),
+    /// An OpenAI-compatible HTTP server with the Strata API (devices, telemetry, conversation cache).
+    Serve(cli::serve::ServeArgs),
     /// Write a llama-shaped model with seeded random weights (speed and memory tests).
     Synth(cli::synth::SynthArgs),
 }
@@ -57,6 +59,7 @@ impl Command {
             Command::Devices(_) => "devices",
             Command::Replay(_) => "replay",
             Command::Synth(_) => "synth",
+            Command::Serve(_) => "serve",
         }
     }
 }
@@ -90,6 +93,11 @@ fn main() -> ExitCode {
         Command::Devices(a) => cli::devices::main(a),
         Command::Replay(a) => cli::replay::main(a),
         Command::Synth(a) => cli::synth::main(a),
+        Command::Serve(a) => match cli::serve::main(a) {
+            Ok(0) => Ok(()),
+            Ok(code) => return ExitCode::from(code),
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,6 +12,7 @@ pub mod perplexity;
 pub mod plan;
 pub mod replay;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod tokenize;
 
@@ -288,14 +289,7 @@ fn page_in(file: &GgufFile, show: bool) {
 
 /// Tokenizes a raw prompt: special tokens parsed, BOS added when the model asks for it.
 pub fn tokenize_prompt(tok: &Tokenizer, text: &str) -> Vec<u32> {
-    let mut ids = Vec::new();
-    if tok.add_bos_token() {
-        if let Some(bos) = tok.bos_id() {
-            ids.push(bos);
-        }
-    }
-    ids.extend(tok.encode(text, true));
-    ids
+    tok.encode_with_bos(text, true)
 }
 
 /// An error chain as one line: "outer: cause: root cause".
@@ -422,13 +416,5 @@ impl SamplingArgs {
 /// Tokenizes the output of a chat template: special tokens parsed; BOS added when the model asks for it
 /// and the template did not already write it.
 pub fn tokenize_prompt_templated(tok: &Tokenizer, rendered: &str) -> Vec<u32> {
-    let mut ids = tok.encode(rendered, true);
-    if tok.add_bos_token() {
-        if let Some(bos) = tok.bos_id() {
-            if ids.first() != Some(&bos) {
-                ids.insert(0, bos);
-            }
-        }
-    }
-    ids
+    tok.encode_templated(rendered)
 }

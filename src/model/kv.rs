@@ -44,6 +44,15 @@ impl KvType {
     }
 }
 
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvType::F16 => "f16",
+            KvType::Int8 => "int8",
+        })
+    }
+}
+
 impl std::str::FromStr for KvType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

@@ -128,6 +128,18 @@ impl Tokenizer {
         out
     }
 
+    /// Tokens of a chat template's output: special tokens parsed, BOS first when the model asks for it and
+    /// the template did not already write it.
+    pub fn encode_templated(&self, rendered: &str) -> Vec<u32> {
+        let mut ids = self.encode(rendered, true);
+        if let (true, Some(bos)) = (self.add_bos, self.bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        ids
+    }
+
     /// Number of tokens in the vocabulary.
     pub fn n_vocab(&self) -> usize {
         self.texts.len()

@@ -1,0 +1,255 @@
+//! `strata serve`: the flags of the server, the model loaded as for `run`, and what `/strata/model` shows;
+//! the server itself is `strata::server`.
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::Args;
+
+use strata::engine::session::SessionConfig;
+use strata::server::{ServeOptions, ServedModel};
+use strata::tokenizer::ChatTemplate;
+
+use super::{load, stages_summary, EngineArgs, ModelArgs};
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on; anything but loopback needs an API key
+    #[arg(long = "host", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the first stdout line says which)
+    #[arg(long = "port", default_value_t = 8080)]
+    pub port: u16,
+    /// Clients must send 'Authorization: Bearer KEY' (the /v1, /strata and /metrics paths)
+    #[arg(long = "api-key", value_name = "KEY", conflicts_with = "api_key_file")]
+    pub api_key: Option<String>,
+    /// Read the API key from the first line of a file (keeps it out of the process list)
+    #[arg(long = "api-key-file", value_name = "FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// Another model name that selects the loaded model (repeatable)
+    #[arg(long = "alias", value_name = "NAME")]
+    pub alias: Vec<String>,
+    /// Serve every "model" name with the loaded model (for tools that hard-code a model name)
+    #[arg(long = "any-model")]
+    pub any_model: bool,
+    /// Largest request body, in MiB
+    #[arg(long = "max-body-mib", value_name = "M", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub max_body_mib: u64,
+    /// Requests that may wait for the engine; more get 503 with Retry-After
+    #[arg(long = "queue", value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub queue: u32,
+    /// Allow browser clients from this origin (repeatable; * for any). CORS is off without it
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
+    /// A built web UI to serve at / [default: ui/dist when it exists]
+    #[arg(long = "ui-dir", value_name = "DIR")]
+    pub ui_dir: Option<PathBuf>,
+    /// Conversations the cache may hold parked (0: no cache, every switch rereads)
+    #[arg(long = "conversation-cache-slots", value_name = "N", default_value_t = 4)]
+    pub cache_slots: usize,
+    /// Host memory the parked conversations may take, in MiB
+    #[arg(long = "conversation-cache-mib", value_name = "M", default_value_t = 4096)]
+    pub cache_mib: u64,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// The address to bind: an IP address or `localhost`.
+fn host_ip(host: &str) -> anyhow::Result<IpAddr> {
+    if host.eq_ignore_ascii_case("localhost") {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .with_context(|| format!("--host {host:?} is not an IP address (e.g. 127.0.0.1, ::1, 0.0.0.0)"))
+}
+
+fn api_key(a: &ServeArgs) -> anyhow::Result<Option<String>> {
+    let key = match (&a.api_key, &a.api_key_file) {
+        (Some(k), _) => k.trim().to_owned(),
+        (None, Some(f)) => {
+            let text = super::input::read_text_capped(f, 64 * 1024, "--api-key-file")?;
+            text.lines().next().unwrap_or("").trim().to_owned()
+        }
+        (None, None) => return Ok(None),
+    };
+    if key.is_empty() {
+        bail!("the API key is empty: give one with --api-key KEY or a file whose first line is the key");
+    }
+    Ok(Some(key))
+}
+
+/// Lets the server hold as many connections as the system allows (the soft limit is often 1024).
+fn raise_fd_limit() {
+    #[cfg(unix)]
+    unsafe {
+        // SAFETY: plain libc calls on a local struct.
+        let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max.min(65536);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+}
+
+pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
+    let ip = host_ip(&a.host)?;
+    let key = api_key(&a)?;
+    if !ip.is_loopback() && key.is_none() {
+        bail!(
+            "refusing to listen on {ip} without an API key: anyone who can reach this machine could use the model; \
+             pass --api-key KEY (or --api-key-file FILE), or listen on 127.0.0.1"
+        );
+    }
+    let mut cors = Vec::new();
+    for o in &a.cors_origin {
+        let v = axum::http::HeaderValue::from_str(o.trim())
+            .ok()
+            .filter(|_| o == "*" || o.starts_with("http://") || o.starts_with("https://"))
+            .with_context(|| format!("--cors-origin {o:?} is not an origin (e.g. http://localhost:5173, or *)"))?;
+        cors.push(v);
+    }
+    let cache_budget_bytes = a
+        .cache_mib
+        .checked_mul(MIB)
+        .with_context(|| format!("--conversation-cache-mib {} is too large", a.cache_mib))?;
+    raise_fd_limit();
+
+    let loaded = load(&a.model, &a.engine)?;
+    let template = ChatTemplate::from_gguf(&loaded.model.file).context("cannot read the chat template")?;
+    let max_context = a.engine.context(&loaded.model);
+    let id = loaded
+        .path
+        .file_name()
+        .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_owned())
+        .unwrap_or_else(|| "model".into());
+    let info = model_info(&loaded, &id, &a, max_context);
+    tracing::info!("{} loaded: {}, context {max_context}", loaded.path.display(), stages_summary(&loaded.model));
+    let threads = a
+        .engine
+        .threads
+        .map(usize::from)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let ui_dir = a.ui_dir.clone().or_else(|| {
+        let d = PathBuf::from("ui/dist");
+        d.join("index.html").is_file().then_some(d)
+    });
+    let opts = ServeOptions {
+        addr: SocketAddr::new(ip, a.port),
+        api_key: key,
+        aliases: a.alias.clone(),
+        any_model: a.any_model,
+        max_body_bytes: a.max_body_mib * MIB,
+        queue: a.queue as usize,
+        cors_origins: cors,
+        ui_dir,
+        batch: a.engine.batch as usize,
+        threads,
+        session: SessionConfig { kv_type: a.engine.kv, max_context, cache_slots: a.cache_slots, cache_budget_bytes },
+    };
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let model = ServedModel {
+        model: Arc::new(loaded.model),
+        tokenizer: Arc::new(loaded.tokenizer),
+        template,
+        id,
+        max_context,
+        created,
+        info,
+    };
+    strata::server::serve(opts, model, |addr| {
+        // The first line on stdout, for a supervisor to read the port from.
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "strata serve: listening on http://{addr}");
+        let _ = out.flush();
+        tracing::info!("listening on http://{addr}");
+    })
+}
+
+/// What `/strata/model` shows: the file, the architecture, the split and the flags the server started with.
+fn model_info(loaded: &super::Loaded, id: &str, a: &ServeArgs, max_context: usize) -> serde_json::Value {
+    let m = &loaded.model;
+    let file = &m.file;
+    let mut by_type: std::collections::BTreeMap<&str, u64> = Default::default();
+    for t in &file.tensors {
+        *by_type.entry(t.ty.name()).or_default() += t.n_bytes;
+    }
+    let quantization = by_type.iter().max_by_key(|(_, b)| **b).map(|(t, _)| *t).unwrap_or("?");
+    let parameters: u64 = file.tensors.iter().map(|t| t.n_elements()).sum();
+    let stages: Vec<serde_json::Value> = m
+        .placement
+        .stages
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "device": s.device.name(),
+                "index": s.device.index,
+                "layers": [s.layers.start, s.layers.end],
+                "weights_bytes": s.weights_bytes,
+                "scratch_bytes": s.scratch_bytes,
+                "kv_bytes_per_token": s.kv_bytes_per_token,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "id": id,
+        "aliases": a.alias,
+        "path": loaded.path.display().to_string(),
+        "file_bytes": file.file_bytes(),
+        "architecture": m.cfg.arch_name,
+        "quantization": quantization,
+        "parameters": parameters,
+        "layers": m.cfg.n_layer,
+        "n_embd": m.cfg.n_embd,
+        "n_head": m.cfg.n_head,
+        "n_head_kv": m.cfg.n_head_kv,
+        "vocab": m.cfg.n_vocab,
+        "context": max_context,
+        "trained_context": m.cfg.n_ctx_train,
+        "kv_type": a.engine.kv.to_string(),
+        "kv_resident": a.engine.placement.kv_resident,
+        "vram_reserve_mib": a.engine.placement.vram_reserve_mib,
+        "split": stages,
+        "split_summary": stages_summary(m),
+        "conversation_cache": {"slots": a.cache_slots, "mib": a.cache_mib},
+        "flags": redacted_args(std::env::args().skip(1)),
+    })
+}
+
+/// The command line with an API key given on it replaced by `***`.
+fn redacted_args(args: impl Iterator<Item = String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for a in args {
+        if out.last().is_some_and(|l| l == "--api-key") {
+            out.push("***".into());
+        } else if a.starts_with("--api-key=") {
+            out.push("--api-key=***".into());
+        } else {
+            out.push(a);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_and_keys() {
+        assert!(host_ip("localhost").unwrap().is_loopback());
+        assert!(host_ip("::1").unwrap().is_loopback());
+        assert!(!host_ip("0.0.0.0").unwrap().is_loopback());
+        assert!(host_ip("example.com").is_err());
+        let args = ["serve", "--api-key", "s3cret", "--api-key=other", "--port", "0"].map(String::from);
+        assert_eq!(redacted_args(args.into_iter()), ["serve", "--api-key", "***", "--api-key=***", "--port", "0"]);
+    }
+}

@@ -1,0 +1,509 @@
+//! The handlers of the OpenAI-compatible endpoints: `/v1/chat/completions`, `/v1/completions`,
+//! `/v1/models`. A request is read (bounded size and time), checked, rendered and tokenized off the async
+//! threads, checked against the context, and queued for the engine; the reply is one JSON object or an
+//! SSE stream of chunks ending with `data: [DONE]`.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::error::ApiError;
+use super::openai::{self, ChatRequest, Checked, CompletionRequest, PromptInput};
+use super::worker::{Job, Msg, Summary, TokenInfo};
+use super::App;
+
+/// How long a client may take to send its body.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reads the body: at most `limit` bytes (413 beyond, checked on Content-Length first) within
+/// [`BODY_TIMEOUT`] (408 after).
+pub async fn read_body(headers: &HeaderMap, body: Body, limit: u64) -> Result<axum::body::Bytes, ApiError> {
+    if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
+        if len > limit {
+            return Err(ApiError::too_large(limit));
+        }
+    }
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, limit as usize)).await {
+        Err(_) => Err(ApiError::body_timeout(BODY_TIMEOUT.as_secs())),
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => {
+            let source = std::error::Error::source(&e);
+            if source.is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                || e.to_string().contains("length limit")
+            {
+                Err(ApiError::too_large(limit))
+            } else {
+                Err(ApiError::malformed(format!("the request body could not be read: {e}")))
+            }
+        }
+    }
+}
+
+/// The model name a request asked for, checked: the served id, an alias, or nothing; anything else is a
+/// 404 naming what is served (unless --any-model).
+fn check_model(app: &App, asked: &Option<String>) -> Result<String, ApiError> {
+    let served = &app.model.id;
+    match asked.as_deref() {
+        None | Some("") => Ok(served.clone()),
+        Some(m) if m == served || app.opts.aliases.iter().any(|a| a == m) => Ok(m.to_owned()),
+        Some(m) if app.opts.any_model => Ok(m.to_owned()),
+        Some(m) => {
+            let mut names = vec![served.clone()];
+            names.extend(app.opts.aliases.iter().cloned());
+            Err(ApiError::model_not_found(format!(
+                "the model {:?} is not served here: this server serves {} (or send no \"model\")",
+                openai::truncate(m, 100),
+                names.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ")
+            )))
+        }
+    }
+}
+
+/// Refuses a prompt longer than the context, with both numbers.
+fn check_context(app: &App, prompt_len: usize, param: &str) -> Result<(), ApiError> {
+    let max = app.model.max_context;
+    if prompt_len > max {
+        return Err(ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::invalid(
+                param,
+                format!(
+                    "the prompt is {prompt_len} tokens but the context holds {max} (--max-context): shorten it by {}",
+                    prompt_len - max
+                ),
+            )
+        });
+    }
+    Ok(())
+}
+
+/// Puts a job in the engine's queue, or says why not (503: full, shutting down, unhealthy).
+fn enqueue(app: &App, mut job: Job) -> Result<(), ApiError> {
+    let shared = &app.shared;
+    if let Some(why) = shared.unhealthy() {
+        return Err(ApiError::unhealthy(why));
+    }
+    if shared.shutting_down.load(Ordering::Acquire) {
+        return Err(ApiError::shutting_down());
+    }
+    let before = shared.waiting.fetch_add(1, Ordering::AcqRel);
+    if before >= shared.queue_cap {
+        shared.waiting.fetch_sub(1, Ordering::AcqRel);
+        return Err(ApiError::queue_full(shared.queue_cap));
+    }
+    job.queued_at = Instant::now();
+    let sent = app.jobs.send(job);
+    if sent.is_err() {
+        shared.waiting.fetch_sub(1, Ordering::AcqRel);
+        return Err(ApiError::unhealthy("the engine has stopped"));
+    }
+    Ok(())
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn request_id(prefix: &str) -> String {
+    use std::sync::atomic::AtomicU64;
+    static N: AtomicU64 = AtomicU64::new(1);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{:x}{n:06x}", unix_now())
+}
+
+fn usage_json(s: &Summary) -> Value {
+    json!({
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "total_tokens": s.prompt_tokens + s.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": s.reused},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    })
+}
+
+/// The `strata` object of a response: where the prompt's state came from and the speeds.
+pub fn strata_json(s: &Summary) -> Value {
+    json!({
+        "reused": s.reused,
+        "read": s.read,
+        "prompt_ms": s.prompt_ms,
+        "gen_ms": s.gen_ms,
+        "prompt_tok_s": s.prompt_tok_s,
+        "gen_tok_s": s.gen_tok_s,
+        "queue_ms": s.queue_ms,
+        "drafts_accepted": s.drafts_accepted,
+        "drafts_proposed": s.drafts_proposed,
+        "restored": s.restored,
+        "restored_tokens": s.restored_tokens,
+        "fallback": s.fallback,
+    })
+}
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn chat_logprobs(tokens: &[TokenInfo]) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            json!({
+                "token": lossy(&t.bytes),
+                "logprob": t.logprob,
+                "bytes": t.bytes,
+                "top_logprobs": t.top.iter().map(|(b, lp)| json!({"token": lossy(b), "logprob": lp, "bytes": b}))
+                    .collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+fn completion_logprobs(tokens: &[TokenInfo], offset: &mut usize) -> Value {
+    let mut offsets = Vec::new();
+    for t in tokens {
+        offsets.push(*offset);
+        *offset += t.bytes.len();
+    }
+    json!({
+        "tokens": tokens.iter().map(|t| lossy(&t.bytes)).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": tokens.iter().map(|t| {
+            let m: serde_json::Map<String, Value> = t.top.iter().map(|(b, lp)| (lossy(b), json!(lp))).collect();
+            Value::Object(m)
+        }).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completion,
+}
+
+/// What a response is built from.
+struct Reply {
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    model: String,
+    checked: Checked,
+    logprobs: bool,
+}
+
+pub async fn chat(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    let r = chat_inner(&app, &headers, body).await;
+    respond(&app, r)
+}
+
+pub async fn completions(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    let r = completions_inner(&app, &headers, body).await;
+    respond(&app, r)
+}
+
+fn respond(app: &App, r: Result<Response, ApiError>) -> Response {
+    match r {
+        Ok(r) => r,
+        Err(e) => {
+            app.shared.metrics.reject(e.code.unwrap_or(e.kind));
+            e.into_response()
+        }
+    }
+}
+
+async fn chat_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(headers, body, app.opts.max_body_bytes).await?;
+    let req: ChatRequest = openai::parse(&bytes)?;
+    drop(bytes);
+    let model = check_model(app, &req.model)?;
+    let messages = req.chat_messages()?;
+    let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch)?;
+    let (logprobs, top) = req.top_logprobs()?;
+    checked.params.logprobs = logprobs;
+    drop(req);
+    let m = app.model.clone();
+    let prompt = tokio::task::spawn_blocking(move || {
+        let rendered = m.template.render(&messages, true).map_err(|e| {
+            ApiError::invalid("messages", format!("the chat template cannot render these messages: {e}"))
+        })?;
+        Ok::<_, ApiError>(m.tokenizer.encode_templated(&rendered))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("rendering failed: {e}")))??;
+    check_context(app, prompt.len(), "messages")?;
+    let reply =
+        Reply { endpoint: Endpoint::Chat, id: request_id("chatcmpl"), created: unix_now(), model, checked, logprobs };
+    run(app, prompt, top, reply).await
+}
+
+async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(headers, body, app.opts.max_body_bytes).await?;
+    let req: CompletionRequest = openai::parse(&bytes)?;
+    drop(bytes);
+    let model = check_model(app, &req.model)?;
+    let top = req.check()?;
+    let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch)?;
+    let logprobs = req.logprobs.is_some();
+    checked.params.logprobs = logprobs;
+    let input = openai::prompt_input(&req.prompt, app.model.tokenizer.n_vocab())?;
+    drop(req);
+    let m = app.model.clone();
+    let prompt = match input {
+        PromptInput::Tokens(t) => t,
+        PromptInput::Text(text) => tokio::task::spawn_blocking(move || m.tokenizer.encode_with_bos(&text, true))
+            .await
+            .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?,
+    };
+    check_context(app, prompt.len(), "prompt")?;
+    let reply =
+        Reply { endpoint: Endpoint::Completion, id: request_id("cmpl"), created: unix_now(), model, checked, logprobs };
+    run(app, prompt, top, reply).await
+}
+
+/// Queues the job and answers: one JSON object, or an SSE stream once the engine has produced its first
+/// message (so that a failure before any text is still an HTTP error status).
+async fn run(app: &App, prompt: Vec<u32>, top_logprobs: usize, reply: Reply) -> Result<Response, ApiError> {
+    let (tx, mut rx) = unbounded_channel();
+    let endpoint = match reply.endpoint {
+        Endpoint::Chat => "chat",
+        Endpoint::Completion => "completions",
+    };
+    let job = Job { prompt, checked: reply.checked.clone(), top_logprobs, tx, queued_at: Instant::now(), endpoint };
+    enqueue(app, job)?;
+    if reply.checked.stream {
+        let first = match rx.recv().await {
+            Some(Msg::Error(e)) => return Err(e),
+            Some(m) => m,
+            None => return Err(ApiError::internal("the engine ended the request without a reply")),
+        };
+        return Ok(stream(reply, first, rx).into_response());
+    }
+    let n = reply.checked.choices;
+    let mut choices: Vec<Option<(&'static str, String, Vec<TokenInfo>)>> = (0..n).map(|_| None).collect();
+    let summary = loop {
+        match rx.recv().await {
+            Some(Msg::Text { .. }) => {}
+            Some(Msg::ChoiceDone { choice, finish_reason, text, tokens }) => {
+                if let Some(c) = choices.get_mut(choice) {
+                    *c = Some((finish_reason, text, tokens));
+                }
+            }
+            Some(Msg::Done(s)) => break s,
+            Some(Msg::Error(e)) => return Err(e),
+            None => return Err(ApiError::internal("the engine ended the request without a reply")),
+        }
+    };
+    let choices: Vec<Value> = choices
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (finish, text, tokens) = c.unwrap_or(("stop", String::new(), Vec::new()));
+            match reply.endpoint {
+                Endpoint::Chat => json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": text, "refusal": null},
+                    "logprobs": if reply.logprobs { chat_logprobs(&tokens) } else { Value::Null },
+                    "finish_reason": finish,
+                }),
+                Endpoint::Completion => json!({
+                    "index": i,
+                    "text": text,
+                    "logprobs": if reply.logprobs { completion_logprobs(&tokens, &mut 0) } else { Value::Null },
+                    "finish_reason": finish,
+                }),
+            }
+        })
+        .collect();
+    let object = match reply.endpoint {
+        Endpoint::Chat => "chat.completion",
+        Endpoint::Completion => "text_completion",
+    };
+    Ok(Json(json!({
+        "id": reply.id,
+        "object": object,
+        "created": reply.created,
+        "model": reply.model,
+        "system_fingerprint": super::FINGERPRINT,
+        "choices": choices,
+        "usage": usage_json(&summary),
+        "strata": strata_json(&summary),
+    }))
+    .into_response())
+}
+
+/// The chunks of a streamed reply, made from the engine's messages.
+struct Chunks {
+    reply: Reply,
+    rx: UnboundedReceiver<Msg>,
+    pending: VecDeque<Event>,
+    first: Option<Msg>,
+    role_sent: Vec<bool>,
+    /// Bytes of each choice's text so far (completion logprobs' text_offset).
+    offsets: Vec<usize>,
+    done: bool,
+}
+
+impl Chunks {
+    fn chunk(&self, choice: Value) -> Event {
+        self.chunk_with(vec![choice], None)
+    }
+
+    fn chunk_with(&self, choices: Vec<Value>, usage: Option<Value>) -> Event {
+        let object = match self.reply.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completion => "text_completion",
+        };
+        let mut v = json!({
+            "id": self.reply.id,
+            "object": object,
+            "created": self.reply.created,
+            "model": self.reply.model,
+            "system_fingerprint": super::FINGERPRINT,
+            "choices": choices,
+        });
+        if self.reply.checked.include_usage {
+            v["usage"] = usage.unwrap_or(Value::Null);
+        }
+        Event::default().data(v.to_string())
+    }
+
+    fn role(&mut self, choice: usize) {
+        if self.reply.endpoint == Endpoint::Chat && !self.role_sent.get(choice).copied().unwrap_or(true) {
+            self.role_sent[choice] = true;
+            let e = self.chunk(json!({"index": choice, "delta": {"role": "assistant", "content": ""},
+                "logprobs": null, "finish_reason": null}));
+            self.pending.push_back(e);
+        }
+    }
+
+    /// Turns one engine message into events.
+    fn on(&mut self, msg: Msg) {
+        match msg {
+            Msg::Text { choice, text, tokens } => {
+                self.role(choice);
+                let e = match self.reply.endpoint {
+                    Endpoint::Chat => self.chunk(json!({
+                        "index": choice,
+                        "delta": {"content": text},
+                        "logprobs": if self.reply.logprobs { chat_logprobs(&tokens) } else { Value::Null },
+                        "finish_reason": null,
+                    })),
+                    Endpoint::Completion => {
+                        let last = self.offsets.len() - 1;
+                        let lp = if self.reply.logprobs {
+                            completion_logprobs(&tokens, &mut self.offsets[choice.min(last)])
+                        } else {
+                            Value::Null
+                        };
+                        self.chunk(json!({"index": choice, "text": text, "logprobs": lp, "finish_reason": null}))
+                    }
+                };
+                self.pending.push_back(e);
+            }
+            Msg::ChoiceDone { choice, finish_reason, .. } => {
+                self.role(choice);
+                let e = match self.reply.endpoint {
+                    Endpoint::Chat => self
+                        .chunk(json!({"index": choice, "delta": {}, "logprobs": null, "finish_reason": finish_reason})),
+                    Endpoint::Completion => self
+                        .chunk(json!({"index": choice, "text": "", "logprobs": null, "finish_reason": finish_reason})),
+                };
+                self.pending.push_back(e);
+            }
+            Msg::Done(s) => {
+                if self.reply.checked.include_usage {
+                    let mut e = json!({
+                        "id": self.reply.id,
+                        "object": if self.reply.endpoint == Endpoint::Chat { "chat.completion.chunk" } else { "text_completion" },
+                        "created": self.reply.created,
+                        "model": self.reply.model,
+                        "system_fingerprint": super::FINGERPRINT,
+                        "choices": [],
+                        "usage": usage_json(&s),
+                    });
+                    e["strata"] = strata_json(&s);
+                    self.pending.push_back(Event::default().data(e.to_string()));
+                }
+                self.pending.push_back(Event::default().data("[DONE]"));
+                self.done = true;
+            }
+            Msg::Error(e) => {
+                self.pending.push_back(Event::default().data(e.body().to_string()));
+                self.done = true;
+            }
+        }
+    }
+}
+
+fn stream(
+    reply: Reply,
+    first: Msg,
+    rx: UnboundedReceiver<Msg>,
+) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
+    let n = reply.checked.choices;
+    let state = Chunks {
+        reply,
+        rx,
+        pending: VecDeque::new(),
+        first: Some(first),
+        role_sent: vec![false; n],
+        offsets: vec![0; n],
+        done: false,
+    };
+    let s = futures_util::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(e) = st.pending.pop_front() {
+                return Some((Ok(e), st));
+            }
+            if st.done {
+                return None;
+            }
+            let msg = match st.first.take() {
+                Some(m) => Some(m),
+                None => st.rx.recv().await,
+            };
+            match msg {
+                Some(m) => st.on(m),
+                None => {
+                    let e = ApiError::internal("the engine ended the request without finishing it");
+                    st.pending.push_back(Event::default().data(e.body().to_string()));
+                    st.done = true;
+                }
+            }
+        }
+    });
+    Sse::new(s).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+/// `GET /v1/models`: the served model and its aliases.
+pub async fn models(State(app): State<App>) -> Response {
+    let created = app.model.created;
+    let mut data = vec![json!({"id": app.model.id, "object": "model", "created": created, "owned_by": "strata"})];
+    for a in &app.opts.aliases {
+        data.push(json!({"id": a, "object": "model", "created": created, "owned_by": "strata"}));
+    }
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{id}`.
+pub async fn model(State(app): State<App>, axum::extract::Path(id): axum::extract::Path<String>) -> Response {
+    match check_model(&app, &Some(id.clone())) {
+        Ok(_) if !id.is_empty() => {
+            Json(json!({"id": id, "object": "model", "created": app.model.created, "owned_by": "strata"}))
+                .into_response()
+        }
+        Ok(_) => ApiError::not_found("no model id given").into_response(),
+        Err(e) => e.into_response(),
+    }
+}

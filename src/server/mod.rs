@@ -1,0 +1,254 @@
+//! `strata serve`: an HTTP server (axum on tokio) over one engine. The OpenAI-compatible API is in
+//! [`api`] and [`openai`], the Strata API (health, devices, telemetry, events, cache, model, sim faults,
+//! metrics) in [`status`], the engine thread and its FIFO queue in [`worker`], what they share in
+//! [`state`], errors in OpenAI's shape in [`error`].
+//!
+//! Connections are served by hyper directly (not `axum::serve`) so that the time a client may take to send
+//! its headers is bounded, and so that shutdown is graceful: on SIGINT or SIGTERM the listener closes, queued
+//! requests are answered 503, the request in flight finishes (a second signal ends it at its next token),
+//! the event streams end, and the process exits 0 (75 after a sticky GPU fault).
+
+pub mod api;
+pub mod error;
+pub mod openai;
+pub mod state;
+pub mod status;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::engine::session::SessionConfig;
+use crate::model::Model;
+use crate::telemetry::Telemetry;
+use crate::tokenizer::{ChatTemplate, Tokenizer};
+
+use error::ApiError;
+use state::Shared;
+use worker::{EngineParts, Job};
+
+/// `system_fingerprint` of every response: the engine and its version.
+pub const FINGERPRINT: &str = concat!("strata-", env!("CARGO_PKG_VERSION"));
+
+/// How long a client may take to send its request line and headers.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The loaded model, shared by the handlers (tokenizing, rendering, facts) and the engine thread.
+pub struct ServedModel {
+    pub model: Arc<Model>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    /// The name clients use: the file name without `.gguf`.
+    pub id: String,
+    pub max_context: usize,
+    /// Unix seconds when it was loaded (`created` of /v1/models).
+    pub created: u64,
+    /// What `/strata/model` shows.
+    pub info: serde_json::Value,
+}
+
+/// How the server runs.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub addr: SocketAddr,
+    pub api_key: Option<String>,
+    pub aliases: Vec<String>,
+    pub any_model: bool,
+    pub max_body_bytes: u64,
+    pub queue: usize,
+    pub cors_origins: Vec<HeaderValue>,
+    /// A built web UI to serve at `/` (its index.html and assets).
+    pub ui_dir: Option<PathBuf>,
+    pub batch: usize,
+    pub threads: usize,
+    pub session: SessionConfig,
+}
+
+/// What every handler gets.
+#[derive(Clone)]
+pub struct App {
+    pub shared: Arc<Shared>,
+    pub model: Arc<ServedModel>,
+    pub opts: Arc<ServeOptions>,
+    pub jobs: std::sync::mpsc::Sender<Job>,
+}
+
+/// The router: every path, the API key check, CORS when asked for, JSON 404 and 405.
+pub fn router(app: App) -> Router {
+    let protected = Router::new()
+        .route("/v1/chat/completions", post(api::chat))
+        .route("/v1/completions", post(api::completions))
+        .route("/v1/models", get(api::models))
+        .route("/v1/models/{id}", get(api::model))
+        .route("/strata/devices", get(status::devices))
+        .route("/strata/telemetry", get(status::telemetry))
+        .route("/strata/events", get(status::events))
+        .route("/strata/cache", get(status::cache))
+        .route("/strata/model", get(status::model))
+        .route("/strata/sim", post(status::sim))
+        .route("/metrics", get(status::metrics))
+        .route_layer(axum::middleware::from_fn_with_state(app.clone(), require_key));
+    let mut r = Router::new().route("/health", get(status::health)).merge(protected);
+    match app.opts.ui_dir.as_ref().filter(|d| d.join("index.html").is_file()) {
+        Some(dir) => {
+            r = r.fallback_service(tower_http::services::ServeDir::new(dir).fallback(tower::service_fn(
+                |_req: Request| async { Ok::<_, std::convert::Infallible>(not_found().await) },
+            )))
+        }
+        None => r = r.route("/", get(status::index)).fallback(not_found),
+    }
+    let mut r = r.method_not_allowed_fallback(|| async { ApiError::method_not_allowed() }).with_state(app.clone());
+    if !app.opts.cors_origins.is_empty() {
+        let cors = tower_http::cors::CorsLayer::new()
+            .allow_origin(app.opts.cors_origins.clone())
+            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+            .max_age(Duration::from_secs(600));
+        r = r.layer(cors);
+    }
+    r
+}
+
+async fn not_found() -> Response {
+    ApiError::not_found("no such path: see GET / for what this server serves").into_response()
+}
+
+/// Compares without stopping at the first difference.
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn require_key(State(app): State<App>, req: Request, next: Next) -> Response {
+    if let Some(key) = &app.opts.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        if !given.is_some_and(|g| same_key(g.as_bytes(), key.as_bytes())) {
+            app.shared.metrics.reject("unauthorized");
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Runs the server until a signal or a sticky fault; returns the exit status (0, or 75 after a fault).
+/// `on_listening` gets the bound address (with `--port 0`, the port picked) before any request is taken.
+pub fn serve(opts: ServeOptions, model: ServedModel, on_listening: impl FnOnce(SocketAddr)) -> anyhow::Result<u8> {
+    let telemetry = Arc::new(Telemetry::new());
+    let devices = model.model.placement.devices.clone();
+    let shared = Shared::new(telemetry, devices, opts.queue);
+    let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
+    let model = Arc::new(model);
+    worker::spawn(
+        EngineParts {
+            model: model.model.clone(),
+            tokenizer: model.tokenizer.clone(),
+            threads: opts.threads,
+            session: opts.session.clone(),
+        },
+        shared.clone(),
+        jobs_rx,
+    )?;
+    shared.telemetry.event("model_loaded", serde_json::json!({"model": model.id, "max_context": model.max_context}));
+    for d in shared.devices.all() {
+        shared.telemetry.sample(d.index, d.observe_free(), d.total_bytes());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("strata-http")
+        .enable_all()
+        .build()?;
+    let app = App { shared: shared.clone(), model, opts: Arc::new(opts), jobs: jobs_tx };
+    rt.block_on(accept_loop(app, on_listening))?;
+    // Engine and sampler threads are left to the process's end: nothing is in flight any more.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    Ok(shared.exit_code.load(Ordering::Acquire))
+}
+
+async fn accept_loop(app: App, on_listening: impl FnOnce(SocketAddr)) -> anyhow::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let listener = tokio::net::TcpListener::bind(app.opts.addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", app.opts.addr))?;
+    on_listening(listener.local_addr()?);
+    let shared = app.shared.clone();
+    tokio::spawn(signals(shared.clone()));
+    let router = router(app);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        let (stream, _peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a little rather than spin.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT)
+            .max_buf_size(64 * 1024)
+            .serve_connection(TokioIo::new(stream), svc);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    tracing::info!("shutting down: no new requests; finishing the one in flight");
+    graceful.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// First SIGINT/SIGTERM: shut down gracefully; a second one: end the request in flight now.
+async fn signals(shared: Arc<Shared>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            tracing::warn!("cannot listen for signals: SIGINT and SIGTERM end the process at once");
+            return;
+        };
+        let mut seen = 0;
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            seen += 1;
+            if seen == 1 {
+                tracing::info!("signal received: shutting down (send it again to end the request in flight now)");
+                shared.begin_shutdown();
+            } else {
+                tracing::info!("second signal: ending the request in flight");
+                shared.cancel_in_flight.store(true, Ordering::Release);
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        shared.begin_shutdown();
+    }
+}

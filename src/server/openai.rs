@@ -1,0 +1,626 @@
+//! The OpenAI request shapes (`/v1/chat/completions`, `/v1/completions`), checked field by field: a wrong
+//! type, a value out of range or a field the server does not know is a 400 naming the field, in OpenAI's
+//! error JSON. What passes becomes the engine's [`GenerateParams`] and the choices to make.
+//!
+//! Fields are as in the official API reference. Accepted and ignored (they change nothing here): `user`,
+//! `metadata`, `store`, `service_tier`, `parallel_tool_calls`, `best_of` of 1. Refused with a clear error
+//! unless empty: tools and functions, `logit_bias`, a `response_format` other than text. Extra sampling
+//! fields that llama.cpp's server takes: `top_k`, `min_p`, `repeat_penalty`, `repeat_last_n`,
+//! `ignore_eos`.
+
+use std::collections::HashMap;
+
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::Deserialize;
+
+use crate::engine::GenerateParams;
+use crate::sample::SamplerConfig;
+use crate::tokenizer::ChatMessage;
+
+use super::error::ApiError;
+
+/// Most choices one request may ask for (`n`).
+pub const MAX_CHOICES: usize = 8;
+/// Most stop strings (OpenAI's limit).
+pub const MAX_STOPS: usize = 4;
+/// Most top log-probabilities per token (OpenAI's limit for chat; completions take at most 5).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+pub const MAX_COMPLETION_LOGPROBS: usize = 5;
+
+/// Parses a JSON body into `T`: malformed JSON (with where), or the path of the field that is wrong.
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::malformed("the request body is empty: send a JSON object"));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data => {
+                let param = if path == "." { String::new() } else { path };
+                let what = inner.to_string();
+                let what = what.split(" at line ").next().unwrap_or(&what).to_owned();
+                if param.is_empty() {
+                    ApiError::invalid("", what)
+                } else {
+                    ApiError::invalid(param.clone(), format!("{param}: {what}"))
+                }
+            }
+            _ => ApiError::malformed(format!("the request body is not valid JSON: {inner}")),
+        }
+    })?;
+    de.end().map_err(|e| ApiError::malformed(format!("the request body is not valid JSON: {e}")))?;
+    Ok(value)
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+    pub include_obfuscation: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub json_schema: Option<IgnoredAny>,
+}
+
+/// A message's content: a string or a list of parts.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+    pub image_url: Option<IgnoredAny>,
+    pub input_audio: Option<IgnoredAny>,
+    pub file: Option<IgnoredAny>,
+    pub refusal: Option<IgnoredAny>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    pub role: String,
+    pub content: Option<Content>,
+    pub name: Option<IgnoredAny>,
+    pub refusal: Option<IgnoredAny>,
+    pub tool_calls: Option<Vec<IgnoredAny>>,
+    pub tool_call_id: Option<IgnoredAny>,
+}
+
+/// The sampling and length fields both endpoints share, read from either request.
+#[derive(Debug, Default)]
+pub struct Common {
+    pub max_tokens: Option<i64>,
+    pub max_tokens_field: &'static str,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<i64>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repeat_penalty: Option<f64>,
+    pub repeat_last_n: Option<i64>,
+    pub ignore_eos: Option<bool>,
+    pub stream: Option<bool>,
+    pub include_usage: Option<bool>,
+    pub has_stream_options: bool,
+    pub logit_bias_len: usize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    pub messages: Option<Vec<Message>>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repeat_penalty: Option<f64>,
+    pub repeat_last_n: Option<i64>,
+    pub ignore_eos: Option<bool>,
+    pub logit_bias: Option<HashMap<String, f64>>,
+    pub response_format: Option<ResponseFormat>,
+    pub tools: Option<Vec<IgnoredAny>>,
+    pub tool_choice: Option<serde_json::Value>,
+    pub functions: Option<Vec<IgnoredAny>>,
+    pub function_call: Option<serde_json::Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub user: Option<String>,
+    pub metadata: Option<HashMap<String, String>>,
+    pub store: Option<bool>,
+    pub service_tier: Option<String>,
+    pub reasoning_effort: Option<String>,
+    pub modalities: Option<Vec<String>>,
+    pub prediction: Option<IgnoredAny>,
+    pub audio: Option<IgnoredAny>,
+    pub web_search_options: Option<IgnoredAny>,
+    pub verbosity: Option<String>,
+    pub prompt_cache_key: Option<String>,
+    pub safety_identifier: Option<String>,
+}
+
+/// `prompt` of a completion: a string, a token list, or a list of one of either.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<i64>),
+    Texts(Vec<String>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: Option<Prompt>,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub logprobs: Option<i64>,
+    pub echo: Option<bool>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub suffix: Option<String>,
+    pub best_of: Option<i64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repeat_penalty: Option<f64>,
+    pub repeat_last_n: Option<i64>,
+    pub ignore_eos: Option<bool>,
+    pub logit_bias: Option<HashMap<String, f64>>,
+    pub user: Option<String>,
+}
+
+impl ChatRequest {
+    pub fn common(&self) -> Common {
+        let (max_tokens, field) = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(m), _) => (Some(m), "max_completion_tokens"),
+            (None, m) => (m, "max_tokens"),
+        };
+        Common {
+            max_tokens,
+            max_tokens_field: field,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            n: self.n,
+            seed: self.seed,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            ignore_eos: self.ignore_eos,
+            stream: self.stream,
+            include_usage: self.stream_options.as_ref().and_then(|o| o.include_usage),
+            has_stream_options: self.stream_options.is_some(),
+            logit_bias_len: self.logit_bias.as_ref().map_or(0, HashMap::len),
+        }
+    }
+
+    /// The messages as the chat template takes them, after checking roles and content.
+    pub fn chat_messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) || self.functions.as_ref().is_some_and(|f| !f.is_empty())
+        {
+            return Err(ApiError::invalid("tools", "tool and function calls are not supported by this server"));
+        }
+        for (field, v) in [("tool_choice", &self.tool_choice), ("function_call", &self.function_call)] {
+            if v.as_ref().is_some_and(|v| !(v.is_null() || v == "none")) {
+                return Err(ApiError::invalid(field, format!("{field}: tool and function calls are not supported")));
+            }
+        }
+        if let Some(f) = &self.response_format {
+            if f.kind != "text" {
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    format!("response_format.type {:?} is not supported: only \"text\"", f.kind),
+                ));
+            }
+        }
+        let Some(messages) = &self.messages else {
+            return Err(ApiError::invalid("messages", "messages is required: a list of {role, content}"));
+        };
+        if messages.is_empty() {
+            return Err(ApiError::invalid("messages", "messages is empty: send at least one message"));
+        }
+        messages.iter().enumerate().map(|(i, m)| chat_message(i, m)).collect()
+    }
+
+    pub fn top_logprobs(&self) -> Result<(bool, usize), ApiError> {
+        let on = self.logprobs.unwrap_or(false);
+        let k = match self.top_logprobs {
+            None => 0,
+            Some(k) if (0..=MAX_TOP_LOGPROBS as i64).contains(&k) => k as usize,
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    format!("top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {k}"),
+                ))
+            }
+        };
+        if k > 0 && !on {
+            return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs set to true"));
+        }
+        Ok((on, k))
+    }
+}
+
+fn chat_message(i: usize, m: &Message) -> Result<ChatMessage, ApiError> {
+    let role = match m.role.as_str() {
+        "system" | "developer" => "system",
+        "user" => "user",
+        "assistant" => "assistant",
+        "tool" | "function" => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!("messages[{i}].role: {:?} messages are not supported (no tool calls)", m.role),
+            ))
+        }
+        other => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!(
+                    "messages[{i}].role: {:?} is not a role: use system, developer, user or assistant",
+                    truncate(other, 64)
+                ),
+            ))
+        }
+    };
+    let content = match &m.content {
+        Some(Content::Text(t)) => t.clone(),
+        Some(Content::Parts(parts)) => {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                match (p.kind.as_str(), &p.text) {
+                    ("text", Some(t)) => text.push_str(t),
+                    ("text", None) => {
+                        return Err(ApiError::invalid(
+                            format!("messages[{i}].content[{j}].text"),
+                            format!("messages[{i}].content[{j}]: a text part needs \"text\""),
+                        ))
+                    }
+                    (kind, _) => {
+                        return Err(ApiError::invalid(
+                            format!("messages[{i}].content[{j}].type"),
+                            format!(
+                                "messages[{i}].content[{j}]: {:?} parts are not supported: only \"text\"",
+                                truncate(kind, 64)
+                            ),
+                        ))
+                    }
+                }
+            }
+            text
+        }
+        None if role == "assistant" => String::new(),
+        None => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].content"),
+                format!("messages[{i}].content is required for a {role} message"),
+            ))
+        }
+    };
+    Ok(ChatMessage::new(role, content))
+}
+
+impl CompletionRequest {
+    pub fn common(&self) -> Common {
+        Common {
+            max_tokens: self.max_tokens.or(Some(16)), // the legacy endpoint's default
+            max_tokens_field: "max_tokens",
+            temperature: self.temperature,
+            top_p: self.top_p,
+            n: self.n,
+            seed: self.seed,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            ignore_eos: self.ignore_eos,
+            stream: self.stream,
+            include_usage: self.stream_options.as_ref().and_then(|o| o.include_usage),
+            has_stream_options: self.stream_options.is_some(),
+            logit_bias_len: self.logit_bias.as_ref().map_or(0, HashMap::len),
+        }
+    }
+
+    /// Checks what only completions have: one prompt, echo off, no suffix, best_of 1, logprobs 0..5.
+    pub fn check(&self) -> Result<usize, ApiError> {
+        if self.echo == Some(true) {
+            return Err(ApiError::invalid("echo", "echo=true is not supported: the reply never repeats the prompt"));
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::invalid("suffix", "suffix (fill in the middle) is not supported"));
+        }
+        if let Some(b) = self.best_of {
+            if b != 1 && Some(b) != self.n {
+                return Err(ApiError::invalid("best_of", format!("best_of must be 1 (or equal n), got {b}")));
+            }
+        }
+        match self.logprobs {
+            None => Ok(0),
+            Some(k) if (0..=MAX_COMPLETION_LOGPROBS as i64).contains(&k) => Ok(k as usize),
+            Some(k) => Err(ApiError::invalid(
+                "logprobs",
+                format!("logprobs must be an integer from 0 to {MAX_COMPLETION_LOGPROBS}, got {k}"),
+            )),
+        }
+    }
+}
+
+/// What the prompt of a completion is: text to tokenize, or tokens (checked against the vocabulary).
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+pub fn prompt_input(p: &Option<Prompt>, n_vocab: usize) -> Result<PromptInput, ApiError> {
+    let tokens = |list: &[i64]| -> Result<Vec<u32>, ApiError> {
+        if list.is_empty() {
+            return Err(ApiError::invalid("prompt", "prompt is an empty token list"));
+        }
+        list.iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                u32::try_from(t).ok().filter(|&t| (t as usize) < n_vocab).ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("prompt[{i}]"),
+                        format!("prompt[{i}]: token {t} is not in the vocabulary (ids 0 to {})", n_vocab - 1),
+                    )
+                })
+            })
+            .collect()
+    };
+    let one = |n: usize| {
+        ApiError::invalid("prompt", format!("prompt lists {n} prompts: this server takes one prompt per request"))
+    };
+    match p {
+        None => Err(ApiError::invalid("prompt", "prompt is required: a string or a list of token ids")),
+        Some(Prompt::Text(t)) if t.is_empty() => Err(ApiError::invalid("prompt", "prompt is empty")),
+        Some(Prompt::Text(t)) => Ok(PromptInput::Text(t.clone())),
+        Some(Prompt::Tokens(list)) => Ok(PromptInput::Tokens(tokens(list)?)),
+        Some(Prompt::Texts(list)) if list.len() == 1 => prompt_input(&Some(Prompt::Text(list[0].clone())), n_vocab),
+        Some(Prompt::Texts(list)) => Err(one(list.len())),
+        Some(Prompt::TokenLists(lists)) if lists.len() == 1 => Ok(PromptInput::Tokens(tokens(&lists[0])?)),
+        Some(Prompt::TokenLists(lists)) => Err(one(lists.len())),
+    }
+}
+
+/// Stop strings: at most four, none empty.
+pub fn stops(stop: &Option<Stop>) -> Result<Vec<String>, ApiError> {
+    let list = match stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    if list.len() > MAX_STOPS {
+        return Err(ApiError::invalid("stop", format!("stop lists {} strings: at most {MAX_STOPS}", list.len())));
+    }
+    if list.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+    }
+    Ok(list)
+}
+
+/// What one request asks of the engine, checked.
+#[derive(Clone, Debug)]
+pub struct Checked {
+    pub params: GenerateParams,
+    pub choices: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+fn in_range(field: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
+    match v {
+        Some(x) if !(lo..=hi).contains(&x) => {
+            Err(ApiError::invalid(field, format!("{field} must be a number from {lo} to {hi}, got {x}")))
+        }
+        v => Ok(v),
+    }
+}
+
+/// A seed for requests that give none: different every time, as OpenAI's are.
+fn fresh_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    t ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+}
+
+/// Checks the shared fields and builds the engine's parameters (OpenAI's defaults: temperature 1, top_p 1,
+/// every other filter off; no max_tokens means up to the end of the context).
+pub fn check_common(c: &Common, stop: &Option<Stop>, batch: usize) -> Result<Checked, ApiError> {
+    let max_tokens = match c.max_tokens {
+        None => usize::MAX,
+        Some(m) if m >= 1 => usize::try_from(m).unwrap_or(usize::MAX),
+        Some(m) => {
+            return Err(ApiError::invalid(
+                c.max_tokens_field,
+                format!("{} must be at least 1, got {m}", c.max_tokens_field),
+            ))
+        }
+    };
+    let temperature = in_range("temperature", c.temperature, 0.0, 2.0)?.unwrap_or(1.0);
+    let top_p = in_range("top_p", c.top_p, 0.0, 1.0)?.unwrap_or(1.0);
+    let presence = in_range("presence_penalty", c.presence_penalty, -2.0, 2.0)?.unwrap_or(0.0);
+    let frequency = in_range("frequency_penalty", c.frequency_penalty, -2.0, 2.0)?.unwrap_or(0.0);
+    let min_p = in_range("min_p", c.min_p, 0.0, 1.0)?.unwrap_or(0.0);
+    let repeat_penalty = match c.repeat_penalty {
+        Some(r) if !(r > 0.0 && r <= 100.0) => {
+            return Err(ApiError::invalid("repeat_penalty", format!("repeat_penalty must be > 0 and <= 100, got {r}")))
+        }
+        r => r.unwrap_or(1.0),
+    };
+    let top_k = match c.top_k {
+        Some(k) if k < 0 => return Err(ApiError::invalid("top_k", format!("top_k must be 0 (off) or more, got {k}"))),
+        k => k.map_or(0, |k| usize::try_from(k).unwrap_or(usize::MAX)),
+    };
+    let repeat_last_n = match c.repeat_last_n {
+        Some(n) if !(0..=1 << 20).contains(&n) => {
+            return Err(ApiError::invalid("repeat_last_n", format!("repeat_last_n must be from 0 to 1048576, got {n}")))
+        }
+        n => n.map_or(64, |n| n as usize),
+    };
+    let choices = match c.n {
+        None => 1,
+        Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+        Some(n) => return Err(ApiError::invalid("n", format!("n must be from 1 to {MAX_CHOICES}, got {n}"))),
+    };
+    let stream = c.stream.unwrap_or(false);
+    if c.has_stream_options && !stream {
+        return Err(ApiError::invalid("stream_options", "stream_options is only allowed with stream: true"));
+    }
+    if c.logit_bias_len > 0 {
+        return Err(ApiError::invalid("logit_bias", "logit_bias is not supported"));
+    }
+    let seed = c.seed.map_or_else(fresh_seed, |s| s as u64);
+    Ok(Checked {
+        params: GenerateParams {
+            max_tokens,
+            sampler: SamplerConfig {
+                temperature: temperature as f32,
+                top_k,
+                top_p: top_p as f32,
+                min_p: min_p as f32,
+                repeat_penalty: repeat_penalty as f32,
+                repeat_last_n,
+                presence_penalty: presence as f32,
+                frequency_penalty: frequency as f32,
+                seed,
+            },
+            ignore_eos: c.ignore_eos.unwrap_or(false),
+            stop: stops(stop)?,
+            top_logprobs: 0,
+            logprobs: false,
+            batch,
+        },
+        choices,
+        stream,
+        include_usage: c.include_usage.unwrap_or(false),
+    })
+}
+
+/// At most `n` characters of `s`, for echoing client text in an error.
+pub fn truncate(s: &str, n: usize) -> String {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: &str) -> Result<ChatRequest, ApiError> {
+        parse(body.as_bytes())
+    }
+
+    #[test]
+    fn wrong_fields_are_named() {
+        let e = chat(r#"{"messages":[{"role":"user","content":"hi"}],"temperature":"hot"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        assert!(e.message.contains("invalid type"), "{}", e.message);
+        let e = chat(r#"{"messages":[{"role":"user","content":5}]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content"));
+        let e = chat(r#"{"messages":[],"colour":1}"#).unwrap_err();
+        assert!(e.message.contains("unknown field `colour`"), "{}", e.message);
+        let e = chat(r#"{"messages":[{"role":"user","content":"hi"}]"#).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.code), (400, Some("invalid_json")));
+        let e = chat(r#"{"messages":[]} trailing"#).unwrap_err();
+        assert_eq!(e.code, Some("invalid_json"));
+        let e = chat("").unwrap_err();
+        assert!(e.message.contains("empty"));
+    }
+
+    #[test]
+    fn messages_and_ranges_are_checked() {
+        let r = chat(r#"{"messages":[{"role":"wizard","content":"hi"}]}"#).unwrap();
+        assert_eq!(r.chat_messages().unwrap_err().param.as_deref(), Some("messages[0].role"));
+        let r = chat(r#"{"messages":[]}"#).unwrap();
+        assert!(r.chat_messages().unwrap_err().message.contains("empty"));
+        let r = chat(
+            r#"{"messages":[{"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#,
+        )
+        .unwrap();
+        let m = r.chat_messages().unwrap();
+        assert_eq!((m[0].role.as_str(), m[0].content.as_str()), ("system", "ab"));
+        for (body, param) in [
+            (r#"{"temperature":-1}"#, "temperature"),
+            (r#"{"temperature":2.5}"#, "temperature"),
+            (r#"{"max_tokens":0}"#, "max_tokens"),
+            (r#"{"max_completion_tokens":-5}"#, "max_completion_tokens"),
+            (r#"{"n":9}"#, "n"),
+            (r#"{"top_p":1.5}"#, "top_p"),
+            (r#"{"stop":["a","b","c","d","e"]}"#, "stop"),
+            (r#"{"stop":""}"#, "stop"),
+            (r#"{"stream_options":{"include_usage":true}}"#, "stream_options"),
+            (r#"{"top_k":-1}"#, "top_k"),
+        ] {
+            let r = chat(body).unwrap();
+            let e = check_common(&r.common(), &r.stop, 512).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e}");
+        }
+        let r = chat(r#"{"logprobs":false,"top_logprobs":3}"#).unwrap();
+        assert!(r.top_logprobs().is_err());
+        let r = chat(r#"{"max_tokens":1000000000000,"seed":-3,"temperature":0}"#).unwrap();
+        let c = check_common(&r.common(), &r.stop, 512).unwrap();
+        assert_eq!((c.params.max_tokens, c.params.sampler.seed), (1_000_000_000_000, (-3i64) as u64));
+    }
+
+    #[test]
+    fn completion_prompts() {
+        let p = |s: &str| prompt_input(&parse::<CompletionRequest>(s.as_bytes()).unwrap().prompt, 100);
+        assert!(matches!(p(r#"{"prompt":"hi"}"#), Ok(PromptInput::Text(_))));
+        assert!(matches!(p(r#"{"prompt":[1,2,3]}"#), Ok(PromptInput::Tokens(t)) if t == [1, 2, 3]));
+        assert!(matches!(p(r#"{"prompt":[[1,2]]}"#), Ok(PromptInput::Tokens(t)) if t == [1, 2]));
+        assert_eq!(p(r#"{"prompt":[1,100]}"#).err().unwrap().param.as_deref(), Some("prompt[1]"));
+        assert!(p(r#"{"prompt":["a","b"]}"#).is_err());
+        assert!(p(r#"{"prompt":[]}"#).is_err());
+        assert!(p(r#"{}"#).is_err());
+    }
+}

@@ -1,0 +1,228 @@
+//! What the HTTP side of `strata serve` shares with the engine thread: health, the queue's depth, the
+//! telemetry ring, the devices, the cache's published contents, the metrics, and shutdown.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+use crate::device::DeviceSet;
+use crate::telemetry::{Entry, Telemetry};
+
+use super::worker::Summary;
+
+/// A parked conversation as `/strata/cache` shows it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ParkedView {
+    pub tokens: usize,
+    pub bytes: u64,
+    /// When it was last used (parked), on the telemetry clock (ms since the server started).
+    pub last_use_ms: f64,
+    pub checkpoints: Vec<usize>,
+}
+
+/// The conversation cache as of the end of the last request.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CacheView {
+    pub slots: usize,
+    pub budget_bytes: u64,
+    pub bytes: u64,
+    pub evictions: u64,
+    pub live_tokens: usize,
+    pub parked: Vec<ParkedView>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabel {
+    pub endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabel {
+    pub device: String,
+}
+
+/// The Prometheus metrics of `/metrics`.
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: Family<EndpointLabel, Counter>,
+    pub failed: Counter,
+    pub cancelled: Counter,
+    pub dropped: Counter,
+    pub rejected: Family<KindLabel, Counter>,
+    pub prompt_tokens: Counter,
+    pub reused_tokens: Counter,
+    pub generated_tokens: Counter,
+    pub prompt_tok_s: Gauge<f64, AtomicU64>,
+    pub gen_tok_s: Gauge<f64, AtomicU64>,
+    pub queue_depth: Gauge,
+    pub cache_events: Family<KindLabel, Counter>,
+    pub free_bytes: Family<DeviceLabel, Gauge<f64, AtomicU64>>,
+    pub total_bytes: Family<DeviceLabel, Gauge<f64, AtomicU64>>,
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("strata");
+        let m = Metrics {
+            registry: Registry::default(),
+            requests: Family::default(),
+            failed: Counter::default(),
+            cancelled: Counter::default(),
+            dropped: Counter::default(),
+            rejected: Family::default(),
+            prompt_tokens: Counter::default(),
+            reused_tokens: Counter::default(),
+            generated_tokens: Counter::default(),
+            prompt_tok_s: Gauge::default(),
+            gen_tok_s: Gauge::default(),
+            queue_depth: Gauge::default(),
+            cache_events: Family::default(),
+            free_bytes: Family::default(),
+            total_bytes: Family::default(),
+        };
+        registry.register("requests", "Requests served, by endpoint", m.requests.clone());
+        registry.register(
+            "requests_failed",
+            "Requests the engine failed (out of memory, device faults)",
+            m.failed.clone(),
+        );
+        registry.register(
+            "requests_cancelled",
+            "Requests whose client went away during generation",
+            m.cancelled.clone(),
+        );
+        registry.register(
+            "requests_dropped",
+            "Queued requests whose client went away before they started",
+            m.dropped.clone(),
+        );
+        registry.register("requests_rejected", "Requests refused before the engine, by reason", m.rejected.clone());
+        registry.register("prompt_tokens", "Prompt tokens of served requests", m.prompt_tokens.clone());
+        registry.register(
+            "reused_tokens",
+            "Prompt tokens reused (live prefix or conversation cache)",
+            m.reused_tokens.clone(),
+        );
+        registry.register("generated_tokens", "Tokens generated", m.generated_tokens.clone());
+        registry.register(
+            "prompt_tokens_per_second",
+            "Prompt processing speed of the last request",
+            m.prompt_tok_s.clone(),
+        );
+        registry.register("generation_tokens_per_second", "Generation speed of the last request", m.gen_tok_s.clone());
+        registry.register("queue_depth", "Requests waiting for the engine", m.queue_depth.clone());
+        registry.register(
+            "cache_events",
+            "Conversation cache events: parked, restored, restore_fallback, evicted, oom_averted, not_parked",
+            m.cache_events.clone(),
+        );
+        registry.register("device_free_bytes", "Free memory per device", m.free_bytes.clone());
+        registry.register("device_total_bytes", "Total memory per device", m.total_bytes.clone());
+        Metrics { registry, ..m }
+    }
+
+    /// Counts one served request.
+    pub fn record(&self, endpoint: &str, s: &Summary) {
+        self.requests.get_or_create(&EndpointLabel { endpoint: endpoint.to_owned() }).inc();
+        self.prompt_tokens.inc_by(s.prompt_tokens as u64);
+        self.reused_tokens.inc_by(s.reused as u64);
+        self.generated_tokens.inc_by(s.completion_tokens as u64);
+        if s.read > 0 {
+            self.prompt_tok_s.set(s.prompt_tok_s);
+        }
+        if s.completion_tokens > 0 {
+            self.gen_tok_s.set(s.gen_tok_s);
+        }
+    }
+
+    pub fn reject(&self, why: &str) {
+        self.rejected.get_or_create(&KindLabel { kind: why.to_owned() }).inc();
+    }
+}
+
+/// State shared by the handlers and the engine thread.
+pub struct Shared {
+    pub telemetry: Arc<Telemetry>,
+    pub devices: DeviceSet,
+    health: Mutex<Option<String>>,
+    /// Jobs sent to the engine and not yet started.
+    pub waiting: AtomicUsize,
+    pub queue_cap: usize,
+    /// The engine is serving a job.
+    pub busy: AtomicBool,
+    pub cache: Mutex<CacheView>,
+    pub metrics: Metrics,
+    /// No new request is taken; queued ones are answered 503.
+    pub shutting_down: AtomicBool,
+    /// The request in flight ends at its next token (a second signal).
+    pub cancel_in_flight: AtomicBool,
+    pub exit_code: AtomicU8,
+    /// Wakes the accept loop to stop.
+    pub shutdown: tokio::sync::watch::Sender<bool>,
+    /// Event-stream listeners: the device sampler runs while there is one.
+    pub listeners: AtomicUsize,
+}
+
+/// Exit status after a sticky GPU fault (sysexits' EX_TEMPFAIL): the supervisor restarts the server.
+pub const EXIT_DEVICE_FAULT: u8 = 75;
+
+impl Shared {
+    pub fn new(telemetry: Arc<Telemetry>, devices: DeviceSet, queue_cap: usize) -> Arc<Shared> {
+        let shared = Arc::new(Shared {
+            telemetry,
+            devices,
+            health: Mutex::new(None),
+            waiting: AtomicUsize::new(0),
+            queue_cap,
+            busy: AtomicBool::new(false),
+            cache: Mutex::new(CacheView::default()),
+            metrics: Metrics::new(),
+            shutting_down: AtomicBool::new(false),
+            cancel_in_flight: AtomicBool::new(false),
+            exit_code: AtomicU8::new(0),
+            shutdown: tokio::sync::watch::channel(false).0,
+            listeners: AtomicUsize::new(0),
+        });
+        // Cache events are counted as the session emits them.
+        let events = shared.metrics.cache_events.clone();
+        shared.telemetry.subscribe_with(Box::new(move |e| {
+            if let Entry::Event(e) = e {
+                if e.event != "request_done" {
+                    events.get_or_create(&KindLabel { kind: e.event.clone() }).inc();
+                }
+            }
+            true
+        }));
+        shared
+    }
+
+    /// Why the engine cannot serve, if it cannot.
+    pub fn unhealthy(&self) -> Option<String> {
+        self.health.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Marks the engine unhealthy for good (a sticky GPU fault) and starts the shutdown that exits with
+    /// [`EXIT_DEVICE_FAULT`].
+    pub fn set_unhealthy(&self, why: String) {
+        tracing::error!("{why}");
+        *self.health.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+        self.exit_code.store(EXIT_DEVICE_FAULT, Ordering::Release);
+        self.begin_shutdown();
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        self.shutdown.send_replace(true);
+    }
+}

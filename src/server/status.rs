@@ -1,0 +1,285 @@
+//! The Strata API beside the OpenAI one: `/health`, `/strata/devices`, `/strata/telemetry`,
+//! `/strata/events` (SSE), `/strata/cache`, `/strata/model`, `/strata/sim` (sim devices only) and
+//! `/metrics` (Prometheus text), plus the page at `/`.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::device::{Device, DeviceKind, Fault, Purpose};
+use crate::telemetry::Entry;
+
+use super::error::ApiError;
+use super::state::{DeviceLabel, Shared};
+use super::App;
+
+/// How often the event stream samples every device's free memory.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(500);
+
+/// `GET /health`: 200 when the model is loaded and the engine can serve; 503 with the reason otherwise.
+pub async fn health(State(app): State<App>) -> Response {
+    let s = &app.shared;
+    let queue = s.waiting.load(Ordering::Acquire);
+    let busy = s.busy.load(Ordering::Acquire);
+    if let Some(why) = s.unhealthy() {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "unhealthy", "reason": why}))).into_response();
+    }
+    if s.shutting_down.load(Ordering::Acquire) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "shutting_down", "reason": "the server is shutting down"})),
+        )
+            .into_response();
+    }
+    Json(json!({"status": "ok", "model": app.model.id, "busy": busy, "queue": queue, "queue_limit": s.queue_cap}))
+        .into_response()
+}
+
+fn kind_name(k: &DeviceKind) -> &'static str {
+    match k {
+        DeviceKind::Cpu => "cpu",
+        DeviceKind::Sim { .. } => "sim",
+        DeviceKind::Emu { .. } => "emu",
+        DeviceKind::Cuda { .. } => "cuda",
+    }
+}
+
+fn purposes(bytes: &[u64; 4]) -> Value {
+    let m: serde_json::Map<String, Value> =
+        Purpose::ALL.iter().zip(bytes).map(|(p, b)| (json!(p).as_str().unwrap_or("").to_owned(), json!(b))).collect();
+    Value::Object(m)
+}
+
+fn device_json(app: &App, d: &Arc<Device>) -> Value {
+    let u = d.usage();
+    let layers: Vec<Value> = app
+        .model
+        .model
+        .placement
+        .stages
+        .iter()
+        .filter(|s| Arc::ptr_eq(&s.device, d))
+        .map(|s| json!([s.layers.start, s.layers.end]))
+        .collect();
+    json!({
+        "index": d.index,
+        "name": d.name(),
+        "kind": kind_name(&d.kind),
+        "host": d.is_host(),
+        "free_bytes": d.observe_free(),
+        "total_bytes": d.total_bytes(),
+        "reserve_bytes": d.reserve_bytes,
+        "strata_bytes": u.total_bytes,
+        "by_purpose_bytes": purposes(&u.by_purpose_bytes),
+        "high_water_bytes": u.high_water_bytes,
+        "high_water_by_purpose_bytes": purposes(&u.high_water_by_purpose_bytes),
+        "refused_allocations": u.refused_allocations,
+        "failed_samples": u.failed_samples,
+        "layers": layers,
+    })
+}
+
+/// `GET /strata/devices`.
+pub async fn devices(State(app): State<App>) -> Response {
+    let list: Vec<Value> = app.shared.devices.all().iter().map(|d| device_json(&app, d)).collect();
+    Json(json!({"devices": list})).into_response()
+}
+
+/// `GET /strata/telemetry?since_ms=T`: samples and events after T (ms on the server's clock).
+pub async fn telemetry(State(app): State<App>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let since_ms = match q.get("since_ms").map(|s| s.parse::<f64>()) {
+        None => -1.0,
+        Some(Ok(t)) if t.is_finite() => t,
+        Some(_) => {
+            return ApiError::invalid("since_ms", "since_ms must be a number of milliseconds (the server's clock)")
+                .into_response()
+        }
+    };
+    let t = &app.shared.telemetry;
+    let (samples, events) = t.since(since_ms);
+    Json(json!({"now_ms": t.now_ms(), "samples": samples, "events": events})).into_response()
+}
+
+/// Ends with the listener count decremented, whatever ends the stream.
+struct Listener(Arc<Shared>);
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.0.listeners.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Samples every device while someone listens to the event stream; ends when nobody does.
+fn start_sampler(shared: Arc<Shared>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(SAMPLE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+            if shared.listeners.load(Ordering::Acquire) == 0 || shared.shutting_down.load(Ordering::Acquire) {
+                break;
+            }
+            let s = shared.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                for d in s.devices.all() {
+                    s.telemetry.sample(d.index, d.observe_free(), d.total_bytes());
+                }
+            })
+            .await;
+        }
+    });
+}
+
+/// `GET /strata/events`: SSE with `event: sample` (a device's free memory, about twice a second per device)
+/// and `event: engine` (every engine event as it happens). It ends when the server shuts down.
+pub async fn events(State(app): State<App>) -> Response {
+    let shared = app.shared.clone();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Entry>();
+    shared.telemetry.subscribe_with(Box::new(move |e| tx.send(e.clone()).is_ok()));
+    if shared.listeners.fetch_add(1, Ordering::AcqRel) == 0 {
+        start_sampler(shared.clone());
+    }
+    let guard = Listener(shared.clone());
+    let shutdown = shared.shutdown.subscribe();
+    let s = futures_util::stream::unfold((rx, shutdown, guard), |(mut rx, mut shutdown, guard)| async move {
+        if *shutdown.borrow() {
+            return None;
+        }
+        let entry = tokio::select! {
+            e = rx.recv() => e?,
+            _ = shutdown.changed() => return None,
+        };
+        let (name, data) = match &entry {
+            Entry::Sample(s) => ("sample", serde_json::to_string(s).unwrap_or_default()),
+            Entry::Event(e) => ("engine", serde_json::to_string(e).unwrap_or_default()),
+        };
+        Some((Ok::<_, Infallible>(Event::default().event(name).data(data)), (rx, shutdown, guard)))
+    });
+    Sse::new(s).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+}
+
+/// `GET /strata/cache`: the parked conversations and the cache's limits, as of the last request.
+pub async fn cache(State(app): State<App>) -> Response {
+    let v = app.shared.cache.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut j = serde_json::to_value(&v).unwrap_or(Value::Null);
+    j["slots_used"] = json!(v.parked.len());
+    Json(j).into_response()
+}
+
+/// `GET /strata/model`.
+pub async fn model(State(app): State<App>) -> Response {
+    Json(app.model.info.clone()).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimRequest {
+    device: usize,
+    pressure_mib: Option<u64>,
+    leave_free_mib: Option<u64>,
+    fail_samples: Option<u32>,
+    fail_alloc: Option<u32>,
+}
+
+/// `POST /strata/sim` (only when a sim device is in --devices): squeezes a simulated device while the
+/// server runs. One of pressure_mib, leave_free_mib, fail_samples, fail_alloc.
+pub async fn sim(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    match sim_inner(&app, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn sim_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let sims: Vec<&Arc<Device>> =
+        app.shared.devices.devices.iter().filter(|d| matches!(d.kind, DeviceKind::Sim { .. })).collect();
+    if sims.is_empty() {
+        return Err(ApiError::not_found("/strata/sim is only served when --devices lists a sim device"));
+    }
+    let bytes = super::api::read_body(headers, body, 1 << 16).await?;
+    let r: SimRequest = super::openai::parse(&bytes)?;
+    let mib = 1u64 << 20;
+    let given =
+        [r.pressure_mib.is_some(), r.leave_free_mib.is_some(), r.fail_samples.is_some(), r.fail_alloc.is_some()];
+    if given.iter().filter(|g| **g).count() != 1 {
+        return Err(ApiError::invalid(
+            "",
+            "give exactly one of pressure_mib, leave_free_mib, fail_samples and fail_alloc",
+        ));
+    }
+    let Some(device) = sims.iter().find(|d| d.index == r.device) else {
+        let names: Vec<String> = sims.iter().map(|d| format!("{} ({})", d.index, d.name())).collect();
+        return Err(ApiError::invalid(
+            "device",
+            format!("device {} is not a sim device: the sim devices are {}", r.device, names.join(", ")),
+        ));
+    };
+    let (fault, what) = if let Some(m) = r.pressure_mib {
+        (Fault::PressureBytes(m.saturating_mul(mib)), json!({"pressure_mib": m}))
+    } else if let Some(m) = r.leave_free_mib {
+        (Fault::LeaveFreeBytes(m.saturating_mul(mib)), json!({"leave_free_mib": m}))
+    } else if let Some(n) = r.fail_samples {
+        (Fault::FailSamples(n), json!({"fail_samples": n}))
+    } else {
+        (Fault::FailAllocs(r.fail_alloc.unwrap_or(0)), json!({"fail_alloc": r.fail_alloc}))
+    };
+    device.inject(fault).map_err(|e| ApiError::invalid("device", e.to_string()))?;
+    let mut fields = what.clone();
+    fields["device"] = json!(device.index);
+    app.shared.telemetry.event("sim_fault", fields);
+    app.shared.telemetry.sample(device.index, device.observe_free(), device.total_bytes());
+    tracing::info!("device {}: sim fault applied: {what}", device.name());
+    Ok(Json(json!({"device": device.index, "applied": what, "free_bytes": device.observe_free()})).into_response())
+}
+
+/// `GET /metrics`: Prometheus text (OpenMetrics).
+pub async fn metrics(State(app): State<App>) -> Response {
+    let s = &app.shared;
+    let m = &s.metrics;
+    m.queue_depth.set(s.waiting.load(Ordering::Acquire) as i64);
+    for d in s.devices.all() {
+        let label = DeviceLabel { device: d.name() };
+        if let Some(free) = d.observe_free() {
+            m.free_bytes.get_or_create(&label).set(free as f64);
+        }
+        m.total_bytes.get_or_create(&label).set(d.total_bytes() as f64);
+    }
+    let mut text = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &m.registry) {
+        return ApiError::internal(format!("cannot encode the metrics: {e}")).into_response();
+    }
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}
+
+/// `GET /` when there is no built web UI: a page that says what is here.
+pub async fn index(State(app): State<App>) -> Response {
+    let id = html_escape(&app.model.id);
+    Html(format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Strata</title></head><body>\
+         <h1>Strata</h1><p>Serving <b>{id}</b>. This server speaks the OpenAI API at <code>/v1</code> \
+         (<code>POST /v1/chat/completions</code>, <code>POST /v1/completions</code>, <code>GET /v1/models</code>) \
+         and the Strata API: <a href=\"/health\">/health</a>, <a href=\"/strata/devices\">/strata/devices</a>, \
+         <a href=\"/strata/telemetry\">/strata/telemetry</a>, <code>/strata/events</code> (SSE), \
+         <a href=\"/strata/cache\">/strata/cache</a>, <a href=\"/strata/model\">/strata/model</a>, \
+         <a href=\"/metrics\">/metrics</a>. With an API key, the /v1, /strata and /metrics paths need \
+         <code>Authorization: Bearer KEY</code>.</p>\
+         <p>Every endpoint, with a curl example, is in the README: \
+         <a href=\"https://github.com/strata-llm/strata#strata-serve\">strata serve</a>.</p></body></html>"
+    ))
+    .into_response()
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}

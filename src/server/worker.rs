@@ -1,0 +1,283 @@
+//! The engine thread of `strata serve`: one session (one live sequence and the conversation cache) fed by a
+//! FIFO queue of jobs. A job's replies go back over its own channel; when the client goes away the channel
+//! closes, and the job ends at its next token (or is dropped before it starts, if still queued). After a
+//! job the thread publishes what the HTTP side shows without waiting for the engine: the cache's contents.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::cache::RestoreKind;
+use crate::engine::session::{Fallback, Session, SessionConfig};
+use crate::engine::{EngineError, Generation, Observer, StopReason};
+use crate::model::{Model, ModelError};
+use crate::threadpool::ThreadPool;
+use crate::tokenizer::Tokenizer;
+
+use super::error::ApiError;
+use super::openai::Checked;
+use super::state::{CacheView, ParkedView, Shared};
+
+/// One request for the engine.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub checked: Checked,
+    /// Top log-probabilities per token (with `checked.params.logprobs`).
+    pub top_logprobs: usize,
+    pub tx: UnboundedSender<Msg>,
+    pub queued_at: Instant,
+    pub endpoint: &'static str,
+}
+
+/// A token with its log-probability and the most likely alternatives (when asked for).
+#[derive(Clone, Debug)]
+pub struct TokenInfo {
+    pub id: u32,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(Vec<u8>, f32)>,
+}
+
+/// What the engine sends back for a job, in order: for each choice its text pieces then its end, then the
+/// figures of the whole request; or an error.
+#[derive(Debug)]
+pub enum Msg {
+    Text { choice: usize, text: String, tokens: Vec<TokenInfo> },
+    ChoiceDone { choice: usize, finish_reason: &'static str, text: String, tokens: Vec<TokenInfo> },
+    Done(Box<Summary>),
+    Error(ApiError),
+}
+
+/// The figures of one served request.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Summary {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub reused: usize,
+    pub read: usize,
+    pub prompt_ms: f64,
+    pub gen_ms: f64,
+    pub prompt_tok_s: f64,
+    pub gen_tok_s: f64,
+    pub queue_ms: f64,
+    pub drafts_accepted: usize,
+    pub drafts_proposed: usize,
+    pub restored: Option<RestoreKind>,
+    pub restored_tokens: Option<usize>,
+    pub fallback: Option<Fallback>,
+}
+
+/// OpenAI's finish_reason for an engine stop.
+pub fn finish_reason(r: StopReason) -> &'static str {
+    match r {
+        StopReason::Eog | StopReason::Stop => "stop",
+        StopReason::Length | StopReason::Context => "length",
+        StopReason::Cancelled => "cancelled",
+    }
+}
+
+/// What the engine thread owns.
+pub struct EngineParts {
+    pub model: Arc<Model>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub threads: usize,
+    pub session: SessionConfig,
+}
+
+/// Starts the engine thread; its session is made before this returns (an error then is the caller's).
+pub fn spawn(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>) -> anyhow::Result<()> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), String>>(1);
+    std::thread::Builder::new().name("strata-engine".into()).spawn(move || run(parts, shared, jobs, ready_tx))?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => anyhow::bail!("cannot start the engine: {e}"),
+        Err(_) => anyhow::bail!("cannot start the engine: its thread ended"),
+    }
+}
+
+fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: SyncSender<Result<(), String>>) {
+    let pool = ThreadPool::new(parts.threads);
+    let mut session = match Session::new(&parts.model, &parts.tokenizer, &pool, &parts.session) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ready.send(Err(e.to_string()));
+            return;
+        }
+    };
+    session.telemetry = shared.telemetry.clone();
+    publish_cache(&session, &shared);
+    let _ = ready.send(Ok(()));
+    drop(ready);
+    while let Ok(job) = jobs.recv() {
+        shared.waiting.fetch_sub(1, Ordering::AcqRel);
+        if job.tx.is_closed() {
+            shared.metrics.dropped.inc();
+            tracing::info!("a queued request was dropped: its client went away before it started");
+            continue;
+        }
+        if let Some(why) = shared.unhealthy() {
+            let _ = job.tx.send(Msg::Error(ApiError::unhealthy(why)));
+            continue;
+        }
+        if shared.shutting_down.load(Ordering::Acquire) {
+            let _ = job.tx.send(Msg::Error(ApiError::shutting_down()));
+            continue;
+        }
+        shared.busy.store(true, Ordering::Release);
+        serve_job(&mut session, &parts.tokenizer, &shared, job);
+        shared.busy.store(false, Ordering::Release);
+        publish_cache(&session, &shared);
+    }
+}
+
+/// Sends the text of one choice as it comes, with its tokens when log-probabilities are asked for, and
+/// stops the generation when the client is gone or the server must stop now.
+struct JobObserver<'a> {
+    tx: &'a UnboundedSender<Msg>,
+    shared: &'a Shared,
+    tokenizer: &'a Tokenizer,
+    choice: usize,
+    logprobs: bool,
+    sent_tokens: usize,
+}
+
+fn token_infos(tokenizer: &Tokenizer, g: &Generation, from: usize) -> Vec<TokenInfo> {
+    (from..g.tokens.len())
+        .filter(|&i| !tokenizer.is_eog(g.tokens[i]))
+        .map(|i| TokenInfo {
+            id: g.tokens[i],
+            bytes: tokenizer.token_to_piece(g.tokens[i]),
+            logprob: g.token_logprobs.get(i).copied().unwrap_or(f32::NAN),
+            top: g
+                .top_logprobs
+                .get(i)
+                .map(|top| top.iter().map(|&(id, lp)| (tokenizer.token_to_piece(id), lp)).collect())
+                .unwrap_or_default(),
+        })
+        .collect()
+}
+
+impl Observer for JobObserver<'_> {
+    fn on_text(&mut self, text: &str, so_far: &Generation) {
+        let tokens = if self.logprobs { token_infos(self.tokenizer, so_far, self.sent_tokens) } else { Vec::new() };
+        self.sent_tokens = so_far.tokens.len();
+        let _ = self.tx.send(Msg::Text { choice: self.choice, text: text.to_owned(), tokens });
+    }
+
+    fn cancelled(&mut self) -> bool {
+        self.tx.is_closed() || self.shared.cancel_in_flight.load(Ordering::Acquire)
+    }
+}
+
+fn engine_error(e: &EngineError) -> ApiError {
+    match e {
+        EngineError::Model(ModelError::Device(d)) if d.is_fatal() => ApiError::unhealthy(format!(
+            "unhealthy: {d}; the server exits with status 75 so that its supervisor restarts it"
+        )),
+        EngineError::Model(ModelError::Device(d)) => ApiError::out_of_memory(format!("the request failed: {d}")),
+        EngineError::Model(ModelError::ContextOverflow { needed, max }) => ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::invalid("messages", format!("the prompt needs {needed} positions but the context holds {max}"))
+        },
+        other => ApiError::internal(format!("the request failed: {other}")),
+    }
+}
+
+fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job: Job) {
+    let queue_ms = job.queued_at.elapsed().as_secs_f64() * 1e3;
+    let mut params = job.checked.params.clone();
+    params.top_logprobs = job.top_logprobs;
+    let logprobs = params.logprobs || params.top_logprobs > 0;
+    let base_seed = params.sampler.seed;
+    let mut summary: Option<Summary> = None;
+    for choice in 0..job.checked.choices {
+        params.sampler.seed = base_seed.wrapping_add(choice as u64);
+        let mut obs = JobObserver { tx: &job.tx, shared, tokenizer, choice, logprobs, sent_tokens: 0 };
+        let served = if choice == 0 {
+            session.serve_observed(&job.prompt, &params, &mut obs)
+        } else {
+            session.serve_again(&job.prompt, &params, &mut obs)
+        };
+        let served = match served {
+            Ok(s) => s,
+            Err(EngineError::Cancelled) => break,
+            Err(e) => {
+                let err = engine_error(&e);
+                tracing::warn!("request failed: {e}");
+                shared.metrics.failed.inc();
+                if let EngineError::Model(ModelError::Device(d)) = &e {
+                    if d.is_fatal() {
+                        shared.set_unhealthy(err.message.clone());
+                    }
+                }
+                let _ = job.tx.send(Msg::Error(err));
+                return;
+            }
+        };
+        let g = &served.generation;
+        if g.stop_reason == StopReason::Cancelled {
+            break;
+        }
+        let tokens = if logprobs { token_infos(tokenizer, g, 0) } else { Vec::new() };
+        let _ = job.tx.send(Msg::ChoiceDone {
+            choice,
+            finish_reason: finish_reason(g.stop_reason),
+            text: g.text.clone(),
+            tokens,
+        });
+        let s = summary.get_or_insert_with(|| Summary {
+            prompt_tokens: job.prompt.len(),
+            completion_tokens: 0,
+            reused: served.reused,
+            read: served.read,
+            prompt_ms: g.prompt_ms,
+            gen_ms: 0.0,
+            prompt_tok_s: served.read as f64 / (g.prompt_ms / 1e3).max(1e-9),
+            gen_tok_s: 0.0,
+            queue_ms,
+            drafts_accepted: 0,
+            drafts_proposed: 0,
+            restored: served.restored.map(|(k, _)| k),
+            restored_tokens: served.restored.map(|(_, n)| n),
+            fallback: served.fallback.clone(),
+        });
+        s.completion_tokens += g.tokens.len();
+        s.gen_ms += g.gen_ms;
+    }
+    let Some(mut s) = summary else {
+        shared.metrics.cancelled.inc();
+        tracing::info!("request cancelled: its client went away");
+        return;
+    };
+    s.gen_tok_s = s.completion_tokens as f64 / (s.gen_ms / 1e3).max(1e-9);
+    shared.metrics.record(job.endpoint, &s);
+    let fields = serde_json::to_value(&s).unwrap_or(serde_json::Value::Null);
+    shared.telemetry.event("request_done", fields);
+    let _ = job.tx.send(Msg::Done(Box::new(s)));
+}
+
+/// Publishes the cache's contents for `/strata/cache`.
+fn publish_cache(session: &Session, shared: &Shared) {
+    let now_ms = shared.telemetry.now_ms();
+    let c = &session.cache;
+    let view = CacheView {
+        slots: c.slots,
+        budget_bytes: c.budget_bytes,
+        bytes: c.bytes(),
+        evictions: c.evictions(),
+        live_tokens: session.live_tokens().len(),
+        parked: c
+            .snapshots()
+            .map(|s| ParkedView {
+                tokens: s.tokens.len(),
+                bytes: s.bytes(),
+                last_use_ms: now_ms - s.parked_at.elapsed().as_secs_f64() * 1e3,
+                checkpoints: s.checkpoints.clone(),
+            })
+            .collect(),
+    };
+    *shared.cache.lock().unwrap_or_else(|e| e.into_inner()) = view;
+}
