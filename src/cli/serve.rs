@@ -48,6 +48,12 @@ pub struct ServeArgs {
     /// Allow browser clients from this origin (repeatable; * for any). CORS is off without it
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origin: Vec<String>,
+    /// Seconds a client may take to send its request line and headers; then the connection is closed
+    #[arg(long = "header-timeout-s", value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_timeout_s: u64,
+    /// Seconds a client may take to send its request body; then 408
+    #[arg(long = "body-timeout-s", value_name = "S", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_timeout_s: u64,
     /// A built web UI to serve at / [default: ui/dist when it exists]
     #[arg(long = "ui-dir", value_name = "DIR")]
     pub ui_dir: Option<PathBuf>,
@@ -151,6 +157,8 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         queue: a.queue as usize,
         cors_origins: cors,
         ui_dir,
+        header_timeout: std::time::Duration::from_secs(a.header_timeout_s),
+        body_timeout: std::time::Duration::from_secs(a.body_timeout_s),
         batch: a.engine.batch as usize,
         threads,
         session: SessionConfig { kv_type: a.engine.kv, max_context, cache_slots: a.cache_slots, cache_budget_bytes },
@@ -182,7 +190,7 @@ fn model_info(loaded: &super::Loaded, id: &str, a: &ServeArgs, max_context: usiz
     for t in &file.tensors {
         *by_type.entry(t.ty.name()).or_default() += t.n_bytes;
     }
-    let quantization = by_type.iter().max_by_key(|(_, b)| **b).map(|(t, _)| *t).unwrap_or("?");
+    let quantization = by_type.iter().max_by_key(|(_, b)| **b).map_or("?".to_owned(), |(t, _)| t.to_uppercase());
     let parameters: u64 = file.tensors.iter().map(|t| t.n_elements()).sum();
     let stages: Vec<serde_json::Value> = m
         .placement

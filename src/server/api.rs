@@ -22,19 +22,21 @@ use super::openai::{self, ChatRequest, Checked, CompletionRequest, PromptInput};
 use super::worker::{Job, Msg, Summary, TokenInfo};
 use super::App;
 
-/// How long a client may take to send its body.
-pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// Reads the body: at most `limit` bytes (413 beyond, checked on Content-Length first) within
-/// [`BODY_TIMEOUT`] (408 after).
-pub async fn read_body(headers: &HeaderMap, body: Body, limit: u64) -> Result<axum::body::Bytes, ApiError> {
+/// `timeout` (408 after).
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+    timeout: Duration,
+) -> Result<axum::body::Bytes, ApiError> {
     if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
         if len > limit {
             return Err(ApiError::too_large(limit));
         }
     }
-    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, limit as usize)).await {
-        Err(_) => Err(ApiError::body_timeout(BODY_TIMEOUT.as_secs())),
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit as usize)).await {
+        Err(_) => Err(ApiError::body_timeout(timeout.as_secs())),
         Ok(Ok(b)) => Ok(b),
         Ok(Err(e)) => {
             let source = std::error::Error::source(&e);
@@ -134,6 +136,7 @@ fn usage_json(s: &Summary) -> Value {
 /// The `strata` object of a response: where the prompt's state came from and the speeds.
 pub fn strata_json(s: &Summary) -> Value {
     json!({
+        "job": s.job,
         "reused": s.reused,
         "read": s.read,
         "prompt_ms": s.prompt_ms,
@@ -223,7 +226,7 @@ fn respond(app: &App, r: Result<Response, ApiError>) -> Response {
 }
 
 async fn chat_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let bytes = read_body(headers, body, app.opts.max_body_bytes).await?;
+    let bytes = read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: ChatRequest = openai::parse(&bytes)?;
     drop(bytes);
     let model = check_model(app, &req.model)?;
@@ -248,7 +251,7 @@ async fn chat_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Respon
 }
 
 async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let bytes = read_body(headers, body, app.opts.max_body_bytes).await?;
+    let bytes = read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: CompletionRequest = openai::parse(&bytes)?;
     drop(bytes);
     let model = check_model(app, &req.model)?;

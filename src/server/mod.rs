@@ -40,9 +40,6 @@ use worker::{EngineParts, Job};
 /// `system_fingerprint` of every response: the engine and its version.
 pub const FINGERPRINT: &str = concat!("strata-", env!("CARGO_PKG_VERSION"));
 
-/// How long a client may take to send its request line and headers.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// The loaded model, shared by the handlers (tokenizing, rendering, facts) and the engine thread.
 pub struct ServedModel {
     pub model: Arc<Model>,
@@ -69,6 +66,10 @@ pub struct ServeOptions {
     pub cors_origins: Vec<HeaderValue>,
     /// A built web UI to serve at `/` (its index.html and assets).
     pub ui_dir: Option<PathBuf>,
+    /// How long a client may take to send its request line and headers (then the connection is closed),
+    /// and its body (then 408).
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
     pub batch: usize,
     pub threads: usize,
     pub session: SessionConfig,
@@ -186,6 +187,7 @@ async fn accept_loop(app: App, on_listening: impl FnOnce(SocketAddr)) -> anyhow:
     on_listening(listener.local_addr()?);
     let shared = app.shared.clone();
     tokio::spawn(signals(shared.clone()));
+    let header_timeout = app.opts.header_timeout;
     let router = router(app);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = shared.shutdown.subscribe();
@@ -206,7 +208,7 @@ async fn accept_loop(app: App, on_listening: impl FnOnce(SocketAddr)) -> anyhow:
         let svc = hyper_util::service::TowerToHyperService::new(router.clone());
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_TIMEOUT)
+            .header_read_timeout(header_timeout)
             .max_buf_size(64 * 1024)
             .serve_connection(TokioIo::new(stream), svc);
         let conn = graceful.watch(conn);

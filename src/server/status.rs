@@ -207,7 +207,7 @@ async fn sim_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Respons
     if sims.is_empty() {
         return Err(ApiError::not_found("/strata/sim is only served when --devices lists a sim device"));
     }
-    let bytes = super::api::read_body(headers, body, 1 << 16).await?;
+    let bytes = super::api::read_body(headers, body, 1 << 16, app.opts.body_timeout).await?;
     let r: SimRequest = super::openai::parse(&bytes)?;
     let mib = 1u64 << 20;
     let given =

@@ -54,6 +54,8 @@ pub enum Msg {
 /// The figures of one served request.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Summary {
+    /// The engine's serial number of the request (1, 2, ...): the order it was served in.
+    pub job: u64,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub reused: usize,
@@ -111,6 +113,7 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
     publish_cache(&session, &shared);
     let _ = ready.send(Ok(()));
     drop(ready);
+    let mut serial = 0u64;
     while let Ok(job) = jobs.recv() {
         shared.waiting.fetch_sub(1, Ordering::AcqRel);
         if job.tx.is_closed() {
@@ -127,7 +130,8 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
             continue;
         }
         shared.busy.store(true, Ordering::Release);
-        serve_job(&mut session, &parts.tokenizer, &shared, job);
+        serial += 1;
+        serve_job(&mut session, &parts.tokenizer, &shared, job, serial);
         shared.busy.store(false, Ordering::Release);
         publish_cache(&session, &shared);
     }
@@ -186,7 +190,7 @@ fn engine_error(e: &EngineError) -> ApiError {
     }
 }
 
-fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job: Job) {
+fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job: Job, serial: u64) {
     let queue_ms = job.queued_at.elapsed().as_secs_f64() * 1e3;
     let mut params = job.checked.params.clone();
     params.top_logprobs = job.top_logprobs;
@@ -229,6 +233,7 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
             tokens,
         });
         let s = summary.get_or_insert_with(|| Summary {
+            job: serial,
             prompt_tokens: job.prompt.len(),
             completion_tokens: 0,
             reused: served.reused,

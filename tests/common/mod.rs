@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: where the default model and the reference data are.
 #![allow(dead_code)]
 
+pub mod server;
+
 use std::path::PathBuf;
 
 /// The default model: `STRATA_MODEL`, else `models/SmolLM2-135M-Instruct.Q4_1.gguf`. Panics (the test
