@@ -54,6 +54,10 @@ pub struct ServeArgs {
     /// Seconds a client may take to send its request body; then 408
     #[arg(long = "body-timeout-s", value_name = "S", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub body_timeout_s: u64,
+    /// Telemetry kept for /strata/telemetry: the last N device samples and the last N engine events
+    #[arg(long = "telemetry-entries", value_name = "N", default_value_t = strata::telemetry::RING_ENTRIES as u32,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub telemetry_entries: u32,
     /// A built web UI to serve at / [default: ui/dist when it exists]
     #[arg(long = "ui-dir", value_name = "DIR")]
     pub ui_dir: Option<PathBuf>,
@@ -159,6 +163,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         ui_dir,
         header_timeout: std::time::Duration::from_secs(a.header_timeout_s),
         body_timeout: std::time::Duration::from_secs(a.body_timeout_s),
+        telemetry_entries: a.telemetry_entries as usize,
         batch: a.engine.batch as usize,
         threads,
         session: SessionConfig { kv_type: a.engine.kv, max_context, cache_slots: a.cache_slots, cache_budget_bytes },

@@ -109,6 +109,7 @@ fn enqueue(app: &App, mut job: Job) -> Result<(), ApiError> {
         shared.waiting.fetch_sub(1, Ordering::AcqRel);
         return Err(ApiError::unhealthy("the engine has stopped"));
     }
+    shared.accepted.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }
 

@@ -70,6 +70,8 @@ pub struct ServeOptions {
     /// and its body (then 408).
     pub header_timeout: Duration,
     pub body_timeout: Duration,
+    /// Telemetry entries kept of each kind (samples, events).
+    pub telemetry_entries: usize,
     pub batch: usize,
     pub threads: usize,
     pub session: SessionConfig,
@@ -148,7 +150,7 @@ async fn require_key(State(app): State<App>, req: Request, next: Next) -> Respon
 /// Runs the server until a signal or a sticky fault; returns the exit status (0, or 75 after a fault).
 /// `on_listening` gets the bound address (with `--port 0`, the port picked) before any request is taken.
 pub fn serve(opts: ServeOptions, model: ServedModel, on_listening: impl FnOnce(SocketAddr)) -> anyhow::Result<u8> {
-    let telemetry = Arc::new(Telemetry::new());
+    let telemetry = Arc::new(Telemetry::with_capacity(opts.telemetry_entries));
     let devices = model.model.placement.devices.clone();
     let shared = Shared::new(telemetry, devices, opts.queue);
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
@@ -169,6 +171,8 @@ pub fn serve(opts: ServeOptions, model: ServedModel, on_listening: impl FnOnce(S
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // Rendering and tokenizing run here; a few threads keep up with one engine.
+        .max_blocking_threads(4)
         .thread_name("strata-http")
         .enable_all()
         .build()?;

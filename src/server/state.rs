@@ -158,6 +158,8 @@ pub struct Shared {
     health: Mutex<Option<String>>,
     /// Jobs sent to the engine and not yet started.
     pub waiting: AtomicUsize,
+    /// Jobs ever put in the queue.
+    pub accepted: AtomicU64,
     pub queue_cap: usize,
     /// The engine is serving a job.
     pub busy: AtomicBool,
@@ -184,6 +186,7 @@ impl Shared {
             devices,
             health: Mutex::new(None),
             waiting: AtomicUsize::new(0),
+            accepted: AtomicU64::new(0),
             queue_cap,
             busy: AtomicBool::new(false),
             cache: Mutex::new(CacheView::default()),

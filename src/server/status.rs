@@ -42,8 +42,10 @@ pub async fn health(State(app): State<App>) -> Response {
         )
             .into_response();
     }
-    Json(json!({"status": "ok", "model": app.model.id, "busy": busy, "queue": queue, "queue_limit": s.queue_cap}))
-        .into_response()
+    let accepted = s.accepted.load(Ordering::Acquire);
+    Json(json!({"status": "ok", "model": app.model.id, "busy": busy, "queue": queue, "queue_limit": s.queue_cap,
+        "accepted": accepted}))
+    .into_response()
 }
 
 fn kind_name(k: &DeviceKind) -> &'static str {

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-/// Entries kept of each kind; older ones are dropped.
+/// Entries kept of each kind by default; older ones are dropped.
 pub const RING_ENTRIES: usize = 4096;
 
 /// Free memory of one device at one moment (`free_bytes` is None when the sample failed).
@@ -50,17 +50,24 @@ struct Ring {
 pub struct Telemetry {
     start: Instant,
     ring: Mutex<Ring>,
+    /// Entries kept of each kind.
+    capacity: usize,
 }
 
 impl Default for Telemetry {
     fn default() -> Self {
-        Telemetry { start: Instant::now(), ring: Mutex::new(Ring::default()) }
+        Telemetry::with_capacity(RING_ENTRIES)
     }
 }
 
 impl Telemetry {
     pub fn new() -> Telemetry {
         Telemetry::default()
+    }
+
+    /// A ring keeping the last `capacity` samples and the last `capacity` events (at least one of each).
+    pub fn with_capacity(capacity: usize) -> Telemetry {
+        Telemetry { start: Instant::now(), ring: Mutex::new(Ring::default()), capacity: capacity.max(1) }
     }
 
     /// Milliseconds since the engine started.
@@ -75,7 +82,7 @@ impl Telemetry {
     pub fn sample(&self, device: usize, free_bytes: Option<u64>, total_bytes: u64) {
         let s = DeviceSample { t_ms: self.now_ms(), device, free_bytes, total_bytes };
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-        if ring.samples.len() == RING_ENTRIES {
+        if ring.samples.len() >= self.capacity {
             ring.samples.pop_front();
         }
         ring.samples.push_back(s.clone());
@@ -91,7 +98,7 @@ impl Telemetry {
         };
         let e = Event { t_ms: self.now_ms(), event: kind.to_owned(), fields };
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-        if ring.events.len() == RING_ENTRIES {
+        if ring.events.len() >= self.capacity {
             ring.events.pop_front();
         }
         ring.events.push_back(e.clone());

@@ -219,8 +219,7 @@ pub fn parse_response(raw: &[u8]) -> Option<Resp> {
     if chunked {
         let mut out = Vec::new();
         let mut rest = &body[..];
-        loop {
-            let Some(nl) = rest.windows(2).position(|w| w == b"\r\n") else { break };
+        while let Some(nl) = rest.windows(2).position(|w| w == b"\r\n") {
             let size = usize::from_str_radix(std::str::from_utf8(&rest[..nl]).ok()?.trim(), 16).ok()?;
             rest = &rest[nl + 2..];
             if size == 0 || rest.len() < size {
