@@ -387,3 +387,29 @@ fn the_reported_scenario_over_http_parks_falls_back_and_restores_exactly_as_repl
     assert!(uncached.iter().all(|r| r["strata"]["restored"].is_null()));
     no_panic(&plain);
 }
+
+#[test]
+fn the_official_openai_python_client_works_against_the_server() {
+    let _one = one_at_a_time();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let pylib = root.join(".cache/pylib");
+    let s = Server::start(&["-c", "1024", "--api-key", "sk-local"]);
+    let out = Command::new("python3")
+        .arg(root.join("tests/openai_client.py"))
+        .arg(format!("http://127.0.0.1:{}/v1", s.port))
+        .arg("sk-local")
+        .env("PYTHONPATH", &pylib)
+        .output()
+        .expect("python3 runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !err.contains("No module named 'openai'"),
+        "the openai package is not in {}: run scripts/setup",
+        pylib.display()
+    );
+    assert!(out.status.success(), "the openai client failed: {err}\nserver: {}", s.stderr());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("checks passed"), "{said}");
+    eprintln!("{}", said.trim());
+    no_panic(&s);
+}
