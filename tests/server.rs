@@ -68,6 +68,26 @@ fn starts_on_a_free_port_answers_health_and_models_and_stops_on_sigterm() {
     assert!(u(&cpu["by_purpose_bytes"]["weights"]) > 50 << 20, "{cpu}");
     assert!(u(&cpu["free_bytes"]) > 0 && u(&cpu["total_bytes"]) > 0);
     assert!(s.get("/").text().contains("/v1/chat/completions"));
+    let metrics = s.get("/metrics");
+    assert!(metrics.header("content-type").unwrap().contains("openmetrics"));
+    let m = metrics.text();
+    for needle in [
+        "strata_requests_total{endpoint=\"chat\"} 3",
+        "strata_generated_tokens_total 6",
+        "strata_queue_depth 0",
+        "strata_device_free_bytes{device=\"0\",kind=\"cpu\"}",
+        "strata_generation_tokens_per_second",
+    ] {
+        assert!(m.contains(needle), "{needle} not in {m}");
+    }
+    // No CORS without --cors-origin.
+    let pre = s.request(
+        "OPTIONS",
+        "/v1/chat/completions",
+        &[("Origin", "http://example.com"), ("Access-Control-Request-Method", "POST")],
+        b"",
+    );
+    assert!(pre.header("access-control-allow-origin").is_none());
     let st = s.stop();
     assert_eq!(st.code(), Some(0));
 }
@@ -104,6 +124,32 @@ fn the_api_key_is_required_when_set() {
     // Health stays open for supervisors.
     assert_eq!(s.get("/health").status, 200);
     no_panic(&s);
+}
+
+#[test]
+fn cors_is_off_unless_an_origin_is_allowed() {
+    let s = Server::start(&["-c", "128", "--cors-origin", "http://localhost:5173"]);
+    let pre = s.request(
+        "OPTIONS",
+        "/v1/chat/completions",
+        &[
+            ("Origin", "http://localhost:5173"),
+            ("Access-Control-Request-Method", "POST"),
+            ("Access-Control-Request-Headers", "authorization,content-type"),
+        ],
+        b"",
+    );
+    assert_eq!(pre.status, 200, "{pre:?}");
+    assert_eq!(pre.header("access-control-allow-origin"), Some("http://localhost:5173"));
+    assert!(pre.header("access-control-allow-headers").unwrap().contains("authorization"));
+    let other = s.request("GET", "/v1/models", &[("Origin", "http://evil.example")], b"");
+    assert_eq!(other.status, 200);
+    assert!(other.header("access-control-allow-origin").is_none());
+    let bad = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["serve", "--port", "0", "--cors-origin", "localhost"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("is not an origin"));
 }
 
 #[test]
@@ -353,7 +399,13 @@ fn the_reported_scenario_over_http_parks_falls_back_and_restores_exactly_as_repl
     assert!(samples.iter().any(|x| x["device"] == 1 && x["free_bytes"].is_u64()), "gate samples are recorded");
 
     // The event stream showed the same events as they happened, and device samples.
-    assert_eq!(s.get("/strata/cache").json()["slots"], 2);
+    let cache = s.get("/strata/cache").json();
+    assert_eq!((cache["slots"].as_u64(), cache["budget_bytes"].as_u64()), (Some(2), Some(256 << 20)));
+    let parked = cache["parked"].as_array().unwrap();
+    assert!(!parked.is_empty() && parked.len() <= 2, "{cache}");
+    assert_eq!(u(&cache["bytes"]), parked.iter().map(|p| u(&p["bytes"])).sum::<u64>());
+    assert!(parked.iter().all(|p| u(&p["tokens"]) > 0 && p["checkpoints"].is_array() && p["last_use_ms"].is_f64()));
+    assert_eq!(cache["evictions"], json!(story.iter().filter(|v| v["event"] == "evicted").count()));
     // Samples keep coming twice a second: read what is there for a second and a half.
     events_conn.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
     let mut buf = Vec::new();

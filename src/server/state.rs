@@ -16,6 +16,10 @@ use crate::telemetry::{Entry, Telemetry};
 
 use super::worker::Summary;
 
+/// The engine events `/metrics` counts.
+pub const CACHE_EVENTS: &[&str] =
+    &["parked", "restored", "restore_fallback", "sample_failed", "evicted", "oom_averted", "not_parked"];
+
 /// A parked conversation as `/strata/cache` shows it.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ParkedView {
@@ -49,7 +53,9 @@ pub struct KindLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DeviceLabel {
+    /// The device's index in --devices (the host's own index when it is not listed).
     pub device: String,
+    pub kind: String,
 }
 
 /// The Prometheus metrics of `/metrics`.
@@ -201,7 +207,7 @@ impl Shared {
         let events = shared.metrics.cache_events.clone();
         shared.telemetry.subscribe_with(Box::new(move |e| {
             if let Entry::Event(e) = e {
-                if e.event != "request_done" {
+                if CACHE_EVENTS.contains(&e.event.as_str()) {
                     events.get_or_create(&KindLabel { kind: e.event.clone() }).inc();
                 }
             }

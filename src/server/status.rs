@@ -24,6 +24,9 @@ use super::error::ApiError;
 use super::state::{DeviceLabel, Shared};
 use super::App;
 
+/// Entries an event-stream client may fall behind by before new ones are skipped for it.
+pub const EVENTS_BACKLOG: usize = 4096;
+
 /// How often the event stream samples every device's free memory.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(500);
 
@@ -147,8 +150,11 @@ fn start_sampler(shared: Arc<Shared>) {
 /// and `event: engine` (every engine event as it happens). It ends when the server shuts down.
 pub async fn events(State(app): State<App>) -> Response {
     let shared = app.shared.clone();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Entry>();
-    shared.telemetry.subscribe_with(Box::new(move |e| tx.send(e.clone()).is_ok()));
+    // Bounded: a client that stops reading loses entries (the ring still has them), never the server's memory.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Entry>(EVENTS_BACKLOG);
+    shared.telemetry.subscribe_with(Box::new(move |e| {
+        !matches!(tx.try_send(e.clone()), Err(tokio::sync::mpsc::error::TrySendError::Closed(_)))
+    }));
     if shared.listeners.fetch_add(1, Ordering::AcqRel) == 0 {
         start_sampler(shared.clone());
     }
@@ -251,7 +257,7 @@ pub async fn metrics(State(app): State<App>) -> Response {
     let m = &s.metrics;
     m.queue_depth.set(s.waiting.load(Ordering::Acquire) as i64);
     for d in s.devices.all() {
-        let label = DeviceLabel { device: d.name() };
+        let label = DeviceLabel { device: d.index.to_string(), kind: kind_name(&d.kind).to_owned() };
         if let Some(free) = d.observe_free() {
             m.free_bytes.get_or_create(&label).set(free as f64);
         }
