@@ -42,8 +42,8 @@ pub struct ServeArgs {
     /// Largest request body, in MiB
     #[arg(long = "max-body-mib", value_name = "M", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub max_body_mib: u64,
-    /// Requests that may wait for the engine; more get 503 with Retry-After
-    #[arg(long = "queue", value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    /// Requests that may wait while the engine serves another; more get 503 with Retry-After
+    #[arg(long = "queue", value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub queue: u32,
     /// Allow browser clients from this origin (repeatable; * for any). CORS is off without it
     #[arg(long = "cors-origin", value_name = "ORIGIN")]

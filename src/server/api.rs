@@ -15,11 +15,11 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::{channel, Receiver};
 
 use super::error::ApiError;
 use super::openai::{self, ChatRequest, Checked, CompletionRequest, PromptInput};
-use super::worker::{Job, Msg, Summary, TokenInfo};
+use super::worker::{Job, Msg, Summary, Ticket, TicketGuard, TokenInfo, REPLY_BACKLOG};
 use super::App;
 
 /// Reads the body: at most `limit` bytes (413 beyond, checked on Content-Length first) within
@@ -89,8 +89,8 @@ fn check_context(app: &App, prompt_len: usize, param: &str) -> Result<(), ApiErr
     Ok(())
 }
 
-/// Puts a job in the engine's queue, or says why not (503: full, shutting down, unhealthy).
-fn enqueue(app: &App, mut job: Job) -> Result<(), ApiError> {
+/// Refuses early (before reading a body) what the queue could not take anyway.
+fn check_admission(app: &App) -> Result<(), ApiError> {
     let shared = &app.shared;
     if let Some(why) = shared.unhealthy() {
         return Err(ApiError::unhealthy(why));
@@ -98,6 +98,16 @@ fn enqueue(app: &App, mut job: Job) -> Result<(), ApiError> {
     if shared.shutting_down.load(Ordering::Acquire) {
         return Err(ApiError::shutting_down());
     }
+    if shared.waiting.load(Ordering::Acquire) >= shared.queue_cap {
+        return Err(ApiError::queue_full(shared.queue_cap));
+    }
+    Ok(())
+}
+
+/// Puts a job in the engine's queue, or says why not (503: full, shutting down, unhealthy).
+fn enqueue(app: &App, mut job: Job) -> Result<(), ApiError> {
+    let shared = &app.shared;
+    check_admission(app)?;
     let before = shared.waiting.fetch_add(1, Ordering::AcqRel);
     if before >= shared.queue_cap {
         shared.waiting.fetch_sub(1, Ordering::AcqRel);
@@ -177,7 +187,7 @@ fn completion_logprobs(tokens: &[TokenInfo], offset: &mut usize) -> Value {
     let mut offsets = Vec::new();
     for t in tokens {
         offsets.push(*offset);
-        *offset += t.bytes.len();
+        *offset += lossy(&t.bytes).chars().count();
     }
     json!({
         "tokens": tokens.iter().map(|t| lossy(&t.bytes)).collect::<Vec<_>>(),
@@ -227,6 +237,10 @@ fn respond(app: &App, r: Result<Response, ApiError>) -> Response {
 }
 
 async fn chat_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    check_admission(app)?;
+    // Bodies being read and prepared at once are bounded, so that many clients cannot make the server hold
+    // many bodies before the queue refuses them.
+    let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
     let bytes = read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: ChatRequest = openai::parse(&bytes)?;
     drop(bytes);
@@ -252,6 +266,10 @@ async fn chat_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Respon
 }
 
 async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    check_admission(app)?;
+    // Bodies being read and prepared at once are bounded, so that many clients cannot make the server hold
+    // many bodies before the queue refuses them.
+    let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
     let bytes = read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: CompletionRequest = openai::parse(&bytes)?;
     drop(bytes);
@@ -278,21 +296,33 @@ async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result
 /// Queues the job and answers: one JSON object, or an SSE stream once the engine has produced its first
 /// message (so that a failure before any text is still an HTTP error status).
 async fn run(app: &App, prompt: Vec<u32>, top_logprobs: usize, reply: Reply) -> Result<Response, ApiError> {
-    let (tx, mut rx) = unbounded_channel();
+    let (tx, mut rx) = channel(REPLY_BACKLOG);
     let endpoint = match reply.endpoint {
         Endpoint::Chat => "chat",
         Endpoint::Completion => "completions",
     };
-    let job = Job { prompt, checked: reply.checked.clone(), top_logprobs, tx, queued_at: Instant::now(), endpoint };
+    let ticket = Ticket::new(app.shared.clone());
+    let job = Job {
+        prompt,
+        checked: reply.checked.clone(),
+        top_logprobs,
+        tx,
+        queued_at: Instant::now(),
+        endpoint,
+        ticket: ticket.clone(),
+    };
     enqueue(app, job)?;
+    // Dropped with the handler (non-streaming) or the stream: a client that leaves frees its place.
+    let guard = TicketGuard(ticket);
     if reply.checked.stream {
         let first = match rx.recv().await {
             Some(Msg::Error(e)) => return Err(e),
             Some(m) => m,
             None => return Err(ApiError::internal("the engine ended the request without a reply")),
         };
-        return Ok(stream(reply, first, rx).into_response());
+        return Ok(stream(reply, first, rx, guard).into_response());
     }
+    let _guard = guard;
     let n = reply.checked.choices;
     let mut choices: Vec<Option<(&'static str, String, Vec<TokenInfo>)>> = (0..n).map(|_| None).collect();
     let summary = loop {
@@ -349,7 +379,10 @@ async fn run(app: &App, prompt: Vec<u32>, top_logprobs: usize, reply: Reply) -> 
 /// The chunks of a streamed reply, made from the engine's messages.
 struct Chunks {
     reply: Reply,
-    rx: UnboundedReceiver<Msg>,
+    rx: Receiver<Msg>,
+    _guard: TicketGuard,
+    /// Token log-probabilities already sent, per choice.
+    sent_tokens: Vec<usize>,
     pending: VecDeque<Event>,
     first: Option<Msg>,
     role_sent: Vec<bool>,
@@ -396,6 +429,9 @@ impl Chunks {
         match msg {
             Msg::Text { choice, text, tokens } => {
                 self.role(choice);
+                if let Some(c) = self.sent_tokens.get_mut(choice) {
+                    *c += tokens.len();
+                }
                 let e = match self.reply.endpoint {
                     Endpoint::Chat => self.chunk(json!({
                         "index": choice,
@@ -415,13 +451,23 @@ impl Chunks {
                 };
                 self.pending.push_back(e);
             }
-            Msg::ChoiceDone { choice, finish_reason, .. } => {
+            Msg::ChoiceDone { choice, finish_reason, tokens, .. } => {
                 self.role(choice);
+                // Tokens whose text was held back (a stop string's start) or never shown come last.
+                let sent = self.sent_tokens.get(choice).copied().unwrap_or(0);
+                let rest = &tokens[sent.min(tokens.len())..];
+                let last = self.offsets.len() - 1;
+                let lp = match self.reply.endpoint {
+                    _ if !self.reply.logprobs || rest.is_empty() => Value::Null,
+                    Endpoint::Chat => chat_logprobs(rest),
+                    Endpoint::Completion => completion_logprobs(rest, &mut self.offsets[choice.min(last)]),
+                };
                 let e = match self.reply.endpoint {
                     Endpoint::Chat => self
-                        .chunk(json!({"index": choice, "delta": {}, "logprobs": null, "finish_reason": finish_reason})),
-                    Endpoint::Completion => self
-                        .chunk(json!({"index": choice, "text": "", "logprobs": null, "finish_reason": finish_reason})),
+                        .chunk(json!({"index": choice, "delta": {}, "logprobs": lp, "finish_reason": finish_reason})),
+                    Endpoint::Completion => {
+                        self.chunk(json!({"index": choice, "text": "", "logprobs": lp, "finish_reason": finish_reason}))
+                    }
                 };
                 self.pending.push_back(e);
             }
@@ -453,12 +499,15 @@ impl Chunks {
 fn stream(
     reply: Reply,
     first: Msg,
-    rx: UnboundedReceiver<Msg>,
+    rx: Receiver<Msg>,
+    guard: TicketGuard,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let n = reply.checked.choices;
     let state = Chunks {
         reply,
         rx,
+        _guard: guard,
+        sent_tokens: vec![0; n],
         pending: VecDeque::new(),
         first: Some(first),
         role_sent: vec![false; n],

@@ -112,8 +112,14 @@ pub fn router(app: App) -> Router {
     }
     let mut r = r.method_not_allowed_fallback(|| async { ApiError::method_not_allowed() }).with_state(app.clone());
     if !app.opts.cors_origins.is_empty() {
+        let origins = &app.opts.cors_origins;
+        let allow: tower_http::cors::AllowOrigin = if origins.iter().any(|o| o == "*") {
+            tower_http::cors::AllowOrigin::any()
+        } else {
+            origins.clone().into()
+        };
         let cors = tower_http::cors::CorsLayer::new()
-            .allow_origin(app.opts.cors_origins.clone())
+            .allow_origin(allow)
             .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
             .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
             .max_age(Duration::from_secs(600));
@@ -190,12 +196,12 @@ async fn accept_loop(app: App, on_listening: impl FnOnce(SocketAddr)) -> anyhow:
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", app.opts.addr))?;
     on_listening(listener.local_addr()?);
     let shared = app.shared.clone();
+    let mut shutdown = shared.shutdown.subscribe();
     tokio::spawn(signals(shared.clone()));
     let header_timeout = app.opts.header_timeout;
     let router = router(app);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut shutdown = shared.shutdown.subscribe();
-    loop {
+    while !*shutdown.borrow() {
         let (stream, _peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(c) => c,
@@ -222,7 +228,18 @@ async fn accept_loop(app: App, on_listening: impl FnOnce(SocketAddr)) -> anyhow:
     }
     drop(listener);
     tracing::info!("shutting down: no new requests; finishing the one in flight");
-    graceful.shutdown().await;
+    // After a second signal the request in flight ends at its next token; a client that then does not take
+    // its last bytes within a few seconds is not waited for.
+    let forced = async {
+        while !shared.cancel_in_flight.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    };
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = forced => tracing::info!("connections still open after the second signal: closing them"),
+    }
     tracing::info!("stopped");
     Ok(())
 }

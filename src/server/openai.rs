@@ -21,8 +21,9 @@ use super::error::ApiError;
 
 /// Most choices one request may ask for (`n`).
 pub const MAX_CHOICES: usize = 8;
-/// Most stop strings (OpenAI's limit).
+/// Most stop strings (OpenAI's limit), and the longest one in bytes.
 pub const MAX_STOPS: usize = 4;
+pub const MAX_STOP_BYTES: usize = 1024;
 /// Most top log-probabilities per token (OpenAI's limit for chat; completions take at most 5).
 pub const MAX_TOP_LOGPROBS: usize = 20;
 pub const MAX_COMPLETION_LOGPROBS: usize = 5;
@@ -408,7 +409,10 @@ pub fn prompt_input(p: &Option<Prompt>, n_vocab: usize) -> Result<PromptInput, A
                 u32::try_from(t).ok().filter(|&t| (t as usize) < n_vocab).ok_or_else(|| {
                     ApiError::invalid(
                         format!("prompt[{i}]"),
-                        format!("prompt[{i}]: token {t} is not in the vocabulary (ids 0 to {})", n_vocab - 1),
+                        format!(
+                            "prompt[{i}]: token {t} is not in the vocabulary (ids 0 to {})",
+                            n_vocab.saturating_sub(1)
+                        ),
                     )
                 })
             })
@@ -441,6 +445,12 @@ pub fn stops(stop: &Option<Stop>) -> Result<Vec<String>, ApiError> {
     }
     if list.iter().any(String::is_empty) {
         return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+    }
+    if let Some(long) = list.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("a stop string is {} bytes: at most {MAX_STOP_BYTES}", long.len()),
+        ));
     }
     Ok(list)
 }

@@ -180,7 +180,14 @@ pub struct Shared {
     pub shutdown: tokio::sync::watch::Sender<bool>,
     /// Event-stream listeners: the device sampler runs while there is one.
     pub listeners: AtomicUsize,
+    /// The device sampler is running.
+    pub sampler_running: AtomicBool,
+    /// Requests whose body is being read and prepared (at most [`PREPARING_LIMIT`]).
+    pub preparing: tokio::sync::Semaphore,
 }
+
+/// Requests read and prepared at once before they reach the queue.
+pub const PREPARING_LIMIT: usize = 64;
 
 /// Exit status after a sticky GPU fault (sysexits' EX_TEMPFAIL): the supervisor restarts the server.
 pub const EXIT_DEVICE_FAULT: u8 = 75;
@@ -202,6 +209,8 @@ impl Shared {
             exit_code: AtomicU8::new(0),
             shutdown: tokio::sync::watch::channel(false).0,
             listeners: AtomicUsize::new(0),
+            sampler_running: AtomicBool::new(false),
+            preparing: tokio::sync::Semaphore::new(PREPARING_LIMIT),
         });
         // Cache events are counted as the session emits them.
         let events = shared.metrics.cache_events.clone();

@@ -125,14 +125,22 @@ impl Drop for Listener {
     }
 }
 
-/// Samples every device while someone listens to the event stream; ends when nobody does.
+/// Samples every device while someone listens to the event stream; ends when nobody does. One at a time.
 fn start_sampler(shared: Arc<Shared>) {
+    if shared.sampler_running.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
+    }
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(SAMPLE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tick.tick().await;
             if shared.listeners.load(Ordering::Acquire) == 0 || shared.shutting_down.load(Ordering::Acquire) {
+                shared.sampler_running.store(false, Ordering::Release);
+                // A listener that arrived as this one stopped starts its own.
+                if shared.listeners.load(Ordering::Acquire) > 0 && !shared.shutting_down.load(Ordering::Acquire) {
+                    start_sampler(shared.clone());
+                }
                 break;
             }
             let s = shared.clone();
@@ -155,9 +163,8 @@ pub async fn events(State(app): State<App>) -> Response {
     shared.telemetry.subscribe_with(Box::new(move |e| {
         !matches!(tx.try_send(e.clone()), Err(tokio::sync::mpsc::error::TrySendError::Closed(_)))
     }));
-    if shared.listeners.fetch_add(1, Ordering::AcqRel) == 0 {
-        start_sampler(shared.clone());
-    }
+    shared.listeners.fetch_add(1, Ordering::AcqRel);
+    start_sampler(shared.clone());
     let guard = Listener(shared.clone());
     let shutdown = shared.shutdown.subscribe();
     let s = futures_util::stream::unfold((rx, shutdown, guard), |(mut rx, mut shutdown, guard)| async move {

@@ -3,12 +3,13 @@
 //! closes, and the job ends at its next token (or is dropped before it starts, if still queued). After a
 //! job the thread publishes what the HTTP side shows without waiting for the engine: the cache's contents.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::Sender;
 
 use crate::cache::RestoreKind;
 use crate::engine::session::{Fallback, Session, SessionConfig};
@@ -21,15 +22,84 @@ use super::error::ApiError;
 use super::openai::Checked;
 use super::state::{CacheView, ParkedView, Shared};
 
+/// Messages a job's reply channel holds; a client that reads none of them for [`STALL_LIMIT`] is treated
+/// as gone.
+pub const REPLY_BACKLOG: usize = 256;
+pub const STALL_LIMIT: Duration = Duration::from_secs(30);
+
 /// One request for the engine.
 pub struct Job {
     pub prompt: Vec<u32>,
     pub checked: Checked,
     /// Top log-probabilities per token (with `checked.params.logprobs`).
     pub top_logprobs: usize,
-    pub tx: UnboundedSender<Msg>,
+    pub tx: Sender<Msg>,
     pub queued_at: Instant,
     pub endpoint: &'static str,
+    pub ticket: Arc<Ticket>,
+}
+
+/// Who takes a queued job first: the engine (it starts) or its client (it left). Whoever wins takes the job
+/// off the queue's count, so a client that leaves frees its place at once.
+pub struct Ticket {
+    state: AtomicU8,
+    shared: Arc<Shared>,
+}
+
+const QUEUED: u8 = 0;
+const STARTED: u8 = 1;
+const ABANDONED: u8 = 2;
+
+impl Ticket {
+    pub fn new(shared: Arc<Shared>) -> Arc<Ticket> {
+        Arc::new(Ticket { state: AtomicU8::new(QUEUED), shared })
+    }
+
+    /// The engine takes the job; false when its client already left.
+    fn start(&self) -> bool {
+        let won = self.state.compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        if won {
+            self.shared.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+        won
+    }
+
+    /// The client is gone: a job that has not started leaves the queue's count now.
+    pub fn abandon(&self) {
+        if self.state.compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            self.shared.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Held by a request's handler (or its stream): dropping it abandons the job if it has not started.
+pub struct TicketGuard(pub Arc<Ticket>);
+
+impl Drop for TicketGuard {
+    fn drop(&mut self) {
+        self.0.abandon();
+    }
+}
+
+/// Sends `msg` to a client, waiting while its channel is full (it reads slowly) up to [`STALL_LIMIT`].
+/// False when the client is gone or stalled: the job ends.
+fn send(tx: &Sender<Msg>, msg: Msg) -> bool {
+    let mut msg = msg;
+    let t0 = Instant::now();
+    loop {
+        match tx.try_send(msg) {
+            Ok(()) => return true,
+            Err(TrySendError::Closed(_)) => return false,
+            Err(TrySendError::Full(m)) => {
+                if t0.elapsed() > STALL_LIMIT {
+                    tracing::info!("a client read nothing for {} s: its request ends", STALL_LIMIT.as_secs());
+                    return false;
+                }
+                msg = m;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
 }
 
 /// A token with its log-probability and the most likely alternatives (when asked for).
@@ -76,8 +146,8 @@ pub struct Summary {
 pub fn finish_reason(r: StopReason) -> &'static str {
     match r {
         StopReason::Eog | StopReason::Stop => "stop",
-        StopReason::Length | StopReason::Context => "length",
-        StopReason::Cancelled => "cancelled",
+        // A cancelled choice is never sent.
+        StopReason::Length | StopReason::Context | StopReason::Cancelled => "length",
     }
 }
 
@@ -115,24 +185,33 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
     drop(ready);
     let mut serial = 0u64;
     while let Ok(job) = jobs.recv() {
-        shared.waiting.fetch_sub(1, Ordering::AcqRel);
-        if job.tx.is_closed() {
+        if !job.ticket.start() || job.tx.is_closed() {
             shared.metrics.dropped.inc();
             tracing::info!("a queued request was dropped: its client went away before it started");
             continue;
         }
         if let Some(why) = shared.unhealthy() {
-            let _ = job.tx.send(Msg::Error(ApiError::unhealthy(why)));
+            send(&job.tx, Msg::Error(ApiError::unhealthy(why)));
             continue;
         }
         if shared.shutting_down.load(Ordering::Acquire) {
-            let _ = job.tx.send(Msg::Error(ApiError::shutting_down()));
+            send(&job.tx, Msg::Error(ApiError::shutting_down()));
             continue;
         }
         shared.busy.store(true, Ordering::Release);
         serial += 1;
-        serve_job(&mut session, &parts.tokenizer, &shared, job, serial);
+        let tx = job.tx.clone();
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            serve_job(&mut session, &parts.tokenizer, &shared, job, serial)
+        }));
         shared.busy.store(false, Ordering::Release);
+        if run.is_err() {
+            // The session may be half-updated: serve nothing more, and let the supervisor restart us.
+            let why = "unhealthy: the engine failed (a bug: see the log above); the server exits with status 75 so that its supervisor restarts it";
+            shared.set_unhealthy(why.to_owned());
+            send(&tx, Msg::Error(ApiError::unhealthy(why)));
+            break;
+        }
         publish_cache(&session, &shared);
     }
 }
@@ -140,7 +219,9 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
 /// Sends the text of one choice as it comes, with its tokens when log-probabilities are asked for, and
 /// stops the generation when the client is gone or the server must stop now.
 struct JobObserver<'a> {
-    tx: &'a UnboundedSender<Msg>,
+    tx: &'a Sender<Msg>,
+    /// The client went away or stopped reading.
+    gone: bool,
     shared: &'a Shared,
     tokenizer: &'a Tokenizer,
     choice: usize,
@@ -168,11 +249,13 @@ impl Observer for JobObserver<'_> {
     fn on_text(&mut self, text: &str, so_far: &Generation) {
         let tokens = if self.logprobs { token_infos(self.tokenizer, so_far, self.sent_tokens) } else { Vec::new() };
         self.sent_tokens = so_far.tokens.len();
-        let _ = self.tx.send(Msg::Text { choice: self.choice, text: text.to_owned(), tokens });
+        if !send(self.tx, Msg::Text { choice: self.choice, text: text.to_owned(), tokens }) {
+            self.gone = true;
+        }
     }
 
     fn cancelled(&mut self) -> bool {
-        self.tx.is_closed() || self.shared.cancel_in_flight.load(Ordering::Acquire)
+        self.gone || self.tx.is_closed() || self.shared.cancel_in_flight.load(Ordering::Acquire)
     }
 }
 
@@ -199,7 +282,7 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
     let mut summary: Option<Summary> = None;
     for choice in 0..job.checked.choices {
         params.sampler.seed = base_seed.wrapping_add(choice as u64);
-        let mut obs = JobObserver { tx: &job.tx, shared, tokenizer, choice, logprobs, sent_tokens: 0 };
+        let mut obs = JobObserver { tx: &job.tx, gone: false, shared, tokenizer, choice, logprobs, sent_tokens: 0 };
         let served = if choice == 0 {
             session.serve_observed(&job.prompt, &params, &mut obs)
         } else {
@@ -217,21 +300,24 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
                         shared.set_unhealthy(err.message.clone());
                     }
                 }
-                let _ = job.tx.send(Msg::Error(err));
+                send(&job.tx, Msg::Error(err));
                 return;
             }
         };
         let g = &served.generation;
         if g.stop_reason == StopReason::Cancelled {
+            if shared.cancel_in_flight.load(Ordering::Acquire) && !job.tx.is_closed() {
+                // Stopped by the second signal: say so rather than return fewer choices.
+                send(&job.tx, Msg::Error(ApiError::shutting_down()));
+                return;
+            }
             break;
         }
         let tokens = if logprobs { token_infos(tokenizer, g, 0) } else { Vec::new() };
-        let _ = job.tx.send(Msg::ChoiceDone {
-            choice,
-            finish_reason: finish_reason(g.stop_reason),
-            text: g.text.clone(),
-            tokens,
-        });
+        send(
+            &job.tx,
+            Msg::ChoiceDone { choice, finish_reason: finish_reason(g.stop_reason), text: g.text.clone(), tokens },
+        );
         let s = summary.get_or_insert_with(|| Summary {
             job: serial,
             prompt_tokens: job.prompt.len(),
@@ -253,6 +339,9 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
         s.gen_ms += g.gen_ms;
     }
     let Some(mut s) = summary else {
+        if shared.cancel_in_flight.load(Ordering::Acquire) {
+            send(&job.tx, Msg::Error(ApiError::shutting_down()));
+        }
         shared.metrics.cancelled.inc();
         tracing::info!("request cancelled: its client went away");
         return;
@@ -261,7 +350,7 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
     shared.metrics.record(job.endpoint, &s);
     let fields = serde_json::to_value(&s).unwrap_or(serde_json::Value::Null);
     shared.telemetry.event("request_done", fields);
-    let _ = job.tx.send(Msg::Done(Box::new(s)));
+    send(&job.tx, Msg::Done(Box::new(s)));
 }
 
 /// Publishes the cache's contents for `/strata/cache`.
