@@ -250,9 +250,17 @@ fn streamed_and_whole_replies_agree_and_choices_logprobs_and_completions_work() 
     let cut = ctext.trim_start().split(' ').nth(1).map(str::to_owned);
     if let Some(word) = cut {
         body = json!({"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "stop": [word.clone()]});
+        body["logprobs"] = json!(1);
         let c3 = s.post("/v1/completions", &body).json();
         assert_eq!(c3["choices"][0]["finish_reason"], "stop");
-        assert!(!c3["choices"][0]["text"].as_str().unwrap().contains(&word));
+        let cut_text = c3["choices"][0]["text"].as_str().unwrap();
+        assert!(!cut_text.contains(&word));
+        // The log-probabilities stop where the text was cut, not after the stop string's tokens.
+        let toks: Vec<&str> =
+            c3["choices"][0]["logprobs"]["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+        let joined: String = toks.concat();
+        assert!(joined.starts_with(cut_text), "{joined:?} / {cut_text:?}");
+        assert!(toks.len() < 8 && joined.len() < cut_text.len() + toks.last().map_or(0, |t| t.len()) + 1, "{toks:?}");
     }
     // A max_tokens past the context is served to the end of the context and ends with length.
     let r = s

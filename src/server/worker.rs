@@ -313,7 +313,16 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
             }
             break;
         }
-        let tokens = if logprobs { token_infos(tokenizer, g, 0) } else { Vec::new() };
+        let mut tokens = if logprobs { token_infos(tokenizer, g, 0) } else { Vec::new() };
+        if g.stop_reason == StopReason::Stop {
+            // The text was cut where the stop string began: so are its tokens.
+            let mut start = 0;
+            tokens.retain(|t| {
+                let keep = start < g.text.len();
+                start += t.bytes.len();
+                keep
+            });
+        }
         send(
             &job.tx,
             Msg::ChoiceDone { choice, finish_reason: finish_reason(g.stop_reason), text: g.text.clone(), tokens },
