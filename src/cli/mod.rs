@@ -184,9 +184,32 @@ pub fn apply_faults(devices: &DeviceSet, specs: &[FaultSpec]) -> anyhow::Result<
 
 /// A thread pool of `threads` threads, or one per CPU when not given.
 pub fn pool_for(threads: Option<u16>) -> ThreadPool {
-    let n =
-        threads.map(usize::from).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-    ThreadPool::new(n)
+    ThreadPool::new(thread_count(threads))
+}
+
+/// `threads`, or one per CPU when not given.
+pub fn thread_count(threads: Option<u16>) -> usize {
+    threads.map(usize::from).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+}
+
+/// The conversation cache's flags, shared by `replay` and `serve`.
+#[derive(Args, Clone, Debug)]
+pub struct CacheArgs {
+    /// Conversations the cache may hold parked (0: no cache, every switch rereads)
+    #[arg(long = "conversation-cache-slots", value_name = "N", default_value_t = 4)]
+    pub cache_slots: usize,
+    /// Host memory the parked conversations may take, in MiB
+    #[arg(long = "conversation-cache-mib", value_name = "M", default_value_t = 4096)]
+    pub cache_mib: u64,
+}
+
+impl CacheArgs {
+    /// `--conversation-cache-mib` in bytes.
+    pub fn budget_bytes(&self) -> anyhow::Result<u64> {
+        self.cache_mib
+            .checked_mul(MIB)
+            .with_context(|| format!("--conversation-cache-mib {} is too large", self.cache_mib))
+    }
 }
 
 /// Finds the model file: `-m`, else $STRATA_MODEL, else `models/<default>` in the current directory or

@@ -56,12 +56,8 @@ pub struct ReplayArgs {
     pub script: PathBuf,
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Conversations the cache may hold parked (0: no cache, every switch rereads)
-    #[arg(long = "conversation-cache-slots", value_name = "N", default_value_t = 4)]
-    pub cache_slots: usize,
-    /// Host memory the parked conversations may take, in MiB
-    #[arg(long = "conversation-cache-mib", value_name = "M", default_value_t = 4096)]
-    pub cache_mib: u64,
+    #[command(flatten)]
+    pub cache: super::CacheArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -225,10 +221,7 @@ fn drain(events: &Receiver<Entry>, line: usize) {
 pub fn main(a: ReplayArgs) -> anyhow::Result<()> {
     let text = super::input::read_text_capped(&a.script, super::input::REPLAY_SCRIPT_CAP_BYTES, "script")?;
     let ops = parse_script(&text).with_context(|| format!("bad script {}", a.script.display()))?;
-    let cache_budget_bytes = a
-        .cache_mib
-        .checked_mul(MIB)
-        .with_context(|| format!("--conversation-cache-mib {} is too large", a.cache_mib))?;
+    let cache_budget_bytes = a.cache.budget_bytes()?;
     // Fault lines are checked against the devices before the model loads.
     check_devices(&ops, &a.engine.load_options()?.devices)
         .with_context(|| format!("bad script {}", a.script.display()))?;
@@ -239,7 +232,7 @@ pub fn main(a: ReplayArgs) -> anyhow::Result<()> {
     let cfg = SessionConfig {
         kv_type: a.engine.kv,
         max_context: a.engine.context(&loaded.model),
-        cache_slots: a.cache_slots,
+        cache_slots: a.cache.cache_slots,
         cache_budget_bytes,
     };
     let mut session = Session::new(&loaded.model, &loaded.tokenizer, &pool, &cfg)?;

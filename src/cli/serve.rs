@@ -61,12 +61,8 @@ pub struct ServeArgs {
     /// A built web UI to serve at / [default: ui/dist when it exists]
     #[arg(long = "ui-dir", value_name = "DIR")]
     pub ui_dir: Option<PathBuf>,
-    /// Conversations the cache may hold parked (0: no cache, every switch rereads)
-    #[arg(long = "conversation-cache-slots", value_name = "N", default_value_t = 4)]
-    pub cache_slots: usize,
-    /// Host memory the parked conversations may take, in MiB
-    #[arg(long = "conversation-cache-mib", value_name = "M", default_value_t = 4096)]
-    pub cache_mib: u64,
+    #[command(flatten)]
+    pub cache: super::CacheArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -127,10 +123,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
             .with_context(|| format!("--cors-origin {o:?} is not an origin (e.g. http://localhost:5173, or *)"))?;
         cors.push(v);
     }
-    let cache_budget_bytes = a
-        .cache_mib
-        .checked_mul(MIB)
-        .with_context(|| format!("--conversation-cache-mib {} is too large", a.cache_mib))?;
+    let cache_budget_bytes = a.cache.budget_bytes()?;
     raise_fd_limit();
 
     let loaded = load(&a.model, &a.engine)?;
@@ -143,11 +136,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         .unwrap_or_else(|| "model".into());
     let info = model_info(&loaded, &id, &a, max_context);
     tracing::info!("{} loaded: {}, context {max_context}", loaded.path.display(), stages_summary(&loaded.model));
-    let threads = a
-        .engine
-        .threads
-        .map(usize::from)
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let threads = super::thread_count(a.engine.threads);
     let ui_dir = a.ui_dir.clone().or_else(|| {
         let d = PathBuf::from("ui/dist");
         d.join("index.html").is_file().then_some(d)
@@ -166,7 +155,12 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         telemetry_entries: a.telemetry_entries as usize,
         batch: a.engine.batch as usize,
         threads,
-        session: SessionConfig { kv_type: a.engine.kv, max_context, cache_slots: a.cache_slots, cache_budget_bytes },
+        session: SessionConfig {
+            kv_type: a.engine.kv,
+            max_context,
+            cache_slots: a.cache.cache_slots,
+            cache_budget_bytes,
+        },
     };
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let model = ServedModel {
@@ -232,7 +226,7 @@ fn model_info(loaded: &super::Loaded, id: &str, a: &ServeArgs, max_context: usiz
         "vram_reserve_mib": a.engine.placement.vram_reserve_mib,
         "split": stages,
         "split_summary": stages_summary(m),
-        "conversation_cache": {"slots": a.cache_slots, "mib": a.cache_mib},
+        "conversation_cache": {"slots": a.cache.cache_slots, "mib": a.cache.cache_mib},
         "flags": redacted_args(std::env::args().skip(1)),
     })
 }
