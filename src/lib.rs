@@ -9,6 +9,7 @@ pub mod device;
 pub mod engine;
 pub mod gguf;
 pub mod model;
+pub mod plan;
 pub mod quant;
 pub mod sample;
 pub mod server;

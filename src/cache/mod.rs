@@ -56,7 +56,8 @@ impl Snapshot {
 }
 
 /// How much of a snapshot a restore brings back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "snake_case")]
 pub enum RestoreKind {
     /// The whole snapshot (the prompt extends it).

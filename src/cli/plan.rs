@@ -3,8 +3,8 @@
 //! It reads the configuration and the weights index only (no weight is paged in, no device memory taken)
 //! and prints, per stage, the layers, the weights, the KV cache at `--tokens` positions on the device and on
 //! the host, the scratch and staging buffers, the device's sampled free memory, the reserve and the
-//! headroom left. The numbers are the ones the loader allocates, so what it prints is what `run` will hold.
-//! A configuration that cannot load fails with the library's error (device, need, shortfall).
+//! headroom left (the figures are `strata::plan`'s). A configuration that cannot load fails with the
+//! library's error (device, need, shortfall).
 
 use std::sync::Arc;
 
@@ -14,8 +14,7 @@ use clap::Args;
 use strata::device::mib;
 use strata::gguf::GgufFile;
 use strata::model::kv::KV_PAGE_TOKENS;
-use strata::model::Model;
-use strata::split::{self, StagePlan};
+use strata::plan::{self, Plan, PlanRow};
 
 use super::{apply_faults, resolve_model, EngineArgs, ModelArgs};
 
@@ -33,19 +32,6 @@ pub struct PlanArgs {
     pub engine: EngineArgs,
 }
 
-/// One stage's figures at `tokens` positions.
-struct Row<'a> {
-    stage: &'a StagePlan,
-    kv_device_bytes: u64,
-    kv_host_bytes: u64,
-    /// Load (weights, scratch, staging) plus the KV on the device.
-    total_bytes: u64,
-    /// The device's sampled free memory (None: the sample failed).
-    free_bytes: Option<u64>,
-    /// Free minus reserve minus total; negative when it does not fit.
-    headroom_bytes: Option<i64>,
-}
-
 pub fn main(a: PlanArgs) -> anyhow::Result<()> {
     let opts = a.engine.load_options()?;
     // Faults now stand for memory other processes hold (nothing is loaded, so "after loading" is now);
@@ -54,92 +40,31 @@ pub fn main(a: PlanArgs) -> anyhow::Result<()> {
     apply_faults(&opts.devices, &faults)?;
     let path = resolve_model(&a.model)?;
     let file = Arc::new(GgufFile::open(&path).with_context(|| format!("cannot read model {}", path.display()))?);
-    let (cfg, stages) = Model::plan(&file, &opts).with_context(|| format!("cannot plan model {}", path.display()))?;
-    let max_context = opts.max_context.unwrap_or(cfg.n_ctx_train);
-    let tokens = a.tokens.map_or(max_context, |t| t as usize);
-    if tokens > max_context {
-        bail!("--tokens {tokens} is more than the context of {max_context} positions (-c)");
-    }
-    let resident = opts.kv_resident;
-    let rows: Vec<Row> = stages
-        .iter()
-        .map(|s| {
-            let kv_device_bytes = s.kv_device_bytes(tokens, resident);
-            let total_bytes = s.load_bytes() + kv_device_bytes;
-            let free_bytes = s.device.sample_free().ok();
-            let headroom_bytes = free_bytes.map(|f| signed(f) - signed(s.device.reserve_bytes) - signed(total_bytes));
-            Row {
-                stage: s,
-                kv_device_bytes,
-                kv_host_bytes: s.kv_host_bytes(tokens, resident),
-                total_bytes,
-                free_bytes,
-                headroom_bytes,
-            }
-        })
-        .collect();
-
+    let p = plan::plan(&file, &opts, a.tokens.map(|t| t as usize))
+        .with_context(|| format!("cannot plan model {}", path.display()))?;
     if a.json {
-        print_json(&rows, tokens);
+        print_json(&p);
     } else {
-        let kv = format!("{:?}", opts.kv_type).to_lowercase();
-        let window = resident.map_or("all".to_owned(), |r| format!("{r} positions"));
+        let window = p.kv_resident.map_or("all".to_owned(), |r| format!("{r} positions"));
         println!(
-            "{}: {} layers, KV {kv} at {tokens} of {max_context} positions (resident per layer: {window})",
+            "{}: {} layers, KV {} at {} of {} positions (resident per layer: {window})",
             path.display(),
-            cfg.n_layer
+            p.rows.last().map_or(0, |r| r.layers.1),
+            p.kv,
+            p.tokens,
+            p.max_context
         );
-        print_table(&rows);
+        print_table(&p.rows);
     }
     // A configuration that cannot load is an error; KV that outgrows a device is only a warning (pages
     // move to the host, the request goes on).
-    split::check_fits(&stages)?;
-    for r in &rows {
-        warn_kv_spill(r, tokens);
+    if let Some(problem) = &p.problem {
+        bail!("{problem}");
     }
-    check_host(&rows, &opts.devices.host, tokens)
-}
-
-/// The host must hold what lands on it: the KV, scratch and staging of its own stages, the KV of GPU stages
-/// out of their resident window, and the KV a GPU has no room for (it moves to the host). Weights mapped from
-/// the file are left out: the OS pages them. Refused (exit 1) with the shortfall when it does not fit.
-fn check_host(rows: &[Row], host: &strata::device::Device, tokens: usize) -> anyhow::Result<()> {
-    let mut kv_bytes = 0u64;
-    let mut buffers_bytes = 0u64;
-    for r in rows {
-        let s = r.stage;
-        kv_bytes = kv_bytes.saturating_add(r.kv_host_bytes);
-        if s.device.is_host() {
-            kv_bytes = kv_bytes.saturating_add(r.kv_device_bytes);
-            buffers_bytes = buffers_bytes.saturating_add(s.scratch_bytes + s.staging_bytes);
-        } else if let (Some(free), Some(headroom)) = (r.free_bytes, r.headroom_bytes) {
-            if headroom < 0 {
-                // The part of the device's KV above its room spills to the host.
-                let room = free.saturating_sub(s.device.reserve_bytes).saturating_sub(s.load_bytes());
-                kv_bytes = kv_bytes.saturating_add(r.kv_device_bytes.saturating_sub(room));
-            }
-        }
-    }
-    let need = kv_bytes.saturating_add(buffers_bytes);
-    // What the host ledger hands out: available memory less the margin it keeps for the process.
-    let available = host.sample_free()?.saturating_sub(strata::device::HOST_MARGIN_BYTES);
-    if need > available {
-        bail!(
-            "the host needs {} at {tokens} positions (KV {}, scratch and staging {}) but has {} available: short by \
-             {}; lower -c or --tokens, or use --kv int8",
-            mib(need),
-            mib(kv_bytes),
-            mib(buffers_bytes),
-            mib(available),
-            mib(need - available)
-        );
+    for r in &p.rows {
+        warn_kv_spill(r, p.tokens);
     }
     Ok(())
-}
-
-/// Bytes as a signed number (no device holds 8 EiB).
-fn signed(bytes: u64) -> i64 {
-    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 fn mib_i(bytes: i64) -> String {
@@ -147,7 +72,7 @@ fn mib_i(bytes: i64) -> String {
     format!("{m:.1} MiB")
 }
 
-fn print_table(rows: &[Row]) {
+fn print_table(rows: &[PlanRow]) {
     let header = [
         "device",
         "layers",
@@ -164,19 +89,18 @@ fn print_table(rows: &[Row]) {
     ];
     let mut table: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for r in rows {
-        let s = r.stage;
         table.push(vec![
-            s.device.name(),
-            format!("{}..{}", s.layers.start, s.layers.end),
-            mib(s.weights_bytes),
-            format!("{} B", s.kv_bytes_per_token),
+            r.device.clone(),
+            format!("{}..{}", r.layers.0, r.layers.1),
+            mib(r.weights_bytes),
+            format!("{} B", r.kv_bytes_per_token),
             mib(r.kv_device_bytes),
             mib(r.kv_host_bytes),
-            mib(s.scratch_bytes),
-            mib(s.staging_bytes),
+            mib(r.scratch_bytes),
+            mib(r.staging_bytes),
             mib(r.total_bytes),
             r.free_bytes.map_or("unknown".to_owned(), mib),
-            mib(s.device.reserve_bytes),
+            mib(r.reserve_bytes),
             r.headroom_bytes.map_or("unknown".to_owned(), mib_i),
         ]);
     }
@@ -204,47 +128,46 @@ fn print_table(rows: &[Row]) {
     }
 }
 
-fn print_json(rows: &[Row], tokens: usize) {
-    let stages: Vec<serde_json::Value> = rows
+fn print_json(p: &Plan) {
+    let stages: Vec<serde_json::Value> = p
+        .rows
         .iter()
         .map(|r| {
-            let s = r.stage;
             serde_json::json!({
-                "device": s.device.name(),
-                "layers": [s.layers.start, s.layers.end],
-                "weights_bytes": s.weights_bytes,
-                "kv_bytes_per_token": s.kv_bytes_per_token,
+                "device": r.device,
+                "layers": [r.layers.0, r.layers.1],
+                "weights_bytes": r.weights_bytes,
+                "kv_bytes_per_token": r.kv_bytes_per_token,
                 "kv_device_bytes": r.kv_device_bytes,
                 "kv_host_bytes": r.kv_host_bytes,
-                "scratch_bytes": s.scratch_bytes,
-                "staging_bytes": s.staging_bytes,
+                "scratch_bytes": r.scratch_bytes,
+                "staging_bytes": r.staging_bytes,
                 "total_bytes": r.total_bytes,
                 "free_bytes": r.free_bytes,
-                "reserve_bytes": s.device.reserve_bytes,
+                "reserve_bytes": r.reserve_bytes,
                 "headroom_bytes": r.headroom_bytes,
             })
         })
         .collect();
-    println!("{}", serde_json::json!({ "stages": stages, "tokens": tokens }));
+    println!("{}", serde_json::json!({ "stages": stages, "tokens": p.tokens }));
 }
 
 /// Warns (stderr) when a stage's KV at `tokens` positions does not fit its device above the reserve once
 /// the load is in place, with about how many positions stay resident before pages go to the host.
-fn warn_kv_spill(r: &Row, tokens: usize) {
-    let s = r.stage;
+fn warn_kv_spill(r: &PlanRow, tokens: usize) {
     let (Some(free), Some(headroom)) = (r.free_bytes, r.headroom_bytes) else { return };
-    if headroom >= 0 || s.device.is_host() || s.kv_bytes_per_token == 0 {
+    if headroom >= 0 || r.host || r.kv_bytes_per_token == 0 {
         return;
     }
-    let room = free.saturating_sub(s.device.reserve_bytes).saturating_sub(s.load_bytes());
-    let pages = room / (KV_PAGE_TOKENS as u64 * s.kv_bytes_per_token);
+    let room = free.saturating_sub(r.reserve_bytes).saturating_sub(r.load_bytes());
+    let pages = room / (KV_PAGE_TOKENS as u64 * r.kv_bytes_per_token);
     let resident = (pages as usize * KV_PAGE_TOKENS).min(tokens);
     eprintln!(
         "strata: warning: device {}: KV of layers {}..{} at {tokens} positions needs {} on the device but {} fits \
          above the reserve: about {resident} positions stay resident, older KV goes to the host",
-        s.device.name(),
-        s.layers.start,
-        s.layers.end,
+        r.device,
+        r.layers.0,
+        r.layers.1,
         mib(r.kv_device_bytes),
         mib(room),
     );

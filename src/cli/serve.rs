@@ -10,6 +10,8 @@ use anyhow::{bail, Context};
 use clap::Args;
 
 use strata::engine::session::SessionConfig;
+use strata::plan::facts::ModelFacts;
+use strata::plan::settings::{EngineLocation, EngineSettings};
 use strata::server::{ServeOptions, ServedModel};
 use strata::tokenizer::ChatTemplate;
 
@@ -134,7 +136,8 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         .file_name()
         .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_owned())
         .unwrap_or_else(|| "model".into());
-    let info = model_info(&loaded, &id, &a, max_context);
+    let info = model_info(&loaded, &id, &a, max_context)?;
+    let settings = settings_of(&a, &loaded.path);
     tracing::info!("{} loaded: {}, context {max_context}", loaded.path.display(), stages_summary(&loaded.model));
     let threads = super::thread_count(a.engine.threads);
     let ui_dir = a.ui_dir.clone().or_else(|| {
@@ -171,6 +174,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         max_context,
         created,
         info,
+        settings,
     };
     strata::server::serve(opts, model, |addr| {
         // The first line on stdout, for a supervisor to read the port from.
@@ -182,15 +186,9 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
 }
 
 /// What `/strata/model` shows: the file, the architecture, the split and the flags the server started with.
-fn model_info(loaded: &super::Loaded, id: &str, a: &ServeArgs, max_context: usize) -> serde_json::Value {
+fn model_info(loaded: &super::Loaded, id: &str, a: &ServeArgs, max_context: usize) -> anyhow::Result<serde_json::Value> {
     let m = &loaded.model;
-    let file = &m.file;
-    let mut by_type: std::collections::BTreeMap<&str, u64> = Default::default();
-    for t in &file.tensors {
-        *by_type.entry(t.ty.name()).or_default() += t.n_bytes;
-    }
-    let quantization = by_type.iter().max_by_key(|(_, b)| **b).map_or("?".to_owned(), |(t, _)| t.to_uppercase());
-    let parameters: u64 = file.tensors.iter().map(|t| t.n_elements()).sum();
+    let facts = ModelFacts::of(&m.file, &loaded.path)?;
     let stages: Vec<serde_json::Value> = m
         .placement
         .stages
@@ -206,21 +204,14 @@ fn model_info(loaded: &super::Loaded, id: &str, a: &ServeArgs, max_context: usiz
             })
         })
         .collect();
-    serde_json::json!({
+    let mut info = serde_json::to_value(&facts)?;
+    let more = serde_json::json!({
         "id": id,
         "aliases": a.alias,
-        "path": loaded.path.display().to_string(),
-        "file_bytes": file.file_bytes(),
-        "architecture": m.cfg.arch_name,
-        "quantization": quantization,
-        "parameters": parameters,
-        "layers": m.cfg.n_layer,
         "n_embd": m.cfg.n_embd,
         "n_head": m.cfg.n_head,
         "n_head_kv": m.cfg.n_head_kv,
-        "vocab": m.cfg.n_vocab,
         "context": max_context,
-        "trained_context": m.cfg.n_ctx_train,
         "kv_type": a.engine.kv.to_string(),
         "kv_resident": a.engine.placement.kv_resident,
         "vram_reserve_mib": a.engine.placement.vram_reserve_mib,
@@ -228,7 +219,29 @@ fn model_info(loaded: &super::Loaded, id: &str, a: &ServeArgs, max_context: usiz
         "split_summary": stages_summary(m),
         "conversation_cache": {"slots": a.cache.cache_slots, "mib": a.cache.cache_mib},
         "flags": redacted_args(std::env::args().skip(1)),
-    })
+    });
+    if let (Some(info), serde_json::Value::Object(more)) = (info.as_object_mut(), more) {
+        info.extend(more);
+    }
+    Ok(info)
+}
+
+/// The settings view of the flags the server started with.
+fn settings_of(a: &ServeArgs, path: &std::path::Path) -> EngineSettings {
+    let p = &a.engine.placement;
+    EngineSettings {
+        model_path: Some(path.display().to_string()),
+        devices: p.devices.clone(),
+        layer_split: p.layer_split.clone().unwrap_or_default(),
+        kv: a.engine.kv,
+        kv_resident: p.kv_resident,
+        max_context: a.engine.max_context,
+        vram_reserve_mib: p.vram_reserve_mib,
+        cache_slots: u32::try_from(a.cache.cache_slots).unwrap_or(u32::MAX),
+        cache_mib: a.cache.cache_mib,
+        threads: a.engine.threads,
+        engine: EngineLocation::Local,
+    }
 }
 
 /// The command line with an API key given on it replaced by `***`.

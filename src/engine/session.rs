@@ -12,7 +12,7 @@ use crate::cache::gate::{self, GateDecision};
 use crate::cache::{ConversationCache, KvIdentity, ParkOutcome, RestoreKind, Snapshot};
 use crate::device::Purpose;
 use crate::model::{KvType, Model, ModelError};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{EngineEvent, Telemetry};
 use crate::threadpool::ThreadPool;
 use crate::tokenizer::Tokenizer;
 
@@ -46,11 +46,21 @@ pub struct Served {
 }
 
 /// Why a cache hit was reread instead of restored.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(tag = "reason", rename_all = "snake_case")]
 pub enum Fallback {
     /// The restore gate refused: restoring would leave `device` under its reserve.
-    Gate { device: usize, free_bytes: u64, need_bytes: u64, reserve_bytes: u64, tokens: usize },
+    Gate {
+        device: usize,
+        #[cfg_attr(feature = "ts", ts(type = "number"))]
+        free_bytes: u64,
+        #[cfg_attr(feature = "ts", ts(type = "number"))]
+        need_bytes: u64,
+        #[cfg_attr(feature = "ts", ts(type = "number"))]
+        reserve_bytes: u64,
+        tokens: usize,
+    },
     /// An allocation of the restore failed; everything it took was released.
     AllocFailed { error: String, tokens: usize },
 }
@@ -200,11 +210,11 @@ impl<'a> Session<'a> {
                 "conversation cache: not parked: {n} tokens take {bytes} bytes, more than the budget of {} bytes can hold",
                 self.cache.budget_bytes
             );
-            self.telemetry.event("not_parked", serde_json::json!({"tokens": n, "bytes": bytes}));
+            self.telemetry.emit(EngineEvent::NotParked { tokens: n, bytes, error: None });
             return;
         };
         for e in &room.evicted {
-            self.telemetry.event("evicted", serde_json::json!({"tokens": e.tokens, "bytes": e.bytes}));
+            self.telemetry.emit(EngineEvent::Evicted { tokens: e.tokens, bytes: e.bytes });
         }
         let host = self.model.placement.devices.host.clone();
         // The evicted snapshot's buffers are written again: only what they lack is new memory.
@@ -213,7 +223,7 @@ impl<'a> Session<'a> {
             Ok(a) => a,
             Err(e) => {
                 tracing::info!("conversation cache: not parked: {e}");
-                self.telemetry.event("not_parked", serde_json::json!({"tokens": n, "bytes": bytes}));
+                self.telemetry.emit(EngineEvent::NotParked { tokens: n, bytes, error: None });
                 return;
             }
         };
@@ -221,8 +231,7 @@ impl<'a> Session<'a> {
             Ok(kv) => kv,
             Err(e) => {
                 tracing::warn!("conversation cache: not parked: {e}");
-                self.telemetry
-                    .event("not_parked", serde_json::json!({"tokens": n, "bytes": bytes, "error": e.to_string()}));
+                self.telemetry.emit(EngineEvent::NotParked { tokens: n, bytes, error: Some(e.to_string()) });
                 return;
             }
         };
@@ -239,11 +248,14 @@ impl<'a> Session<'a> {
                     self.cache.bytes(),
                     self.cache.evictions()
                 );
-                self.telemetry.event(
-                    "parked",
-                    serde_json::json!({"tokens": n, "ms": elapsed, "snapshot_bytes": bytes, "parked": self.cache.len(),
-                        "bytes": self.cache.bytes(), "evictions": self.cache.evictions()}),
-                );
+                self.telemetry.emit(EngineEvent::Parked {
+                    tokens: n,
+                    ms: elapsed,
+                    snapshot_bytes: bytes,
+                    parked: self.cache.len(),
+                    bytes: self.cache.bytes(),
+                    evictions: self.cache.evictions(),
+                });
             }
             ParkOutcome::NoRoom { .. } | ParkOutcome::Disabled => {}
         }
@@ -285,11 +297,13 @@ impl<'a> Session<'a> {
                     // The live sequence keeps its common prefix with the prompt; the rest is read.
                     prompt_len - live_common,
                 );
-                self.telemetry.event(
-                    "restore_fallback",
-                    serde_json::json!({"device": device, "free_mib": mib_f(free_bytes), "need_mib": mib_f(need_bytes),
-                        "reserve_mib": mib_f(reserve_bytes), "tokens": tokens}),
-                );
+                self.telemetry.emit(EngineEvent::RestoreFallback {
+                    device,
+                    free_mib: mib_f(free_bytes),
+                    need_mib: mib_f(need_bytes),
+                    reserve_mib: mib_f(reserve_bytes),
+                    tokens,
+                });
                 return Err(Some(Fallback::Gate { device, free_bytes, need_bytes, reserve_bytes, tokens }));
             }
             GateDecision::Admit { failed_samples } => {
@@ -299,8 +313,7 @@ impl<'a> Session<'a> {
                         "conversation cache: free-memory sample of device {device} failed; restoring without it ({} failed so far)",
                         self.sample_failures
                     );
-                    self.telemetry
-                        .event("sample_failed", serde_json::json!({"device": device, "count": self.sample_failures}));
+                    self.telemetry.emit(EngineEvent::SampleFailed { device, count: self.sample_failures });
                 }
             }
         }
@@ -311,7 +324,7 @@ impl<'a> Session<'a> {
         if let Err(e) = self.live.kv.restore(&snap.kv, tokens) {
             self.cache.unpin(id);
             tracing::info!("conversation cache: restore failed, released and rereading {prompt_len} tokens: {e}");
-            self.telemetry.event("oom_averted", serde_json::json!({"error": e.to_string(), "tokens": tokens}));
+            self.telemetry.emit(EngineEvent::OomAverted { error: e.to_string(), tokens });
             return Err(Some(Fallback::AllocFailed { error: e.to_string(), tokens }));
         }
         self.live.tokens = snap.tokens[..tokens].to_vec();
@@ -327,11 +340,14 @@ impl<'a> Session<'a> {
             self.cache.len(),
             self.cache.bytes()
         );
-        self.telemetry.event(
-            "restored",
-            serde_json::json!({"kind": kind, "tokens": tokens, "ms": elapsed, "restored_bytes": bytes,
-                "parked": self.cache.len(), "bytes": self.cache.bytes()}),
-        );
+        self.telemetry.emit(EngineEvent::Restored {
+            kind,
+            tokens,
+            ms: elapsed,
+            restored_bytes: bytes,
+            parked: self.cache.len(),
+            bytes: self.cache.bytes(),
+        });
         Ok(())
     }
 }

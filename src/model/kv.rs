@@ -27,7 +27,9 @@ use crate::quant::{self, GgmlType};
 pub const KV_PAGE_TOKENS: usize = 64;
 
 /// The element format of the KV cache (`--kv`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(rename = "KvChoice"))]
+#[serde(rename_all = "lowercase")]
 pub enum KvType {
     #[default]
     F16,

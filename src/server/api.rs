@@ -145,22 +145,9 @@ fn usage_json(s: &Summary) -> Value {
 }
 
 /// The `strata` object of a response: where the prompt's state came from and the speeds.
+/// The `strata` object of a reply: the request's figures.
 pub fn strata_json(s: &Summary) -> Value {
-    json!({
-        "job": s.job,
-        "reused": s.reused,
-        "read": s.read,
-        "prompt_ms": s.prompt_ms,
-        "gen_ms": s.gen_ms,
-        "prompt_tok_s": s.prompt_tok_s,
-        "gen_tok_s": s.gen_tok_s,
-        "queue_ms": s.queue_ms,
-        "drafts_accepted": s.drafts_accepted,
-        "drafts_proposed": s.drafts_proposed,
-        "restored": s.restored,
-        "restored_tokens": s.restored_tokens,
-        "fallback": s.fallback,
-    })
+    serde_json::to_value(s).unwrap_or(Value::Null)
 }
 
 fn lossy(b: &[u8]) -> String {

@@ -52,6 +52,8 @@ pub struct ServedModel {
     pub created: u64,
     /// What `/strata/model` shows.
     pub info: serde_json::Value,
+    /// The settings it runs with (`GET /strata/settings`).
+    pub settings: crate::plan::settings::EngineSettings,
 }
 
 /// How the server runs.
@@ -98,6 +100,8 @@ pub fn router(app: App) -> Router {
         .route("/strata/events", get(status::events))
         .route("/strata/cache", get(status::cache))
         .route("/strata/model", get(status::model))
+        .route("/strata/settings", get(status::settings))
+        .route("/strata/plan", post(status::plan))
         .route("/strata/sim", post(status::sim))
         .route("/metrics", get(status::metrics))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), require_key));
@@ -171,7 +175,9 @@ pub fn serve(opts: ServeOptions, model: ServedModel, on_listening: impl FnOnce(S
         shared.clone(),
         jobs_rx,
     )?;
-    shared.telemetry.event("model_loaded", serde_json::json!({"model": model.id, "max_context": model.max_context}));
+    shared
+        .telemetry
+        .emit(crate::telemetry::EngineEvent::ModelLoaded { model: model.id.clone(), max_context: model.max_context });
     for d in shared.devices.all() {
         shared.telemetry.sample(d.index, d.observe_free(), d.total_bytes());
     }

@@ -9,7 +9,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceSet;
 use crate::telemetry::{Entry, Telemetry};
@@ -21,9 +21,11 @@ pub const CACHE_EVENTS: &[&str] =
     &["parked", "restored", "restore_fallback", "sample_failed", "evicted", "oom_averted", "not_parked"];
 
 /// A parked conversation as `/strata/cache` shows it.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct ParkedView {
     pub tokens: usize,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub bytes: u64,
     /// When it was last used (parked), on the telemetry clock (ms since the server started).
     pub last_use_ms: f64,
@@ -31,11 +33,17 @@ pub struct ParkedView {
 }
 
 /// The conversation cache as of the end of the last request.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct CacheView {
     pub slots: usize,
+    /// Conversations parked now (`parked.len()`).
+    pub slots_used: usize,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub budget_bytes: u64,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub bytes: u64,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub evictions: u64,
     pub live_tokens: usize,
     pub parked: Vec<ParkedView>,

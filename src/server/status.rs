@@ -2,7 +2,7 @@
 //! `/strata/events` (SSE), `/strata/cache`, `/strata/model`, `/strata/sim` (sim devices only) and
 //! `/metrics` (Prometheus text), plus the page at `/`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -14,11 +14,12 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::device::{Device, DeviceKind, Fault, Purpose};
-use crate::telemetry::Entry;
+use crate::plan::settings::{EngineLocation, EngineSettings, PlanReply};
+use crate::telemetry::{DeviceSample, EngineEvent, Entry};
 
 use super::error::ApiError;
 use super::state::{DeviceLabel, Shared};
@@ -60,45 +61,93 @@ fn kind_name(k: &DeviceKind) -> &'static str {
     }
 }
 
-fn purposes(bytes: &[u64; 4]) -> Value {
-    let m: serde_json::Map<String, Value> =
-        Purpose::ALL.iter().zip(bytes).map(|(p, b)| (json!(p).as_str().unwrap_or("").to_owned(), json!(b))).collect();
-    Value::Object(m)
+/// One device as `/strata/devices` shows it: its memory now, what Strata holds on it and for what.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct DeviceView {
+    pub index: usize,
+    pub name: String,
+    /// cpu, sim, emu or cuda.
+    pub kind: String,
+    /// The host (CPU memory), whether or not --devices lists it.
+    pub host: bool,
+    #[cfg_attr(feature = "ts", ts(type = "number | null"))]
+    pub free_bytes: Option<u64>,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub total_bytes: u64,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub reserve_bytes: u64,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub strata_bytes: u64,
+    /// Bytes by purpose (weights, kv, scratch, staging).
+    #[cfg_attr(feature = "ts", ts(type = "{ [key in string]?: number }"))]
+    pub by_purpose_bytes: BTreeMap<String, u64>,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub high_water_bytes: u64,
+    #[cfg_attr(feature = "ts", ts(type = "{ [key in string]?: number }"))]
+    pub high_water_by_purpose_bytes: BTreeMap<String, u64>,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub refused_allocations: u64,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub failed_samples: u64,
+    /// The layer ranges placed on it, [start, end).
+    pub layers: Vec<(usize, usize)>,
 }
 
-fn device_json(app: &App, d: &Arc<Device>) -> Value {
+/// `GET /strata/devices`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct DevicesView {
+    pub devices: Vec<DeviceView>,
+}
+
+/// `GET /strata/telemetry`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct TelemetryView {
+    /// The server's clock now (ms since it started).
+    pub now_ms: f64,
+    pub samples: Vec<DeviceSample>,
+    pub events: Vec<crate::telemetry::Event>,
+}
+
+fn purposes(bytes: &[u64; 4]) -> BTreeMap<String, u64> {
+    Purpose::ALL.iter().zip(bytes).map(|(p, b)| (json!(p).as_str().unwrap_or("").to_owned(), *b)).collect()
+}
+
+fn device_view(app: &App, d: &Arc<Device>) -> DeviceView {
     let u = d.usage();
-    let layers: Vec<Value> = app
+    let layers = app
         .model
         .model
         .placement
         .stages
         .iter()
         .filter(|s| Arc::ptr_eq(&s.device, d))
-        .map(|s| json!([s.layers.start, s.layers.end]))
+        .map(|s| (s.layers.start, s.layers.end))
         .collect();
-    json!({
-        "index": d.index,
-        "name": d.name(),
-        "kind": kind_name(&d.kind),
-        "host": d.is_host(),
-        "free_bytes": d.observe_free(),
-        "total_bytes": d.total_bytes(),
-        "reserve_bytes": d.reserve_bytes,
-        "strata_bytes": u.total_bytes,
-        "by_purpose_bytes": purposes(&u.by_purpose_bytes),
-        "high_water_bytes": u.high_water_bytes,
-        "high_water_by_purpose_bytes": purposes(&u.high_water_by_purpose_bytes),
-        "refused_allocations": u.refused_allocations,
-        "failed_samples": u.failed_samples,
-        "layers": layers,
-    })
+    DeviceView {
+        index: d.index,
+        name: d.name(),
+        kind: kind_name(&d.kind).to_owned(),
+        host: d.is_host(),
+        free_bytes: d.observe_free(),
+        total_bytes: d.total_bytes(),
+        reserve_bytes: d.reserve_bytes,
+        strata_bytes: u.total_bytes,
+        by_purpose_bytes: purposes(&u.by_purpose_bytes),
+        high_water_bytes: u.high_water_bytes,
+        high_water_by_purpose_bytes: purposes(&u.high_water_by_purpose_bytes),
+        refused_allocations: u.refused_allocations,
+        failed_samples: u.failed_samples,
+        layers,
+    }
 }
 
 /// `GET /strata/devices`.
 pub async fn devices(State(app): State<App>) -> Response {
-    let list: Vec<Value> = app.shared.devices.all().iter().map(|d| device_json(&app, d)).collect();
-    Json(json!({"devices": list})).into_response()
+    let devices = app.shared.devices.all().iter().map(|d| device_view(&app, d)).collect();
+    Json(DevicesView { devices }).into_response()
 }
 
 /// `GET /strata/telemetry?since_ms=T`: samples and events after T (ms on the server's clock).
@@ -113,7 +162,7 @@ pub async fn telemetry(State(app): State<App>, Query(q): Query<HashMap<String, S
     };
     let t = &app.shared.telemetry;
     let (samples, events) = t.since(since_ms);
-    Json(json!({"now_ms": t.now_ms(), "samples": samples, "events": events})).into_response()
+    Json(TelemetryView { now_ms: t.now_ms(), samples, events }).into_response()
 }
 
 /// Ends with the listener count decremented, whatever ends the stream.
@@ -187,14 +236,53 @@ pub async fn events(State(app): State<App>) -> Response {
 /// `GET /strata/cache`: the parked conversations and the cache's limits, as of the last request.
 pub async fn cache(State(app): State<App>) -> Response {
     let v = app.shared.cache.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let mut j = serde_json::to_value(&v).unwrap_or(Value::Null);
-    j["slots_used"] = json!(v.parked.len());
-    Json(j).into_response()
+    Json(v).into_response()
 }
 
 /// `GET /strata/model`.
 pub async fn model(State(app): State<App>) -> Response {
     Json(app.model.info.clone()).into_response()
+}
+
+/// `GET /strata/settings`: the settings the server runs with, as the web UI's settings view edits them.
+pub async fn settings(State(app): State<App>) -> Response {
+    Json(app.model.settings.clone()).into_response()
+}
+
+/// `POST /strata/plan` with settings: the served model's plan under them and the flags that apply them, or
+/// 400 naming the field at fault (`param`). A server cannot restart itself with new flags: applying them is
+/// restarting `strata serve` with `flags`.
+pub async fn plan(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    match plan_inner(&app, &headers, body).await {
+        Ok(r) => Json(r).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn plan_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<PlanReply, ApiError> {
+    let bytes = super::api::read_body(headers, body, 1 << 16, app.opts.body_timeout).await?;
+    let settings: EngineSettings = super::openai::parse(&bytes)?;
+    let served = &app.model.settings;
+    if settings.model_path.as_ref().is_some_and(|p| Some(p) != served.model_path.as_ref()) {
+        return Err(ApiError::invalid(
+            "model_path",
+            format!(
+                "this server plans only the model it serves ({}); leave model_path empty",
+                served.model_path.as_deref().unwrap_or("?")
+            ),
+        ));
+    }
+    if settings.engine != EngineLocation::Local {
+        return Err(ApiError::invalid("engine", "a server plans its own engine only: engine.kind is local"));
+    }
+    let file = app.model.model.file.clone();
+    let planned = tokio::task::spawn_blocking(move || settings.plan(&file).map(|p| (p, settings.serve_flags())))
+        .await
+        .map_err(|e| ApiError::internal(format!("the plan failed: {e}")))?;
+    match planned {
+        Ok((plan, flags)) => Ok(PlanReply { plan, flags }),
+        Err(e) => Err(ApiError::invalid(&e.field, e.message)),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -240,19 +328,30 @@ async fn sim_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Respons
             format!("device {} is not a sim device: the sim devices are {}", r.device, names.join(", ")),
         ));
     };
-    let (fault, what) = if let Some(m) = r.pressure_mib {
-        (Fault::PressureBytes(m.saturating_mul(mib)), json!({"pressure_mib": m}))
+    let fault = if let Some(m) = r.pressure_mib {
+        Fault::PressureBytes(m.saturating_mul(mib))
     } else if let Some(m) = r.leave_free_mib {
-        (Fault::LeaveFreeBytes(m.saturating_mul(mib)), json!({"leave_free_mib": m}))
+        Fault::LeaveFreeBytes(m.saturating_mul(mib))
     } else if let Some(n) = r.fail_samples {
-        (Fault::FailSamples(n), json!({"fail_samples": n}))
+        Fault::FailSamples(n)
     } else {
-        (Fault::FailAllocs(r.fail_alloc.unwrap_or(0)), json!({"fail_alloc": r.fail_alloc}))
+        Fault::FailAllocs(r.fail_alloc.unwrap_or(0))
     };
     device.inject(fault).map_err(|e| ApiError::invalid("device", e.to_string()))?;
-    let mut fields = what.clone();
-    fields["device"] = json!(device.index);
-    app.shared.telemetry.event("sim_fault", fields);
+    let event = EngineEvent::SimFault {
+        device: device.index,
+        pressure_mib: r.pressure_mib,
+        leave_free_mib: r.leave_free_mib,
+        fail_samples: r.fail_samples,
+        fail_alloc: r.fail_alloc,
+    };
+    // What was applied: the event's one fault field.
+    let mut what = serde_json::to_value(&event).unwrap_or(Value::Null);
+    if let Some(m) = what.as_object_mut() {
+        m.remove("event");
+        m.remove("device");
+    }
+    app.shared.telemetry.emit(event);
     app.shared.telemetry.sample(device.index, device.observe_free(), device.total_bytes());
     tracing::info!("device {}: sim fault applied: {what}", device.name());
     Ok(Json(json!({"device": device.index, "applied": what, "free_bytes": device.observe_free()})).into_response())

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 
-use crate::cache::RestoreKind;
-use crate::engine::session::{Fallback, Session, SessionConfig};
+use crate::engine::session::{Session, SessionConfig};
 use crate::engine::{EngineError, Generation, Observer, StopReason};
 use crate::model::{Model, ModelError};
 use crate::threadpool::ThreadPool;
+use crate::telemetry::EngineEvent;
 use crate::tokenizer::Tokenizer;
 
 use super::error::ApiError;
@@ -121,26 +121,7 @@ pub enum Msg {
     Error(ApiError),
 }
 
-/// The figures of one served request.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Summary {
-    /// The engine's serial number of the request (1, 2, ...): the order it was served in.
-    pub job: u64,
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    pub reused: usize,
-    pub read: usize,
-    pub prompt_ms: f64,
-    pub gen_ms: f64,
-    pub prompt_tok_s: f64,
-    pub gen_tok_s: f64,
-    pub queue_ms: f64,
-    pub drafts_accepted: usize,
-    pub drafts_proposed: usize,
-    pub restored: Option<RestoreKind>,
-    pub restored_tokens: Option<usize>,
-    pub fallback: Option<Fallback>,
-}
+pub use crate::telemetry::Summary;
 
 /// OpenAI's finish_reason for an engine stop.
 pub fn finish_reason(r: StopReason) -> &'static str {
@@ -357,8 +338,7 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
     };
     s.gen_tok_s = s.completion_tokens as f64 / (s.gen_ms / 1e3).max(1e-9);
     shared.metrics.record(job.endpoint, &s);
-    let fields = serde_json::to_value(&s).unwrap_or(serde_json::Value::Null);
-    shared.telemetry.event("request_done", fields);
+    shared.telemetry.emit(EngineEvent::RequestDone(s.clone()));
     send(&job.tx, Msg::Done(Box::new(s)));
 }
 
@@ -366,8 +346,9 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
 fn publish_cache(session: &Session, shared: &Shared) {
     let now_ms = shared.telemetry.now_ms();
     let c = &session.cache;
-    let view = CacheView {
+    let mut view = CacheView {
         slots: c.slots,
+        slots_used: 0,
         budget_bytes: c.budget_bytes,
         bytes: c.bytes(),
         evictions: c.evictions(),
@@ -382,5 +363,6 @@ fn publish_cache(session: &Session, shared: &Shared) {
             })
             .collect(),
     };
+    view.slots_used = view.parked.len();
     *shared.cache.lock().unwrap_or_else(|e| e.into_inner()) = view;
 }

@@ -1,0 +1,60 @@
+//! What a model file is, read from its metadata and tensor index alone (nothing paged in): the facts the
+//! desktop app shows for a dropped file and `/strata/model` reports.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gguf::GgufFile;
+use crate::model::{ModelConfig, ModelError};
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct ModelFacts {
+    pub path: String,
+    /// `general.name`, else the file's name without `.gguf`.
+    pub name: String,
+    pub architecture: String,
+    /// The tensor type holding most of the bytes (e.g. Q4_1).
+    pub quantization: String,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub parameters: u64,
+    pub layers: usize,
+    pub trained_context: usize,
+    pub vocab: usize,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub file_bytes: u64,
+}
+
+impl ModelFacts {
+    /// The facts of an open file; a model Strata cannot run is the configuration's error.
+    pub fn of(file: &GgufFile, path: &Path) -> Result<ModelFacts, ModelError> {
+        let cfg = ModelConfig::from_gguf(file)?;
+        let mut by_type: BTreeMap<&str, u64> = BTreeMap::new();
+        for t in &file.tensors {
+            *by_type.entry(t.ty.name()).or_default() += t.n_bytes;
+        }
+        let quantization = by_type.iter().max_by_key(|(_, b)| **b).map_or("?".to_owned(), |(t, _)| t.to_uppercase());
+        let name = file
+            .get("general.name")
+            .and_then(|v| v.as_str())
+            .filter(|n| !n.trim().is_empty())
+            .map(str::to_owned)
+            .unwrap_or_else(|| {
+                let stem = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+                stem.strip_suffix(".gguf").unwrap_or(&stem).to_owned()
+            });
+        Ok(ModelFacts {
+            path: path.display().to_string(),
+            name,
+            architecture: cfg.arch_name.clone(),
+            quantization,
+            parameters: file.tensors.iter().map(|t| t.n_elements()).sum(),
+            layers: cfg.n_layer,
+            trained_context: cfg.n_ctx_train,
+            vocab: cfg.n_vocab,
+            file_bytes: file.file_bytes(),
+        })
+    }
+}

@@ -1,0 +1,295 @@
+//! The engine's settings as the desktop app and the web UI edit them: one typed value for the flags of
+//! `strata serve` (devices, split, KV, context, reserve, conversation cache, threads) plus where the engine
+//! runs (local, or a remote OpenAI-compatible endpoint). Validation names the field at fault, so a form can
+//! show the message beside it; `serve_flags` is the command line that applies them.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::device::DeviceSet;
+use crate::gguf::GgufFile;
+use crate::model::{KvType, LoadOptions, ModelError, DEFAULT_BATCH};
+use crate::split::{self, SplitError};
+
+use super::{Plan, PlanError};
+
+const MIB: u64 = 1 << 20;
+/// The largest reserve or cache budget accepted, in MiB (16 TiB), as the CLI's flags.
+pub const MAX_MIB: u64 = 1 << 24;
+/// The most conversations the cache may hold.
+pub const MAX_CACHE_SLOTS: u32 = 4096;
+
+/// Where the engine runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum EngineLocation {
+    /// A `strata serve` child process of the app.
+    #[default]
+    Local,
+    /// An OpenAI-compatible endpoint elsewhere (vLLM, llama.cpp's server, another Strata).
+    Remote {
+        /// Base URL, e.g. `http://gpu-box:8000` (the `/v1` paths are added).
+        url: String,
+        api_key: String,
+        /// The model to ask for (empty: the first the endpoint lists).
+        model: String,
+    },
+}
+
+/// The settings of the engine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+#[serde(deny_unknown_fields)]
+pub struct EngineSettings {
+    /// The GGUF file to serve (None: none chosen yet).
+    pub model_path: Option<String>,
+    /// `--devices`: `cpu`, `cuda:0,cuda:1`, `sim:200,sim:400`, ...
+    pub devices: String,
+    /// `--layer-split`: empty (by free memory), `15`, `10,20`.
+    pub layer_split: String,
+    pub kv: KvType,
+    pub kv_resident: Option<u32>,
+    pub max_context: Option<u32>,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub vram_reserve_mib: u64,
+    pub cache_slots: u32,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub cache_mib: u64,
+    pub threads: Option<u16>,
+    pub engine: EngineLocation,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        EngineSettings {
+            model_path: None,
+            devices: "cpu".into(),
+            layer_split: String::new(),
+            kv: KvType::F16,
+            kv_resident: None,
+            max_context: None,
+            vram_reserve_mib: 0,
+            cache_slots: 4,
+            cache_mib: 4096,
+            threads: None,
+            engine: EngineLocation::Local,
+        }
+    }
+}
+
+/// A plan and the `strata serve` flags of the settings it was made for.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct PlanReply {
+    pub plan: Plan,
+    pub flags: Vec<String>,
+}
+
+/// A value refused, and the field that holds it (the names of [`EngineSettings`]; `engine.url` for a
+/// remote endpoint's).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: &str, message: impl Into<String>) -> FieldError {
+        FieldError { field: field.to_owned(), message: message.into() }
+    }
+}
+
+impl EngineSettings {
+    /// Checks each value on its own (ranges, syntax); the model and the devices are checked by [`plan`].
+    ///
+    /// [`plan`]: EngineSettings::plan
+    pub fn check(&self) -> Result<(), FieldError> {
+        if self.devices.trim().is_empty() {
+            return Err(FieldError::new("devices", "list at least one device, e.g. cpu or cuda:0"));
+        }
+        if !self.layer_split.trim().is_empty() {
+            split::parse_points(self.layer_split.trim()).map_err(|e| FieldError::new("layer_split", e.to_string()))?;
+        }
+        if self.kv_resident == Some(0) {
+            return Err(FieldError::new("kv_resident", "keep at least 1 position resident, or leave it empty for all"));
+        }
+        if self.max_context == Some(0) {
+            return Err(FieldError::new("max_context", "the context holds at least 1 position"));
+        }
+        if self.vram_reserve_mib > MAX_MIB {
+            return Err(FieldError::new("vram_reserve_mib", format!("at most {MAX_MIB} MiB")));
+        }
+        if self.cache_slots > MAX_CACHE_SLOTS {
+            return Err(FieldError::new("cache_slots", format!("at most {MAX_CACHE_SLOTS} conversations")));
+        }
+        if self.cache_mib > MAX_MIB {
+            return Err(FieldError::new("cache_mib", format!("at most {MAX_MIB} MiB")));
+        }
+        if let Some(t) = self.threads {
+            if !(1..=1024).contains(&t) {
+                return Err(FieldError::new("threads", "between 1 and 1024 threads, or empty for one per core"));
+            }
+        }
+        if let Some(p) = &self.model_path {
+            if p.trim().is_empty() {
+                return Err(FieldError::new("model_path", "empty: choose a GGUF file"));
+            }
+        }
+        if let EngineLocation::Remote { url, api_key, model } = &self.engine {
+            check_url(url)?;
+            if api_key.chars().any(|c| c.is_control()) {
+                return Err(FieldError::new("engine.api_key", "the key has a control character"));
+            }
+            if model.chars().any(|c| c.is_control()) {
+                return Err(FieldError::new("engine.model", "the model name has a control character"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The devices and placement these settings give (fresh devices: nothing is allocated).
+    pub fn load_options(&self) -> Result<LoadOptions, FieldError> {
+        self.check()?;
+        let reserve_bytes = self.vram_reserve_mib * MIB;
+        let devices =
+            DeviceSet::parse(self.devices.trim(), reserve_bytes).map_err(|e| FieldError::new("devices", e.to_string()))?;
+        for d in devices.devices.iter().filter(|d| !d.is_host()) {
+            if reserve_bytes >= d.total_bytes() {
+                return Err(FieldError::new(
+                    "vram_reserve_mib",
+                    format!(
+                        "a reserve of {} MiB is not below device {}'s {} MiB of memory",
+                        self.vram_reserve_mib,
+                        d.name(),
+                        d.total_bytes() / MIB
+                    ),
+                ));
+            }
+        }
+        let split = match self.layer_split.trim() {
+            "" => None,
+            s => Some(split::parse_points(s).map_err(|e| FieldError::new("layer_split", e.to_string()))?),
+        };
+        Ok(LoadOptions {
+            devices,
+            split,
+            kv_type: self.kv,
+            batch: DEFAULT_BATCH,
+            max_context: self.max_context.map(|c| c as usize),
+            kv_resident: self.kv_resident.map(|n| n as usize),
+        })
+    }
+
+    /// The plan of `file` under these settings at their context, or the field at fault: a split that does
+    /// not match the devices or the model's layers, a KV type the model cannot use, a reserve above a
+    /// device's memory. A plan that does not fit is not an error: its `fits` is false and its `problem` says
+    /// which device is short and by how much.
+    pub fn plan(&self, file: &Arc<GgufFile>) -> Result<Plan, FieldError> {
+        let opts = self.load_options()?;
+        super::plan(file, &opts, None).map_err(|e| match e {
+            PlanError::Model(m) => model_field_error(m),
+            e @ PlanError::TokensBeyondContext { .. } => FieldError::new("max_context", e.to_string()),
+        })
+    }
+
+    /// The flags of `strata serve` that apply these settings (the model and the engine location aside).
+    pub fn serve_flags(&self) -> Vec<String> {
+        let mut f: Vec<String> = vec!["--devices".into(), self.devices.trim().to_owned()];
+        if !self.layer_split.trim().is_empty() {
+            f.extend(["--layer-split".into(), self.layer_split.trim().to_owned()]);
+        }
+        f.extend(["--kv".into(), self.kv.to_string()]);
+        if let Some(n) = self.kv_resident {
+            f.extend(["--kv-resident".into(), n.to_string()]);
+        }
+        if let Some(c) = self.max_context {
+            f.extend(["--max-context".into(), c.to_string()]);
+        }
+        f.extend(["--vram-reserve-mib".into(), self.vram_reserve_mib.to_string()]);
+        f.extend(["--conversation-cache-slots".into(), self.cache_slots.to_string()]);
+        f.extend(["--conversation-cache-mib".into(), self.cache_mib.to_string()]);
+        if let Some(t) = self.threads {
+            f.extend(["--threads".into(), t.to_string()]);
+        }
+        f
+    }
+}
+
+fn model_field_error(e: ModelError) -> FieldError {
+    let field = match &e {
+        ModelError::Split(SplitError::Device(_)) | ModelError::Device(_) => "devices",
+        ModelError::Split(_) => "layer_split",
+        ModelError::KvLayout(_) => "kv",
+        ModelError::ContextOverflow { .. } => "max_context",
+        _ => "model_path",
+    };
+    FieldError::new(field, e.to_string())
+}
+
+fn check_url(url: &str) -> Result<(), FieldError> {
+    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+    let Some(rest) = rest else {
+        return Err(FieldError::new("engine.url", "the URL starts with http:// or https://"));
+    };
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if host.is_empty() || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(FieldError::new("engine.url", format!("{url:?} is not a URL with a host")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_field_is_named_in_its_error() {
+        let ok = EngineSettings::default();
+        assert_eq!(ok.check(), Ok(()));
+        let cases: Vec<(EngineSettings, &str)> = vec![
+            (EngineSettings { devices: " ".into(), ..ok.clone() }, "devices"),
+            (EngineSettings { devices: "gpu:1".into(), ..ok.clone() }, "devices"),
+            (EngineSettings { layer_split: "x".into(), ..ok.clone() }, "layer_split"),
+            (EngineSettings { kv_resident: Some(0), ..ok.clone() }, "kv_resident"),
+            (EngineSettings { max_context: Some(0), ..ok.clone() }, "max_context"),
+            (EngineSettings { vram_reserve_mib: MAX_MIB + 1, ..ok.clone() }, "vram_reserve_mib"),
+            (EngineSettings { devices: "sim:200".into(), vram_reserve_mib: 200, ..ok.clone() }, "vram_reserve_mib"),
+            (EngineSettings { cache_slots: MAX_CACHE_SLOTS + 1, ..ok.clone() }, "cache_slots"),
+            (EngineSettings { threads: Some(0), ..ok.clone() }, "threads"),
+            (
+                EngineSettings {
+                    engine: EngineLocation::Remote { url: "ftp://x".into(), api_key: String::new(), model: String::new() },
+                    ..ok.clone()
+                },
+                "engine.url",
+            ),
+        ];
+        for (s, field) in cases {
+            let e = s.load_options().expect_err(field);
+            assert_eq!(e.field, field, "{e}");
+            assert!(!e.message.is_empty());
+        }
+    }
+
+    #[test]
+    fn flags_say_what_the_settings_say() {
+        let s = EngineSettings {
+            devices: "sim:200,sim:400".into(),
+            layer_split: "15".into(),
+            kv: KvType::Int8,
+            max_context: Some(4096),
+            threads: Some(2),
+            ..EngineSettings::default()
+        };
+        let f = s.serve_flags().join(" ");
+        assert_eq!(
+            f,
+            "--devices sim:200,sim:400 --layer-split 15 --kv int8 --max-context 4096 --vram-reserve-mib 0 \
+             --conversation-cache-slots 4 --conversation-cache-mib 4096 --threads 2"
+        );
+    }
+}
