@@ -60,6 +60,9 @@ pub struct ServeArgs {
     #[arg(long = "telemetry-entries", value_name = "N", default_value_t = strata::telemetry::RING_ENTRIES as u32,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub telemetry_entries: u32,
+    /// Shut down when stdin closes (for a supervisor: the server ends with it, even if it is killed)
+    #[arg(long = "exit-with-stdin")]
+    pub exit_with_stdin: bool,
     /// A built web UI to serve at / [default: ui/dist when it exists]
     #[arg(long = "ui-dir", value_name = "DIR")]
     pub ui_dir: Option<PathBuf>,
@@ -158,6 +161,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         telemetry_entries: a.telemetry_entries as usize,
         batch: a.engine.batch as usize,
         threads,
+        exit_with_stdin: a.exit_with_stdin,
         session: SessionConfig {
             kv_type: a.engine.kv,
             max_context,
@@ -186,7 +190,12 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
 }
 
 /// What `/strata/model` shows: the file, the architecture, the split and the flags the server started with.
-fn model_info(loaded: &super::Loaded, id: &str, a: &ServeArgs, max_context: usize) -> anyhow::Result<serde_json::Value> {
+fn model_info(
+    loaded: &super::Loaded,
+    id: &str,
+    a: &ServeArgs,
+    max_context: usize,
+) -> anyhow::Result<serde_json::Value> {
     let m = &loaded.model;
     let facts = ModelFacts::of(&m.file, &loaded.path)?;
     let stages: Vec<serde_json::Value> = m

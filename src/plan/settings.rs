@@ -155,8 +155,8 @@ impl EngineSettings {
     pub fn load_options(&self) -> Result<LoadOptions, FieldError> {
         self.check()?;
         let reserve_bytes = self.vram_reserve_mib * MIB;
-        let devices =
-            DeviceSet::parse(self.devices.trim(), reserve_bytes).map_err(|e| FieldError::new("devices", e.to_string()))?;
+        let devices = DeviceSet::parse(self.devices.trim(), reserve_bytes)
+            .map_err(|e| FieldError::new("devices", e.to_string()))?;
         for d in devices.devices.iter().filter(|d| !d.is_host()) {
             if reserve_bytes >= d.total_bytes() {
                 return Err(FieldError::new(
@@ -262,7 +262,11 @@ mod tests {
             (EngineSettings { threads: Some(0), ..ok.clone() }, "threads"),
             (
                 EngineSettings {
-                    engine: EngineLocation::Remote { url: "ftp://x".into(), api_key: String::new(), model: String::new() },
+                    engine: EngineLocation::Remote {
+                        url: "ftp://x".into(),
+                        api_key: String::new(),
+                        model: String::new(),
+                    },
                     ..ok.clone()
                 },
                 "engine.url",

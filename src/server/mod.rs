@@ -77,6 +77,9 @@ pub struct ServeOptions {
     pub batch: usize,
     pub threads: usize,
     pub session: SessionConfig,
+    /// Shut down when stdin reaches its end: a supervisor that dies (its end of the pipe closes) takes
+    /// the server with it, on every OS.
+    pub exit_with_stdin: bool,
 }
 
 /// What every handler gets.
@@ -188,6 +191,17 @@ pub fn serve(opts: ServeOptions, model: ServedModel, on_listening: impl FnOnce(S
         .thread_name("strata-http")
         .enable_all()
         .build()?;
+    if opts.exit_with_stdin {
+        let s = shared.clone();
+        std::thread::Builder::new().name("strata-stdin".into()).spawn(move || {
+            let mut sink = [0u8; 256];
+            let mut stdin = std::io::stdin().lock();
+            while matches!(std::io::Read::read(&mut stdin, &mut sink), Ok(n) if n > 0) {}
+            tracing::info!("stdin closed (the supervisor is gone): shutting down now");
+            s.begin_shutdown();
+            s.cancel_in_flight.store(true, Ordering::Release);
+        })?;
+    }
     let app = App { shared: shared.clone(), model, opts: Arc::new(opts), jobs: jobs_tx };
     rt.block_on(accept_loop(app, on_listening))?;
     // Engine and sampler threads are left to the process's end: nothing is in flight any more.

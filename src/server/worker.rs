@@ -14,8 +14,8 @@ use tokio::sync::mpsc::Sender;
 use crate::engine::session::{Session, SessionConfig};
 use crate::engine::{EngineError, Generation, Observer, StopReason};
 use crate::model::{Model, ModelError};
-use crate::threadpool::ThreadPool;
 use crate::telemetry::EngineEvent;
+use crate::threadpool::ThreadPool;
 use crate::tokenizer::Tokenizer;
 
 use super::error::ApiError;

@@ -1,0 +1,220 @@
+//! The Strata desktop app's backend: the app state (settings, history, telemetry, the engine supervisor),
+//! the Tauri builder with its plugins and commands, and the app's lifecycle (the engine starts with the
+//! app's model and stops when the app quits). Module map: `commands` (what the UI calls), `supervisor` (the
+//! engine child process), `engine` (HTTP to an engine), `history` (conversations on disk), `types` (what
+//! crosses to TypeScript).
+
+pub mod commands;
+pub mod engine;
+pub mod history;
+pub mod supervisor;
+pub mod types;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tauri::{Emitter, Manager, Runtime};
+use tauri_plugin_store::StoreExt;
+
+use strata::plan::facts::ModelFacts;
+use strata::plan::settings::{EngineLocation, EngineSettings};
+use strata::telemetry::Telemetry;
+
+use history::History;
+use supervisor::{EngineSpec, Supervisor};
+use types::{CmdResult, CommandError};
+
+/// Telemetry entries the app keeps of each kind: 30 minutes of samples at 2 per second for 4 devices.
+pub const TELEMETRY_ENTRIES: usize = 30 * 60 * 2 * 4;
+/// The settings store's file in the data folder, and its key.
+pub const SETTINGS_FILE: &str = "settings.json";
+const SETTINGS_KEY: &str = "engine";
+
+pub struct AppState {
+    pub data_dir: PathBuf,
+    pub history: History,
+    pub telemetry: Arc<Telemetry>,
+    pub supervisor: Supervisor,
+    settings: Mutex<EngineSettings>,
+    cancels: Mutex<HashMap<String, tokio::sync::watch::Sender<bool>>>,
+}
+
+impl AppState {
+    pub fn new(data_dir: PathBuf, settings: EngineSettings) -> CmdResult<AppState> {
+        let telemetry = Arc::new(Telemetry::with_capacity(TELEMETRY_ENTRIES));
+        let supervisor = Supervisor::new(telemetry.clone(), tauri::async_runtime::handle().inner().clone());
+        Ok(AppState {
+            history: History::open(data_dir.join("conversations"))?,
+            data_dir,
+            telemetry,
+            supervisor,
+            settings: Mutex::new(settings),
+            cancels: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn settings(&self) -> EngineSettings {
+        self.settings.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Keeps `s` (in memory and in the store, saved at once).
+    pub fn store_settings<R: Runtime>(&self, app: &tauri::AppHandle<R>, s: &EngineSettings) -> CmdResult<()> {
+        let store = app
+            .store(self.data_dir.join(SETTINGS_FILE))
+            .map_err(|e| CommandError::io(format!("cannot open the settings store: {e}")))?;
+        store.set(SETTINGS_KEY, serde_json::to_value(s).map_err(|e| CommandError::io(e.to_string()))?);
+        store.save().map_err(|e| CommandError::io(format!("cannot save the settings: {e}")))?;
+        *self.settings.lock().unwrap_or_else(|e| e.into_inner()) = s.clone();
+        Ok(())
+    }
+
+    /// (Re)starts the local engine for `s`; stops it for a remote engine or no model. (`STRATA_NO_ENGINE`
+    /// set: never, for tests of the commands alone.)
+    pub fn start_engine(&self, s: &EngineSettings) -> CmdResult<()> {
+        if std::env::var_os("STRATA_NO_ENGINE").is_some() {
+            tracing::info!("STRATA_NO_ENGINE is set: no engine is started");
+            return Ok(());
+        }
+        let (EngineLocation::Local, Some(model)) = (&s.engine, &s.model_path) else {
+            let sup = self.supervisor.clone();
+            tauri::async_runtime::spawn(async move { sup.stop(Duration::from_secs(5)).await });
+            return Ok(());
+        };
+        let binary = engine_binary().ok_or_else(|| {
+            CommandError::engine("the engine (strata) is not installed beside the app; set STRATA_ENGINE")
+        })?;
+        let facts =
+            strata::gguf::GgufFile::open(Path::new(model)).ok().and_then(|f| ModelFacts::of(&f, Path::new(model)).ok());
+        self.supervisor.start(EngineSpec { binary, model: PathBuf::from(model), flags: s.serve_flags(), facts });
+        Ok(())
+    }
+
+    pub(crate) fn cancel_token(&self, id: &str) -> tokio::sync::watch::Receiver<bool> {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        self.cancels.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_owned(), tx);
+        rx
+    }
+
+    pub(crate) fn drop_cancel(&self, id: &str) {
+        self.cancels.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+    }
+
+    pub(crate) fn cancel(&self, id: &str) {
+        if let Some(tx) = self.cancels.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+            let _ = tx.send(true);
+        }
+    }
+}
+
+/// The engine binary: `$STRATA_ENGINE`, else `strata` beside the app (where bundles put the sidecar),
+/// else a workspace build (`target/release/strata`).
+pub fn engine_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("STRATA_ENGINE").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let name = format!("strata{}", std::env::consts::EXE_SUFFIX);
+    [dir.join(&name), dir.join("..").join("release").join(&name)].into_iter().find(|p| p.is_file())
+}
+
+/// The app's data folder: `$STRATA_APP_DATA`, else the OS's place for this app.
+fn data_dir<R: Runtime>(app: &tauri::AppHandle<R>) -> CmdResult<PathBuf> {
+    if let Some(p) = std::env::var_os("STRATA_APP_DATA").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    app.path().app_data_dir().map_err(|e| CommandError::io(format!("no data folder: {e}")))
+}
+
+/// Settings as stored, else defaults with the model from `$STRATA_MODEL` (the quick start's default model).
+fn initial_settings<R: Runtime>(app: &tauri::AppHandle<R>, dir: &Path) -> EngineSettings {
+    let stored = app.store(dir.join(SETTINGS_FILE)).ok().and_then(|s| s.get(SETTINGS_KEY)).and_then(|v| {
+        serde_json::from_value::<EngineSettings>(v).map_err(|e| tracing::warn!("stored settings ignored: {e}")).ok()
+    });
+    let mut s = stored.unwrap_or_default();
+    if s.model_path.is_none() {
+        s.model_path = std::env::var("STRATA_MODEL").ok().filter(|p| Path::new(p).is_file());
+    }
+    s
+}
+
+/// Creates the app's state (data folder, settings, history, telemetry, supervisor), wires telemetry and
+/// engine status to UI events, and starts the engine for the stored model. Run by `setup` (tests call it
+/// on a mock app, whose `setup` does not run until its event loop does).
+pub fn init<R: Runtime>(handle: &tauri::AppHandle<R>) -> CmdResult<()> {
+    let dir = data_dir(handle)?;
+    std::fs::create_dir_all(&dir).map_err(|e| CommandError::io(format!("{}: {e}", dir.display())))?;
+    let settings = initial_settings(handle, &dir);
+    let state = AppState::new(dir, settings.clone())?;
+    // Telemetry and the engine's status reach the UI as events.
+    let h = handle.clone();
+    state.telemetry.subscribe_with(Box::new(move |e| {
+        let _ = h.emit("telemetry", e);
+        true
+    }));
+    let mut status = state.supervisor.subscribe_status();
+    let h = handle.clone();
+    tauri::async_runtime::spawn(async move {
+        while status.changed().await.is_ok() {
+            let s = status.borrow_and_update().clone();
+            let _ = h.emit("engine_status", s);
+        }
+    });
+    if let Err(e) = state.start_engine(&settings) {
+        tracing::warn!("{}", e.message);
+    }
+    handle.manage(state);
+    Ok(())
+}
+
+/// The builder with everything but the context: plugins, state, commands (the tests use it with a mock
+/// runtime).
+pub fn builder<R: Runtime>(b: tauri::Builder<R>) -> tauri::Builder<R> {
+    b.plugin(tauri_plugin_store::Builder::default().build())
+        .plugin(tauri_plugin_dialog::init())
+        .setup(|app| init(app.handle()).map_err(|e| e.message.into()))
+        .invoke_handler(tauri::generate_handler![
+            commands::inspect_model,
+            commands::plan,
+            commands::load_model,
+            commands::unload_model,
+            commands::get_settings,
+            commands::save_settings,
+            commands::chat_send,
+            commands::chat_cancel,
+            commands::conversations_list,
+            commands::conversation_get,
+            commands::conversation_create,
+            commands::conversation_rename,
+            commands::conversation_delete,
+            commands::conversation_export,
+            commands::devices,
+            commands::telemetry,
+            commands::cache,
+            commands::engine_status,
+        ])
+}
+
+pub fn run() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let app = match builder(tauri::Builder::default()).build(tauri::generate_context!()) {
+        Ok(app) => app,
+        Err(e) => {
+            eprintln!("strata-desktop: error: {e}");
+            std::process::exit(1);
+        }
+    };
+    app.run(|handle, event| {
+        if let tauri::RunEvent::Exit = event {
+            // No orphan: the engine goes with the app.
+            if let Some(state) = handle.try_state::<AppState>() {
+                state.supervisor.stop_blocking(Duration::from_secs(5));
+            }
+        }
+    });
+}

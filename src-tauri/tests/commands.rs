@@ -1,0 +1,208 @@
+//! The app's commands through Tauri's IPC on a mock runtime (no window, no engine): every command the UI
+//! calls is registered and granted, settings that cannot work are refused naming their field, and the
+//! chat history survives a crash between writes.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use serde_json::{json, Value};
+use tauri::ipc::{CallbackFn, InvokeBody};
+use tauri::test::{get_ipc_response, mock_builder, mock_context, noop_assets, INVOKE_KEY};
+use tauri::webview::InvokeRequest;
+use tauri::WebviewWindowBuilder;
+
+/// The environment (data folder) is the process's: one app at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn default_model() -> Option<PathBuf> {
+    let p = root().join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    p.is_file().then_some(p)
+}
+
+struct App {
+    _app: tauri::App<tauri::test::MockRuntime>,
+    window: tauri::WebviewWindow<tauri::test::MockRuntime>,
+}
+
+fn app(data: &std::path::Path) -> App {
+    std::env::set_var("STRATA_APP_DATA", data);
+    std::env::set_var("STRATA_NO_ENGINE", "1");
+    std::env::remove_var("STRATA_MODEL");
+    let app = strata_desktop::builder(mock_builder()).build(mock_context(noop_assets())).expect("the app builds");
+    strata_desktop::init(app.handle()).expect("the app's state");
+    let window = WebviewWindowBuilder::new(&app, "main", Default::default()).build().expect("a window");
+    App { _app: app, window }
+}
+
+fn call(a: &App, cmd: &str, args: Value) -> Result<Value, Value> {
+    let r = get_ipc_response(
+        &a.window,
+        InvokeRequest {
+            cmd: cmd.into(),
+            callback: CallbackFn(0),
+            error: CallbackFn(1),
+            url: "tauri://localhost".parse().unwrap(),
+            body: InvokeBody::Json(args),
+            headers: Default::default(),
+            invoke_key: INVOKE_KEY.to_string(),
+        },
+    );
+    r.map(|b| b.deserialize::<Value>().unwrap_or(Value::Null))
+}
+
+/// The command names in ui/src/transport/commands.ts (one string literal per line).
+fn ui_commands() -> Vec<String> {
+    let text = std::fs::read_to_string(root().join("../ui/src/transport/commands.ts")).expect("commands.ts");
+    let start = text.find("COMMANDS").expect("a COMMANDS list");
+    let list = &text[start..text[start..].find(']').map_or(text.len(), |e| start + e)];
+    list.lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let q = l.chars().next().filter(|c| *c == '"' || *c == '\'')?;
+            Some(l[1..].split(q).next()?.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn every_command_the_ui_calls_is_registered_and_granted() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let declared: Vec<String> = std::fs::read_to_string(root().join("commands.txt"))
+        .unwrap()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    let cap: Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("capabilities/default.json")).unwrap()).unwrap();
+    let granted: Vec<&str> = cap["permissions"].as_array().unwrap().iter().filter_map(|p| p.as_str()).collect();
+    let ui = ui_commands();
+    assert!(ui.len() >= 15, "commands.ts lists {} commands: {ui:?}", ui.len());
+    let dir = tempfile::tempdir().unwrap();
+    let a = app(dir.path());
+    for cmd in &ui {
+        assert!(declared.contains(cmd), "the UI calls {cmd}, which commands.txt does not declare");
+        let perm = format!("allow-{}", cmd.replace('_', "-"));
+        assert!(granted.contains(&perm.as_str()), "capabilities/default.json does not grant {perm}");
+        // Registered: the call reaches the command (its own answer or argument error), never "not found".
+        let r = call(&a, cmd, json!({}));
+        let text = format!("{r:?}");
+        assert!(!text.contains("not found"), "{cmd} is not registered: {text}");
+    }
+    // Nothing granted that the app does not have.
+    for p in granted.iter().filter_map(|p| p.strip_prefix("allow-")) {
+        assert!(declared.contains(&p.replace('-', "_")), "{p} is granted but is no command");
+    }
+}
+
+fn settings_with(base: &Value, patch: Value) -> Value {
+    let mut s = base.clone();
+    for (k, v) in patch.as_object().unwrap() {
+        s[k] = v.clone();
+    }
+    s
+}
+
+#[test]
+fn invalid_settings_are_refused_naming_the_field() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let a = app(dir.path());
+    let base = call(&a, "get_settings", json!({})).expect("get_settings");
+    assert_eq!(base["devices"], "cpu");
+    let model = default_model();
+    let base = settings_with(&base, json!({"model_path": model.as_ref().map(|p| p.display().to_string())}));
+    let mut cases = vec![
+        (json!({"devices": "tpu:0"}), "devices"),
+        (json!({"devices": ""}), "devices"),
+        (json!({"devices": "sim:200,sim:400", "vram_reserve_mib": 300}), "vram_reserve_mib"),
+        (json!({"layer_split": "ten"}), "layer_split"),
+        (json!({"threads": 0}), "threads"),
+        (json!({"kv_resident": 0}), "kv_resident"),
+        (json!({"engine": {"kind": "remote", "url": "gpu-box:8000", "api_key": "", "model": ""}}), "engine.url"),
+    ];
+    if model.is_some() {
+        // Needs the model's layer count (30).
+        cases.push((json!({"devices": "sim:200,sim:400", "layer_split": "45"}), "layer_split"));
+        cases.push((json!({"devices": "sim:200,sim:400", "layer_split": "10,20"}), "layer_split"));
+    } else {
+        println!("SKIPPED: the default model is not in models/: the split-beyond-layers case needs it");
+    }
+    for (patch, field) in cases {
+        let s = settings_with(&base, patch.clone());
+        let e = call(&a, "save_settings", json!({ "settings": s })).expect_err(&format!("{patch} is refused"));
+        assert_eq!(e["code"], "invalid", "{patch}: {e}");
+        assert_eq!(e["field"], field, "{patch}: {e}");
+        assert!(e["message"].as_str().is_some_and(|m| m.len() > 10), "{patch}: {e}");
+    }
+    // Nothing refused was kept; a good value is.
+    assert_eq!(call(&a, "get_settings", json!({})).unwrap()["devices"], "cpu");
+    let good = settings_with(
+        &base,
+        json!({"devices": "sim:200,sim:400", "layer_split": if model.is_some() { "15" } else { "" }}),
+    );
+    let saved = call(&a, "save_settings", json!({ "settings": good })).expect("good settings are saved");
+    assert_eq!(saved["devices"], "sim:200,sim:400");
+    // Unknown fields and wrong types never reach validation.
+    let e = call(&a, "save_settings", json!({ "settings": settings_with(&base, json!({"gpu": 1})) })).unwrap_err();
+    assert!(format!("{e}").contains("gpu"), "{e}");
+    // They were written to the store: a new app reads them back.
+    drop(a);
+    let a = app(dir.path());
+    assert_eq!(call(&a, "get_settings", json!({})).unwrap()["devices"], "sim:200,sim:400");
+    if let Some(m) = &model {
+        let facts = call(&a, "inspect_model", json!({"path": m})).expect("inspect_model");
+        assert_eq!((facts["architecture"].as_str(), facts["layers"].as_u64()), (Some("llama"), Some(30)));
+        let plan = call(
+            &a,
+            "plan",
+            json!({"settings": settings_with(&base, json!({"devices": "sim:200,sim:400", "layer_split": "15"}))}),
+        )
+        .expect("plan");
+        assert_eq!(plan["plan"]["rows"].as_array().map(|r| r.len()), Some(2), "{plan}");
+        assert_eq!(plan["plan"]["fits"], true);
+        let tight = call(
+            &a,
+            "plan",
+            json!({"settings": settings_with(&base, json!({"devices": "sim:20,sim:400", "layer_split": "15"}))}),
+        )
+        .expect("plan");
+        assert_eq!(tight["plan"]["fits"], false);
+        assert!(tight["plan"]["problem"].as_str().unwrap().contains("sim:20"), "{tight}");
+    }
+    let bad = dir.path().join("not-a-model.gguf");
+    std::fs::write(&bad, b"this is a text file, not GGUF").unwrap();
+    let e = call(&a, "inspect_model", json!({"path": bad})).unwrap_err();
+    assert_eq!(e["code"], "model");
+    assert!(e["message"].as_str().unwrap().contains("GGUF"), "{e}");
+}
+
+#[test]
+fn history_survives_a_crash_between_writes() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let a = app(dir.path());
+    let c = call(&a, "conversation_create", json!({"title": "Notes"})).unwrap();
+    let id = c["id"].as_str().unwrap().to_owned();
+    call(&a, "conversation_rename", json!({"id": id, "title": "Trip notes"})).unwrap();
+    let shown = call(&a, "conversation_get", json!({"id": id})).unwrap();
+    // The app dies in the middle of its next write of that conversation.
+    let h = strata_desktop::history::History::open(dir.path().join("conversations")).unwrap();
+    let mut next: strata_desktop::types::Conversation = serde_json::from_value(shown.clone()).unwrap();
+    next.title = "half written".into();
+    h.save_with(&next, Some(strata_desktop::history::CrashPoint::MidWrite)).unwrap();
+    drop(a);
+    let a = app(dir.path());
+    assert_eq!(call(&a, "conversation_get", json!({"id": id})).unwrap(), shown);
+    let list = call(&a, "conversations_list", json!({})).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    let md = call(&a, "conversation_export", json!({"id": id, "format": "markdown"})).unwrap();
+    assert!(md.as_str().unwrap().starts_with("# Trip notes"), "{md}");
+    let e = call(&a, "conversation_get", json!({"id": "../settings"})).unwrap_err();
+    assert_eq!(e["field"], "id");
+}

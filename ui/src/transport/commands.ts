@@ -1,0 +1,35 @@
+// The Tauri commands the UI invokes, one string literal per line, so that a Rust test can read this file and
+// check that each is registered and allowed by the window's capability. Every invoke goes through
+// `callCommand` in tauri.ts, whose name parameter is typed by this list: a command missing here does not
+// compile.
+export const COMMANDS = [
+  "inspect_model",
+  "plan",
+  "load_model",
+  "unload_model",
+  "get_settings",
+  "save_settings",
+  "chat_send",
+  "chat_cancel",
+  "conversations_list",
+  "conversation_get",
+  "conversation_create",
+  "conversation_rename",
+  "conversation_delete",
+  "conversation_export",
+  "devices",
+  "telemetry",
+  "cache",
+  "engine_status",
+] as const;
+
+/** One of the commands above. */
+export type CommandName = (typeof COMMANDS)[number];
+
+/** The Tauri events the UI listens to (payloads: TelemetryEntry, EngineStatus). */
+export const EVENTS = [
+  "telemetry",
+  "engine_status",
+] as const;
+
+export type EventName = (typeof EVENTS)[number];

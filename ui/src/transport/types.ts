@@ -1,0 +1,142 @@
+// The one seam between the views and the engine: `Transport`. The Tauri app implements it with invoke,
+// Channel and events (tauri.ts); a browser talking to `strata serve` implements it with fetch and SSE
+// (http.ts). Views never know which one they hold, and tests hand them a fake. This module owns the
+// interface and the error every method rejects with; it must never import either implementation.
+import type {
+  CacheView,
+  ChatChunk,
+  ChatMessage,
+  ChatParams,
+  CommandError,
+  Conversation,
+  ConversationSummary,
+  DevicesView,
+  EngineSettings,
+  EngineStatus,
+  ErrorCode,
+  ExportFormat,
+  LoadProgress,
+  ModelFacts,
+  PlanReply,
+  TelemetryEntry,
+  TelemetryView,
+} from "../bindings";
+
+/** Stops a subscription; safe to call twice. */
+export type Unsubscribe = () => void;
+
+/** What a transport can do beyond the common part, for views to offer or explain. */
+export interface Capabilities {
+  /** Inspect, load and unload model files other than the served one (the desktop app). */
+  readonly loadModels: boolean;
+  /** Apply settings by restarting the engine (the desktop app); otherwise they are only checked. */
+  readonly applySettings: boolean;
+  /** Files dropped on the window reach the app as paths (the desktop app). */
+  readonly fileDrop: boolean;
+}
+
+export interface Transport {
+  /** Which implementation this is, for labels only: views branch on `caps`, never on this. */
+  readonly kind: "tauri" | "http";
+  readonly caps: Capabilities;
+
+  /** Reads a model file's facts without loading it. */
+  inspectModel(path: string): Promise<ModelFacts>;
+  /** Plans a load (settings.model_path: the file to plan; null: the loaded model), per device. */
+  plan(settings: EngineSettings): Promise<PlanReply>;
+  /** Loads a model, reporting progress, and resolves with its facts. */
+  loadModel(path: string, onProgress: (p: LoadProgress) => void): Promise<ModelFacts>;
+  /** Unloads the model. */
+  unloadModel(): Promise<void>;
+  /** The loaded (or served) model's facts; null when none is loaded. */
+  currentModel(): Promise<ModelFacts | null>;
+  /** Asks the user for a .gguf file (null: cancelled). */
+  pickModelFile(): Promise<string | null>;
+  /** Calls `onPaths` with the paths of files dropped on the window. */
+  onFileDrop(onPaths: (paths: string[]) => void): Unsubscribe;
+
+  /** The engine's settings. */
+  getSettings(): Promise<EngineSettings>;
+  /** Validates and saves settings (restarting the engine when its flags changed); resolves with them. */
+  saveSettings(settings: EngineSettings): Promise<EngineSettings>;
+
+  /**
+   * Sends a conversation's messages; the backend stores them as the conversation and appends the reply,
+   * streamed to `onChunk` as text pieces, maybe `retrying`, then `done` or `error`.
+   */
+  chatSend(
+    conversationId: string,
+    messages: ChatMessage[],
+    params: ChatParams,
+    onChunk: (chunk: ChatChunk) => void,
+  ): Promise<void>;
+  /** Stops the reply being streamed in that conversation. */
+  chatCancel(conversationId: string): Promise<void>;
+
+  listConversations(): Promise<ConversationSummary[]>;
+  getConversation(id: string): Promise<Conversation>;
+  /** Creates a conversation (title null: the backend names it). */
+  createConversation(title: string | null): Promise<Conversation>;
+  renameConversation(id: string, title: string): Promise<void>;
+  deleteConversation(id: string): Promise<void>;
+  /** The conversation as a document (Markdown or JSON text). */
+  exportConversation(id: string, format: ExportFormat): Promise<string>;
+
+  /** Every device's memory; null when the engine is a remote one that is not Strata. */
+  devices(): Promise<DevicesView | null>;
+  /** Samples and events after `sinceMs` (the engine's clock); null as for devices. */
+  telemetry(sinceMs: number): Promise<TelemetryView | null>;
+  /** The conversation cache; null as for devices. */
+  cache(): Promise<CacheView | null>;
+  /** The engine's state. */
+  engineStatus(): Promise<EngineStatus>;
+
+  /** Live samples and events, as they happen. */
+  onTelemetry(onEntry: (entry: TelemetryEntry) => void): Unsubscribe;
+  /** Engine state changes. */
+  onEngineStatus(onStatus: (status: EngineStatus) => void): Unsubscribe;
+}
+
+const CODES: readonly ErrorCode[] = ["invalid", "model", "engine", "io", "not_found", "busy", "cancelled"];
+
+/** What every transport method rejects with: a CommandError as an Error. */
+export class TransportError extends Error implements CommandError {
+  readonly code: ErrorCode;
+  /** The settings field (or request field) the error is about, when code is "invalid". */
+  readonly field: string | null;
+
+  constructor(code: ErrorCode, message: string, field: string | null = null) {
+    super(message);
+    this.name = "TransportError";
+    this.code = code;
+    this.field = field;
+  }
+
+  /** Turns whatever a call rejected with into a TransportError (CommandError objects keep their fields). */
+  static from(e: unknown, fallback: ErrorCode = "engine"): TransportError {
+    if (e instanceof TransportError) return e;
+    if (isCommandError(e)) return new TransportError(e.code, e.message, e.field ?? null);
+    if (e instanceof Error) return new TransportError(fallback, e.message);
+    if (typeof e === "string") return new TransportError(fallback, e);
+    return new TransportError(fallback, "unknown error: " + safeJson(e));
+  }
+}
+
+export function isCommandError(e: unknown): e is CommandError {
+  if (typeof e !== "object" || e === null) return false;
+  const o = e as Record<string, unknown>;
+  return (
+    typeof o.code === "string" &&
+    (CODES as readonly string[]).includes(o.code) &&
+    typeof o.message === "string" &&
+    (o.field === undefined || o.field === null || typeof o.field === "string")
+  );
+}
+
+function safeJson(v: unknown): string {
+  try {
+    return JSON.stringify(v) ?? String(v);
+  } catch {
+    return String(v);
+  }
+}

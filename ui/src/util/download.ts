@@ -1,0 +1,21 @@
+// Offers text as a file download (a Blob behind a temporary link): conversation exports.
+
+/** A file name from a title: letters, digits, dashes and underscores, at most 60 characters. */
+export function fileNameFor(title: string, ext: string): string {
+  const base = title.trim().replace(/[^\p{L}\p{N}_-]+/gu, "-").replace(/^-+|-+$/g, "").slice(0, 60) || "conversation";
+  return `${base}.${ext}`;
+}
+
+export function downloadText(fileName: string, text: string, mime: string): void {
+  const blob = new Blob([text], { type: `${mime};charset=utf-8` });
+  const url = URL.createObjectURL(blob);
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = fileName;
+  a.rel = "noopener";
+  a.style.display = "none";
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
+}

@@ -1,0 +1,49 @@
+// A labelled input with its error shown at it: aria-invalid and aria-describedby point at the message.
+
+export interface FieldProps {
+  name: string;
+  label: string;
+  value: string;
+  onInput: (v: string) => void;
+  error?: string | undefined;
+  hint?: string;
+  type?: "text" | "password" | "url";
+  inputMode?: "numeric" | "text";
+  placeholder?: string;
+}
+
+export function Field(p: FieldProps) {
+  const id = `settings-${p.name}`;
+  const errorId = `${id}-error`;
+  const hintId = `${id}-hint`;
+  const described = [p.hint ? hintId : null, p.error ? errorId : null].filter(Boolean).join(" ") || undefined;
+  return (
+    <div class={`field${p.error ? " field-invalid" : ""}`}>
+      <label for={id}>{p.label}</label>
+      <input
+        id={id}
+        name={p.name}
+        // Preact types narrow attributes by input type; these three take the same ones.
+        type={(p.type ?? "text") as "text"}
+        inputMode={p.inputMode}
+        value={p.value}
+        placeholder={p.placeholder}
+        aria-invalid={p.error ? "true" : "false"}
+        aria-describedby={described}
+        onInput={(e) => p.onInput((e.target as HTMLInputElement).value)}
+        autoComplete="off"
+        spellcheck={false}
+      />
+      {p.hint && (
+        <p id={hintId} class="hint">
+          {p.hint}
+        </p>
+      )}
+      {p.error && (
+        <p id={errorId} class="field-error" data-testid={`error-${p.name}`}>
+          {p.error}
+        </p>
+      )}
+    </div>
+  );
+}

@@ -1,0 +1,347 @@
+// The settings view: the engine's settings as a form, re-planned (debounced) as values change so the bars
+// show what the load would take per device, and applied with save_settings in the desktop app. A browser
+// cannot restart `strata serve`: there the settings are checked with POST /strata/plan and the flags to
+// restart it with are shown. Errors are shown at the field they name.
+import { useEffect, useRef, useState } from "preact/hooks";
+import type { PlanReply } from "../../bindings";
+import {
+  fieldOf,
+  formFromSettings,
+  settingsFromForm,
+  type FieldErrors,
+  type SettingsForm,
+} from "../../settings/form";
+import { TransportError, type Transport } from "../../transport/types";
+import { messageOf } from "../../util/errors";
+import { Field } from "./Field";
+import { PlanBars } from "./PlanBars";
+
+/**
+ * The command line to restart `strata serve` with: PlanReply.flags leaves the model out, so it is added
+ * from the settings when the flags do not name one.
+ */
+export function restartCommand(flags: readonly string[], modelPath: string | null): string {
+  const named = flags.some((f) => f === "-m" || f === "--model" || f.startsWith("--model="));
+  const model = !named && modelPath ? ["-m", modelPath] : [];
+  return ["strata", "serve", ...model, ...flags].map(shellQuote).join(" ");
+}
+
+/** A command line argument quoted for a POSIX shell when it needs it. */
+export function shellQuote(arg: string): string {
+  return /^[A-Za-z0-9_@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replace(/'/g, `'\\''`)}'`;
+}
+
+export interface SettingsViewProps {
+  transport: Transport;
+  /** How long values must stay unchanged before they are planned. */
+  planDelayMs?: number;
+}
+
+export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps) {
+  const apply = transport.caps.applySettings;
+  const [form, setForm] = useState<SettingsForm | null>(null);
+  const [loadError, setLoadError] = useState<string | null>(null);
+  const [errors, setErrors] = useState<FieldErrors>({});
+  const [formError, setFormError] = useState<string | null>(null);
+  const [plan, setPlan] = useState<PlanReply | null>(null);
+  const [planning, setPlanning] = useState(false);
+  const [result, setResult] = useState<string | null>(null);
+  const [flags, setFlags] = useState<string[] | null>(null);
+  const [saving, setSaving] = useState(false);
+  const seq = useRef(0);
+
+  useEffect(() => {
+    transport
+      .getSettings()
+      .then((s) => setForm(formFromSettings(s)))
+      .catch((e: unknown) => setLoadError(messageOf(e)));
+  }, [transport]);
+
+  /** Shows an error of the backend at its field, or above the form when it names none. */
+  const showError = (e: unknown) => {
+    const err = TransportError.from(e);
+    const field = err.code === "invalid" ? fieldOf(err.field) : null;
+    if (field) {
+      setErrors({ [field]: err.message });
+      setFormError(null);
+    } else {
+      setFormError(err.message);
+    }
+  };
+
+  // Re-plan once the values have stayed unchanged for planDelayMs.
+  useEffect(() => {
+    if (!form) return;
+    const parsed = settingsFromForm(form);
+    if (!parsed.ok) {
+      setErrors(parsed.errors);
+      return;
+    }
+    const mine = ++seq.current;
+    const timer = setTimeout(() => {
+      setPlanning(true);
+      transport
+        .plan(parsed.settings)
+        .then((reply) => {
+          if (mine !== seq.current) return;
+          setPlan(reply);
+          setErrors({});
+          setFormError(null);
+        })
+        .catch((e: unknown) => {
+          if (mine === seq.current) showError(e);
+        })
+        .finally(() => {
+          if (mine === seq.current) setPlanning(false);
+        });
+    }, planDelayMs);
+    return () => clearTimeout(timer);
+  }, [form]);
+
+  if (loadError) {
+    return (
+      <div class="settings">
+        <p class="error" role="alert">
+          Cannot read the settings: {loadError}
+        </p>
+      </div>
+    );
+  }
+  if (!form) return <div class="settings muted">Reading the settings…</div>;
+
+  const set = (patch: Partial<SettingsForm>) => {
+    setForm({ ...form, ...patch });
+    setResult(null);
+    setFlags(null);
+  };
+
+  const submit = async () => {
+    const parsed = settingsFromForm(form);
+    if (!parsed.ok) {
+      setErrors(parsed.errors);
+      return;
+    }
+    setSaving(true);
+    setResult(null);
+    setFlags(null);
+    try {
+      if (apply) {
+        const saved = await transport.saveSettings(parsed.settings);
+        seq.current++; // a plan still on its way is for the old values
+        setForm(formFromSettings(saved));
+        setErrors({});
+        setFormError(null);
+        setResult("Saved. The engine restarts if its flags changed.");
+      } else {
+        const reply = await transport.plan(parsed.settings);
+        setPlan(reply);
+        setErrors({});
+        setFormError(null);
+        setFlags(reply.flags);
+      }
+    } catch (e) {
+      showError(e);
+    } finally {
+      setSaving(false);
+    }
+  };
+
+  const remote = form.engine_kind === "remote";
+  return (
+    <form
+      class="settings"
+      noValidate
+      onSubmit={(e) => {
+        e.preventDefault();
+        void submit();
+      }}
+    >
+      {formError && (
+        <p class="error" role="alert" data-testid="form-error">
+          {formError}
+        </p>
+      )}
+      <fieldset class="card">
+        <legend>Devices and split</legend>
+        <Field
+          name="devices"
+          label="Devices"
+          value={form.devices}
+          onInput={(v) => set({ devices: v })}
+          error={errors.devices}
+          hint='e.g. "cpu", "cuda:0,cuda:1" or "sim:200,sim:400"'
+        />
+        <Field
+          name="layer_split"
+          label="Layer split"
+          value={form.layer_split}
+          onInput={(v) => set({ layer_split: v })}
+          error={errors.layer_split}
+          hint='Layers on each device but the last, e.g. "15" or "10,20"; empty: automatic'
+        />
+        <Field
+          name="vram_reserve_mib"
+          label="VRAM reserve (MiB)"
+          inputMode="numeric"
+          value={form.vram_reserve_mib}
+          onInput={(v) => set({ vram_reserve_mib: v })}
+          error={errors.vram_reserve_mib}
+        />
+        <div class="plan-preview" aria-live="polite">
+          {plan ? <PlanBars plan={plan.plan} /> : <p class="muted">{planning ? "Planning…" : "No plan yet."}</p>}
+          {plan && !plan.plan.fits && plan.plan.problem && <p class="error">{plan.plan.problem}</p>}
+        </div>
+      </fieldset>
+      <fieldset class="card">
+        <legend>KV cache and context</legend>
+        <div class="field">
+          <label for="settings-kv">KV type</label>
+          <select
+            id="settings-kv"
+            value={form.kv}
+            aria-invalid={errors.kv ? "true" : "false"}
+            aria-describedby={errors.kv ? "settings-kv-error" : undefined}
+            onChange={(e) => set({ kv: (e.target as HTMLSelectElement).value === "int8" ? "int8" : "f16" })}
+          >
+            <option value="f16">f16</option>
+            <option value="int8">int8</option>
+          </select>
+          {errors.kv && (
+            <p id="settings-kv-error" class="field-error" data-testid="error-kv">
+              {errors.kv}
+            </p>
+          )}
+        </div>
+        <Field
+          name="kv_resident"
+          label="KV resident (tokens)"
+          inputMode="numeric"
+          value={form.kv_resident}
+          onInput={(v) => set({ kv_resident: v })}
+          error={errors.kv_resident}
+          hint="Tokens of KV kept on the device; older ones move to the host. Empty: all."
+        />
+        <Field
+          name="max_context"
+          label="Max context (tokens)"
+          inputMode="numeric"
+          value={form.max_context}
+          onInput={(v) => set({ max_context: v })}
+          error={errors.max_context}
+          hint="Empty: the model's trained context."
+        />
+      </fieldset>
+      <fieldset class="card">
+        <legend>Conversation cache and threads</legend>
+        <Field
+          name="cache_slots"
+          label="Cache slots"
+          inputMode="numeric"
+          value={form.cache_slots}
+          onInput={(v) => set({ cache_slots: v })}
+          error={errors.cache_slots}
+        />
+        <Field
+          name="cache_mib"
+          label="Cache budget (MiB)"
+          inputMode="numeric"
+          value={form.cache_mib}
+          onInput={(v) => set({ cache_mib: v })}
+          error={errors.cache_mib}
+        />
+        <Field
+          name="threads"
+          label="Threads"
+          inputMode="numeric"
+          value={form.threads}
+          onInput={(v) => set({ threads: v })}
+          error={errors.threads}
+          hint="Empty: one per core."
+        />
+      </fieldset>
+      <fieldset class="card" aria-describedby={errors.engine ? "settings-engine-error" : undefined}>
+        <legend>Engine</legend>
+        <div class="radio-row" role="radiogroup" aria-label="Engine location">
+          <label>
+            <input
+              type="radio"
+              name="engine_kind"
+              value="local"
+              checked={!remote}
+              onChange={() => set({ engine_kind: "local" })}
+            />
+            Local (Strata)
+          </label>
+          <label>
+            <input
+              type="radio"
+              name="engine_kind"
+              value="remote"
+              checked={remote}
+              onChange={() => set({ engine_kind: "remote" })}
+            />
+            Remote OpenAI-compatible endpoint
+          </label>
+        </div>
+        {errors.engine && (
+          <p id="settings-engine-error" class="field-error" data-testid="error-engine">
+            {errors.engine}
+          </p>
+        )}
+        {remote && (
+          <>
+            <Field
+              name="engine_url"
+              label="URL"
+              type="url"
+              value={form.engine_url}
+              onInput={(v) => set({ engine_url: v })}
+              error={errors.engine_url}
+              placeholder="http://127.0.0.1:8080/v1"
+            />
+            <Field
+              name="engine_api_key"
+              label="API key"
+              type="password"
+              value={form.engine_api_key}
+              onInput={(v) => set({ engine_api_key: v })}
+              error={errors.engine_api_key}
+            />
+            <Field
+              name="engine_model"
+              label="Model name"
+              value={form.engine_model}
+              onInput={(v) => set({ engine_model: v })}
+              error={errors.engine_model}
+            />
+          </>
+        )}
+      </fieldset>
+      <div class="button-row">
+        <button type="submit" class="primary" disabled={saving}>
+          {apply ? "Apply" : "Check"}
+        </button>
+        {result && (
+          <span class="ok" role="status">
+            {result}
+          </span>
+        )}
+      </div>
+      {!apply && (
+        <p class="note">
+          A browser cannot restart <code>strata serve</code>: Check validates these settings and shows the flags to
+          restart it with.
+        </p>
+      )}
+      {flags && (
+        <div class="restart" role="status" data-testid="restart-flags">
+          <p>restart strata serve with:</p>
+          <pre>
+            <code>{restartCommand(flags, form.model_path)}</code>
+          </pre>
+          <p class="hint">Keep the server's own flags too (--host, --port, --api-key, ...).</p>
+        </div>
+      )}
+    </form>
+  );
+}

@@ -1,0 +1,2 @@
+// Vite client types: CSS and asset imports.
+/// <reference types="vite/client" />

@@ -1,0 +1,223 @@
+// The chat view over a fake transport: Enter sends and Shift+Enter does not, chunks stream into the reply,
+// a retrying chunk clears the partial reply with a note, Stop calls chat_cancel, figures show under the
+// reply, errors show inline, and model output renders with no script, handler or javascript: link.
+import { act, fireEvent, render, screen, waitFor, within } from "@testing-library/preact";
+import { describe, expect, it, vi } from "vitest";
+import type { ChatChunk } from "../src/bindings";
+import { ChatView } from "../src/views/chat/ChatView";
+import { conversation, FakeTransport, MIB, summary } from "./fakes";
+
+async function setup(existing = true, stopGraceMs = 3000) {
+  const t = new FakeTransport();
+  if (existing) {
+    t.listConversations.mockResolvedValue([{ id: "c1", title: "First", updated_ms: 2, messages: 0 }]);
+    t.getConversation.mockResolvedValue(conversation({ id: "c1" }));
+  }
+  render(<ChatView transport={t} stopGraceMs={stopGraceMs} />);
+  if (existing) await screen.findByRole("heading", { name: "First" });
+  const input = screen.getByTestId("chat-input") as HTMLTextAreaElement;
+  return { t, input };
+}
+
+async function type(input: HTMLTextAreaElement, text: string) {
+  fireEvent.input(input, { target: { value: text } });
+}
+
+async function chunk(t: FakeTransport, c: ChatChunk) {
+  await act(async () => t.sendChunk(c));
+}
+
+describe("ChatView", () => {
+  it("sends on Enter, not on Shift+Enter", async () => {
+    const { t, input } = await setup();
+    await type(input, "line one");
+    fireEvent.keyDown(input, { key: "Enter", shiftKey: true });
+    expect(t.chatSend).not.toHaveBeenCalled();
+    await type(input, "line one\nline two");
+    fireEvent.keyDown(input, { key: "Enter" });
+    await waitFor(() => expect(t.chatSend).toHaveBeenCalledTimes(1));
+    const [id, messages, params] = t.chatSend.mock.calls[0]!;
+    expect(id).toBe("c1");
+    expect(messages).toEqual([{ role: "user", content: "line one\nline two" }]);
+    expect(params).toEqual({ temperature: null, top_p: null, max_tokens: null, seed: null });
+    expect(input.value).toBe("");
+    expect(screen.getByTestId("message-user").textContent).toContain("line one\nline two");
+  });
+
+  it("creates a conversation when there is none", async () => {
+    const { t, input } = await setup(false);
+    await type(input, "hello");
+    fireEvent.keyDown(input, { key: "Enter" });
+    await waitFor(() => expect(t.chatSend).toHaveBeenCalled());
+    expect(t.createConversation).toHaveBeenCalledWith(null);
+    expect(t.chatSend.mock.calls[0]![0]).toBe("new");
+  });
+
+  it("appends streamed text, restarts it on retrying with a note, and shows the figures", async () => {
+    const { t, input } = await setup();
+    await type(input, "hi");
+    fireEvent.keyDown(input, { key: "Enter" });
+    await waitFor(() => expect(t.chatSend).toHaveBeenCalled());
+    await chunk(t, { kind: "text", text: "Partial " });
+    await chunk(t, { kind: "text", text: "answer" });
+    const reply = () => screen.getByTestId("message-assistant");
+    expect(reply().textContent).toContain("Partial answer");
+    await chunk(t, { kind: "retrying", reason: "" });
+    expect(reply().textContent).not.toContain("Partial");
+    expect(screen.getByTestId("reply-note").textContent).toBe("engine restarted, retrying");
+    await chunk(t, { kind: "text", text: "Fresh **reply**" });
+    const figures = summary({
+      gen_tok_s: 42.5,
+      reused: 30,
+      read: 6,
+      restored: "live",
+      restored_tokens: 30,
+      drafts_accepted: 2,
+      drafts_proposed: 3,
+      fallback: { reason: "gate", device: 1, free_bytes: 40 * MIB, need_bytes: 120 * MIB, reserve_bytes: 64 * MIB, tokens: 30 },
+    });
+    await chunk(t, { kind: "done", finish_reason: "stop", figures });
+    await waitFor(() => expect(screen.getByTestId("figures")).toBeTruthy());
+    expect(reply().querySelector("strong")?.textContent).toBe("reply");
+    const shown = within(screen.getByTestId("figures"))
+      .getAllByRole("listitem")
+      .map((li) => li.textContent);
+    expect(shown).toEqual([
+      "42.5 tok/s",
+      "30 reused · 6 read",
+      "restored live (30 tokens)",
+      "fallback: gate on device 1: free 40 MiB, need 120 MiB, reserve 64 MiB",
+      "drafts 2/3 accepted",
+    ]);
+    // The note stays with the reply once it has ended; the Send button is back.
+    expect(screen.getByTestId("reply-note").textContent).toBe("engine restarted, retrying");
+    expect(screen.getByRole("button", { name: "Send" })).toBeTruthy();
+  });
+
+  it("shows Stop while streaming, which calls chat_cancel and ends the reply", async () => {
+    const { t, input } = await setup();
+    await type(input, "count to 100");
+    fireEvent.keyDown(input, { key: "Enter" });
+    await waitFor(() => expect(t.chatSend).toHaveBeenCalled());
+    await chunk(t, { kind: "text", text: "1, 2, 3" });
+    expect(screen.queryByRole("button", { name: "Send" })).toBeNull();
+    fireEvent.click(screen.getByRole("button", { name: "Stop" }));
+    await waitFor(() => expect(t.chatCancel).toHaveBeenCalledWith("c1"));
+    // The backend flushes what it had, then ends the reply as cancelled.
+    await chunk(t, { kind: "text", text: ", 4" });
+    await chunk(t, { kind: "done", finish_reason: "cancelled", figures: null });
+    await waitFor(() => expect(screen.getByTestId("reply-stopped")).toBeTruthy());
+    expect(screen.getByTestId("message-assistant").textContent).toContain("1, 2, 3, 4");
+    expect(screen.getByRole("button", { name: "Send" })).toBeTruthy();
+  });
+
+  it("ends the reply itself when the backend says nothing after chat_cancel", async () => {
+    const { t, input } = await setup(true, 20);
+    await type(input, "count");
+    fireEvent.keyDown(input, { key: "Enter" });
+    await waitFor(() => expect(t.chatSend).toHaveBeenCalled());
+    await chunk(t, { kind: "text", text: "1" });
+    fireEvent.click(screen.getByRole("button", { name: "Stop" }));
+    await waitFor(() => expect(screen.getByTestId("reply-stopped")).toBeTruthy());
+    await chunk(t, { kind: "text", text: " late" });
+    expect(screen.getByTestId("message-assistant").textContent).not.toContain("late");
+  });
+
+  it("does not send a second message while a reply streams", async () => {
+    const { t, input } = await setup();
+    await type(input, "one");
+    fireEvent.keyDown(input, { key: "Enter" });
+    await waitFor(() => expect(t.chatSend).toHaveBeenCalledTimes(1));
+    await type(input, "two");
+    fireEvent.keyDown(input, { key: "Enter" });
+    await new Promise((r) => setTimeout(r, 10));
+    expect(t.chatSend).toHaveBeenCalledTimes(1);
+  });
+
+  it("shows an error chunk, and a rejected send, inline on that reply", async () => {
+    const { t, input } = await setup();
+    await type(input, "hi");
+    fireEvent.keyDown(input, { key: "Enter" });
+    await waitFor(() => expect(t.chatSend).toHaveBeenCalled());
+    await chunk(t, { kind: "text", text: "so" });
+    await chunk(t, { kind: "error", message: "out of memory on cuda:1" });
+    await waitFor(() => expect(screen.getByTestId("reply-error").textContent).toBe("out of memory on cuda:1"));
+
+    t.chatSend.mockRejectedValueOnce({ code: "busy", field: null, message: "the engine is restarting" });
+    await type(input, "again");
+    fireEvent.keyDown(input, { key: "Enter" });
+    await waitFor(() => expect(screen.getAllByTestId("reply-error").map((e) => e.textContent)).toContain("the engine is restarting"));
+  });
+
+  it("renders model output without script, event handlers or javascript: links", async () => {
+    const { t, input } = await setup();
+    const alert = vi.fn();
+    (window as unknown as { alert: unknown }).alert = alert;
+    await type(input, "be evil");
+    fireEvent.keyDown(input, { key: "Enter" });
+    await waitFor(() => expect(t.chatSend).toHaveBeenCalled());
+    await chunk(t, {
+      kind: "text",
+      text: 'Look: <img src=x onerror=alert(1)> <script>alert(2)</script> [click](javascript:alert(3)) <a href="javascript:alert(4)" onclick="alert(5)">raw</a>',
+    });
+    await chunk(t, { kind: "done", finish_reason: "stop", figures: null });
+    const md = await screen.findByTestId("markdown");
+    expect(md.querySelector("script, img, iframe")).toBeNull();
+    for (const el of md.querySelectorAll("*")) {
+      for (const a of el.attributes) {
+        expect(a.name.startsWith("on")).toBe(false);
+        expect(a.value).not.toMatch(/javascript:/i);
+      }
+    }
+    expect(md.querySelector("a[href]")).toBeNull();
+    for (const a of md.querySelectorAll("a")) fireEvent.click(a);
+    expect(alert).not.toHaveBeenCalled();
+    expect(md.textContent).toContain("<script>alert(2)</script>");
+  });
+
+  it("renames, deletes and exports the selected conversation", async () => {
+    const { t } = await setup();
+    t.renameConversation.mockImplementation(async (id, title) => {
+      t.listConversations.mockResolvedValue([{ id, title, updated_ms: 3, messages: 0 }]);
+    });
+    const create = vi.fn((_b: Blob) => "blob:x");
+    Object.assign(URL, { createObjectURL: create, revokeObjectURL: vi.fn() });
+    const names: string[] = [];
+    const click = vi.spyOn(HTMLAnchorElement.prototype, "click").mockImplementation(function (this: HTMLAnchorElement) {
+      names.push(this.download);
+    });
+    fireEvent.click(screen.getByRole("button", { name: "Rename" }));
+    fireEvent.input(screen.getByLabelText("Title"), { target: { value: "Renamed" } });
+    fireEvent.click(screen.getByRole("button", { name: "Save" }));
+    await waitFor(() => expect(t.renameConversation).toHaveBeenCalledWith("c1", "Renamed"));
+    fireEvent.click(screen.getByRole("button", { name: "Export Markdown" }));
+    await waitFor(() => expect(t.exportConversation).toHaveBeenCalledWith("c1", "markdown"));
+    await waitFor(() => expect(create).toHaveBeenCalled());
+    fireEvent.click(screen.getByRole("button", { name: "Export JSON" }));
+    await waitFor(() => expect(t.exportConversation).toHaveBeenCalledWith("c1", "json"));
+    await waitFor(() => expect(names).toEqual(["Renamed.md", "Renamed.json"]));
+    expect(await create.mock.calls[0]![0].text()).toBe("# doc");
+    click.mockRestore();
+    fireEvent.click(screen.getByRole("button", { name: "Delete" }));
+    expect(t.deleteConversation).not.toHaveBeenCalled();
+    fireEvent.click(within(screen.getByRole("group", { name: "Delete this conversation?" })).getByRole("button", { name: "Delete" }));
+    await waitFor(() => expect(t.deleteConversation).toHaveBeenCalledWith("c1"));
+  });
+});
+
+describe("MessageItem", () => {
+  it("re-renders a long streaming reply at most every 100 ms, and at once when it ends", async () => {
+    const { MessageItem } = await import("../src/views/chat/MessageItem");
+    const long = "word ".repeat(1000);
+    const msg = (content: string) => ({ role: "assistant" as const, content, figures: null, complete: false });
+    const { rerender } = render(<MessageItem message={msg(long + "A")} extras={{ status: "streaming" }} />);
+    const md = () => screen.getByTestId("markdown").textContent ?? "";
+    expect(md()).toContain("A");
+    rerender(<MessageItem message={msg(long + "A B")} extras={{ status: "streaming" }} />);
+    await waitFor(() => expect(md()).toContain("A B"), { timeout: 500 });
+    rerender(<MessageItem message={msg(long + "A B C")} extras={{ status: "streaming" }} />);
+    expect(md()).not.toContain("A B C");
+    rerender(<MessageItem message={msg(long + "A B C D")} extras={{ status: "done" }} />);
+    expect(md()).toContain("A B C D");
+  });
+});

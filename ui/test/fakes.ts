@@ -1,0 +1,194 @@
+// Test doubles: a Transport whose every method is a vi.fn with a plain default (tests override what they
+// exercise), and sample values of the bindings' types.
+import { vi } from "vitest";
+import type {
+  CacheView,
+  ChatChunk,
+  Conversation,
+  DeviceView,
+  EngineSettings,
+  ModelFacts,
+  Plan,
+  PlanRow,
+  Summary,
+} from "../src/bindings";
+import type { Capabilities, Transport } from "../src/transport/types";
+
+export const MIB = 1024 * 1024;
+
+export function settings(over: Partial<EngineSettings> = {}): EngineSettings {
+  return {
+    model_path: null,
+    devices: "sim:200,sim:400",
+    layer_split: "15",
+    kv: "f16",
+    kv_resident: null,
+    max_context: 4096,
+    vram_reserve_mib: 64,
+    cache_slots: 4,
+    cache_mib: 4096,
+    threads: null,
+    engine: { kind: "local" },
+    ...over,
+  };
+}
+
+export function facts(over: Partial<ModelFacts> = {}): ModelFacts {
+  return {
+    path: "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    name: "SmolLM2-135M-Instruct.Q4_1",
+    architecture: "llama",
+    quantization: "Q4_1",
+    parameters: 134_515_008,
+    layers: 30,
+    trained_context: 8192,
+    vocab: 49152,
+    file_bytes: 98 * MIB,
+    ...over,
+  };
+}
+
+export function row(over: Partial<PlanRow> = {}): PlanRow {
+  return {
+    device: "sim:200",
+    index: 0,
+    host: false,
+    layers: [0, 15],
+    weights_bytes: 40 * MIB,
+    kv_bytes_per_token: 23040,
+    kv_device_bytes: 20 * MIB,
+    kv_host_bytes: 0,
+    scratch_bytes: 10 * MIB,
+    staging_bytes: 0,
+    total_bytes: 70 * MIB,
+    free_bytes: 200 * MIB,
+    memory_bytes: 200 * MIB,
+    reserve_bytes: 64 * MIB,
+    headroom_bytes: 66 * MIB,
+    fits: true,
+    ...over,
+  };
+}
+
+export function plan(rows: PlanRow[], over: Partial<Plan> = {}): Plan {
+  return {
+    tokens: 4096,
+    max_context: 4096,
+    kv: "f16",
+    kv_resident: null,
+    rows,
+    fits: rows.every((r) => r.fits),
+    problem: null,
+    ...over,
+  };
+}
+
+export function summary(over: Partial<Summary> = {}): Summary {
+  return {
+    job: 3,
+    prompt_tokens: 40,
+    completion_tokens: 12,
+    reused: 36,
+    read: 4,
+    prompt_ms: 13,
+    gen_ms: 110,
+    prompt_tok_s: 300.5,
+    gen_tok_s: 106.6,
+    queue_ms: 0,
+    drafts_accepted: 0,
+    drafts_proposed: 0,
+    restored: null,
+    restored_tokens: null,
+    fallback: null,
+    ...over,
+  };
+}
+
+export function device(over: Partial<DeviceView> = {}): DeviceView {
+  return {
+    index: 0,
+    name: "sim:200",
+    kind: "sim",
+    host: false,
+    free_bytes: 120 * MIB,
+    total_bytes: 200 * MIB,
+    reserve_bytes: 64 * MIB,
+    strata_bytes: 80 * MIB,
+    by_purpose_bytes: { weights: 40 * MIB, kv: 30 * MIB, scratch: 10 * MIB },
+    high_water_by_purpose_bytes: { weights: 40 * MIB, kv: 30 * MIB, scratch: 10 * MIB },
+    high_water_bytes: 90 * MIB,
+    refused_allocations: 0,
+    failed_samples: 0,
+    layers: [[0, 15]],
+    ...over,
+  };
+}
+
+export function cacheView(over: Partial<CacheView> = {}): CacheView {
+  return {
+    slots: 4,
+    slots_used: 1,
+    budget_bytes: 4096 * MIB,
+    bytes: 12 * MIB,
+    evictions: 2,
+    live_tokens: 120,
+    parked: [{ tokens: 800, bytes: 12 * MIB, last_use_ms: 5000, checkpoints: [256, 512] }],
+    ...over,
+  };
+}
+
+export function conversation(over: Partial<Conversation> = {}): Conversation {
+  return { id: "c1", title: "First", created_ms: 1, updated_ms: 2, messages: [], ...over };
+}
+
+/** A Transport of vi.fn()s. `chatSend` keeps the last onChunk in `chunks` for the test to drive. */
+export class FakeTransport implements Transport {
+  readonly kind: "tauri" | "http";
+  readonly caps: Capabilities;
+  /** The onChunk of the last chatSend. */
+  sendChunk: (c: ChatChunk) => void = () => {};
+  private drop: ((paths: string[]) => void) | null = null;
+
+  constructor(caps: Partial<Capabilities> = {}) {
+    this.caps = { loadModels: true, applySettings: true, fileDrop: true, ...caps };
+    this.kind = this.caps.loadModels ? "tauri" : "http";
+  }
+
+  /** Simulates a drop of files on the window. */
+  dropFiles(paths: string[]): void {
+    this.drop?.(paths);
+  }
+
+  inspectModel = vi.fn(async (path: string) => facts({ path }));
+  plan = vi.fn(async (_s: EngineSettings) => ({ plan: plan([row()]), flags: ["--devices", "sim:200"] }));
+  loadModel = vi.fn(async (path: string, _on: (p: import("../src/bindings").LoadProgress) => void) => facts({ path }));
+  unloadModel = vi.fn(async () => {});
+  currentModel = vi.fn(async () => null as ModelFacts | null);
+  pickModelFile = vi.fn(async () => null as string | null);
+  onFileDrop = vi.fn((f: (paths: string[]) => void) => {
+    this.drop = f;
+    return () => {
+      this.drop = null;
+    };
+  });
+  getSettings = vi.fn(async () => settings());
+  saveSettings = vi.fn(async (s: EngineSettings) => s);
+  chatSend = vi.fn(
+    async (_id: string, _m: import("../src/bindings").ChatMessage[], _p: import("../src/bindings").ChatParams, on: (c: ChatChunk) => void) => {
+      this.sendChunk = on;
+    },
+  );
+  chatCancel = vi.fn(async (_id: string) => {});
+  listConversations = vi.fn(async () => [] as import("../src/bindings").ConversationSummary[]);
+  getConversation = vi.fn(async (id: string) => conversation({ id }));
+  createConversation = vi.fn(async (title: string | null) => conversation({ id: "new", title: title ?? "New conversation" }));
+  renameConversation = vi.fn(async (_id: string, _t: string) => {});
+  deleteConversation = vi.fn(async (_id: string) => {});
+  exportConversation = vi.fn(async (_id: string, _f: import("../src/bindings").ExportFormat) => "# doc");
+  devices = vi.fn(async () => ({ devices: [device()] }) as import("../src/bindings").DevicesView | null);
+  telemetry = vi.fn(async (_since: number) => ({ now_ms: 0, samples: [], events: [] }) as import("../src/bindings").TelemetryView | null);
+  cache = vi.fn(async () => cacheView() as CacheView | null);
+  engineStatus = vi.fn(async () => ({ state: "ready" as const, message: null, restarts: 0, pid: 42, model: facts() }));
+  onTelemetry = vi.fn((_f: (e: import("../src/bindings").TelemetryEntry) => void) => () => {});
+  onEngineStatus = vi.fn((_f: (s: import("../src/bindings").EngineStatus) => void) => () => {});
+}
