@@ -247,7 +247,7 @@ async fn stream_reply(
     let mut retried = false;
     loop {
         let endpoint = state.chat_endpoint().await?;
-        let client = EngineClient::new(endpoint);
+        let client = EngineClient::new(endpoint.clone());
         let last = conv.messages.len() - 1;
         let mut pending = String::new();
         let mut last_flush = Instant::now();
@@ -303,9 +303,7 @@ async fn stream_reply(
                 conv.messages[last].content.clear();
                 state.history.save(conv)?;
                 let _ = on_chunk.send(ChatChunk::Retrying { reason: why });
-                // The engine that died must be seen as gone before waiting for the next one.
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                state.supervisor.ready(RETRY_WAIT).await.map_err(CommandError::engine)?;
+                state.supervisor.ready_other_than(Some(&endpoint), RETRY_WAIT).await.map_err(CommandError::engine)?;
             }
             Err(e) => {
                 conv.messages[last].complete = true;

@@ -89,11 +89,16 @@ impl Supervisor {
 
     /// Waits until an engine is ready (Ok) or the supervisor has given up or stopped (Err with why).
     pub async fn ready(&self, timeout: Duration) -> Result<Endpoint, String> {
+        self.ready_other_than(None, timeout).await
+    }
+
+    /// As `ready`, for an engine other than `gone` (each launch has its own key).
+    pub async fn ready_other_than(&self, gone: Option<&Endpoint>, timeout: Duration) -> Result<Endpoint, String> {
         let mut rx = self.shared.endpoint.subscribe();
         let mut st = self.shared.status.subscribe();
         let wait = async {
             loop {
-                if let Some(e) = rx.borrow_and_update().clone() {
+                if let Some(e) = rx.borrow_and_update().clone().filter(|e| Some(e) != gone) {
                     return Ok(e);
                 }
                 let s = st.borrow_and_update().clone();
@@ -164,9 +169,11 @@ impl Supervisor {
         });
     }
 
+    /// The engine's last error line since it was last ready (empty when it printed none: a kill leaves
+    /// only ordinary log lines, which say nothing about why it went).
     fn stderr_tail(&self) -> String {
         let lines = self.shared.stderr.lock().unwrap_or_else(|e| e.into_inner());
-        lines.iter().rev().find(|l| l.contains("error")).or(lines.back()).cloned().unwrap_or_default()
+        lines.iter().rev().find(|l| l.contains("error")).cloned().unwrap_or_default()
     }
 
     /// One engine after another until stopped or given up.

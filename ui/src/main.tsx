@@ -1,5 +1,6 @@
 // The entry point: picks the transport (Tauri inside the desktop app, else HTTP to the page's origin),
 // wires the API key form to the HTTP one, and renders the app.
+import "./locale";
 import { render } from "preact";
 import { App } from "./app";
 import { createTransport } from "./transport/index";

@@ -1,7 +1,7 @@
 // Markers: which events get one, a distinct look per kind, figures per kind, placement inside the plot.
 import { describe, expect, it } from "vitest";
 import type { TelemetryEvent } from "../src/bindings";
-import { eventFigures, markerStyle, MARKER_KINDS, placeMarkers } from "../src/telemetry/markers";
+import { eventFigures, MARKER_GAP_PX, markerStyle, MARKER_KINDS, placeMarkers } from "../src/telemetry/markers";
 
 const fallback: TelemetryEvent = { t_ms: 5000, event: "restore_fallback", device: 1, free_mib: 40, need_mib: 120, reserve_mib: 64, tokens: 812 };
 
@@ -38,5 +38,16 @@ describe("markers", () => {
       ["restore_fallback", 0],
       ["evicted", 200],
     ]);
+  });
+
+  it("draws markers of the same instant side by side, each reachable, and keeps them on the plot", () => {
+    const at = (t_ms: number, event: "parked" | "evicted"): TelemetryEvent => ({ t_ms, event, tokens: 1, bytes: 1 }) as TelemetryEvent;
+    const events = [at(1000, "parked"), { ...fallback, t_ms: 1000 }, at(1000, "evicted"), at(3000, "evicted")];
+    const placed = placeMarkers(events, (s) => (s - 1) * 100, 300);
+    expect(placed.map((p) => p.leftPx)).toEqual([0, 0, 0, 200]);
+    expect(placed.map((p) => p.drawnPx)).toEqual([0, MARKER_GAP_PX, 2 * MARKER_GAP_PX, 200]);
+    // At the right edge the cluster moves back inside.
+    const edge = placeMarkers([at(4000, "parked"), at(4000, "evicted")], (s) => (s - 1) * 100, 300);
+    expect(edge.map((p) => p.drawnPx)).toEqual([300 - MARKER_GAP_PX, 300]);
   });
 });

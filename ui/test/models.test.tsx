@@ -42,6 +42,23 @@ describe("ModelsView", () => {
     await screen.findByText("Loaded.");
   });
 
+  it("inspects a path typed in, as a dropped file, and loads it", async () => {
+    const t = new FakeTransport();
+    t.loadModel.mockImplementation(async (path) => facts({ path, name: "Typed" }));
+    render(<ModelsView transport={t} dropped={null} browserDrop={false} />);
+    const open = screen.getByRole("button", { name: "Open path" }) as HTMLButtonElement;
+    expect(open.disabled).toBe(true);
+    fireEvent.input(screen.getByLabelText("Or type its path"), { target: { value: "  /models/typed.gguf " } });
+    fireEvent.click(open);
+    await waitFor(() => expect(t.inspectModel).toHaveBeenCalledWith("/models/typed.gguf"));
+    await waitFor(() => expect(screen.getAllByTestId("plan-row")).toHaveLength(1));
+    expect(t.plan).toHaveBeenCalledWith({ ...settings(), model_path: "/models/typed.gguf" });
+    expect(t.loadModel).not.toHaveBeenCalled();
+    fireEvent.click(screen.getByRole("button", { name: "Load" }));
+    await screen.findByText("Loaded.");
+    expect(t.loadModel).toHaveBeenCalledWith("/models/typed.gguf", expect.any(Function));
+  });
+
   it("inspects a file picked with the dialog", async () => {
     const t = new FakeTransport();
     t.pickModelFile.mockResolvedValue("/models/picked.gguf");

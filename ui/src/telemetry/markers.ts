@@ -94,9 +94,15 @@ export function eventFigures(e: TelemetryEvent): string {
 export interface PlacedMarker {
   event: TelemetryEvent;
   style: MarkerStyle;
-  /** Pixels from the plot area's left edge. */
+  /** Pixels from the plot area's left edge: the event's time. */
   leftPx: number;
+  /** Where the marker is drawn: its time, moved right past a marker drawn closer than MARKER_GAP_PX before it
+   * (a park and a restore in the same millisecond stay two markers a mouse can reach). */
+  drawnPx: number;
 }
+
+/** The least distance between two drawn markers: a marker's width. */
+export const MARKER_GAP_PX = 12;
 
 /**
  * The markers inside the plot: `toPx` maps seconds to pixels (uPlot's valToPos on the x scale); those
@@ -112,7 +118,20 @@ export function placeMarkers(
     if (!isMarkerEvent(event)) continue;
     const leftPx = toPx(event.t_ms / 1000);
     if (!Number.isFinite(leftPx) || leftPx < -0.5 || leftPx > widthPx + 0.5) continue;
-    out.push({ event, style: markerStyle(event), leftPx });
+    out.push({ event, style: markerStyle(event), leftPx, drawnPx: leftPx });
+  }
+  out.sort((a, b) => a.leftPx - b.leftPx);
+  let prev: PlacedMarker | undefined;
+  for (const m of out) {
+    if (prev) m.drawnPx = Math.max(m.leftPx, prev.drawnPx + MARKER_GAP_PX);
+    prev = m;
+  }
+  // A cluster pushed past the right edge moves back left as a whole.
+  let limit = widthPx;
+  for (const m of [...out].reverse()) {
+    if (m.drawnPx <= limit) break;
+    m.drawnPx = Math.max(0, limit);
+    limit -= MARKER_GAP_PX;
   }
   return out;
 }

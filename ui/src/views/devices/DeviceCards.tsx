@@ -22,11 +22,8 @@ export function DeviceCard({ d }: { d: DeviceView }) {
   return (
     <section class="card device-card" data-testid={d.host ? "host-card" : "device-card"} aria-label={d.host ? "Host RAM" : d.name}>
       <h3>
-        {d.host ? "Host RAM" : d.name}{" "}
-        <span class="muted">
-          ({d.kind}
-          {d.host ? `: ${d.name}` : ""}, device {d.index})
-        </span>
+        {d.host ? "Host RAM" : d.name}
+        {d.host && <span class="muted"> ({d.name})</span>}
       </h3>
       <UsageBar d={d} />
       <dl class="facts compact">

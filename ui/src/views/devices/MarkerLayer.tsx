@@ -30,7 +30,7 @@ export function MarkerLayer({ markers, box }: { markers: PlacedMarker[]; box: Pl
             data-testid="marker"
             data-kind={m.event.event}
             data-variant={m.style.variant}
-            style={{ left: `${m.leftPx}px` }}
+            style={{ left: `${m.drawnPx}px` }}
             aria-label={`${m.style.label} at ${(m.event.t_ms / 1000).toFixed(1)} s: ${figures}`}
             onMouseEnter={() => setActive(i)}
             onMouseLeave={() => setActive((a) => (a === i ? null : a))}
@@ -45,10 +45,10 @@ export function MarkerLayer({ markers, box }: { markers: PlacedMarker[]; box: Pl
       })}
       {shown && (
         <div
-          class={`marker-tooltip${shown.leftPx > box.width / 2 ? " flip" : ""}`}
+          class={`marker-tooltip${shown.drawnPx > box.width / 2 ? " flip" : ""}`}
           role="tooltip"
           data-testid="marker-tooltip"
-          style={{ left: `${shown.leftPx}px` }}
+          style={{ left: `${shown.drawnPx}px` }}
         >
           <strong>{shown.style.label}</strong>
           <span class="muted"> at {(shown.event.t_ms / 1000).toFixed(1)} s</span>

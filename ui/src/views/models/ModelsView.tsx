@@ -1,8 +1,9 @@
-// The models view. In the desktop app: a .gguf dropped anywhere on the window (the app hands its path in)
-// or picked with the dialog is inspected and planned per device BEFORE loading; Load then streams the
-// load's progress. A file that is not GGUF or is corrupt shows the backend's message as is; one that does
-// not fit says on which device and by how much. In the browser: the served model's facts and plan, and
-// why loading another is for the desktop app.
+// The models view. In the desktop app: a .gguf dropped anywhere on the window (the app hands its path in),
+// picked with the dialog, or typed as a path (for the keyboard, and for WebDriver tests, which can drive
+// neither the native dialog nor a drop) is inspected and planned per device BEFORE loading; Load then
+// streams the load's progress. A file that is not GGUF or is corrupt shows the backend's message as is; one
+// that does not fit says on which device and by how much. In the browser: the served model's facts and
+// plan, and why loading another is for the desktop app.
 import { useEffect, useState } from "preact/hooks";
 import type { LoadProgress, ModelFacts, Plan } from "../../bindings";
 import type { Transport } from "../../transport/types";
@@ -45,6 +46,7 @@ export function ModelsView({ transport, dropped, browserDrop }: ModelsViewProps)
   const [currentPlan, setCurrentPlan] = useState<Plan | null>(null);
   const [currentError, setCurrentError] = useState<string | null>(null);
   const [cand, setCand] = useState<Candidate | null>(null);
+  const [typed, setTyped] = useState("");
 
   const refreshCurrent = async () => {
     try {
@@ -158,6 +160,32 @@ export function ModelsView({ transport, dropped, browserDrop }: ModelsViewProps)
           <button type="button" class="primary" onClick={() => void pick()}>
             Choose a .gguf file…
           </button>
+          <form
+            class="model-path-form"
+            data-testid="model-path-form"
+            style={{ display: "flex", flexWrap: "wrap", alignItems: "center", gap: "0.5rem", marginTop: "0.75rem" }}
+            onSubmit={(e) => {
+              e.preventDefault();
+              const path = typed.trim();
+              if (path !== "") void choose(path);
+            }}
+          >
+            <label for="model-path-input">Or type its path</label>
+            <input
+              id="model-path-input"
+              data-testid="model-path-input"
+              type="text"
+              spellcheck={false}
+              autocomplete="off"
+              placeholder="/path/to/model.gguf"
+              style={{ flex: "1 1 20rem", minWidth: 0 }}
+              value={typed}
+              onInput={(e) => setTyped((e.target as HTMLInputElement).value)}
+            />
+            <button type="submit" data-testid="model-path-open" disabled={typed.trim() === ""}>
+              Open path
+            </button>
+          </form>
           {cand && (
             <div class="candidate" data-testid="candidate">
               {cand.path && (

@@ -1,0 +1,556 @@
+"""The desktop end-to-end test of the Strata app in its real window (run by scripts/e2e-desktop).
+
+Drives the app through tauri-driver (WebDriver on 127.0.0.1:4444, WebKitWebDriver underneath) with Python
+selenium 4. The app is started by the driver with the environment of scripts/e2e-desktop: a fresh data
+folder (STRATA_APP_DATA), the engine (STRATA_ENGINE) and no STRATA_MODEL, so it starts with no model.
+
+Checks, in order, each printed as `ok - ...` or `not ok - ...`:
+ 1. the app starts and its window shows the UI;
+ 2. with no model, the Models view inspects the GGUF whose path is typed in (architecture llama, 30
+    layers), shows its plan per device, loads it with progress, and the badge says ready;
+ 3. a short chat completes;
+ 4. killing the engine child (found in /proc: the app's child whose command line has `serve` and
+    `--exit-with-stdin`, the pid of EngineStatus) while a longer reply streams: the app starts a new engine
+    (a new pid), the Devices view shows an engine_restarted marker, and the reply, retried, completes;
+ 5. the device panel's screenshots (target/e2e/desktop-devices.png from WebDriver,
+    target/e2e/desktop-window.png of the whole Xvfb screen with ImageMagick's `import`);
+ 6. quitting (driver.quit() closes the app) leaves no engine: no `strata serve --exit-with-stdin` of
+    this run within 10 s.
+Ends with `e2e desktop: N passed, M failed` and exits 1 if any check failed.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.common.options import ArgOptions
+from selenium.webdriver.remote.client_config import ClientConfig
+from selenium.webdriver.remote.file_detector import UselessFileDetector
+
+APP = os.environ["E2E_APP"]
+MODEL = os.environ["E2E_MODEL"]
+OUT = os.environ.get("E2E_OUT", "target/e2e")
+MARKER = os.environ["STRATA_E2E_RUN"]
+DRIVER_URL = "http://127.0.0.1:%s" % os.environ.get("PORT", "4444")
+
+passed = 0
+failed = 0
+ui_shown = False
+
+
+def ok(cond, what, detail=""):
+    global passed, failed
+    if cond:
+        passed += 1
+        print("ok - %s" % what, flush=True)
+    else:
+        failed += 1
+        print("not ok - %s%s" % (what, (": " + detail) if detail else ""), flush=True)
+    return cond
+
+
+def log(msg):
+    print("# %s" % msg, flush=True)
+
+
+def wait_for(what, fn, timeout, every=0.1):
+    """fn() until it returns something truthy (returned); None after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    last_err = None
+    while True:
+        try:
+            v = fn()
+            if v:
+                return v
+        except WebDriverException as e:
+            last_err = e
+        if time.monotonic() > end:
+            if last_err is not None:
+                log("%s: last error: %s" % (what, str(last_err).splitlines()[0]))
+            return None
+        time.sleep(every)
+
+
+# --- processes (from /proc) -------------------------------------------------------------------------
+
+
+def proc_cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return None
+
+
+def proc_ppid_state(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return int(rest[1]), rest[0]
+    except (OSError, IndexError, ValueError):
+        return None, None
+
+
+def proc_marked(pid):
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            return ("STRATA_E2E_RUN=" + MARKER).encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def pids():
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def alive(pid):
+    ppid, state = proc_ppid_state(pid)
+    return ppid is not None and state != "Z"
+
+
+def app_pids():
+    """This run's strata-desktop processes."""
+    out = []
+    for p in pids():
+        c = proc_cmdline(p)
+        if c and os.path.basename(c[0]) == "strata-desktop" and proc_marked(p) and alive(p):
+            out.append(p)
+    return out
+
+
+def is_engine_cmd(c):
+    return bool(c) and "serve" in c and "--exit-with-stdin" in c
+
+
+def engine_pids():
+    """This run's `strata serve ... --exit-with-stdin` processes, with their parent pids."""
+    out = []
+    for p in pids():
+        c = proc_cmdline(p)
+        if is_engine_cmd(c) and proc_marked(p) and alive(p):
+            out.append((p, proc_ppid_state(p)[0]))
+    return out
+
+
+def engine_child_of(app_pid):
+    kids = [p for p, ppid in engine_pids() if ppid == app_pid]
+    return kids[0] if len(kids) == 1 else None
+
+
+# --- the app through WebDriver ----------------------------------------------------------------------
+
+
+def invoke(driver, cmd, args=None):
+    """A Tauri command, called from the page as the UI calls it ({"error": ...} on failure)."""
+    return driver.execute_async_script(
+        """
+        const [cmd, args, done] = arguments;
+        window.__TAURI_INTERNALS__.invoke(cmd, args || {}).then(
+          (v) => done({ value: v === undefined ? null : v }),
+          (e) => done({ error: typeof e === "string" ? e : JSON.stringify(e) }));
+        """,
+        cmd,
+        args or {},
+    )
+
+
+def engine_status(driver):
+    r = invoke(driver, "engine_status")
+    return r.get("value") if isinstance(r, dict) else None
+
+
+def tab(driver, name):
+    driver.find_element(By.ID, "tab-" + name).click()
+    wait_for("tab " + name, lambda: driver.find_element(By.ID, "tab-" + name).get_attribute("aria-selected") == "true", 5)
+
+
+def badge(driver):
+    el = driver.find_element(By.CSS_SELECTOR, "[data-testid=status-badge]")
+    return el.get_attribute("class") or "", el.text
+
+
+def badge_state(driver):
+    cls, _ = badge(driver)
+    for c in cls.split():
+        if c.startswith("state-"):
+            return c[len("state-"):]
+    return None
+
+
+def assistant_messages(driver):
+    return driver.find_elements(By.CSS_SELECTOR, "#panel-chat [data-testid=message-assistant]")
+
+
+def last_reply(driver):
+    """The last assistant message: (text, streaming, figures?, note, error), from one script call."""
+    return driver.execute_script(
+        """
+        const all = document.querySelectorAll('#panel-chat [data-testid=message-assistant]');
+        const m = all[all.length - 1];
+        if (!m) return null;
+        const q = (s) => m.querySelector(s);
+        return { count: all.length, text: (q('[data-testid=markdown]') || {}).textContent || '',
+                 streaming: m.getAttribute('aria-busy') === 'true', figures: !!q('[data-testid=figures]'),
+                 figuresText: (q('[data-testid=figures]') || {}).textContent || '',
+                 note: (q('[data-testid=reply-note]') || {}).textContent || null,
+                 error: (q('[data-testid=reply-error]') || {}).textContent || null };
+        """
+    )
+
+
+def set_param(driver, label, value):
+    details = driver.find_element(By.CSS_SELECTOR, "#panel-chat details.params")
+    if details.get_attribute("open") is None:
+        details.find_element(By.TAG_NAME, "summary").click()
+    inp = driver.find_element(By.XPATH, "//section[@id='panel-chat']//details//label[contains(., '%s')]/input" % label)
+    inp.clear()
+    inp.send_keys(str(value))
+
+
+def send_chat(driver, text):
+    box = driver.find_element(By.CSS_SELECTOR, "[data-testid=chat-input]")
+    box.click()
+    box.send_keys(text)
+    box.send_keys(Keys.ENTER)
+
+
+def screenshot(driver, name):
+    path = os.path.join(OUT, "desktop-%s.png" % name)
+    try:
+        driver.save_screenshot(path)
+        log("screenshot %s" % path)
+    except Exception as e:  # noqa: BLE001 - a screenshot that fails is reported by its check
+        log("screenshot %s failed: %s" % (path, str(e).splitlines()[0] if str(e) else type(e).__name__))
+    return path
+
+
+# --- the checks -------------------------------------------------------------------------------------
+
+
+def check_start(driver):
+    global ui_shown
+    title = wait_for("title", lambda: driver.title, 30)
+    header = wait_for("the UI", lambda: driver.find_elements(By.CSS_SELECTOR, ".app-header h1.app-title"), 30)
+    tabs = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "[role=tab]")]
+    ui_shown = bool(header)
+    if not header:
+        log("no UI: %s" % why_blank(driver))
+    ok(
+        bool(header) and header[0].text == "Strata" and tabs == ["Chat", "Models", "Settings", "Devices"],
+        "the app starts and its window shows the UI (title %r, tabs %s)" % (title, tabs),
+    )
+    apps = wait_for("the app process", app_pids, 10)
+    ok(bool(apps) and len(apps) == 1, "one strata-desktop process of this run (%s)" % apps)
+    st = engine_status(driver)
+    ok(
+        st is not None and st["state"] == "stopped" and st["pid"] is None and not engine_pids(),
+        "with no model the engine is stopped and none runs",
+        json.dumps(st),
+    )
+    state = wait_for("badge", lambda: badge_state(driver), 10)
+    ok(state == "stopped", "the badge says stopped", repr(badge(driver)))
+    return apps[0] if apps else None
+
+
+def why_blank(driver):
+    """Why the UI did not render: the page's language and the error its bundle throws when run again."""
+    try:
+        return driver.execute_async_script(
+            """
+            const done = arguments[arguments.length - 1];
+            const src = [...document.scripts].map((s) => s.src).find((s) => s) || "";
+            const info = "navigator.language " + JSON.stringify(navigator.language) + ", body " +
+              document.body.innerHTML.length + " chars, bundle " + src;
+            const s = document.createElement("script");
+            s.type = "module";
+            s.src = src + "?again";
+            const t = setTimeout(() => done(info + ": it runs without an error"), 3000);
+            window.addEventListener("error", (e) => { clearTimeout(t); done(info + ": " + e.message + " at " + e.filename + ":" + e.lineno); });
+            document.head.appendChild(s);
+            """
+        )
+    except Exception as e:  # noqa: BLE001 - a diagnosis only
+        return "unknown (%s)" % type(e).__name__
+
+
+def check_load(driver):
+    tab(driver, "models")
+    panel = driver.find_element(By.ID, "panel-models")
+    ok("No model is loaded." in panel.text, "the Models view says no model is loaded")
+    inputs = panel.find_elements(By.CSS_SELECTOR, "[data-testid=model-path-input]")
+    if not ok(bool(inputs), "the Models view has a path input (data-testid=model-path-input)"):
+        return False
+    inputs[0].send_keys(MODEL)
+    panel.find_element(By.CSS_SELECTOR, "[data-testid=model-path-open]").click()
+
+    def facts():
+        dls = panel.find_elements(By.CSS_SELECTOR, "[data-testid=candidate] [data-testid=model-facts]")
+        if not dls:
+            return None
+        pairs = {}
+        for f in dls[0].find_elements(By.CSS_SELECTOR, ".fact"):
+            pairs[f.find_element(By.TAG_NAME, "dt").text] = f.find_element(By.TAG_NAME, "dd").text
+        return pairs
+
+    fx = wait_for("facts", facts, 20) or {}
+    ok(
+        fx.get("Architecture") == "llama" and fx.get("Layers") == "30" and fx.get("Path") == MODEL,
+        "the typed path's facts: architecture %r, %r layers" % (fx.get("Architecture"), fx.get("Layers")),
+        json.dumps(fx),
+    )
+    rows = wait_for("plan rows", lambda: panel.find_elements(By.CSS_SELECTOR, "[data-testid=candidate] [data-testid=plan-row]"), 20)
+    rows_text = [" | ".join(c.text for c in r.find_elements(By.CSS_SELECTOR, "th, td")) for r in rows or []]
+    summary = panel.find_elements(By.CSS_SELECTOR, "[data-testid=candidate] .plan-summary")
+    ok(
+        bool(rows) and summary and "fits" in summary[0].text and all(r.endswith("| yes") for r in rows_text),
+        "the fit plan per device: %s (%s)" % (rows_text, summary[0].text if summary else "no summary"),
+    )
+    load = [b for b in panel.find_elements(By.CSS_SELECTOR, "[data-testid=candidate] button") if b.text == "Load"]
+    if not ok(bool(load) and load[0].is_enabled(), "a Load button, enabled"):
+        return False
+    ok(not engine_pids(), "nothing is loaded before Load is pressed")
+    load[0].click()
+    # Progress: the bar appears while the engine loads and ends at "ready", 1. Every (stage, value) seen is
+    # kept (the 98 MiB model loads in well under a second, so few are).
+    seen = []
+
+    def progress():
+        got = driver.execute_script(
+            """
+            const p = document.querySelector('#panel-models [data-testid=load-progress]');
+            return p ? [p.querySelector('label').textContent, p.querySelector('progress').value] : null;
+            """
+        )
+        if got and (not seen or seen[-1] != (got[0], got[1])):
+            seen.append((got[0], got[1]))
+        return "Loaded." in panel.text or panel.find_elements(By.CSS_SELECTOR, "[data-testid=candidate] .error")
+
+    wait_for("load", progress, 60, every=0.03)
+    progress()
+    log("progress seen: %s" % seen)
+    errors = [e.text for e in panel.find_elements(By.CSS_SELECTOR, "[data-testid=candidate] .error")]
+    ok(
+        len(seen) >= 2 and any(not label.startswith("ready") for label, _ in seen) and seen[-1] == ("ready", 1),
+        "Load shows its progress (%s)" % " → ".join("%s %.2f" % (label, v) for label, v in seen),
+    )
+    ok("Loaded." in panel.text and not errors, "the model loaded", "; ".join(errors))
+    state = wait_for("ready badge", lambda: badge_state(driver) == "ready" and badge(driver), 60)
+    ok(bool(state), "the badge says ready (%r)" % (badge(driver)[1].replace("\n", " "),))
+    screenshot(driver, "models")
+    cur = panel.find_element(By.CSS_SELECTOR, "section[aria-labelledby=current-model]").text
+    ok("SmolLM2" in cur and "Unload" in cur, "the Loaded model card shows the model")
+    saved = os.path.join(os.environ["STRATA_APP_DATA"], "settings.json")
+    try:
+        with open(saved) as f:
+            stored = json.load(f)
+    except (OSError, ValueError) as e:
+        stored = {"error": str(e)}
+    ok(json.dumps(stored).find(MODEL) >= 0, "the model is kept in settings.json", json.dumps(stored))
+    return bool(state)
+
+
+def check_chat(driver, app_pid):
+    tab(driver, "chat")
+    set_param(driver, "Temperature", 0)
+    set_param(driver, "Max tokens", 12)
+    before = len(assistant_messages(driver))
+    t0 = time.monotonic()
+    send_chat(driver, "Say hello in three words.")
+    r = wait_for(
+        "short reply",
+        lambda: (lambda x: x if x and x["count"] > before and not x["streaming"] else None)(last_reply(driver)),
+        60,
+    )
+    ok(
+        r is not None and r["text"].strip() != "" and r["figures"] and not r["error"],
+        "a chat completes in %.1f s: %r" % (time.monotonic() - t0, (r or {}).get("text", "")[:80]),
+        json.dumps(r),
+    )
+    if r:
+        log("figures: %s" % r["figuresText"])
+
+
+def check_restart(driver, app_pid):
+    st = engine_status(driver) or {}
+    old = st.get("pid")
+    child = engine_child_of(app_pid) if app_pid else None
+    cmd = proc_cmdline(child) if child else None
+    ok(
+        child is not None and child == old and is_engine_cmd(cmd) and proc_ppid_state(child)[0] == app_pid,
+        "the engine is the app's child %s (EngineStatus.pid %s): %s" % (child, old, " ".join(cmd or [])[:160]),
+        "engines of this run: %s" % engine_pids(),
+    )
+    if child is None:
+        return
+    restarts0 = st.get("restarts", 0)
+    # A longer reply; kill the engine while it streams.
+    set_param(driver, "Max tokens", 200)
+    before = len(assistant_messages(driver))
+    send_chat(driver, "Count from 1 to 100, with commas.")
+    streaming = wait_for(
+        "reply streaming",
+        lambda: (lambda x: x if x and x["count"] > before and x["streaming"] and len(x["text"]) >= 10 else None)(
+            last_reply(driver)
+        ),
+        60,
+        every=0.05,
+    )
+    ok(bool(streaming), "a longer reply streams (%r…)" % ((streaming or {}).get("text", "")[:40],))
+    if not streaming:
+        return
+    t_kill = time.monotonic()
+    os.kill(child, signal.SIGKILL)
+    log("killed the engine %d (SIGKILL) while the reply streamed" % child)
+    gone = wait_for("old engine gone", lambda: not alive(child) or None, 5)
+    ok(bool(gone), "the killed engine is gone")
+    new = wait_for(
+        "new engine",
+        lambda: (lambda s: s if s and s["state"] == "ready" and s["pid"] and s["pid"] != old else None)(engine_status(driver)),
+        60,
+    )
+    new_pid = (new or {}).get("pid")
+    ok(
+        bool(new) and engine_child_of(app_pid) == new_pid and new["restarts"] == restarts0 + 1,
+        "the app restarted the engine in %.1f s: new pid %s (was %s), %s restart(s)"
+        % (time.monotonic() - t_kill, new_pid, old, (new or {}).get("restarts")),
+        json.dumps(new),
+    )
+    _, btext = badge(driver)
+    ok("restart" in btext, "the badge counts the restart (%r)" % btext.replace("\n", " "))
+    r = wait_for(
+        "retried reply",
+        lambda: (lambda x: x if x and x["count"] > before and not x["streaming"] else None)(last_reply(driver)),
+        90,
+    )
+    ok(
+        r is not None and not r["error"] and r["figures"] and r["text"].strip() != "",
+        "the reply in flight was retried and completed (%d chars, %s)"
+        % (len((r or {}).get("text", "")), (r or {}).get("figuresText", "")),
+        json.dumps(r),
+    )
+    ok(
+        r is not None and r["note"] is not None and "retrying" in r["note"],
+        "the UI shows the reply was retried (%r)" % ((r or {}).get("note"),),
+    )
+    screenshot(driver, "chat")
+    # On disk the reply is complete.
+    conv_dir = os.path.join(os.environ["STRATA_APP_DATA"], "conversations")
+    last = None
+    try:
+        files = sorted((os.path.join(conv_dir, f) for f in os.listdir(conv_dir) if f.endswith(".json")), key=os.path.getmtime)
+        with open(files[-1]) as f:
+            last = json.load(f)["messages"][-1]
+    except (OSError, ValueError, IndexError, KeyError) as e:
+        log("no conversation on disk: %s" % e)
+    ok(
+        last is not None and last["role"] == "assistant" and last["complete"] and last["content"].strip() == r["text"].strip()
+        if r
+        else False,
+        "the retried reply is stored complete",
+        json.dumps(last)[:300],
+    )
+    # The Devices view: an engine_restarted marker on the chart, and the event in the table.
+    tab(driver, "devices")
+    marker = wait_for(
+        "restart marker",
+        lambda: driver.find_elements(By.CSS_SELECTOR, "#panel-devices [data-testid=marker][data-kind=engine_restarted]"),
+        15,
+    )
+    label = marker[0].get_attribute("aria-label") if marker else None
+    ok(bool(marker), "the Devices view shows an engine_restarted marker (%r)" % label)
+    rows = driver.find_elements(By.CSS_SELECTOR, "#panel-devices [data-testid=events-table] tr[data-kind=engine_restarted]")
+    ok(bool(rows), "the events table lists the restart (%r)" % (rows[0].text if rows else None,))
+
+
+def check_devices(driver):
+    tab(driver, "devices")
+    # Give the chart a few samples after the restart (the engine samples every half second).
+    tel = wait_for(
+        "samples",
+        lambda: (lambda r: r["value"] if r.get("value") and len(r["value"]["samples"]) >= 4 else None)(
+            invoke(driver, "telemetry", {"sinceMs": 0})
+        ),
+        20,
+    )
+    n = len(tel["samples"]) if tel else 0
+    ok(n >= 4, "telemetry has free-memory samples (%d; events %s)" % (n, [e["event"] for e in (tel or {}).get("events", [])]))
+    legend = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#panel-devices .u-legend .u-series .u-label")]
+    ok(any("free" in x for x in legend), "the chart has free-memory series (%s)" % legend)
+    time.sleep(1.5)
+    path = screenshot(driver, "devices")
+    ok(os.path.getsize(path) > 10000 if os.path.exists(path) else False, "screenshot %s" % path)
+    wpath = os.path.join(OUT, "desktop-window.png")
+    r = subprocess.run(["import", "-window", "root", wpath], capture_output=True, text=True, timeout=30)
+    ok(r.returncode == 0 and os.path.exists(wpath), "screenshot %s (import -window root on %s)" % (wpath, os.environ.get("DISPLAY")), r.stderr.strip())
+
+
+def check_quit(driver, app_pid):
+    engines = [p for p, _ in engine_pids()]
+    t0 = time.monotonic()
+    try:
+        driver.quit()
+    except WebDriverException as e:
+        log("quit: %s" % e)
+    left = wait_for("no engine", lambda: (not engine_pids()) or None, 10)
+    ok(
+        bool(left),
+        "quitting leaves no engine process (%s gone in %.1f s)" % (engines, time.monotonic() - t0),
+        "left: %s" % [(p, " ".join(proc_cmdline(p) or [])) for p, _ in engine_pids()],
+    )
+    app_gone = wait_for("app gone", lambda: (app_pid is None or not alive(app_pid)) or None, 10)
+    ok(bool(app_gone), "the app is gone")
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    opts = ArgOptions()
+    opts.set_capability("browserName", "wry")
+    opts.set_capability("tauri:options", {"application": APP})
+    t0 = time.monotonic()
+    driver = None
+    app_pid = None
+    try:
+        # No WebDriver command may hang the run: each gets 40 s, and none is sent again after a timeout.
+        config = ClientConfig(
+            remote_server_addr=DRIVER_URL,
+            timeout=40,
+            init_args_for_pool_manager={"init_args_for_pool_manager": {"retries": False}},
+        )
+        driver = webdriver.Remote(command_executor=DRIVER_URL, options=opts, client_config=config)
+        driver.set_script_timeout(20)
+        # The model's path is typed as text: selenium must not take it for a file to upload (tauri-driver
+        # has no /se/file, and the session breaks after it).
+        driver.file_detector = UselessFileDetector()
+        log("session in %.1f s" % (time.monotonic() - t0))
+        app_pid = check_start(driver)
+        loaded = check_load(driver)
+        if loaded:
+            check_chat(driver, app_pid)
+            check_restart(driver, app_pid)
+        check_devices(driver)
+        screenshot(driver, "final")
+    except Exception:  # noqa: BLE001 - any failure is a failed check, with its traceback
+        ok(False, "the test ran to its end", traceback.format_exc())
+        # (WebKitWebDriver's screenshot of a page that never painted hangs.)
+        if driver is not None and ui_shown:
+            screenshot(driver, "error")
+    finally:
+        if driver is not None:
+            check_quit(driver, app_pid)
+        else:
+            ok(False, "a WebDriver session with the app")
+    log("test time %.0f s" % (time.monotonic() - t0))
+    print("e2e desktop: %d passed, %d failed" % (passed, failed), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
