@@ -351,6 +351,35 @@ pub fn conversation_export(state: State<'_, AppState>, id: String, format: Expor
     state.history.export(&id, format)
 }
 
+/// Exports conversation `id` to a file the user picks in the native save dialog (opened here, so the
+/// webview never names a path to write); the file's path, or None when the user cancelled.
+#[tauri::command]
+pub async fn conversation_save<R: Runtime>(
+    app: AppHandle<R>,
+    state: State<'_, AppState>,
+    id: String,
+    format: ExportFormat,
+) -> CmdResult<Option<String>> {
+    use tauri_plugin_dialog::DialogExt;
+    let text = state.history.export(&id, format)?;
+    let title = state.history.get(&id)?.title;
+    let (ext, kind) = match format {
+        ExportFormat::Markdown => ("md", "Markdown"),
+        ExportFormat::Json => ("json", "JSON"),
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    app.dialog().file().set_file_name(crate::history::file_name_for(&title, ext)).add_filter(kind, &[ext]).save_file(
+        move |p| {
+            let _ = tx.send(p);
+        },
+    );
+    let Some(picked) = rx.await.map_err(|_| CommandError::io("the save dialog closed"))? else { return Ok(None) };
+    let path = picked.into_path().map_err(|e| CommandError::io(format!("cannot save there: {e}")))?;
+    crate::history::write_file_atomic(&path, text.as_bytes())
+        .map_err(|e| CommandError::io(format!("cannot write {}: {e}", path.display())))?;
+    Ok(Some(path.display().to_string()))
+}
+
 async fn strata_read<T: serde::de::DeserializeOwned>(state: &AppState, path: &str) -> CmdResult<Option<T>> {
     let Some(endpoint) = state.read_endpoint() else { return Ok(None) };
     EngineClient::new(endpoint).get_json(path).await.map_err(CommandError::engine)

@@ -175,6 +175,26 @@ pub fn markdown(c: &Conversation) -> String {
     out
 }
 
+/// A file name from a title: letters, digits, dashes and underscores, at most 60 characters.
+pub fn file_name_for(title: &str, ext: &str) -> String {
+    let mut base = String::new();
+    for c in title.trim().chars() {
+        if c.is_alphanumeric() || c == '_' || c == '-' {
+            base.push(c);
+        } else if !base.ends_with('-') {
+            base.push('-');
+        }
+    }
+    let base: String = base.trim_matches('-').chars().take(60).collect();
+    format!("{}.{ext}", if base.is_empty() { "conversation" } else { &base })
+}
+
+/// Writes `bytes` to `path` atomically (a temporary file beside it, fsync, rename).
+pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    write_atomic(dir, path, bytes, None)
+}
+
 fn clean_title(t: &str) -> String {
     let one_line: String = t.split_whitespace().collect::<Vec<_>>().join(" ");
     one_line.chars().take(TITLE_CHARS).collect()
@@ -269,6 +289,11 @@ mod tests {
         assert!(md.starts_with("# Greetings\n\n## User\n\nHello\n\n## Assistant\n\nHi! ```rust"), "{md}");
         let json: Conversation = serde_json::from_str(&h.export(&a.id, ExportFormat::Json).unwrap()).unwrap();
         assert_eq!(json.messages.len(), 2);
+        assert_eq!(file_name_for("Trip: Lisbon / Porto!", "md"), "Trip-Lisbon-Porto.md");
+        assert_eq!(file_name_for("???", "json"), "conversation.json");
+        let out = dir.path().join("out.md");
+        write_file_atomic(&out, md.as_bytes()).unwrap();
+        assert_eq!(fs::read_to_string(&out).unwrap(), md);
         h.delete(&b.id).unwrap();
         assert_eq!(h.delete(&b.id).unwrap_err().code, ErrorCode::NotFound);
         assert_eq!(h.get("../../etc/passwd").unwrap_err().field.as_deref(), Some("id"));

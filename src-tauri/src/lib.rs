@@ -190,6 +190,7 @@ pub fn builder<R: Runtime>(b: tauri::Builder<R>) -> tauri::Builder<R> {
             commands::conversation_rename,
             commands::conversation_delete,
             commands::conversation_export,
+            commands::conversation_save,
             commands::devices,
             commands::telemetry,
             commands::cache,

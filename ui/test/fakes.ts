@@ -185,6 +185,7 @@ export class FakeTransport implements Transport {
   renameConversation = vi.fn(async (_id: string, _t: string) => {});
   deleteConversation = vi.fn(async (_id: string) => {});
   exportConversation = vi.fn(async (_id: string, _f: import("../src/bindings").ExportFormat) => "# doc");
+  saveExport = vi.fn(async (_id: string, _f: import("../src/bindings").ExportFormat, _t: string) => "doc.md");
   devices = vi.fn(async () => ({ devices: [device()] }) as import("../src/bindings").DevicesView | null);
   telemetry = vi.fn(async (_since: number) => ({ now_ms: 0, samples: [], events: [] }) as import("../src/bindings").TelemetryView | null);
   cache = vi.fn(async () => cacheView() as CacheView | null);

@@ -266,3 +266,21 @@ describe("HttpTransport Strata API", () => {
     expect(gaps[0]).toBe("/strata/telemetry?since_ms=11");
   });
 });
+
+describe("HttpTransport exports", () => {
+  it("saves an export as a browser download named after the title", async () => {
+    setup(() => json(404, {}));
+    const conv = await transport.createConversation("Trip: Lisbon");
+    const create = vi.fn((_b: Blob) => "blob:x");
+    Object.assign(URL, { createObjectURL: create, revokeObjectURL: vi.fn() });
+    const names: string[] = [];
+    const click = vi.spyOn(HTMLAnchorElement.prototype, "click").mockImplementation(function (this: HTMLAnchorElement) {
+      names.push(this.download);
+    });
+    expect(await transport.saveExport(conv.id, "markdown", "Trip: Lisbon")).toBe("Trip-Lisbon.md");
+    expect(await transport.saveExport(conv.id, "json", "Trip: Lisbon")).toBe("Trip-Lisbon.json");
+    expect(names).toEqual(["Trip-Lisbon.md", "Trip-Lisbon.json"]);
+    expect(await create.mock.calls[0]![0].text()).toMatch(/^# Trip: Lisbon/);
+    click.mockRestore();
+  });
+});

@@ -50,6 +50,8 @@ describe("TauriTransport", () => {
           return [];
         case "conversation_export":
           return "# doc";
+        case "conversation_save":
+          return "/home/u/Trip.md";
         case "engine_status":
           return { state: "ready", message: null, restarts: 0, pid: 1, model: facts() };
         default:
@@ -70,6 +72,7 @@ describe("TauriTransport", () => {
     await t.renameConversation("c1", "New title");
     await t.deleteConversation("c1");
     expect(await t.exportConversation("c1", "markdown")).toBe("# doc");
+    expect(await t.saveExport("c1", "markdown", "Trip")).toBe("/home/u/Trip.md");
     await t.devices();
     await t.telemetry(1500);
     await t.cache();
@@ -87,6 +90,7 @@ describe("TauriTransport", () => {
       { cmd: "conversation_rename", args: { id: "c1", title: "New title" } },
       { cmd: "conversation_delete", args: { id: "c1" } },
       { cmd: "conversation_export", args: { id: "c1", format: "markdown" } },
+      { cmd: "conversation_save", args: { id: "c1", format: "markdown" } },
       { cmd: "devices", args: {} },
       { cmd: "telemetry", args: { sinceMs: 1500 } },
       { cmd: "cache", args: {} },

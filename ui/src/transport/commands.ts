@@ -17,6 +17,7 @@ export const COMMANDS = [
   "conversation_rename",
   "conversation_delete",
   "conversation_export",
+  "conversation_save",
   "devices",
   "telemetry",
   "cache",

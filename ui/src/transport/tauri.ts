@@ -165,6 +165,10 @@ export class TauriTransport implements Transport {
     return callCommand("conversation_export", { id, format });
   }
 
+  saveExport(id: string, format: ExportFormat, _title: string): Promise<string | null> {
+    return callCommand("conversation_save", { id, format });
+  }
+
   devices(): Promise<DevicesView | null> {
     return callCommand("devices");
   }

@@ -81,6 +81,11 @@ export interface Transport {
   deleteConversation(id: string): Promise<void>;
   /** The conversation as a document (Markdown or JSON text). */
   exportConversation(id: string, format: ExportFormat): Promise<string>;
+  /**
+   * Saves the export as a file: in the app through the native save dialog (the backend writes the file the
+   * user picked), in a browser as a download. The file's path or name, or null when the user cancelled.
+   */
+  saveExport(id: string, format: ExportFormat, title: string): Promise<string | null>;
 
   /** Every device's memory; null when the engine is a remote one that is not Strata. */
   devices(): Promise<DevicesView | null>;

@@ -2,6 +2,7 @@
 // (streamed over SSE), the Strata API (/health, /strata/*), and conversations kept in localStorage. The
 // server serves one model with the flags it was started with, so loading other models is refused and
 // settings are only checked (POST /strata/plan), never applied.
+import { downloadText, fileNameFor } from "../../util/download";
 import type {
   CacheView,
   ChatChunk,
@@ -174,6 +175,13 @@ export class HttpTransport implements Transport {
 
   async exportConversation(id: string, format: ExportFormat): Promise<string> {
     return exportDocument(this.store.get(id), format);
+  }
+
+  async saveExport(id: string, format: ExportFormat, title: string): Promise<string | null> {
+    const text = await this.exportConversation(id, format);
+    const name = fileNameFor(title, format === "json" ? "json" : "md");
+    downloadText(name, text, format === "json" ? "application/json" : "text/markdown");
+    return name;
   }
 
   devices(): Promise<DevicesView | null> {

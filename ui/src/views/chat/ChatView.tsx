@@ -5,7 +5,6 @@ import { useEffect, useRef, useState } from "preact/hooks";
 import type { ChatChunk, ChatMessage, ChatParams, Conversation, ConversationSummary, ExportFormat, StoredMessage } from "../../bindings";
 import { applyChunk, newReply, replyToMessage, stopReply, type ReplyState } from "../../chat/reply";
 import type { Transport } from "../../transport/types";
-import { downloadText, fileNameFor } from "../../util/download";
 import { messageOf } from "../../util/errors";
 import { Composer } from "./Composer";
 import { ConversationList } from "./ConversationList";
@@ -170,10 +169,8 @@ export function ChatView({ transport, stopGraceMs = 3000 }: ChatViewProps) {
 
   const exportDoc = async (id: string, format: ExportFormat) => {
     try {
-      const text = await transport.exportConversation(id, format);
       const title = items.find((c) => c.id === id)?.title ?? conv?.title ?? "conversation";
-      if (format === "json") downloadText(fileNameFor(title, "json"), text, "application/json");
-      else downloadText(fileNameFor(title, "md"), text, "text/markdown");
+      await transport.saveExport(id, format, title);
     } catch (e) {
       setError(messageOf(e));
     }
