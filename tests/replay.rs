@@ -1,15 +1,21 @@
 //! `strata replay` end to end on the default model: the reported scenario (a long conversation parked, its
 //! restore refused by the gate on a squeezed device, then restored live, then an edited turn restored from a
-//! checkpoint despite a failed free-memory sample), a failed turn, and bad scripts. Every run with the cache
-//! gives the same tokens as the same script without it.
+//! checkpoint despite a failed free-memory sample), the same over HTTP against `strata serve` (the same
+//! replies, figures and cache events as replay's), a failed turn, and bad scripts. Every run with the cache
+//! gives the same tokens as the same chats without it (for the reported scenario: reported_plain.jsonl, its
+//! chats one conversation at a time, so that the cache-less run reads the long conversation once).
 
 mod common;
 
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
 
-use serde_json::Value;
+use common::server::Server;
+use serde_json::{json, Value};
 
 /// The model runs one at a time: each uses every core (a spinning pool), and two at once on a small machine
 /// would mostly wait for each other.
@@ -89,11 +95,26 @@ fn mib_1(bytes: u64) -> f64 {
     (bytes as f64 / MIB * 10.0).round() / 10.0
 }
 
-/// The reported scenario with the cache and without it (one pair of runs for the tests that read it: each run
-/// reads the long conversation several times).
+/// Each response with its conversation and its turn in it (1, 2, ...), in the order of the story.
+fn turns(story: &[Value]) -> Vec<((String, usize), &Value)> {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    of(story, "response")
+        .into_iter()
+        .map(|r| {
+            let conv = r["conversation"].as_str().expect("a conversation").to_owned();
+            let k = seen.entry(conv.clone()).or_default();
+            *k += 1;
+            ((conv, *k), r)
+        })
+        .collect()
+}
+
+/// The reported scenario with the cache, and its chats without it (one run of each for the tests that read
+/// them: the cached one reads the long conversation twice).
 struct Reported {
     cached: Vec<Value>,
-    uncached: Vec<Value>,
+    /// reported_plain.jsonl with --conversation-cache-slots 0.
+    plain: Vec<Value>,
     /// The cached run's log.
     log: String,
 }
@@ -101,20 +122,28 @@ struct Reported {
 fn reported() -> &'static Reported {
     static RUNS: OnceLock<Reported> = OnceLock::new();
     RUNS.get_or_init(|| {
-        let path = script("reported.jsonl");
-        let cached_run = replay(&path, &[SPLIT, &["--conversation-cache-slots", "2"]].concat());
-        let uncached = story(&replay(&path, &[SPLIT, &["--conversation-cache-slots", "0"]].concat()));
-        Reported { cached: story(&cached_run), uncached, log: String::from_utf8_lossy(&cached_run.stderr).into_owned() }
+        let cached_run = replay(&script("reported.jsonl"), &[SPLIT, &["--conversation-cache-slots", "2"]].concat());
+        let plain =
+            story(&replay(&script("reported_plain.jsonl"), &[SPLIT, &["--conversation-cache-slots", "0"]].concat()));
+        Reported { cached: story(&cached_run), plain, log: String::from_utf8_lossy(&cached_run.stderr).into_owned() }
     })
 }
 
 #[test]
 fn the_cache_never_changes_a_reply() {
-    let Reported { cached, uncached, .. } = reported();
-    assert_eq!(tokens_by_line(cached), tokens_by_line(uncached), "the cache changed a reply");
+    let Reported { cached, plain, .. } = reported();
+    // Every turn of every conversation: the same prompt and the same tokens with the cache as without it.
+    let without: BTreeMap<_, _> = turns(plain).into_iter().collect();
+    let with = turns(cached);
+    assert_eq!(with.len(), without.len(), "turns without the cache: {:?}", without.keys());
+    for (turn, r) in &with {
+        let p = without.get(turn).unwrap_or_else(|| panic!("{turn:?} is not in the run without the cache"));
+        assert_eq!(r["prompt_tokens"], p["prompt_tokens"], "{turn:?}: another prompt");
+        assert_eq!(r["tokens"], p["tokens"], "the cache changed the reply of {turn:?}");
+    }
     assert_eq!(of(cached, "response").len(), 8);
-    assert!(of(cached, "error").is_empty() && of(uncached, "error").is_empty());
-    assert!(of(uncached, "parked").is_empty() && of(uncached, "restored").is_empty());
+    assert!(of(cached, "error").is_empty() && of(plain, "error").is_empty());
+    assert!(of(plain, "parked").is_empty() && of(plain, "restored").is_empty());
     assert_eq!(of(cached, "fault").len(), 3);
 }
 
@@ -185,6 +214,155 @@ fn an_edited_turn_restores_from_a_checkpoint_despite_a_failed_sample() {
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!((u(&failed[0]["device"]), u(&failed[0]["count"]), u(&failed[0]["line"])), (1, 1, line));
     assert!(log.contains("strata replay: conversation cache: free-memory sample of device 1 failed"), "{log}");
+}
+
+/// One line of a replay script.
+fn script_ops(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Runs a replay script over HTTP: chats as chat completions (the whole history, greedy), faults through
+/// /strata/sim. Returns each reply's response JSON in order.
+fn replay_over_http(s: &Server, ops: &[Value]) -> Vec<Value> {
+    let mut histories: HashMap<String, Vec<Value>> = Default::default();
+    let mut out = Vec::new();
+    for op in ops {
+        match op["op"].as_str().unwrap() {
+            "chat" => {
+                let conv = op["conversation"].as_str().unwrap().to_owned();
+                let h = histories.entry(conv).or_default();
+                h.push(json!({"role": "user", "content": op["user"]}));
+                let body =
+                    json!({"messages": h, "temperature": 0, "max_tokens": op["max_tokens"].as_u64().unwrap_or(128)});
+                let r = s.post("/v1/chat/completions", &body);
+                assert_eq!(r.status, 200, "{}", r.text());
+                let r = r.json();
+                h.push(json!({"role": "assistant", "content": r["choices"][0]["message"]["content"].as_str().unwrap().trim()}));
+                out.push(r);
+            }
+            "fork" => {
+                let from = histories[op["from"].as_str().unwrap()].clone();
+                let keep = from.len() - op["drop_last"].as_u64().unwrap_or(0) as usize;
+                histories.insert(op["to"].as_str().unwrap().to_owned(), from[..keep].to_vec());
+            }
+            "pressure" => {
+                let body = match op.get("mib") {
+                    Some(m) => json!({"device": op["device"], "pressure_mib": m}),
+                    None => json!({"device": op["device"], "leave_free_mib": op["leave_free_mib"]}),
+                };
+                assert_eq!(s.post("/strata/sim", &body).status, 200);
+            }
+            "fail_samples" => {
+                let body = json!({"device": op["device"], "fail_samples": op["count"]});
+                assert_eq!(s.post("/strata/sim", &body).status, 200);
+            }
+            other => panic!("op {other}"),
+        }
+    }
+    out
+}
+
+const CACHE_EVENTS: &[&str] =
+    &["parked", "restored", "restore_fallback", "sample_failed", "evicted", "oom_averted", "not_parked"];
+
+/// The cache events of a list of telemetry events, as (kind, tokens, restore kind).
+fn cache_story(events: &[Value]) -> Vec<(String, u64, Value)> {
+    events
+        .iter()
+        .filter(|e| CACHE_EVENTS.contains(&e["event"].as_str().unwrap_or("")))
+        .map(|e| (e["event"].as_str().unwrap().to_owned(), e["tokens"].as_u64().unwrap_or(0), e["kind"].clone()))
+        .collect()
+}
+
+/// `strata serve` on the same flags, the script sent over HTTP (chats as chat completions, faults through
+/// /strata/sim): replay's replies, figures and cache events (its cached run is the one the tests above read),
+/// and every reply that of the chats without the cache.
+#[test]
+fn the_reported_scenario_over_http_parks_falls_back_and_restores_exactly_as_replay_does() {
+    let Reported { cached: story, plain, .. } = reported();
+    let ops = script_ops(&script("reported.jsonl"));
+    let replayed = turns(story);
+    let _one = MODEL_RUNS.lock().unwrap_or_else(|e| e.into_inner());
+
+    // The same over HTTP, with the event stream open the whole time.
+    let s = Server::start(&[SPLIT, &["--conversation-cache-slots", "2"]].concat());
+    let mut events_conn = s.connect();
+    events_conn.write_all(b"GET /strata/events HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let served = replay_over_http(&s, &ops);
+    assert_eq!(served.len(), replayed.len());
+    for (http, (_, rep)) in served.iter().zip(&replayed) {
+        assert_eq!(http["choices"][0]["message"]["content"], rep["text"], "a reply differs from replay's");
+        assert_eq!(http["strata"]["reused"], rep["reused"]);
+        assert_eq!(http["strata"]["read"], rep["read"]);
+        assert_eq!(http["strata"]["restored"], rep["restored"]);
+        assert_eq!(http["usage"]["prompt_tokens_details"]["cached_tokens"], rep["reused"]);
+    }
+    // The same cache events in the same order, with their figures.
+    let t = s.get("/strata/telemetry?since_ms=0").json();
+    let events = t["events"].as_array().unwrap();
+    let replay_events: Vec<Value> =
+        story.iter().filter(|v| CACHE_EVENTS.contains(&v["event"].as_str().unwrap())).cloned().collect();
+    assert_eq!(cache_story(events), cache_story(&replay_events));
+    let fb: Vec<&Value> = events.iter().filter(|e| e["event"] == "restore_fallback").collect();
+    assert_eq!(fb.len(), 1);
+    let rfb = replay_events.iter().find(|e| e["event"] == "restore_fallback").unwrap();
+    for k in ["device", "free_mib", "need_mib", "reserve_mib", "tokens"] {
+        assert_eq!(fb[0][k], rfb[k], "{k}");
+    }
+    assert_eq!(fb[0]["device"], 1);
+    // The reply that fell back says so, with the gate's figures; the next return to a restores live.
+    let fell_back = served.iter().find(|r| !r["strata"]["fallback"].is_null()).unwrap();
+    assert_eq!(fell_back["strata"]["fallback"]["reason"], "gate");
+    assert_eq!(fell_back["strata"]["fallback"]["device"], 1);
+    let i = served.iter().position(|r| !r["strata"]["fallback"].is_null()).unwrap();
+    assert!(served[i + 2]["strata"]["restored"] == "live" && u(&served[i + 2]["strata"]["restored_tokens"]) > 2000);
+    assert!(events.iter().filter(|e| e["event"] == "request_done").count() == served.len());
+    let samples = t["samples"].as_array().unwrap();
+    assert!(samples.iter().any(|x| x["device"] == 1 && x["free_bytes"].is_u64()), "gate samples are recorded");
+
+    // The event stream showed the same events as they happened, and device samples.
+    let cache = s.get("/strata/cache").json();
+    assert_eq!((cache["slots"].as_u64(), cache["budget_bytes"].as_u64()), (Some(2), Some(256 << 20)));
+    let parked = cache["parked"].as_array().unwrap();
+    assert!(!parked.is_empty() && parked.len() <= 2, "{cache}");
+    assert_eq!(u(&cache["bytes"]), parked.iter().map(|p| u(&p["bytes"])).sum::<u64>());
+    assert!(parked.iter().all(|p| u(&p["tokens"]) > 0 && p["checkpoints"].is_array() && p["last_use_ms"].is_f64()));
+    assert_eq!(cache["evictions"], json!(story.iter().filter(|v| v["event"] == "evicted").count()));
+    // Samples keep coming twice a second: read what is there for a second and a half.
+    events_conn.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 65536];
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_millis(1500) {
+        match events_conn.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(_) => {}
+        }
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let streamed: Vec<Value> = text
+        .split("\n\n")
+        .filter(|e| e.contains("event: engine"))
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(cache_story(&streamed), cache_story(events), "the event stream missed events");
+    assert!(text.contains("event: sample"), "no device samples on the stream");
+    drop(events_conn);
+
+    // Every reply, the one after the fallback included, is the one the chats give without the cache.
+    let without: BTreeMap<_, _> = turns(plain).into_iter().collect();
+    for (http, (turn, _)) in served.iter().zip(&replayed) {
+        assert_eq!(http["choices"][0]["message"]["content"], without[turn]["text"], "{turn:?}");
+    }
+    let err = s.stderr();
+    assert!(!err.contains("panicked"), "the server panicked: {err}");
 }
 
 fn temp_script(name: &str, text: &str) -> PathBuf {
@@ -285,7 +463,8 @@ fn a_bad_script_line_is_one_error_naming_the_line() {
 fn the_scenario_on_two_emulated_gpus_falls_back_then_restores() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = common::tiny_model_file(dir.path());
-    let long = "the quick brown fox jumps over the lazy dog. ".repeat(20);
+    // A 142-token first message: three pages, the shape of the report at the smallest size that has it.
+    let long = "the quick brown fox jumps over the lazy dog. ".repeat(5);
     let lines = [
         serde_json::json!({"op": "chat", "conversation": "a", "user": long, "max_tokens": 4}),
         serde_json::json!({"op": "chat", "conversation": "b", "user": "hello world", "max_tokens": 4}),
@@ -314,7 +493,8 @@ fn the_scenario_on_two_emulated_gpus_falls_back_then_restores() {
     assert_eq!((u(&fallback[0]["line"]), u(&fallback[0]["device"])), (4, 1));
     let restored = of(&cached, "restored");
     // (A checkpoint restore here: the random model's 4-token reply re-tokenizes differently in the
-    // template, so the prompt extends a's snapshot only up to its last checkpoint.)
-    assert!(restored.iter().any(|r| r["line"] == 7 && u(&r["tokens"]) > 500), "{restored:?}");
+    // template, so the prompt extends a's snapshot only up to its last checkpoint, the end of line 4's prompt.)
+    let line_4_prompt = u(&response(&cached, 4)["prompt_tokens"]);
+    assert!(restored.iter().any(|r| r["line"] == 7 && u(&r["tokens"]) >= line_4_prompt), "{restored:?}");
     assert_eq!(tokens_by_line(&cached), tokens_by_line(&run("0")), "the cache never changes an answer");
 }

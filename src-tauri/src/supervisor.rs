@@ -257,7 +257,7 @@ impl Supervisor {
         let _stdin = child.stdin.take();
         let stderr = child.stderr.take();
         let shared = self.shared.clone();
-        if let Some(stderr) = stderr {
+        let stderr_task = stderr.map(|stderr| {
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stderr).lines();
                 while let Ok(Some(l)) = lines.next_line().await {
@@ -268,14 +268,23 @@ impl Supervisor {
                     }
                     q.push_back(l);
                 }
-            });
-        }
+            })
+        });
+        // An engine that exits has its last words read before they are quoted.
+        let last_words = |task: Option<tokio::task::JoinHandle<()>>| async move {
+            if let Some(t) = task {
+                let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
+            }
+        };
         let mut gen_rx = self.shared.generation.subscribe();
         let stdout = child.stdout.take().ok_or("the engine has no stdout")?;
         let mut lines = BufReader::new(stdout).lines();
         let first = tokio::select! {
             l = tokio::time::timeout(LOAD_TIMEOUT, lines.next_line()) => l,
-            st = child.wait() => return Err(format!("the engine exited while loading ({})", describe(st))),
+            st = child.wait() => {
+                last_words(stderr_task).await;
+                return Err(format!("the engine exited while loading ({})", describe(st)));
+            }
             _ = superseded(&mut gen_rx, generation) => return self.end(child).await,
         };
         let addr = match first {
@@ -304,7 +313,10 @@ impl Supervisor {
                 let _ = child.start_kill();
                 return Err("the engine never reported healthy (/health)".into());
             },
-            st = child.wait() => return Err(format!("the engine exited at start ({})", describe(st))),
+            st = child.wait() => {
+                last_words(stderr_task).await;
+                return Err(format!("the engine exited at start ({})", describe(st)));
+            }
             _ = superseded(&mut gen_rx, generation) => return self.end(child).await,
         }
         self.shared.stderr.lock().unwrap_or_else(|e| e.into_inner()).clear();
@@ -313,7 +325,10 @@ impl Supervisor {
         tracing::info!("engine ready at {url}");
         let follower = tokio::spawn(follow(client, self.shared.telemetry.clone()));
         let result = tokio::select! {
-            st = child.wait() => Ok(describe(st)),
+            st = child.wait() => {
+                last_words(stderr_task).await;
+                Ok(describe(st))
+            }
             _ = superseded(&mut gen_rx, generation) => self.end(child).await,
         };
         follower.abort();

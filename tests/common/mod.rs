@@ -54,6 +54,17 @@ pub fn logits_in_batches(
 #[allow(dead_code)]
 /// A float64 forward pass over dequantized weights: the arithmetic of a llama-shaped model, spelled out.
 pub fn reference_logits(model: &strata::model::Model, toks: &[u32]) -> Vec<Vec<f64>> {
+    reference_logits_from(model, toks, 0)
+}
+
+/// [`reference_logits`] at the last position only (the head, 49,152 x 576 on the default model, is applied
+/// once instead of at every position; the rest of the arithmetic is the same).
+pub fn reference_last_logits(model: &strata::model::Model, toks: &[u32]) -> Vec<f64> {
+    reference_logits_from(model, toks, toks.len() - 1).pop().expect("a non-empty prompt")
+}
+
+/// The float64 logits of positions `first..` of `toks` (every position is computed: attention needs them).
+fn reference_logits_from(model: &strata::model::Model, toks: &[u32], first: usize) -> Vec<Vec<f64>> {
     let c = &model.cfg;
     let file = &model.file;
     let mat = |name: &str| -> (Vec<f64>, usize, usize) {
@@ -86,7 +97,8 @@ pub fn reference_logits(model: &strata::model::Model, toks: &[u32]) -> Vec<Vec<f
         }
     };
     let emb = mat("token_embd.weight");
-    let head = if file.tensor("output.weight").is_some() { mat("output.weight") } else { mat("token_embd.weight") };
+    let untied_head = file.tensor("output.weight").map(|_| mat("output.weight"));
+    let head = untied_head.as_ref().unwrap_or(&emb);
     let hd = c.head_dim;
     let mut xs: Vec<Vec<f64>> =
         toks.iter().map(|&t| emb.0[t as usize * c.n_embd..(t as usize + 1) * c.n_embd].to_vec()).collect();
@@ -125,6 +137,9 @@ pub fn reference_logits(model: &strata::model::Model, toks: &[u32]) -> Vec<Vec<f
             vs.push(add(matvec(&wv, &h), &bv));
         }
         let group = c.n_head / c.n_head_kv;
+        // Dequantized once per layer (the same values at every position).
+        let fn_w = vecf(&p("ffn_norm.weight"));
+        let (wg, wu, wd) = (mat(&p("ffn_gate.weight")), mat(&p("ffn_up.weight")), mat(&p("ffn_down.weight")));
         for (t, x) in xs.iter_mut().enumerate() {
             let mut att = vec![0f64; c.q_dim()];
             for h in 0..c.n_head {
@@ -143,16 +158,16 @@ pub fn reference_logits(model: &strata::model::Model, toks: &[u32]) -> Vec<Vec<f
             }
             let o = matvec(&wo, &att);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-            let h = rms(x, &vecf(&p("ffn_norm.weight")));
-            let g = matvec(&mat(&p("ffn_gate.weight")), &h);
-            let u = matvec(&mat(&p("ffn_up.weight")), &h);
+            let h = rms(x, &fn_w);
+            let g = matvec(&wg, &h);
+            let u = matvec(&wu, &h);
             let a: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
-            let dn = matvec(&mat(&p("ffn_down.weight")), &a);
+            let dn = matvec(&wd, &a);
             x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
         }
     }
     let on = vecf("output_norm.weight");
-    xs.iter().map(|x| matvec(&head, &rms(x, &on))).collect()
+    xs[first..].iter().map(|x| matvec(head, &rms(x, &on))).collect()
 }
 
 /// The prompt tokens of llama.cpp's greedy.json reference runs.
