@@ -289,7 +289,16 @@ impl Supervisor {
         };
         let addr = match first {
             Ok(Ok(Some(l))) => l.strip_prefix("strata serve: listening on ").map(str::to_owned),
-            Ok(_) => None,
+            Ok(Ok(None)) => {
+                // Its stdout closed: it is exiting (its exit status says how).
+                let st = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                last_words(stderr_task).await;
+                return Err(match st {
+                    Ok(st) => format!("the engine exited while loading ({})", describe(st)),
+                    Err(_) => "the engine closed its output while loading".to_owned(),
+                });
+            }
+            Ok(Err(_)) => None,
             Err(_) => return Err(format!("the engine did not start within {} s", LOAD_TIMEOUT.as_secs())),
         };
         let Some(url) = addr else {

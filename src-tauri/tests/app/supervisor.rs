@@ -3,8 +3,6 @@
 //! line; every retry is an `engine_restarted` event. (Restarting a real engine that was killed, and the
 //! reply retried on it, is checked in the app's real window: scripts/e2e-desktop.)
 
-#![cfg(unix)]
-
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 //! The TypeScript declarations in ui/src/bindings/ are generated from the Rust types by ts-rs; this test
-//! fails when they are stale. `STRATA_BLESS=1 cargo test -p strata-desktop --test bindings` rewrites them.
+//! fails when they are stale. `STRATA_BLESS=1 cargo test --release -p strata-desktop --test app bindings` rewrites them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -81,6 +81,6 @@ fn typescript_bindings_are_current() {
     assert!(
         stale.is_empty() && extra.is_empty(),
         "ui/src/bindings is stale: changed or missing {stale:?}, not generated {extra:?}; run \
-         STRATA_BLESS=1 cargo test --release -p strata-desktop --test bindings"
+         STRATA_BLESS=1 cargo test --release -p strata-desktop --test app bindings"
     );
 }

@@ -1,0 +1,8 @@
+//! The app's integration tests, in one binary (each test binary links the whole webview stack):
+//! `commands` (the commands through Tauri's IPC on a mock runtime), `bindings` (the TypeScript bindings are
+//! current), `supervisor` (the engine supervisor with stand-in engines).
+
+mod bindings;
+mod commands;
+#[cfg(unix)]
+mod supervisor;
