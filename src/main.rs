@@ -43,6 +43,8 @@ enum Command {
     Serve(cli::serve::ServeArgs),
     /// Write a llama-shaped model with seeded random weights (speed and memory tests).
     Synth(cli::synth::SynthArgs),
+    /// Requantize a GGUF model's weight matrices to f16, q8_0, q4_0, q4_1, q4_K or q6_K, like llama-quantize.
+    Quantize(cli::quantize::QuantizeArgs),
 }
 
 impl Command {
@@ -59,6 +61,7 @@ impl Command {
             Command::Devices(_) => "devices",
             Command::Replay(_) => "replay",
             Command::Synth(_) => "synth",
+            Command::Quantize(_) => "quantize",
             Command::Serve(_) => "serve",
         }
     }
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
         Command::Devices(a) => cli::devices::main(a),
         Command::Replay(a) => cli::replay::main(a),
         Command::Synth(a) => cli::synth::main(a),
+        Command::Quantize(a) => cli::quantize::main(a),
         Command::Serve(a) => match cli::serve::main(a) {
             Ok(0) => Ok(()),
             Ok(code) => return ExitCode::from(code),

@@ -76,6 +76,11 @@ impl SamplerConfig {
         }
     }
 
+    /// True when the chain always picks the most likely token (no random number is drawn).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || self.top_k == 1
+    }
+
     fn penalties_on(&self) -> bool {
         self.repeat_last_n > 0
             && (self.repeat_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0)
@@ -123,6 +128,53 @@ impl Sampler {
 
     /// [`Sampler::sample`], or `None` when no token is eligible.
     pub fn try_sample(&mut self, logits: &[f32], history: &[u32], banned: &[u32]) -> Option<u32> {
+        let mut cands = self.eligible(logits, history, banned);
+        let picked =
+            self.filtered(&mut cands).map(
+                |()| {
+                    if self.cfg.is_greedy() {
+                        cands[0].id
+                    } else {
+                        draw(&cands, &mut self.rng)
+                    }
+                },
+            );
+        self.candidates = cands;
+        picked
+    }
+
+    /// The distribution the chain draws from after `logits` (penalties, bans, filters and temperature
+    /// applied): `(id, probability)` pairs, most likely first, summing to 1. Greedy: the argmax alone.
+    /// Speculative sampling needs it to accept a draft with probability `p / q`.
+    pub fn distribution(&mut self, logits: &[f32], history: &[u32], banned: &[u32]) -> Option<Vec<(u32, f64)>> {
+        let mut cands = self.eligible(logits, history, banned);
+        let dist = self.filtered(&mut cands).map(|()| {
+            let probs = probabilities(&cands);
+            cands.iter().zip(probs).map(|(c, p)| (c.id, p)).filter(|&(_, p)| p > 0.0).collect()
+        });
+        self.candidates = cands;
+        dist
+    }
+
+    /// A uniform number in [0, 1) from the sampler's stream (speculative sampling's acceptance test).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.gen()
+    }
+
+    /// Draws an id from `dist` (`(id, probability)` pairs summing to 1) with the sampler's stream.
+    pub fn draw_from(&mut self, dist: &[(u32, f64)]) -> Option<u32> {
+        let mut u: f64 = self.rng.gen();
+        for &(id, q) in dist {
+            if u < q {
+                return Some(id);
+            }
+            u -= q;
+        }
+        dist.iter().rev().find(|&&(_, q)| q > 0.0).map(|&(id, _)| id)
+    }
+
+    /// The penalised, unbanned candidates of `logits` (in the reused list, indexed by id).
+    fn eligible(&mut self, logits: &[f32], history: &[u32], banned: &[u32]) -> Vec<Candidate> {
         let mut cands = std::mem::take(&mut self.candidates);
         cands.clear();
         cands.extend(logits.iter().enumerate().map(|(i, &logit)| Candidate { id: i as u32, logit }));
@@ -137,20 +189,22 @@ impl Sampler {
         }
         // NaN marks a banned id (and a NaN logit is no evidence for a token either).
         cands.retain(|c| !c.logit.is_nan());
-        let picked = self.pick(&mut cands);
-        self.candidates = cands;
-        picked
+        cands
     }
 
-    /// Runs the filters and the draw over the penalised, unbanned candidates.
-    fn pick(&mut self, cands: &mut Vec<Candidate>) -> Option<u32> {
+    /// Runs the filters over the candidates and scales them for the draw. Greedy (and top_k = 1, which
+    /// keeps only the argmax: no filter can change the outcome) leaves the argmax alone. None when nothing
+    /// is eligible.
+    fn filtered(&self, cands: &mut Vec<Candidate>) -> Option<()> {
+        let cfg = &self.cfg;
+        if cfg.is_greedy() {
+            let best = cands.iter().copied().reduce(|best, c| if before(&c, &best) { c } else { best })?;
+            cands.clear();
+            cands.push(Candidate { id: best.id, logit: 0.0 });
+            return Some(());
+        }
         if cands.is_empty() {
             return None;
-        }
-        let cfg = &self.cfg;
-        if cfg.temperature <= 0.0 || cfg.top_k == 1 {
-            // Greedy, and top_k = 1 which keeps only the argmax: no filter can change the outcome.
-            return cands.iter().copied().reduce(|best, c| if before(&c, &best) { c } else { best }).map(|c| c.id);
         }
         top_k(cands, cfg.top_k);
         top_p(cands, cfg.top_p);
@@ -160,8 +214,28 @@ impl Sampler {
         for c in cands.iter_mut() {
             c.logit = if c.logit == max { 0.0 } else { (c.logit - max) * inv_t };
         }
-        Some(draw(cands, &mut self.rng))
+        Some(())
     }
+}
+
+/// Speculative sampling's residual after a rejected draft: `max(0, p - q)` renormalized (Leviathan et al.,
+/// 2023), so that accepting with probability `min(1, p(d) / q(d))` and otherwise drawing from this gives
+/// exactly the distribution `p`. `p` and `q` are `(id, probability)` lists; when nothing is left (`p`
+/// equals `q`), `p` itself.
+pub fn residual(p: &[(u32, f64)], q: &[(u32, f64)]) -> Vec<(u32, f64)> {
+    let mut r: Vec<(u32, f64)> =
+        p.iter().map(|&(id, x)| (id, (x - prob_in(q, id)).max(0.0))).filter(|&(_, x)| x > 0.0).collect();
+    let sum: f64 = r.iter().map(|&(_, x)| x).sum();
+    if sum <= 0.0 {
+        return p.to_vec();
+    }
+    r.iter_mut().for_each(|(_, x)| *x /= sum);
+    r
+}
+
+/// The probability of `id` in a `(id, probability)` list (0 when absent).
+pub fn prob_in(dist: &[(u32, f64)], id: u32) -> f64 {
+    dist.iter().find(|&&(i, _)| i == id).map_or(0.0, |&(_, x)| x)
 }
 
 /// Candidate order: higher logit first, then lower id. Total over non-NaN logits.

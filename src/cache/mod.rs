@@ -28,6 +28,9 @@ pub struct Snapshot {
     /// `CHECKPOINT_EVERY` tokens and at the end of each prompt).
     pub checkpoints: Vec<usize>,
     pub kv: KvSnapshot,
+    /// The draft model's KV (speculative decoding), parked with the target's: its first `draft.len`
+    /// positions are those of `tokens`.
+    pub draft: Option<KvSnapshot>,
     pub identity: KvIdentity,
     /// The host ledger's entry for the snapshot's bytes.
     pub host: Option<Allocation>,
@@ -43,6 +46,7 @@ impl Snapshot {
             tokens,
             checkpoints,
             kv,
+            draft: None,
             identity,
             host: None,
             parked_at: std::time::Instant::now(),
@@ -50,8 +54,9 @@ impl Snapshot {
         }
     }
 
+    /// Host bytes of the snapshot: the target's KV and the draft's.
     pub fn bytes(&self) -> u64 {
-        self.kv.bytes()
+        self.kv.bytes() + self.draft.as_ref().map_or(0, KvSnapshot::bytes)
     }
 }
 

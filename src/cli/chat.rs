@@ -8,7 +8,7 @@ use std::io::{IsTerminal, Write};
 use anyhow::{bail, Context};
 use clap::Args;
 
-use strata::engine::{generate, GenerateParams, Sequence};
+use strata::engine::{generate_with, GenerateParams, Sequence, TextOnly};
 use strata::tokenizer::{ChatMessage, ChatTemplate};
 
 use super::input::{read_line_capped, CHAT_LINE_CAP_BYTES};
@@ -41,7 +41,10 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
     let loaded = load(&a.model, &a.engine)?;
     let template = ChatTemplate::from_gguf(&loaded.model.file).context("cannot read the chat template")?;
     let pool = a.engine.pool();
-    let mut seq = Sequence::new(&loaded.model, a.engine.kv, a.engine.context(&loaded.model))?;
+    let context = a.engine.context(&loaded.model);
+    let mut seq = Sequence::new(&loaded.model, a.engine.kv, context)?;
+    let spec = super::load_spec(&a.engine, &loaded)?;
+    let mut drafter = spec.as_ref().map(|s| s.drafter(a.engine.kv, context, loaded.model.cfg.n_vocab)).transpose()?;
     let mut history: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &a.system {
         history.push(ChatMessage { role: "system".into(), content: s.clone() });
@@ -95,11 +98,21 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
         };
         let prompt = super::tokenize_prompt_templated(&loaded.tokenizer, &rendered);
         let stdout = std::io::stdout();
-        let g = generate(&loaded.model, &loaded.tokenizer, &pool, &mut seq, &prompt, &params, |t| {
+        let mut show = TextOnly(|t: &str| {
             let mut o = stdout.lock();
             let _ = o.write_all(t.as_bytes());
             let _ = o.flush();
         });
+        let g = generate_with(
+            &loaded.model,
+            &loaded.tokenizer,
+            &pool,
+            &mut seq,
+            &prompt,
+            &params,
+            &mut show,
+            drafter.as_mut(),
+        );
         let g = match g {
             Ok(g) => g,
             Err(e) => {

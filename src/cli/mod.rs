@@ -10,6 +10,7 @@ pub mod info;
 pub mod input;
 pub mod perplexity;
 pub mod plan;
+pub mod quantize;
 pub mod replay;
 pub mod run;
 pub mod serve;
@@ -25,6 +26,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 
 use strata::device::{DeviceSet, FaultSpec};
+use strata::engine::spec::{SpecConfig, SpecSetup};
 use strata::gguf::GgufFile;
 use strata::model::{KvType, LoadOptions, Model};
 use strata::split;
@@ -60,6 +62,128 @@ pub struct EngineArgs {
     pub batch: u32,
     #[command(flatten)]
     pub placement: PlacementArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// Speculative decoding: where drafts come from and how many.
+#[derive(Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// A smaller model with the same vocabulary that drafts tokens for the target to verify in one batch
+    #[arg(long = "draft-model", visible_alias = "model-draft", value_name = "PATH")]
+    pub draft_model: Option<PathBuf>,
+    /// Speculative decoding without a second model: `ngram` drafts what followed the longest earlier match
+    /// of the last tokens (prompt lookup); `draft` (implied by --draft-model) uses the draft model
+    #[arg(long = "spec", value_name = "KIND", value_enum)]
+    pub spec: Option<SpecKind>,
+    /// Most drafts per verification
+    #[arg(long = "draft-max", value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub draft_max: u32,
+    /// Fewer drafts than this are not verified (the step decodes plainly)
+    #[arg(long = "draft-min", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=256))]
+    pub draft_min: u32,
+    /// The draft model stops drafting when its best token is less likely than this
+    #[arg(long = "draft-p-min", value_name = "P", default_value_t = 0.75)]
+    pub draft_p_min: f32,
+    /// Devices of the draft model, as indices into --devices (e.g. 1, or 0,1) [default: the first device]
+    #[arg(long = "draft-devices", value_name = "LIST")]
+    pub draft_devices: Option<String>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecKind {
+    Ngram,
+    Draft,
+}
+
+impl SpecArgs {
+    /// The drafting configuration when speculative decoding is on (checked: --draft-min <= --draft-max,
+    /// --spec draft needs --draft-model, ngram takes none).
+    pub fn config(&self) -> anyhow::Result<Option<(SpecKind, SpecConfig)>> {
+        let kind = match (self.spec, &self.draft_model) {
+            (None, None) => {
+                if self.draft_devices.is_some() {
+                    bail!("--draft-devices places a draft model: give one with --draft-model");
+                }
+                return Ok(None);
+            }
+            (Some(SpecKind::Ngram), Some(_)) => {
+                bail!("--spec ngram drafts without a second model: drop --draft-model, or use --spec draft")
+            }
+            (Some(SpecKind::Draft), None) => {
+                bail!("--spec draft needs a draft model: give one with --draft-model PATH")
+            }
+            (Some(SpecKind::Ngram), None) => SpecKind::Ngram,
+            (_, Some(_)) => SpecKind::Draft,
+        };
+        if self.draft_min > self.draft_max {
+            bail!("--draft-min {} is more than --draft-max {}", self.draft_min, self.draft_max);
+        }
+        if !(0.0..=1.0).contains(&self.draft_p_min) {
+            bail!("--draft-p-min must be in [0, 1], got {}", self.draft_p_min);
+        }
+        let cfg = SpecConfig {
+            draft_max: self.draft_max as usize,
+            draft_min: self.draft_min as usize,
+            p_min: self.draft_p_min,
+        };
+        Ok(Some((kind, cfg)))
+    }
+
+    /// The draft model's devices: those of `target` that --draft-devices names (default the first),
+    /// sharing their ledgers, with the target's host.
+    pub fn draft_devices(&self, target: &DeviceSet) -> anyhow::Result<DeviceSet> {
+        let list = self.draft_devices.as_deref().unwrap_or("0");
+        let mut devices = Vec::new();
+        for part in list.split(',').map(str::trim) {
+            let i: usize = part.parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "--draft-devices {list:?}: {part:?} is not a device index (0 is the first of --devices)"
+                )
+            })?;
+            let Some(d) = target.devices.get(i) else {
+                let names: Vec<String> = target.devices.iter().map(|d| d.name()).collect();
+                bail!("--draft-devices names device {i}, but --devices lists {}: {}", names.len(), names.join(", "));
+            };
+            if devices.iter().any(|x: &Arc<strata::device::Device>| Arc::ptr_eq(x, d)) {
+                bail!("--draft-devices lists device {i} twice");
+            }
+            devices.push(d.clone());
+        }
+        Ok(DeviceSet { devices, host: target.host.clone() })
+    }
+}
+
+/// Speculative decoding as the flags ask: n-gram lookup, or the draft model loaded on --draft-devices (its
+/// weights, scratch and KV in the same ledgers as the target's) after its vocabulary was checked.
+pub fn load_spec(engine: &EngineArgs, target: &Loaded) -> anyhow::Result<Option<SpecSetup>> {
+    let Some((kind, cfg)) = engine.spec.config()? else { return Ok(None) };
+    let draft = match kind {
+        SpecKind::Ngram => None,
+        SpecKind::Draft => Some(load_draft(engine, target)?),
+    };
+    Ok(Some(SpecSetup { cfg, draft }))
+}
+
+/// The draft model on --draft-devices (default the target's first device), after its vocabulary was checked.
+fn load_draft(engine: &EngineArgs, target: &Loaded) -> anyhow::Result<Arc<Model>> {
+    let path = engine.spec.draft_model.clone().context("no --draft-model")?;
+    let devices = engine.spec.draft_devices(&target.model.placement.devices)?;
+    let mut opts = engine.load_options()?;
+    opts.devices = devices;
+    opts.split = None;
+    let file = GgufFile::open(&path).with_context(|| format!("cannot load draft model {}", path.display()))?;
+    let file = Arc::new(file);
+    let tokenizer = Tokenizer::from_gguf(&file)
+        .with_context(|| format!("cannot load the tokenizer of draft model {}", path.display()))?;
+    strata::engine::spec::check_vocab(&target.tokenizer, &tokenizer)
+        .with_context(|| format!("draft model {} cannot draft for {}", path.display(), target.path.display()))?;
+    let model = Model::from_file_with(file.clone(), &opts)
+        .with_context(|| format!("cannot load draft model {}", path.display()))?;
+    page_in(&file, std::io::stderr().is_terminal());
+    tracing::info!("speculative decoding: draft model {} on {}", path.display(), stages_summary(&model));
+    Ok(Arc::new(model))
 }
 
 fn parse_kv(s: &str) -> Result<KvType, String> {

@@ -235,7 +235,11 @@ pub fn main(a: ReplayArgs) -> anyhow::Result<()> {
         cache_slots: a.cache.cache_slots,
         cache_budget_bytes,
     };
+    let spec = super::load_spec(&a.engine, &loaded)?;
     let mut session = Session::new(&loaded.model, &loaded.tokenizer, &pool, &cfg)?;
+    if let Some(s) = &spec {
+        session = session.with_drafter(s.drafter(cfg.kv_type, cfg.max_context, loaded.model.cfg.n_vocab)?);
+    }
     let events = session.telemetry.subscribe();
     let devices = &loaded.model.placement.devices.devices;
     let mut histories: HashMap<String, Vec<ChatMessage>> = HashMap::new();
@@ -274,6 +278,8 @@ pub fn main(a: ReplayArgs) -> anyhow::Result<()> {
                             "restored_tokens": s.restored.map(|(_, n)| n),
                             "prompt_ms": g.prompt_ms,
                             "gen_ms": g.gen_ms,
+                            "drafts_proposed": g.drafts_proposed,
+                            "drafts_accepted": g.drafts_accepted,
                         });
                         emit("response", line, fields);
                     }

@@ -6,9 +6,9 @@ use anyhow::Context;
 use clap::Args;
 
 use strata::device::{DeviceSet, Purpose};
-use strata::engine::{generate, GenerateParams, Sequence, StopReason};
+use strata::engine::{generate_with, GenerateParams, Sequence, StopReason, TextOnly};
 
-use super::{load, tokenize_prompt, EngineArgs, ModelArgs, SamplingArgs};
+use super::{load, load_spec, tokenize_prompt, EngineArgs, ModelArgs, SamplingArgs};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -40,7 +40,10 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
     let loaded = load(&a.model, &a.engine)?;
     let pool = a.engine.pool();
     let prompt = tokenize_prompt(&loaded.tokenizer, &a.prompt);
-    let mut seq = Sequence::new(&loaded.model, a.engine.kv, a.engine.context(&loaded.model))?;
+    let context = a.engine.context(&loaded.model);
+    let mut seq = Sequence::new(&loaded.model, a.engine.kv, context)?;
+    let spec = load_spec(&a.engine, &loaded)?;
+    let mut drafter = spec.as_ref().map(|s| s.drafter(a.engine.kv, context, loaded.model.cfg.n_vocab)).transpose()?;
     let params = GenerateParams {
         max_tokens: a.n_predict as usize,
         sampler,
@@ -53,14 +56,16 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
     };
     let stdout = std::io::stdout();
     let json = a.json;
-    let g = generate(&loaded.model, &loaded.tokenizer, &pool, &mut seq, &prompt, &params, |text| {
+    let mut show = TextOnly(|text: &str| {
         if !json {
             let mut out = stdout.lock();
             let _ = out.write_all(text.as_bytes());
             let _ = out.flush();
         }
-    })
-    .context("generation failed")?;
+    });
+    let g =
+        generate_with(&loaded.model, &loaded.tokenizer, &pool, &mut seq, &prompt, &params, &mut show, drafter.as_mut())
+            .context("generation failed")?;
     if json {
         let obj = serde_json::json!({
             "text": g.text,
@@ -70,6 +75,8 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
             "stop_reason": g.stop_reason,
             "prompt_ms": g.prompt_ms,
             "gen_ms": g.gen_ms,
+            "drafts_proposed": g.drafts_proposed,
+            "drafts_accepted": g.drafts_accepted,
             // Read while the sequence still holds its KV.
             "devices": devices_json(&loaded.model.placement.devices),
         });
@@ -83,13 +90,15 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
             );
         }
         eprintln!(
-            "strata: prompt {} tokens in {:.0} ms ({:.1} tok/s), {} generated in {:.0} ms ({:.1} tok/s)",
+            "strata: prompt {} tokens in {:.0} ms ({:.1} tok/s), {} generated in {:.0} ms ({:.1} tok/s), drafts accepted {} of {}",
             g.prompt_tokens,
             g.prompt_ms,
             g.prompt_tokens as f64 / (g.prompt_ms / 1e3),
             g.tokens.len(),
             g.gen_ms,
             g.tokens.len() as f64 / (g.gen_ms / 1e3).max(1e-9),
+            g.drafts_accepted,
+            g.drafts_proposed,
         );
     }
     Ok(())

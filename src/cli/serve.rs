@@ -132,6 +132,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
     raise_fd_limit();
 
     let loaded = load(&a.model, &a.engine)?;
+    let spec = super::load_spec(&a.engine, &loaded)?;
     let template = ChatTemplate::from_gguf(&loaded.model.file).context("cannot read the chat template")?;
     let max_context = a.engine.context(&loaded.model);
     let id = loaded
@@ -162,6 +163,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         batch: a.engine.batch as usize,
         threads,
         exit_with_stdin: a.exit_with_stdin,
+        spec,
         session: SessionConfig {
             kv_type: a.engine.kv,
             max_context,

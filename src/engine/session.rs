@@ -16,7 +16,8 @@ use crate::telemetry::{EngineEvent, Telemetry};
 use crate::threadpool::ThreadPool;
 use crate::tokenizer::Tokenizer;
 
-use super::{generate_observed, EngineError, GenerateParams, Generation, Observer, Sequence, TextOnly};
+use super::spec::Drafter;
+use super::{generate_with, EngineError, GenerateParams, Generation, Observer, Sequence, TextOnly};
 
 /// A checkpoint is recorded every this many prompt tokens (and at the end of every prompt).
 pub const CHECKPOINT_EVERY: usize = 4096;
@@ -43,6 +44,8 @@ pub struct Served {
     pub restored: Option<(RestoreKind, usize)>,
     /// A cache hit that was not restored, and why.
     pub fallback: Option<Fallback>,
+    /// Prompt tokens the draft model read (the rest came back with the snapshot or its live sequence).
+    pub draft_read: Option<usize>,
 }
 
 /// Why a cache hit was reread instead of restored.
@@ -74,6 +77,9 @@ pub struct Session<'a> {
     pub cache: ConversationCache,
     pub telemetry: Arc<Telemetry>,
     identity: KvIdentity,
+    /// Speculative decoding's drafter (with a draft model's live sequence, parked and restored with the
+    /// target's).
+    drafter: Option<Drafter<'a>>,
     /// Free-memory samples that failed at a gate decision.
     pub sample_failures: u64,
 }
@@ -108,8 +114,24 @@ impl<'a> Session<'a> {
             cache: ConversationCache::new(cfg.cache_slots, cfg.cache_budget_bytes),
             telemetry: Arc::new(Telemetry::new()),
             identity,
+            drafter: None,
             sample_failures: 0,
         })
+    }
+
+    /// Decodes with speculative drafts from `drafter`. A draft model becomes part of the KV identity: a
+    /// snapshot parks both KV caches and restores only into the same pair.
+    pub fn with_drafter(mut self, drafter: Drafter<'a>) -> Session<'a> {
+        if let Some(m) = drafter.draft_model() {
+            self.identity.model.push_str(&format!(" + draft {}:{}", m.cfg.arch_name, m.weight_bytes()));
+        }
+        self.drafter = Some(drafter);
+        self
+    }
+
+    /// The drafter, if speculative decoding is on.
+    pub fn drafter(&self) -> Option<&Drafter<'a>> {
+        self.drafter.as_ref()
     }
 
     /// The live sequence's tokens.
@@ -172,7 +194,16 @@ impl<'a> Session<'a> {
                 }
             }
         }
-        let generation = generate_observed(self.model, self.tokenizer, self.pool, &mut self.live, prompt, params, obs)?;
+        let generation = generate_with(
+            self.model,
+            self.tokenizer,
+            self.pool,
+            &mut self.live,
+            prompt,
+            params,
+            obs,
+            self.drafter.as_mut(),
+        )?;
         let reused = generation.reused_tokens;
         let read = prompt.len() - reused;
         self.live_checkpoints.retain(|&c| c <= reused);
@@ -182,7 +213,7 @@ impl<'a> Session<'a> {
         }
         let g = &generation;
         tracing::info!(
-            "prompt {} tokens = {} reused + {} read in {:.0} ms ({:.1} tok/s), {} generated in {:.0} ms ({:.1} tok/s), drafts accepted 0 of 0, {} checkpoints",
+            "prompt {} tokens = {} reused + {} read in {:.0} ms ({:.1} tok/s), {} generated in {:.0} ms ({:.1} tok/s), drafts accepted {} of {}, {} checkpoints",
             prompt.len(),
             reused,
             read,
@@ -191,9 +222,12 @@ impl<'a> Session<'a> {
             g.tokens.len(),
             g.gen_ms,
             g.tokens.len() as f64 / (g.gen_ms / 1e3).max(1e-9),
+            g.drafts_accepted,
+            g.drafts_proposed,
             self.live_checkpoints.len(),
         );
-        Ok(Served { generation, reused, read, restored, fallback })
+        let draft_read = self.drafter.as_ref().and_then(Drafter::prompt_read);
+        Ok(Served { generation, reused, read, restored, fallback, draft_read })
     }
 
     /// Parks the live sequence in the cache (when it fits the budget), evicting as needed. The live
@@ -204,7 +238,9 @@ impl<'a> Session<'a> {
             return;
         }
         let t0 = Instant::now();
-        let bytes = self.live.kv.snapshot_bytes();
+        let draft_live = self.drafter.as_ref().and_then(Drafter::draft_seq).filter(|d| !d.tokens.is_empty());
+        let draft_bytes = draft_live.map_or(0, |d| d.kv.snapshot_bytes());
+        let bytes = self.live.kv.snapshot_bytes() + draft_bytes;
         let Some(room) = self.cache.make_room(bytes) else {
             tracing::info!(
                 "conversation cache: not parked: {n} tokens take {bytes} bytes, more than the budget of {} bytes can hold",
@@ -227,7 +263,8 @@ impl<'a> Session<'a> {
                 return;
             }
         };
-        let kv = match self.live.kv.snapshot_into(room.spare) {
+        let draft = draft_live.map(|d| d.kv.snapshot_into(None)).transpose();
+        let kv = match draft.and_then(|draft| Ok((self.live.kv.snapshot_into(room.spare)?, draft))) {
             Ok(kv) => kv,
             Err(e) => {
                 tracing::warn!("conversation cache: not parked: {e}");
@@ -235,9 +272,11 @@ impl<'a> Session<'a> {
                 return;
             }
         };
+        let (kv, draft) = kv;
         host.count_copy_in(bytes);
         let mut snap =
             Snapshot::new(self.live.tokens.clone(), self.live_checkpoints.clone(), kv, self.identity.clone());
+        snap.draft = draft;
         snap.host = Some(held);
         match self.cache.park(snap) {
             ParkOutcome::Parked { .. } => {
@@ -275,17 +314,24 @@ impl<'a> Session<'a> {
         prompt_len: usize,
         live_common: usize,
     ) -> Result<(), Option<Fallback>> {
-        let held = self.live.kv.device_held_bytes();
-        let needs: Vec<gate::Need> = self
-            .live
-            .kv
-            .device_need_bytes(tokens)
-            .into_iter()
-            .map(|(device, need_bytes)| {
-                let credit_bytes = held.iter().find(|(d, _)| Arc::ptr_eq(d, &device)).map_or(0, |(_, b)| *b);
-                gate::Need { device, need_bytes, credit_bytes }
-            })
-            .collect();
+        // The draft model's KV comes back with the target's: the gate counts both, per device.
+        let draft_tokens = self.cache.get(id).and_then(|s| s.draft.as_ref()).map_or(0, |d| d.len.min(tokens));
+        let mut held = self.live.kv.device_held_bytes();
+        let mut need = self.live.kv.device_need_bytes(tokens);
+        if let Some(d) = self.drafter.as_ref().and_then(Drafter::draft_seq) {
+            held.extend(d.kv.device_held_bytes());
+            need.extend(d.kv.device_need_bytes(draft_tokens));
+        }
+        let mut needs: Vec<gate::Need> = Vec::new();
+        for (device, need_bytes) in need {
+            match needs.iter_mut().find(|n| Arc::ptr_eq(&n.device, &device)) {
+                Some(n) => n.need_bytes += need_bytes,
+                None => {
+                    let credit_bytes = held.iter().filter(|(d, _)| Arc::ptr_eq(d, &device)).map(|(_, b)| *b).sum();
+                    needs.push(gate::Need { device, need_bytes, credit_bytes });
+                }
+            }
+        }
         match gate::decide(&needs, &self.telemetry) {
             GateDecision::Refuse { device, free_bytes, need_bytes, reserve_bytes } => {
                 self.cache.unpin(id);
@@ -320,8 +366,25 @@ impl<'a> Session<'a> {
         let t0 = Instant::now();
         self.live.rewind(0);
         self.live_checkpoints.clear();
+        let mut draft_seq = self.drafter.as_mut().and_then(Drafter::draft_seq_mut);
+        if let Some(d) = draft_seq.as_deref_mut() {
+            d.rewind(0);
+        }
         let Some(snap) = self.cache.get(id) else { return Err(None) };
-        if let Err(e) = self.live.kv.restore(&snap.kv, tokens) {
+        let restored =
+            self.live.kv.restore(&snap.kv, tokens).and_then(|()| match (draft_seq.as_deref_mut(), &snap.draft) {
+                (Some(d), Some(kv)) => {
+                    d.kv.restore(kv, draft_tokens)?;
+                    d.tokens = snap.tokens[..draft_tokens].to_vec();
+                    Ok(())
+                }
+                _ => Ok(()),
+            });
+        if let Err(e) = restored {
+            self.live.rewind(0);
+            if let Some(d) = draft_seq {
+                d.rewind(0);
+            }
             self.cache.unpin(id);
             tracing::info!("conversation cache: restore failed, released and rereading {prompt_len} tokens: {e}");
             self.telemetry.emit(EngineEvent::OomAverted { error: e.to_string(), tokens });

@@ -12,7 +12,7 @@ mod writer;
 pub use error::{GgufError, GgufErrorKind};
 pub use reader::{GgufFile, TensorInfo};
 pub use value::{type_name, ArrayData, GgufArray, GgufValue, GgufValueType};
-pub use writer::GgufWriter;
+pub use writer::{GgufWriter, ImageHeader, TensorEntry};
 
 /// The four bytes every GGUF file starts with.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";

@@ -1,9 +1,34 @@
 //! A GGUF writer: metadata and tensors into a byte image. Test code and `strata`'s synthetic-model tool use
-//! it to make small models with random weights; it is the inverse of the reader.
+//! it to make small models with random weights; it is the inverse of the reader. For images too large to
+//! hold in memory (`strata quantize`), [`GgufWriter::header_for`] gives the bytes before the data section
+//! and where each tensor goes, and the caller writes the data itself.
 
 use super::value::{ArrayData, GgufArray, GgufValue};
 use super::GGUF_MAGIC;
 use crate::quant::GgmlType;
+
+/// A tensor's entry in the index of an image whose data the caller writes (see [`GgufWriter::header_for`]).
+#[derive(Clone, Copy, Debug)]
+pub struct TensorEntry<'a> {
+    pub name: &'a str,
+    /// ggml dimensions, row length first.
+    pub dims: &'a [u64],
+    pub ty: GgmlType,
+    /// Bytes of the tensor's data.
+    pub n_bytes: u64,
+}
+
+/// The part of an image before its data section, and where the data goes.
+#[derive(Clone, Debug)]
+pub struct ImageHeader {
+    /// Magic, version, counts, metadata, tensor index, and zero padding up to the alignment.
+    pub bytes: Vec<u8>,
+    /// Offset of each tensor's data from the start of the data section (`bytes.len()`), in entry order.
+    pub data_offsets: Vec<u64>,
+    /// The data alignment: the gap before each tensor and the end of the image are zero padding up to a
+    /// multiple of it.
+    pub alignment: u64,
+}
 
 /// A GGUF image under construction.
 #[derive(Default)]
@@ -63,10 +88,31 @@ impl GgufWriter {
 
     /// The file image, in GGUF `version` (2 or 3; they share a layout).
     pub fn to_bytes(&self, version: u32) -> Vec<u8> {
+        let entries: Vec<TensorEntry> = self
+            .tensors
+            .iter()
+            .map(|(name, dims, ty, data)| TensorEntry { name, dims, ty: *ty, n_bytes: data.len() as u64 })
+            .collect();
+        let header = self.header_for(version, &entries);
+        let mut out = header.bytes;
+        let base = out.len() as u64;
+        for ((_, _, _, data), off) in self.tensors.iter().zip(header.data_offsets) {
+            out.resize((base + off) as usize, 0);
+            out.extend_from_slice(data);
+        }
+        pad(&mut out, self.alignment);
+        out
+    }
+
+    /// The header of an image with this writer's metadata and the tensors `entries` (the writer's own
+    /// tensors are not part of it), in GGUF `version`. The image is `bytes`, then each tensor's data at
+    /// `bytes.len() + data_offsets[i]` with zeros in the gaps, then zeros up to a multiple of the alignment:
+    /// exactly what [`GgufWriter::to_bytes`] writes for the same tensors.
+    pub fn header_for(&self, version: u32, entries: &[TensorEntry]) -> ImageHeader {
         let mut out = Vec::new();
         out.extend_from_slice(&GGUF_MAGIC);
         out.extend_from_slice(&version.to_le_bytes());
-        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
         out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
         for (k, v) in &self.metadata {
             put_str(&mut out, k);
@@ -74,31 +120,27 @@ impl GgufWriter {
             put_value(&mut out, v);
         }
         let mut offset = 0u64;
-        let mut offsets = Vec::new();
-        for (name, dims, ty, data) in &self.tensors {
-            put_str(&mut out, name);
-            out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-            for d in dims {
+        let mut data_offsets = Vec::with_capacity(entries.len());
+        for e in entries {
+            put_str(&mut out, e.name);
+            out.extend_from_slice(&(e.dims.len() as u32).to_le_bytes());
+            for d in e.dims {
                 out.extend_from_slice(&d.to_le_bytes());
             }
-            out.extend_from_slice(&ty.id().to_le_bytes());
+            out.extend_from_slice(&e.ty.id().to_le_bytes());
             out.extend_from_slice(&offset.to_le_bytes());
-            offsets.push(offset);
-            offset = (offset + data.len() as u64).div_ceil(self.alignment) * self.alignment;
-        }
-        let pad = |out: &mut Vec<u8>, a: u64| {
-            while out.len() as u64 % a != 0 {
-                out.push(0);
-            }
-        };
-        pad(&mut out, self.alignment);
-        let base = out.len() as u64;
-        for ((_, _, _, data), off) in self.tensors.iter().zip(offsets) {
-            out.resize((base + off) as usize, 0);
-            out.extend_from_slice(data);
+            data_offsets.push(offset);
+            offset = (offset + e.n_bytes).div_ceil(self.alignment) * self.alignment;
         }
         pad(&mut out, self.alignment);
-        out
+        ImageHeader { bytes: out, data_offsets, alignment: self.alignment }
+    }
+}
+
+/// Zeros up to a multiple of `alignment`.
+fn pad(out: &mut Vec<u8>, alignment: u64) {
+    while out.len() as u64 % alignment != 0 {
+        out.push(0);
     }
 }
 

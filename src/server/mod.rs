@@ -77,6 +77,8 @@ pub struct ServeOptions {
     pub batch: usize,
     pub threads: usize,
     pub session: SessionConfig,
+    /// Speculative decoding (`--spec ngram`, `--draft-model`), or None.
+    pub spec: Option<crate::engine::spec::SpecSetup>,
     /// Shut down when stdin reaches its end: a supervisor that dies (its end of the pipe closes) takes
     /// the server with it, on every OS.
     pub exit_with_stdin: bool,
@@ -174,6 +176,7 @@ pub fn serve(opts: ServeOptions, model: ServedModel, on_listening: impl FnOnce(S
             tokenizer: model.tokenizer.clone(),
             threads: opts.threads,
             session: opts.session.clone(),
+            spec: opts.spec.clone(),
         },
         shared.clone(),
         jobs_rx,

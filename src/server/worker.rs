@@ -12,6 +12,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 
 use crate::engine::session::{Session, SessionConfig};
+use crate::engine::spec::SpecSetup;
 use crate::engine::{EngineError, Generation, Observer, StopReason};
 use crate::model::{Model, ModelError};
 use crate::telemetry::EngineEvent;
@@ -138,6 +139,7 @@ pub struct EngineParts {
     pub tokenizer: Arc<Tokenizer>,
     pub threads: usize,
     pub session: SessionConfig,
+    pub spec: Option<SpecSetup>,
 }
 
 /// Starts the engine thread; its session is made before this returns (an error then is the caller's).
@@ -153,7 +155,19 @@ pub fn spawn(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>) -> an
 
 fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: SyncSender<Result<(), String>>) {
     let pool = ThreadPool::new(parts.threads);
-    let mut session = match Session::new(&parts.model, &parts.tokenizer, &pool, &parts.session) {
+    let drafter = parts
+        .spec
+        .as_ref()
+        .map(|s| s.drafter(parts.session.kv_type, parts.session.max_context, parts.model.cfg.n_vocab))
+        .transpose();
+    let session = drafter.and_then(|d| {
+        let s = Session::new(&parts.model, &parts.tokenizer, &pool, &parts.session)?;
+        Ok(match d {
+            Some(d) => s.with_drafter(d),
+            None => s,
+        })
+    });
+    let mut session = match session {
         Ok(s) => s,
         Err(e) => {
             let _ = ready.send(Err(e.to_string()));
@@ -327,6 +341,8 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
         });
         s.completion_tokens += g.tokens.len();
         s.gen_ms += g.gen_ms;
+        s.drafts_proposed += g.drafts_proposed;
+        s.drafts_accepted += g.drafts_accepted;
     }
     let Some(mut s) = summary else {
         if shared.cancel_in_flight.load(Ordering::Acquire) {
