@@ -2,6 +2,10 @@
 //! tokens from an empty cache; tg: `-n` tokens decoded one at a time from an empty cache; one warm-up run
 //! each, then `-r` timed repetitions, mean and standard deviation). Each test must fit the context (`-c`, else
 //! the model's) and its KV the host's available memory: a test that cannot is refused before anything runs.
+//!
+//! With speculative decoding on (`--spec ngram`, `--draft-model`), the tg test decodes greedily after a real
+//! prompt (`--prompt-file`, else the pp test's tokens) twice per repetition, alternating: plainly and with
+//! drafts, so the two rates and their ratio come from one run; the drafts proposed and accepted are counted.
 
 use std::time::Instant;
 
@@ -10,10 +14,14 @@ use clap::Args;
 use rand::{Rng, SeedableRng};
 
 use strata::device::mib;
+use strata::engine::spec::Drafter;
+use strata::engine::{generate_with, GenerateParams, Sequence, TextOnly};
 use strata::model::{KvType, Model};
+use strata::sample::SamplerConfig;
 use strata::threadpool::ThreadPool;
+use strata::tokenizer::Tokenizer;
 
-use super::{load, stages_summary, EngineArgs, ModelArgs};
+use super::{load, load_spec, stages_summary, tokenize_prompt, EngineArgs, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -38,6 +46,10 @@ pub struct BenchArgs {
     /// Tokens of the conversation whose KV --bandwidth parks and restores (at most the context)
     #[arg(long = "kv-tokens", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_tokens: u32,
+    /// A prompt (raw text, special tokens parsed) that the tg test decodes after, greedily; with
+    /// speculative decoding the default is the pp test's random tokens
+    #[arg(long = "prompt-file", value_name = "FILE")]
+    pub prompt_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -72,10 +84,37 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let tg = if a.n_gen > 0 {
-        Some(measure(a.reps, || run_tg(model, &pool, &a.engine, a.n_gen, ctx), a.n_gen)?)
-    } else {
-        None
+    let spec = load_spec(&a.engine, &loaded)?;
+    let text_prompt = match &a.prompt_file {
+        Some(p) => {
+            let text = super::input::read_text_capped(p, super::input::PROMPT_FILE_CAP_BYTES, "--prompt-file")?;
+            Some(tokenize_prompt(&loaded.tokenizer, &text))
+        }
+        None => spec.is_some().then(|| prompt.clone()).filter(|p| !p.is_empty()),
+    };
+    let mut spec_tg = None;
+    let tg = match (&text_prompt, a.n_gen) {
+        (_, 0) => None,
+        (None, n) => Some(measure(a.reps, || run_tg(model, &pool, &a.engine, n, ctx), n)?),
+        (Some(p), n) => {
+            let need = p.len() + n;
+            if need > context {
+                bail!("bench: the prompt ({} tokens) and -n {n} need {need} positions but the context holds {context} (-c)", p.len());
+            }
+            let mut drafter = spec.as_ref().map(|s| s.drafter(a.engine.kv, need, model.cfg.n_vocab)).transpose()?;
+            let text = TextRun {
+                model,
+                tokenizer: &loaded.tokenizer,
+                pool: &pool,
+                prompt: p,
+                n,
+                batch: a.engine.batch as usize,
+                kv: a.engine.kv,
+            };
+            let (plain, drafted) = text.measure(a.reps, drafter.as_mut())?;
+            spec_tg = drafted;
+            Some(plain)
+        }
     };
     let (gpus, kv_copies) = if a.bandwidth {
         let gpus = model
@@ -116,6 +155,15 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
             "pp_tok_s_stddev": pp.map(|s| s.1),
             "tg_tok_s": tg.map(|s| s.0),
             "tg_tok_s_stddev": tg.map(|s| s.1),
+            "prompt_file_tokens": a.prompt_file.as_ref().and(text_prompt.as_ref()).map(Vec::len),
+            "spec": spec_tg.as_ref().map(|s| serde_json::json!({
+                "kind": spec_kind(&a.engine),
+                "tg_tok_s": s.mean,
+                "tg_tok_s_stddev": s.stddev,
+                "speedup": tg.map(|t| s.mean / t.0),
+                "drafts_proposed": s.proposed,
+                "drafts_accepted": s.accepted,
+            })),
             "weight_bytes": model.weight_bytes(),
             "gpus": gpus,
             "floor_tg_tok_s": floor_tg,
@@ -131,6 +179,18 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
             if let Some((mean, sd)) = s {
                 println!("| {name} | {size} | {} | {kv} | {stages} | {test} | {mean:.2} ± {sd:.2} |", pool.n_threads());
             }
+        }
+        if let Some(s) = &spec_tg {
+            println!(
+                "| {name} | {size} | {} | {kv} | {stages} | tg{}+{} | {:.2} ± {:.2} |",
+                pool.n_threads(),
+                a.n_gen,
+                spec_kind(&a.engine),
+                s.mean,
+                s.stddev
+            );
+            let speedup = tg.map_or(String::new(), |t| format!(", {:.2}x plain decoding", s.mean / t.0));
+            println!("drafts accepted {} of {} over the timed runs{speedup}", s.accepted, s.proposed);
         }
         for g in &gpus {
             println!(
@@ -184,9 +244,7 @@ fn measure(reps: u32, mut f: impl FnMut() -> anyhow::Result<f64>, n_tokens: usiz
         let secs = f()?;
         rates.push(n_tokens as f64 / secs);
     }
-    let mean = rates.iter().sum::<f64>() / rates.len() as f64;
-    let var = rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (rates.len().max(2) - 1) as f64;
-    Ok((mean, var.sqrt()))
+    Ok(mean_sd(&rates))
 }
 
 fn run_pp(model: &Model, pool: &ThreadPool, e: &EngineArgs, prompt: &[u32], ctx: usize) -> anyhow::Result<f64> {
@@ -198,6 +256,89 @@ fn run_pp(model: &Model, pool: &ThreadPool, e: &EngineArgs, prompt: &[u32], ctx:
         model.forward(pool, &mut kv, chunk, &[chunk.len() - 1])?;
     }
     Ok(t.elapsed().as_secs_f64())
+}
+
+/// `ngram` or `draft` (for the tables).
+fn spec_kind(e: &EngineArgs) -> &'static str {
+    if e.spec.draft_model.is_some() {
+        "draft"
+    } else {
+        "ngram"
+    }
+}
+
+/// The decode rate with drafts, and the drafts counted over the timed runs.
+struct SpecRate {
+    mean: f64,
+    stddev: f64,
+    proposed: usize,
+    accepted: usize,
+}
+
+/// The tg test after a real prompt: greedy, end-of-generation tokens ignored, only the decode timed.
+struct TextRun<'a> {
+    model: &'a Model,
+    tokenizer: &'a Tokenizer,
+    pool: &'a ThreadPool,
+    prompt: &'a [u32],
+    n: usize,
+    batch: usize,
+    kv: KvType,
+}
+
+impl TextRun<'_> {
+    /// Seconds to decode `n` tokens, and the drafts proposed and accepted.
+    fn once(&self, drafter: Option<&mut Drafter>) -> anyhow::Result<(f64, usize, usize)> {
+        let mut seq = Sequence::new(self.model, self.kv, self.prompt.len() + self.n)?;
+        let params = GenerateParams {
+            max_tokens: self.n,
+            sampler: SamplerConfig::greedy(),
+            ignore_eos: true,
+            batch: self.batch,
+            ..Default::default()
+        };
+        let g = generate_with(
+            self.model,
+            self.tokenizer,
+            self.pool,
+            &mut seq,
+            self.prompt,
+            &params,
+            &mut TextOnly(|_: &str| {}),
+            drafter,
+        )?;
+        Ok((g.gen_ms / 1e3, g.drafts_proposed, g.drafts_accepted))
+    }
+
+    /// One warm-up, then `reps` rounds of plain decoding and (with a drafter) decoding with drafts, one
+    /// after the other: (mean, stddev) of the plain rate, and the rate with drafts.
+    fn measure(&self, reps: u32, mut drafter: Option<&mut Drafter>) -> anyhow::Result<((f64, f64), Option<SpecRate>)> {
+        self.once(None)?;
+        if let Some(d) = drafter.as_deref_mut() {
+            self.once(Some(d))?;
+        }
+        let (mut plain, mut drafted, mut proposed, mut accepted) = (Vec::new(), Vec::new(), 0, 0);
+        for _ in 0..reps {
+            plain.push(self.n as f64 / self.once(None)?.0);
+            if let Some(d) = drafter.as_deref_mut() {
+                let (secs, p, a) = self.once(Some(d))?;
+                drafted.push(self.n as f64 / secs);
+                proposed += p;
+                accepted += a;
+            }
+        }
+        let spec = (!drafted.is_empty()).then(|| {
+            let (mean, stddev) = mean_sd(&drafted);
+            SpecRate { mean, stddev, proposed, accepted }
+        });
+        Ok((mean_sd(&plain), spec))
+    }
+}
+
+fn mean_sd(rates: &[f64]) -> (f64, f64) {
+    let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+    let var = rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (rates.len().max(2) - 1) as f64;
+    (mean, var.sqrt())
 }
 
 fn run_tg(model: &Model, pool: &ThreadPool, e: &EngineArgs, n: usize, ctx: usize) -> anyhow::Result<f64> {

@@ -15,6 +15,8 @@ pub const REPLAY_SCRIPT_CAP_BYTES: u64 = 64 << 20;
 pub const PERPLEXITY_TEXT_CAP_BYTES: u64 = 256 << 20;
 /// One line (one message) of `strata chat` on standard input.
 pub const CHAT_LINE_CAP_BYTES: u64 = 8 << 20;
+/// `strata bench --prompt-file`.
+pub const PROMPT_FILE_CAP_BYTES: u64 = 8 << 20;
 
 /// The bytes of `path` (`what` names it in messages), refused past `cap_bytes`. Any readable file works
 /// (a pipe from `<(...)` too); only the size is bounded.

@@ -442,6 +442,7 @@ pub fn generate_with(
             seq.rewind(base + kept);
         }
         if let Some(d) = drafter.as_deref_mut() {
+            d.verified(k, kept);
             d.kept(&seq.tokens);
         }
         for i in 0..kept {

@@ -17,9 +17,12 @@ use crate::tokenizer::Tokenizer;
 
 use super::{prefill, EngineError, Sequence};
 
-/// The longest and shortest n-gram `--spec ngram` looks up (a match of one token predicts little).
+/// The longest and shortest n-gram `--spec ngram` looks up (shorter matches predict too little to pay for
+/// their verification on a CPU: measured in BENCHMARKS.md).
 pub const NGRAM_MAX: usize = 4;
-pub const NGRAM_MIN: usize = 2;
+pub const NGRAM_MIN: usize = 3;
+/// N-gram lookup's first draft length in a request (it adapts from there, up to `--draft-max`).
+pub const NGRAM_FIRST_WINDOW: usize = 8;
 
 /// How drafts are made and how many.
 #[derive(Clone, Debug, PartialEq)]
@@ -126,12 +129,21 @@ pub struct Drafter<'a> {
     active: bool,
     /// Prompt tokens the draft model read at the start of the last request (the rest it reused).
     prompt_read: Option<usize>,
+    /// N-gram lookup's draft length now: doubled after a fully kept run of drafts, halved after a
+    /// rejection, so that poor matches cost small verifications.
+    window: usize,
 }
 
 impl<'a> Drafter<'a> {
     /// Drafts from the longest earlier match of the last tokens (`--spec ngram`).
     pub fn ngram(cfg: SpecConfig) -> Drafter<'a> {
-        Drafter { cfg, source: Source::Ngram, active: true, prompt_read: None }
+        Drafter {
+            window: cfg.draft_max.min(NGRAM_FIRST_WINDOW),
+            cfg,
+            source: Source::Ngram,
+            active: true,
+            prompt_read: None,
+        }
     }
 
     /// Drafts from `model` (`--draft-model`), with its own KV cache of `max_tokens` positions; ids the
@@ -145,6 +157,7 @@ impl<'a> Drafter<'a> {
     ) -> Result<Drafter<'a>, EngineError> {
         let seq = Sequence::new(model, kv_type, max_tokens)?;
         Ok(Drafter {
+            window: cfg.draft_max,
             cfg,
             source: Source::Model { model, seq, sampler: None, target_vocab },
             active: true,
@@ -194,6 +207,9 @@ impl<'a> Drafter<'a> {
     /// for the request, with a log line; it is never the request's error.
     pub fn begin(&mut self, pool: &ThreadPool, prompt: &[u32], sampler: &SamplerConfig) {
         self.active = true;
+        if let Source::Ngram = self.source {
+            self.window = self.cfg.draft_max.min(NGRAM_FIRST_WINDOW);
+        }
         if let Source::Model { model, seq, sampler: s, .. } = &mut self.source {
             // The draft samples with the target's chain on a stream of its own.
             *s = (!sampler.is_greedy())
@@ -221,7 +237,7 @@ impl<'a> Drafter<'a> {
     /// Up to `room` drafts to follow `context` (the sequence so far, ending with the token the target just
     /// chose). `banned` ids are never drafted.
     pub fn propose(&mut self, pool: &ThreadPool, context: &[u32], room: usize, banned: &[u32]) -> Drafts {
-        let k = room.min(self.cfg.draft_max);
+        let k = room.min(self.window.max(1));
         if !self.active || k == 0 || k < self.cfg.draft_min {
             return Drafts::default();
         }
@@ -250,6 +266,14 @@ impl<'a> Drafter<'a> {
                 self.fail(&e);
                 Drafts::default()
             }
+        }
+    }
+
+    /// The target verified `proposed` drafts and kept `kept` of them: n-gram lookup adapts its length.
+    pub fn verified(&mut self, proposed: usize, kept: usize) {
+        if let Source::Ngram = self.source {
+            self.window =
+                if kept == proposed { (self.window * 2).min(self.cfg.draft_max) } else { (self.window / 2).max(1) };
         }
     }
 
@@ -354,10 +378,10 @@ mod tests {
         let ctx = [2, 3, 4, 9, 5, 2, 3, 4, 6, 7, 2, 3, 4];
         assert_eq!(ngram_drafts(&ctx, 2), vec![6, 7]);
         // Drafts stop at the end of the context.
-        let ctx = [5, 6, 7, 5, 6];
-        assert_eq!(ngram_drafts(&ctx, 8), vec![7, 5, 6]);
-        // No earlier bigram: nothing (a single-token match is not enough).
-        assert!(ngram_drafts(&[1, 2, 3, 1, 4], 4).is_empty());
+        let ctx = [5, 6, 7, 8, 5, 6, 7];
+        assert_eq!(ngram_drafts(&ctx, 8), vec![8, 5, 6, 7]);
+        // No earlier trigram: nothing (a match of one or two tokens is not enough).
+        assert!(ngram_drafts(&[1, 2, 3, 1, 2, 4, 1, 2], 4).is_empty());
         assert!(ngram_drafts(&[], 4).is_empty());
     }
 }
