@@ -302,3 +302,30 @@ fn the_official_openai_python_client_works_against_the_server() {
     eprintln!("{}", said.trim());
     no_panic(&s);
 }
+
+#[test]
+fn speculative_decoding_counts_its_drafts_in_the_reply_the_telemetry_and_the_log_and_changes_no_text() {
+    let _one = one_at_a_time();
+    let code = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n\nprint(area(3, 4), perimeter(3, 4))\n";
+    let q = format!("Repeat this code exactly:\n```python\n{code}```");
+    let plain = Server::start(&["-c", "1024"]);
+    let want = plain.post("/v1/chat/completions", &chat_body(&q, 64)).json();
+    assert_eq!(u(&want["strata"]["drafts_proposed"]), 0, "no drafts without --spec");
+    drop(plain);
+    let s = Server::start(&["-c", "1024", "--spec", "ngram"]);
+    let got = s.post("/v1/chat/completions", &chat_body(&q, 64)).json();
+    assert_eq!(
+        got["choices"][0]["message"]["content"], want["choices"][0]["message"]["content"],
+        "the same greedy text"
+    );
+    let (proposed, accepted) = (u(&got["strata"]["drafts_proposed"]), u(&got["strata"]["drafts_accepted"]));
+    assert!(accepted > 0 && accepted <= proposed, "drafts accepted {accepted} of {proposed}");
+    let t = s.get("/strata/telemetry?since_ms=0").json();
+    let done = t["events"].as_array().expect("events").iter().find(|e| e["event"] == "request_done").cloned();
+    let done = done.unwrap_or_else(|| panic!("no request_done event: {t}"));
+    assert_eq!(u(&done["drafts_proposed"]), proposed, "{done}");
+    assert_eq!(u(&done["drafts_accepted"]), accepted, "{done}");
+    let line = format!("drafts accepted {accepted} of {proposed}");
+    assert!(s.stderr().contains(&line), "the stats line says {line:?}: {}", s.stderr());
+    no_panic(&s);
+}
