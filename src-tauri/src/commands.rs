@@ -150,7 +150,9 @@ pub async fn save_settings<R: Runtime>(
             let (file, _) = open_model(path).map_err(|e| CommandError { field: Some("model_path".into()), ..e })?;
             s2.plan(&file)?;
         } else if s2.engine == EngineLocation::Local {
+            // No model to plan: the placement and the draft model's file are checked on their own.
             s2.load_options()?;
+            s2.open_draft()?;
         }
         Ok(())
     })

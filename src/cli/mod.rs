@@ -135,23 +135,8 @@ impl SpecArgs {
     /// sharing their ledgers, with the target's host.
     pub fn draft_devices(&self, target: &DeviceSet) -> anyhow::Result<DeviceSet> {
         let list = self.draft_devices.as_deref().unwrap_or("0");
-        let mut devices = Vec::new();
-        for part in list.split(',').map(str::trim) {
-            let i: usize = part.parse().map_err(|_| {
-                anyhow::anyhow!(
-                    "--draft-devices {list:?}: {part:?} is not a device index (0 is the first of --devices)"
-                )
-            })?;
-            let Some(d) = target.devices.get(i) else {
-                let names: Vec<String> = target.devices.iter().map(|d| d.name()).collect();
-                bail!("--draft-devices names device {i}, but --devices lists {}: {}", names.len(), names.join(", "));
-            };
-            if devices.iter().any(|x: &Arc<strata::device::Device>| Arc::ptr_eq(x, d)) {
-                bail!("--draft-devices lists device {i} twice");
-            }
-            devices.push(d.clone());
-        }
-        Ok(DeviceSet { devices, host: target.host.clone() })
+        let indices = strata::plan::draft::parse_indices(list).with_context(|| format!("--draft-devices {list:?}"))?;
+        strata::plan::draft::select_devices(target, &indices).with_context(|| format!("--draft-devices {list:?}"))
     }
 }
 

@@ -3,9 +3,11 @@
 //! It reads the configuration and the weights index only (no weight is paged in, no device memory taken)
 //! and prints, per stage, the layers, the weights, the KV cache at `--tokens` positions on the device and on
 //! the host, the scratch and staging buffers, the device's sampled free memory, the reserve and the
-//! headroom left (the figures are `strata::plan`'s). A configuration that cannot load fails with the
-//! library's error (device, need, shortfall).
+//! headroom left (the figures are `strata::plan`'s). With `--draft-model` the draft's stages follow on
+//! its `--draft-devices`, and a device holding both models shows one headroom for the two. A configuration
+//! that cannot load fails with the library's error (device, need, shortfall).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
@@ -14,9 +16,11 @@ use clap::Args;
 use strata::device::mib;
 use strata::gguf::GgufFile;
 use strata::model::kv::KV_PAGE_TOKENS;
-use strata::plan::{self, Plan, PlanRow};
+use strata::model::LoadOptions;
+use strata::plan::draft::{check_draft_vocab, DraftInput};
+use strata::plan::{self, Plan, PlanDevice, PlanRow};
 
-use super::{apply_faults, resolve_model, EngineArgs, ModelArgs};
+use super::{apply_faults, resolve_model, EngineArgs, ModelArgs, SpecKind};
 
 #[derive(Args, Debug)]
 pub struct PlanArgs {
@@ -25,7 +29,7 @@ pub struct PlanArgs {
     /// Positions a sequence holds for the KV figures [default: the context, -c or the model's]
     #[arg(long = "tokens", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub tokens: Option<u32>,
-    /// Print one JSON object: {"stages": [...], "tokens"}
+    /// Print one JSON object: {"stages": [...], "draft": {"model", "stages": [...]}, "devices": [...], "tokens"}
     #[arg(long = "json")]
     pub json: bool,
     #[command(flatten)]
@@ -40,10 +44,12 @@ pub fn main(a: PlanArgs) -> anyhow::Result<()> {
     apply_faults(&opts.devices, &faults)?;
     let path = resolve_model(&a.model)?;
     let file = Arc::new(GgufFile::open(&path).with_context(|| format!("cannot read model {}", path.display()))?);
-    let p = plan::plan(&file, &opts, a.tokens.map(|t| t as usize))
+    let draft = draft_input(&a.engine, &file, &opts, &path)?;
+    let p = plan::plan_with_draft(&file, &opts, a.tokens.map(|t| t as usize), draft.as_ref().map(|(_, d)| d))
         .with_context(|| format!("cannot plan model {}", path.display()))?;
+    let draft_path = draft.as_ref().map(|(p, _)| p.as_path());
     if a.json {
-        print_json(&p);
+        print_json(&p, draft_path);
     } else {
         let window = p.kv_resident.map_or("all".to_owned(), |r| format!("{r} positions"));
         println!(
@@ -55,16 +61,54 @@ pub fn main(a: PlanArgs) -> anyhow::Result<()> {
             p.max_context
         );
         print_table(&p.rows);
+        if let (Some(d), Some(dpath)) = (&p.draft, draft_path) {
+            let on: Vec<String> = d.rows.iter().map(|r| r.device.clone()).collect();
+            println!("draft {}: {} layers on {}", dpath.display(), d.layers, on.join(", "));
+            print_table(&d.rows);
+            print_shared(&p);
+        }
     }
     // A configuration that cannot load is an error; KV that outgrows a device is only a warning (pages
     // move to the host, the request goes on).
     if let Some(problem) = &p.problem {
         bail!("{problem}");
     }
-    for r in &p.rows {
-        warn_kv_spill(r, p.tokens);
+    for d in &p.devices {
+        warn_kv_spill(&p, d);
     }
     Ok(())
+}
+
+/// The draft model `--draft-model` names, opened, its vocabulary checked against the model's, on
+/// `--draft-devices`; None without speculative decoding or with `--spec ngram` (no second model).
+fn draft_input(
+    engine: &EngineArgs,
+    file: &Arc<GgufFile>,
+    opts: &LoadOptions,
+    path: &std::path::Path,
+) -> anyhow::Result<Option<(PathBuf, DraftInput)>> {
+    let Some((SpecKind::Draft, _)) = engine.spec.config()? else { return Ok(None) };
+    let dpath = engine.spec.draft_model.clone().context("no --draft-model")?;
+    let devices = engine.spec.draft_devices(&opts.devices)?;
+    let dfile = GgufFile::open(&dpath).with_context(|| format!("cannot read draft model {}", dpath.display()))?;
+    check_draft_vocab(file, &dfile)
+        .with_context(|| format!("draft model {} cannot draft for {}", dpath.display(), path.display()))?;
+    Ok(Some((dpath, DraftInput { file: Arc::new(dfile), devices })))
+}
+
+/// One line per device holding stages of both models: their total against what is free, one headroom.
+fn print_shared(p: &Plan) {
+    for d in p.devices.iter().filter(|d| d.draft_bytes > 0 && d.draft_bytes < d.total_bytes) {
+        println!(
+            "device {} holds both models: {} (the draft's {}) of {} free, reserve {}, headroom {}",
+            d.device,
+            mib(d.total_bytes),
+            mib(d.draft_bytes),
+            d.free_bytes.map_or("unknown".to_owned(), mib),
+            mib(d.reserve_bytes),
+            d.headroom_bytes.map_or("unknown".to_owned(), mib_i),
+        );
+    }
 }
 
 fn mib_i(bytes: i64) -> String {
@@ -128,47 +172,78 @@ fn print_table(rows: &[PlanRow]) {
     }
 }
 
-fn print_json(p: &Plan) {
-    let stages: Vec<serde_json::Value> = p
-        .rows
+fn print_json(p: &Plan, draft_path: Option<&std::path::Path>) {
+    let stages_of = |rows: &[PlanRow]| -> Vec<serde_json::Value> {
+        rows.iter()
+            .map(|r| {
+                serde_json::json!({
+                    "device": r.device,
+                    "layers": [r.layers.0, r.layers.1],
+                    "weights_bytes": r.weights_bytes,
+                    "kv_bytes_per_token": r.kv_bytes_per_token,
+                    "kv_device_bytes": r.kv_device_bytes,
+                    "kv_host_bytes": r.kv_host_bytes,
+                    "scratch_bytes": r.scratch_bytes,
+                    "staging_bytes": r.staging_bytes,
+                    "total_bytes": r.total_bytes,
+                    "free_bytes": r.free_bytes,
+                    "reserve_bytes": r.reserve_bytes,
+                    "headroom_bytes": r.headroom_bytes,
+                })
+            })
+            .collect()
+    };
+    let devices: Vec<serde_json::Value> = p
+        .devices
         .iter()
-        .map(|r| {
+        .map(|d| {
             serde_json::json!({
-                "device": r.device,
-                "layers": [r.layers.0, r.layers.1],
-                "weights_bytes": r.weights_bytes,
-                "kv_bytes_per_token": r.kv_bytes_per_token,
-                "kv_device_bytes": r.kv_device_bytes,
-                "kv_host_bytes": r.kv_host_bytes,
-                "scratch_bytes": r.scratch_bytes,
-                "staging_bytes": r.staging_bytes,
-                "total_bytes": r.total_bytes,
-                "free_bytes": r.free_bytes,
-                "reserve_bytes": r.reserve_bytes,
-                "headroom_bytes": r.headroom_bytes,
+                "device": d.device,
+                "index": d.index,
+                "total_bytes": d.total_bytes,
+                "draft_bytes": d.draft_bytes,
+                "free_bytes": d.free_bytes,
+                "reserve_bytes": d.reserve_bytes,
+                "headroom_bytes": d.headroom_bytes,
+                "fits": d.fits,
             })
         })
         .collect();
-    println!("{}", serde_json::json!({ "stages": stages, "tokens": p.tokens }));
+    let mut out = serde_json::json!({ "stages": stages_of(&p.rows), "devices": devices, "tokens": p.tokens });
+    if let Some(d) = &p.draft {
+        out["draft"] = serde_json::json!({
+            "model": draft_path.map(|p| p.display().to_string()),
+            "layers": d.layers,
+            "stages": stages_of(&d.rows),
+        });
+    }
+    println!("{out}");
 }
 
-/// Warns (stderr) when a stage's KV at `tokens` positions does not fit its device above the reserve once
-/// the load is in place, with about how many positions stay resident before pages go to the host.
-fn warn_kv_spill(r: &PlanRow, tokens: usize) {
-    let (Some(free), Some(headroom)) = (r.free_bytes, r.headroom_bytes) else { return };
-    if headroom >= 0 || r.host || r.kv_bytes_per_token == 0 {
+/// Warns (stderr) when the KV at `tokens` positions of the stages on a device (both models' with a draft
+/// there) does not fit the device above the reserve once the loads are in place, with about how many
+/// positions stay resident before pages go to the host.
+fn warn_kv_spill(p: &Plan, d: &PlanDevice) {
+    let (Some(free), Some(headroom)) = (d.free_bytes, d.headroom_bytes) else { return };
+    if headroom >= 0 || d.host || d.kv_bytes_per_token == 0 {
         return;
     }
-    let room = free.saturating_sub(r.reserve_bytes).saturating_sub(r.load_bytes());
-    let pages = room / (KV_PAGE_TOKENS as u64 * r.kv_bytes_per_token);
+    let tokens = p.tokens;
+    let room = free.saturating_sub(d.reserve_bytes).saturating_sub(d.load_bytes);
+    let pages = room / (KV_PAGE_TOKENS as u64 * d.kv_bytes_per_token);
     let resident = (pages as usize * KV_PAGE_TOKENS).min(tokens);
+    let layers = |rows: &[PlanRow]| rows.iter().find(|r| r.index == d.index).map(|r| (r.layers.0, r.layers.1));
+    let whose = match (layers(&p.rows), p.draft.as_ref().and_then(|dr| layers(&dr.rows))) {
+        (Some((a, b)), Some((c, e))) => format!("layers {a}..{b} and of the draft model's layers {c}..{e}"),
+        (Some((a, b)), None) => format!("layers {a}..{b}"),
+        (None, Some((c, e))) => format!("the draft model's layers {c}..{e}"),
+        (None, None) => return,
+    };
     eprintln!(
-        "strata: warning: device {}: KV of layers {}..{} at {tokens} positions needs {} on the device but {} fits \
-         above the reserve: about {resident} positions stay resident, older KV goes to the host",
-        r.device,
-        r.layers.0,
-        r.layers.1,
-        mib(r.kv_device_bytes),
+        "strata: warning: device {}: KV of {whose} at {tokens} positions needs {} on the device but {} fits above \
+         the reserve: about {resident} positions stay resident, older KV goes to the host",
+        d.device,
+        mib(d.kv_device_bytes),
         mib(room),
     );
 }

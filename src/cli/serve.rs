@@ -11,11 +11,11 @@ use clap::Args;
 
 use strata::engine::session::SessionConfig;
 use strata::plan::facts::ModelFacts;
-use strata::plan::settings::{EngineLocation, EngineSettings};
+use strata::plan::settings::{EngineLocation, EngineSettings, Speculative};
 use strata::server::{ServeOptions, ServedModel};
 use strata::tokenizer::ChatTemplate;
 
-use super::{load, stages_summary, EngineArgs, ModelArgs};
+use super::{load, stages_summary, EngineArgs, ModelArgs, SpecKind};
 
 const MIB: u64 = 1 << 20;
 
@@ -240,6 +240,7 @@ fn model_info(
 /// The settings view of the flags the server started with.
 fn settings_of(a: &ServeArgs, path: &std::path::Path) -> EngineSettings {
     let p = &a.engine.placement;
+    let spec = &a.engine.spec;
     EngineSettings {
         model_path: Some(path.display().to_string()),
         devices: p.devices.clone(),
@@ -252,6 +253,19 @@ fn settings_of(a: &ServeArgs, path: &std::path::Path) -> EngineSettings {
         cache_mib: a.cache.cache_mib,
         threads: a.engine.threads,
         engine: EngineLocation::Local,
+        speculative: match (&spec.draft_model, spec.spec) {
+            (Some(p), _) => Speculative::Draft { model_path: p.display().to_string() },
+            (None, Some(SpecKind::Ngram)) => Speculative::Ngram,
+            (None, _) => Speculative::Off,
+        },
+        draft_max: spec.draft_max,
+        draft_min: spec.draft_min,
+        // Checked when the draft loaded (a list that does not parse never gets this far).
+        draft_devices: spec
+            .draft_devices
+            .as_deref()
+            .and_then(|l| strata::plan::draft::parse_indices(l).ok())
+            .unwrap_or_default(),
     }
 }
 

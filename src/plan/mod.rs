@@ -5,7 +5,12 @@
 //! Per stage: the layers, the weights, the KV cache at `tokens` positions on the device and on the host, the
 //! scratch and staging buffers, the device's sampled free memory, the reserve and the headroom left. The
 //! numbers are the ones the loader allocates, so what a plan says is what a load will hold.
+//!
+//! With a draft model (speculative decoding) its stages are planned the same way on its devices, at the
+//! same positions, and each device's free memory, headroom and fit count both models together: a device
+//! holding layers of the model and the draft has one headroom figure ([`PlanDevice`]).
 
+pub mod draft;
 pub mod facts;
 pub mod settings;
 
@@ -17,6 +22,8 @@ use crate::device::{mib, Device, HOST_MARGIN_BYTES};
 use crate::gguf::GgufFile;
 use crate::model::{KvType, LoadOptions, Model, ModelError};
 use crate::split::{self, StagePlan};
+
+use draft::{DraftInput, SharedShortfall};
 
 /// One stage's figures at `tokens` positions.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -50,11 +57,12 @@ pub struct PlanRow {
     pub memory_bytes: u64,
     #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub reserve_bytes: u64,
-    /// Free minus reserve minus total; negative when the KV at `tokens` does not fit (pages then go to the
-    /// host) or, below the load itself, when the model cannot load.
+    /// Free minus reserve minus what the device holds (this row's total, and with a draft model on the
+    /// same device the draft's too: the device's [`PlanDevice::headroom_bytes`]); negative when the KV at
+    /// `tokens` does not fit (pages then go to the host) or, below the load itself, when it cannot load.
     #[cfg_attr(feature = "ts", ts(type = "number | null"))]
     pub headroom_bytes: Option<i64>,
-    /// The load (weights, scratch, staging) fits above the reserve.
+    /// The device's loads (this row's, and a draft's on it) fit above the reserve.
     pub fits: bool,
 }
 
@@ -65,7 +73,49 @@ impl PlanRow {
     }
 }
 
-/// A model on a set of devices at a number of positions.
+/// One device with everything planned on it: the model's stage and the draft model's, added up.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct PlanDevice {
+    pub device: String,
+    pub index: usize,
+    pub host: bool,
+    /// Weights, scratch and staging of both models.
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub load_bytes: u64,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub kv_bytes_per_token: u64,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub kv_device_bytes: u64,
+    /// Load plus the KV on the device, both models.
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub total_bytes: u64,
+    /// The draft model's part of `total_bytes` (0: no draft on this device).
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub draft_bytes: u64,
+    #[cfg_attr(feature = "ts", ts(type = "number | null"))]
+    pub free_bytes: Option<u64>,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub memory_bytes: u64,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub reserve_bytes: u64,
+    /// Free minus reserve minus `total_bytes`.
+    #[cfg_attr(feature = "ts", ts(type = "number | null"))]
+    pub headroom_bytes: Option<i64>,
+    /// Both loads fit above the reserve (the host always: its weights are paged from the file).
+    pub fits: bool,
+}
+
+/// The draft model's part of a plan: its stages on its devices, at the plan's positions.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct DraftPlan {
+    pub layers: usize,
+    /// Its stages; `headroom_bytes` and `fits` are their devices' (both models).
+    pub rows: Vec<PlanRow>,
+}
+
+/// A model on a set of devices at a number of positions (with its draft model, when there is one).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Plan {
@@ -75,6 +125,10 @@ pub struct Plan {
     /// Per-layer resident window on the devices (None: all positions).
     pub kv_resident: Option<usize>,
     pub rows: Vec<PlanRow>,
+    /// The draft model of speculative decoding (None: no draft model).
+    pub draft: Option<DraftPlan>,
+    /// Each device that holds a stage, in device order, with both models' figures added up.
+    pub devices: Vec<PlanDevice>,
     /// The model loads: every device holds its load above the reserve, and the host its share.
     pub fits: bool,
     /// Why it does not fit (the device, the need and the shortfall), when it does not.
@@ -87,11 +141,27 @@ pub enum PlanError {
     Model(#[from] ModelError),
     #[error("--tokens {tokens} is more than the context of {max_context} positions (-c)")]
     TokensBeyondContext { tokens: usize, max_context: usize },
+    /// The draft model cannot be planned (its file, its configuration, its devices' split).
+    #[error("the draft model: {0}")]
+    Draft(#[source] ModelError),
 }
 
 /// Plans `file` on `opts`' devices at `tokens` positions (default: the context, `opts.max_context` or the
 /// model's). Device faults already applied count as memory other processes hold.
 pub fn plan(file: &Arc<GgufFile>, opts: &LoadOptions, tokens: Option<usize>) -> Result<Plan, PlanError> {
+    plan_with_draft(file, opts, tokens, None)
+}
+
+/// [`plan`], with a draft model beside the model: its stages on `draft.devices` (split by their memory, as
+/// loading it does), its KV at the same positions, and each device's figures for both models together. A
+/// device short for the two loads together makes the plan not fit, its problem naming the device and the
+/// shortfall.
+pub fn plan_with_draft(
+    file: &Arc<GgufFile>,
+    opts: &LoadOptions,
+    tokens: Option<usize>,
+    draft: Option<&DraftInput>,
+) -> Result<Plan, PlanError> {
     let (cfg, stages) = Model::plan(file, opts)?;
     let max_context = opts.max_context.unwrap_or(cfg.n_ctx_train);
     let tokens = tokens.unwrap_or(max_context);
@@ -99,22 +169,115 @@ pub fn plan(file: &Arc<GgufFile>, opts: &LoadOptions, tokens: Option<usize>) -> 
         return Err(PlanError::TokensBeyondContext { tokens, max_context });
     }
     let resident = opts.kv_resident;
-    let rows: Vec<PlanRow> = stages.iter().map(|s| row(s, tokens, resident)).collect();
+    let mut rows: Vec<PlanRow> = stages.iter().map(|s| row(s, tokens, resident)).collect();
+    let mut draft_plan = match draft {
+        None => None,
+        Some(d) => {
+            let dopts = LoadOptions { devices: d.devices.clone(), split: None, ..opts.clone() };
+            let (dcfg, dstages) = Model::plan(&d.file, &dopts).map_err(PlanError::Draft)?;
+            let drows = dstages.iter().map(|s| row(s, tokens, resident)).collect();
+            Some(DraftPlan { layers: dcfg.n_layer, rows: drows })
+        }
+    };
+    let draft_rows: &[PlanRow] = draft_plan.as_ref().map_or(&[], |d| &d.rows);
+    let devices = device_totals(&rows, draft_rows);
+    // One headroom and one fit per device: a row's are its device's, both models counted.
+    for r in rows.iter_mut().chain(draft_plan.iter_mut().flat_map(|d| d.rows.iter_mut())) {
+        if let Some(d) = devices.iter().find(|d| d.index == r.index) {
+            r.headroom_bytes = d.headroom_bytes;
+            r.fits = d.fits;
+        }
+    }
+    let draft_rows: &[PlanRow] = draft_plan.as_ref().map_or(&[], |d| &d.rows);
     let problem = match split::check_fits(&stages) {
         Err(e) => Some(e.to_string()),
-        Ok(()) => check_host(&rows, &opts.devices.host, tokens).err(),
+        Ok(()) => check_shared(&rows, draft_rows, &devices)
+            .map_err(|e| e.to_string())
+            .and_then(|()| check_host(&rows, draft_rows, &devices, &opts.devices.host, tokens))
+            .err(),
     };
-    Ok(Plan { tokens, max_context, kv: opts.kv_type, kv_resident: resident, rows, fits: problem.is_none(), problem })
+    Ok(Plan {
+        tokens,
+        max_context,
+        kv: opts.kv_type,
+        kv_resident: resident,
+        rows,
+        draft: draft_plan,
+        devices,
+        fits: problem.is_none(),
+        problem,
+    })
 }
 
+/// Each device's figures with the rows of both models on it added up, in device order.
+fn device_totals(rows: &[PlanRow], draft_rows: &[PlanRow]) -> Vec<PlanDevice> {
+    let mut devices: Vec<PlanDevice> = Vec::new();
+    for (r, is_draft) in rows.iter().map(|r| (r, false)).chain(draft_rows.iter().map(|r| (r, true))) {
+        let at = match devices.iter().position(|d| d.index == r.index) {
+            Some(at) => at,
+            None => {
+                devices.push(PlanDevice {
+                    device: r.device.clone(),
+                    index: r.index,
+                    host: r.host,
+                    load_bytes: 0,
+                    kv_bytes_per_token: 0,
+                    kv_device_bytes: 0,
+                    total_bytes: 0,
+                    draft_bytes: 0,
+                    free_bytes: r.free_bytes,
+                    memory_bytes: r.memory_bytes,
+                    reserve_bytes: r.reserve_bytes,
+                    headroom_bytes: None,
+                    fits: true,
+                });
+                devices.len() - 1
+            }
+        };
+        let d = &mut devices[at];
+        d.load_bytes += r.load_bytes();
+        d.kv_bytes_per_token += r.kv_bytes_per_token;
+        d.kv_device_bytes += r.kv_device_bytes;
+        d.total_bytes += r.total_bytes;
+        if is_draft {
+            d.draft_bytes += r.total_bytes;
+        }
+    }
+    for d in &mut devices {
+        d.headroom_bytes = d.free_bytes.map(|f| signed(f) - signed(d.reserve_bytes) - signed(d.total_bytes));
+        d.fits = d.host || d.free_bytes.unwrap_or(d.memory_bytes) >= d.load_bytes.saturating_add(d.reserve_bytes);
+    }
+    devices.sort_by_key(|d| d.index);
+    devices
+}
+
+/// The first device whose loads of both models do not fit together above its reserve (each model's stage
+/// alone was checked by `split::check_fits`).
+fn check_shared(rows: &[PlanRow], draft_rows: &[PlanRow], devices: &[PlanDevice]) -> Result<(), SharedShortfall> {
+    let Some(d) = devices.iter().find(|d| !d.host && !d.fits && d.draft_bytes > 0) else { return Ok(()) };
+    let on = |r: &&PlanRow| r.index == d.index;
+    let target = rows.iter().find(on);
+    let draft_layers = draft_rows
+        .iter()
+        .filter(on)
+        .map(|r| r.layers.0..r.layers.1)
+        .reduce(|a, b| a.start.min(b.start)..a.end.max(b.end));
+    let free_bytes = d.free_bytes.unwrap_or(d.memory_bytes);
+    Err(SharedShortfall {
+        device: d.device.clone(),
+        target_layers: target.map(|r| r.layers.0..r.layers.1),
+        draft_layers: draft_layers.unwrap_or(0..0),
+        target_bytes: target.map_or(0, |r| r.load_bytes()),
+        draft_bytes: draft_rows.iter().filter(on).map(|r| r.load_bytes()).sum(),
+        free_bytes,
+        reserve_bytes: d.reserve_bytes,
+        shortfall_bytes: d.load_bytes.saturating_add(d.reserve_bytes).saturating_sub(free_bytes),
+    })
+}
+
+/// A stage's own figures; its headroom and fit are its device's, set once every stage is known.
 fn row(s: &StagePlan, tokens: usize, resident: Option<usize>) -> PlanRow {
     let kv_device_bytes = s.kv_device_bytes(tokens, resident);
-    let total_bytes = s.load_bytes() + kv_device_bytes;
-    let free_bytes = s.device.sample_free().ok();
-    let reserve_bytes = s.device.reserve_bytes;
-    let headroom_bytes = free_bytes.map(|f| signed(f) - signed(reserve_bytes) - signed(total_bytes));
-    let fits = s.device.is_host()
-        || free_bytes.unwrap_or_else(|| s.device.total_bytes()) >= s.load_bytes().saturating_add(reserve_bytes);
     PlanRow {
         device: s.device.name(),
         index: s.device.index,
@@ -126,31 +289,40 @@ fn row(s: &StagePlan, tokens: usize, resident: Option<usize>) -> PlanRow {
         kv_host_bytes: s.kv_host_bytes(tokens, resident),
         scratch_bytes: s.scratch_bytes,
         staging_bytes: s.staging_bytes,
-        total_bytes,
-        free_bytes,
+        total_bytes: s.load_bytes() + kv_device_bytes,
+        free_bytes: s.device.sample_free().ok(),
         memory_bytes: s.device.total_bytes(),
-        reserve_bytes,
-        headroom_bytes,
-        fits,
+        reserve_bytes: s.device.reserve_bytes,
+        headroom_bytes: None,
+        fits: true,
     }
 }
 
-/// The host must hold what lands on it: the KV, scratch and staging of its own stages, the KV of GPU stages
-/// out of their resident window, and the KV a GPU has no room for (it moves to the host). Weights mapped from
-/// the file are left out: the OS pages them.
-fn check_host(rows: &[PlanRow], host: &Device, tokens: usize) -> Result<(), String> {
+/// The host must hold what lands on it: the KV, scratch and staging of its own stages (both models'), the
+/// KV of GPU stages out of their resident window, and the KV a GPU has no room for (it moves to the host).
+/// Weights mapped from the file are left out: the OS pages them.
+fn check_host(
+    rows: &[PlanRow],
+    draft_rows: &[PlanRow],
+    devices: &[PlanDevice],
+    host: &Device,
+    tokens: usize,
+) -> Result<(), String> {
     let mut kv_bytes = 0u64;
     let mut buffers_bytes = 0u64;
-    for r in rows {
+    for r in rows.iter().chain(draft_rows) {
         kv_bytes = kv_bytes.saturating_add(r.kv_host_bytes);
         if r.host {
             kv_bytes = kv_bytes.saturating_add(r.kv_device_bytes);
             buffers_bytes = buffers_bytes.saturating_add(r.scratch_bytes + r.staging_bytes);
-        } else if let (Some(free), Some(headroom)) = (r.free_bytes, r.headroom_bytes) {
+        }
+    }
+    for d in devices.iter().filter(|d| !d.host) {
+        if let (Some(free), Some(headroom)) = (d.free_bytes, d.headroom_bytes) {
             if headroom < 0 {
                 // The part of the device's KV above its room spills to the host.
-                let room = free.saturating_sub(r.reserve_bytes).saturating_sub(r.load_bytes());
-                kv_bytes = kv_bytes.saturating_add(r.kv_device_bytes.saturating_sub(room));
+                let room = free.saturating_sub(d.reserve_bytes).saturating_sub(d.load_bytes);
+                kv_bytes = kv_bytes.saturating_add(d.kv_device_bytes.saturating_sub(room));
             }
         }
     }

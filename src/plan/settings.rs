@@ -1,7 +1,7 @@
 //! The engine's settings as the desktop app and the web UI edit them: one typed value for the flags of
-//! `strata serve` (devices, split, KV, context, reserve, conversation cache, threads) plus where the engine
-//! runs (local, or a remote OpenAI-compatible endpoint). Validation names the field at fault, so a form can
-//! show the message beside it; `serve_flags` is the command line that applies them.
+//! `strata serve` (devices, split, KV, context, reserve, conversation cache, threads, speculative decoding)
+//! plus where the engine runs (local, or a remote OpenAI-compatible endpoint). Validation names the field
+//! at fault, so a form can show the message beside it; `serve_flags` is the command line that applies them.
 
 use std::sync::Arc;
 
@@ -12,6 +12,7 @@ use crate::gguf::GgufFile;
 use crate::model::{KvType, LoadOptions, ModelError, DEFAULT_BATCH};
 use crate::split::{self, SplitError};
 
+use super::draft::{self, DraftInput, DraftVocabError};
 use super::{Plan, PlanError};
 
 const MIB: u64 = 1 << 20;
@@ -19,6 +20,30 @@ const MIB: u64 = 1 << 20;
 pub const MAX_MIB: u64 = 1 << 24;
 /// The most conversations the cache may hold.
 pub const MAX_CACHE_SLOTS: u32 = 4096;
+/// The most drafts per verification (`--draft-max`'s range is 1 to this).
+pub const MAX_DRAFTS: u32 = 256;
+
+/// Speculative decoding: where drafts come from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Speculative {
+    /// Plain decoding, one token per step.
+    #[default]
+    Off,
+    /// `--spec ngram`: drafts are what followed an earlier match of the last tokens (no second model).
+    Ngram,
+    /// `--draft-model PATH`: a smaller model with the same vocabulary drafts, on `draft_devices`.
+    Draft { model_path: String },
+}
+
+fn default_draft_max() -> u32 {
+    16
+}
+
+fn default_draft_min() -> u32 {
+    1
+}
 
 /// Where the engine runs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +84,18 @@ pub struct EngineSettings {
     pub cache_mib: u64,
     pub threads: Option<u16>,
     pub engine: EngineLocation,
+    /// Speculative decoding (settings stored before it existed read as off).
+    #[serde(default)]
+    pub speculative: Speculative,
+    /// `--draft-max`: most drafts per verification, 1 to [`MAX_DRAFTS`].
+    #[serde(default = "default_draft_max")]
+    pub draft_max: u32,
+    /// `--draft-min`: fewer drafts than this are not verified (the step decodes plainly).
+    #[serde(default = "default_draft_min")]
+    pub draft_min: u32,
+    /// `--draft-devices`: the draft model's devices as indices into `devices` (empty: the first).
+    #[serde(default)]
+    pub draft_devices: Vec<usize>,
 }
 
 impl Default for EngineSettings {
@@ -75,6 +112,10 @@ impl Default for EngineSettings {
             cache_mib: 4096,
             threads: None,
             engine: EngineLocation::Local,
+            speculative: Speculative::Off,
+            draft_max: default_draft_max(),
+            draft_min: default_draft_min(),
+            draft_devices: Vec::new(),
         }
     }
 }
@@ -139,6 +180,7 @@ impl EngineSettings {
                 return Err(FieldError::new("model_path", "empty: choose a GGUF file"));
             }
         }
+        self.check_speculative()?;
         if let EngineLocation::Remote { url, api_key, model } = &self.engine {
             check_url(url)?;
             if api_key.chars().any(|c| c.is_control()) {
@@ -151,7 +193,41 @@ impl EngineSettings {
         Ok(())
     }
 
-    /// The devices and placement these settings give (fresh devices: nothing is allocated).
+    /// The drafting values, when speculative decoding is on (off, they are kept but not used).
+    fn check_speculative(&self) -> Result<(), FieldError> {
+        if self.speculative == Speculative::Off {
+            return Ok(());
+        }
+        if !(1..=MAX_DRAFTS).contains(&self.draft_max) {
+            return Err(FieldError::new("draft_max", format!("between 1 and {MAX_DRAFTS} drafts per verification")));
+        }
+        if self.draft_min > self.draft_max {
+            return Err(FieldError::new(
+                "draft_min",
+                format!("{} is more than the most drafts per verification ({})", self.draft_min, self.draft_max),
+            ));
+        }
+        if let Speculative::Draft { model_path } = &self.speculative {
+            if model_path.trim().is_empty() {
+                return Err(FieldError::new("speculative.model_path", "empty: choose the draft model's GGUF file"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The draft model's file, opened (its index read, nothing paged in), when drafts come from one; a file
+    /// that is not a readable GGUF is the GGUF reader's error at `speculative.model_path`.
+    pub fn open_draft(&self) -> Result<Option<Arc<GgufFile>>, FieldError> {
+        let Speculative::Draft { model_path } = &self.speculative else { return Ok(None) };
+        let path = std::path::Path::new(model_path.trim());
+        let file = GgufFile::open(path).map_err(|e| {
+            FieldError::new("speculative.model_path", format!("cannot read the draft model {}: {e}", path.display()))
+        })?;
+        Ok(Some(Arc::new(file)))
+    }
+
+    /// The devices and placement these settings give (fresh devices: nothing is allocated). With a draft
+    /// model, `draft_devices` must name devices of the list.
     pub fn load_options(&self) -> Result<LoadOptions, FieldError> {
         self.check()?;
         let reserve_bytes = self.vram_reserve_mib * MIB;
@@ -174,6 +250,10 @@ impl EngineSettings {
             "" => None,
             s => Some(split::parse_points(s).map_err(|e| FieldError::new("layer_split", e.to_string()))?),
         };
+        if matches!(self.speculative, Speculative::Draft { .. }) {
+            draft::select_devices(&devices, &self.draft_devices)
+                .map_err(|e| FieldError::new("draft_devices", e.to_string()))?;
+        }
         Ok(LoadOptions {
             devices,
             split,
@@ -184,15 +264,36 @@ impl EngineSettings {
         })
     }
 
-    /// The plan of `file` under these settings at their context, or the field at fault: a split that does
-    /// not match the devices or the model's layers, a KV type the model cannot use, a reserve above a
-    /// device's memory. A plan that does not fit is not an error: its `fits` is false and its `problem` says
-    /// which device is short and by how much.
+    /// The plan of `file` under these settings at their context (with the draft model beside it, when
+    /// drafts come from one), or the field at fault: a split that does not match the devices or the model's
+    /// layers, a KV type the model cannot use, a reserve above a device's memory, a draft model that cannot
+    /// be read or whose vocabulary is not the model's. A plan that does not fit is not an error: its `fits`
+    /// is false and its `problem` says which device is short and by how much.
     pub fn plan(&self, file: &Arc<GgufFile>) -> Result<Plan, FieldError> {
         let opts = self.load_options()?;
-        super::plan(file, &opts, None).map_err(|e| match e {
+        let draft = match self.open_draft()? {
+            None => None,
+            Some(d) => {
+                draft::check_draft_vocab(file, &d).map_err(|e| match e {
+                    e @ DraftVocabError::TargetTokenizer(_) => FieldError::new("model_path", e.to_string()),
+                    e => FieldError::new("speculative.model_path", format!("the draft model: {e}")),
+                })?;
+                let devices = draft::select_devices(&opts.devices, &self.draft_devices)
+                    .map_err(|e| FieldError::new("draft_devices", e.to_string()))?;
+                Some(DraftInput { file: d, devices })
+            }
+        };
+        super::plan_with_draft(file, &opts, None, draft.as_ref()).map_err(|e| match e {
             PlanError::Model(m) => model_field_error(m),
             e @ PlanError::TokensBeyondContext { .. } => FieldError::new("max_context", e.to_string()),
+            PlanError::Draft(m) => {
+                let field = match &m {
+                    ModelError::Split(_) | ModelError::Device(_) => "draft_devices",
+                    ModelError::KvLayout(_) => "kv",
+                    _ => "speculative.model_path",
+                };
+                FieldError::new(field, format!("the draft model: {m}"))
+            }
         })
     }
 
@@ -215,6 +316,19 @@ impl EngineSettings {
         if let Some(t) = self.threads {
             f.extend(["--threads".into(), t.to_string()]);
         }
+        match &self.speculative {
+            Speculative::Off => return f,
+            Speculative::Ngram => f.extend(["--spec".into(), "ngram".into()]),
+            Speculative::Draft { model_path } => {
+                f.extend(["--draft-model".into(), model_path.trim().to_owned()]);
+                if !self.draft_devices.is_empty() {
+                    let list: Vec<String> = self.draft_devices.iter().map(usize::to_string).collect();
+                    f.extend(["--draft-devices".into(), list.join(",")]);
+                }
+            }
+        }
+        f.extend(["--draft-max".into(), self.draft_max.to_string()]);
+        f.extend(["--draft-min".into(), self.draft_min.to_string()]);
         f
     }
 }
@@ -260,6 +374,21 @@ mod tests {
             (EngineSettings { devices: "sim:200".into(), vram_reserve_mib: 200, ..ok.clone() }, "vram_reserve_mib"),
             (EngineSettings { cache_slots: MAX_CACHE_SLOTS + 1, ..ok.clone() }, "cache_slots"),
             (EngineSettings { threads: Some(0), ..ok.clone() }, "threads"),
+            (EngineSettings { speculative: Speculative::Ngram, draft_max: 0, ..ok.clone() }, "draft_max"),
+            (EngineSettings { speculative: Speculative::Ngram, draft_max: 257, ..ok.clone() }, "draft_max"),
+            (EngineSettings { speculative: Speculative::Ngram, draft_min: 17, ..ok.clone() }, "draft_min"),
+            (
+                EngineSettings { speculative: Speculative::Draft { model_path: String::new() }, ..ok.clone() },
+                "speculative.model_path",
+            ),
+            (
+                EngineSettings {
+                    speculative: Speculative::Draft { model_path: "d.gguf".into() },
+                    draft_devices: vec![1],
+                    ..ok.clone()
+                },
+                "draft_devices",
+            ),
             (
                 EngineSettings {
                     engine: EngineLocation::Remote {
@@ -277,6 +406,39 @@ mod tests {
             assert_eq!(e.field, field, "{e}");
             assert!(!e.message.is_empty());
         }
+    }
+
+    #[test]
+    fn drafting_values_are_kept_but_unchecked_while_drafting_is_off() {
+        let s = EngineSettings { draft_max: 0, draft_min: 900, draft_devices: vec![7], ..EngineSettings::default() };
+        assert_eq!(s.load_options().map(|_| ()), Ok(()));
+        assert!(!s.serve_flags().iter().any(|f| f.starts_with("--draft") || f == "--spec"));
+        // Settings stored before speculative decoding existed read as off, with the CLI's defaults.
+        let old = r#"{"model_path":null,"devices":"cpu","layer_split":"","kv":"f16","kv_resident":null,
+            "max_context":null,"vram_reserve_mib":0,"cache_slots":4,"cache_mib":4096,"threads":null,
+            "engine":{"kind":"local"}}"#;
+        let read: EngineSettings = serde_json::from_str(old).expect("old settings read");
+        assert_eq!(read, EngineSettings::default());
+        assert_eq!((read.draft_max, read.draft_min), (16, 1));
+    }
+
+    #[test]
+    fn drafting_flags_say_what_the_settings_say() {
+        let ngram =
+            EngineSettings { speculative: Speculative::Ngram, draft_max: 8, draft_min: 2, ..Default::default() };
+        assert!(ngram.serve_flags().join(" ").ends_with("--spec ngram --draft-max 8 --draft-min 2"));
+        let draft = EngineSettings {
+            devices: "sim:200,sim:400".into(),
+            speculative: Speculative::Draft { model_path: "/m/draft model.gguf".into() },
+            draft_devices: vec![1, 0],
+            ..Default::default()
+        };
+        let f = draft.serve_flags();
+        let at = f.iter().position(|x| x == "--draft-model").expect("--draft-model");
+        assert_eq!(
+            f[at..],
+            ["--draft-model", "/m/draft model.gguf", "--draft-devices", "1,0", "--draft-max", "16", "--draft-min", "1"]
+        );
     }
 
     #[test]

@@ -272,6 +272,22 @@ async fn plan_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<PlanRe
             ),
         ));
     }
+    // A client must not learn what files the server can read: only the draft model the server runs with.
+    if let crate::plan::settings::Speculative::Draft { model_path } = &settings.speculative {
+        let served_draft = match &served.speculative {
+            crate::plan::settings::Speculative::Draft { model_path } => Some(model_path),
+            _ => None,
+        };
+        if served_draft != Some(model_path) {
+            return Err(ApiError::invalid(
+                "speculative.model_path",
+                match served_draft {
+                    Some(p) => format!("this server plans only the draft model it runs with ({p})"),
+                    None => "this server runs without a draft model: it plans none".to_owned(),
+                },
+            ));
+        }
+    }
     if settings.engine != EngineLocation::Local {
         return Err(ApiError::invalid("engine", "a server plans its own engine only: engine.kind is local"));
     }

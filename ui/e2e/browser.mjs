@@ -82,6 +82,28 @@ try {
     await page.getByRole("button", { name: "Check" }).click();
     const flags = await page.getByTestId("restart-flags").innerText();
     check(`${scheme}: restart flags shown`, flags.includes("--layer-split 12"), flags.replace(/\n/g, " "));
+    // Speculative decoding from the keyboard: the select, then the fields it shows, in order, in the window.
+    await page.locator("#settings-speculative_kind").focus();
+    await page.keyboard.press("ArrowDown");
+    await page.keyboard.press("ArrowDown");
+    await page.locator("#settings-draft_model_path").waitFor();
+    const order = [];
+    for (let i = 0; i < 4; i++) {
+      await page.keyboard.press("Tab");
+      order.push(await page.evaluate(() => document.activeElement?.id ?? ""));
+      if (i === 0) await page.keyboard.type("8");
+      if (i === 2) await page.keyboard.type("/models/draft.gguf");
+      if (i === 3) await page.keyboard.type("1");
+    }
+    const want = ["settings-draft_max", "settings-draft_min", "settings-draft_model_path", "settings-draft_devices"];
+    check(`${scheme}: drafting fields reached in order by Tab`, order.join() === want.join(), order.join(" "));
+    check(`${scheme}: drafting values typed`, (await page.locator("#settings-draft_max").inputValue()) === "8");
+    // The path was empty when "A draft model" was chosen (an error at it); typed in, the error goes.
+    await page.getByTestId("error-draft_model_path").waitFor({ state: "detached" });
+    const over = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    check(`${scheme}: Settings with drafting fields has no horizontal overflow`, over <= 0, `${over}px`);
+    await page.locator("#settings-speculative_kind").scrollIntoViewIfNeeded();
+    await page.screenshot({ path: `${SHOTS}/${scheme}-settings-draft.png` });
 
     await page.getByRole("tab", { name: "Models" }).click();
     await page.getByTestId("model-facts").waitFor();

@@ -28,6 +28,10 @@ const SETTINGS = {
   cache_mib: 4096,
   threads: null,
   engine: { kind: "local" },
+  speculative: { kind: "off" },
+  draft_max: 16,
+  draft_min: 1,
+  draft_devices: [],
 };
 
 function planFor(s) {

@@ -11,7 +11,8 @@ export const TAURI_SIM = String.raw`
   const facts = (path) => ({ path, name: path.split("/").pop().replace(/\.gguf$/, ""), architecture: "llama", quantization: "Q4_1",
     parameters: 134515008, layers: 30, trained_context: 8192, vocab: 49152, file_bytes: 98 * MIB });
   const settings = { model_path: null, devices: "cuda:0,cuda:1", layer_split: "15", kv: "f16", kv_resident: null, max_context: 4096,
-    vram_reserve_mib: 512, cache_slots: 4, cache_mib: 4096, threads: null, engine: { kind: "local" } };
+    vram_reserve_mib: 512, cache_slots: 4, cache_mib: 4096, threads: null, engine: { kind: "local" },
+    speculative: { kind: "off" }, draft_max: 16, draft_min: 1, draft_devices: [] };
   const row = (index, device, free, total) => ({ device, index, host: false, layers: index ? [15, 30] : [0, 15], weights_bytes: total * 0.8,
     kv_bytes_per_token: 23040, kv_device_bytes: total * 0.15, kv_host_bytes: 0, scratch_bytes: total * 0.05, staging_bytes: 0,
     total_bytes: total, free_bytes: free, memory_bytes: free, reserve_bytes: 512 * MIB, headroom_bytes: free - total - 512 * MIB,

@@ -9,6 +9,7 @@ import type {
   EngineSettings,
   ModelFacts,
   Plan,
+  PlanDevice,
   PlanRow,
   Summary,
 } from "../src/bindings";
@@ -29,6 +30,10 @@ export function settings(over: Partial<EngineSettings> = {}): EngineSettings {
     cache_mib: 4096,
     threads: null,
     engine: { kind: "local" },
+    speculative: { kind: "off" },
+    draft_max: 16,
+    draft_min: 1,
+    draft_devices: [],
     ...over,
   };
 }
@@ -70,6 +75,26 @@ export function row(over: Partial<PlanRow> = {}): PlanRow {
   };
 }
 
+/** A row as its device, as the backend adds up a device holding no draft. */
+export function deviceOf(r: PlanRow, over: Partial<PlanDevice> = {}): PlanDevice {
+  return {
+    device: r.device,
+    index: r.index,
+    host: r.host,
+    load_bytes: r.weights_bytes + r.scratch_bytes + r.staging_bytes,
+    kv_bytes_per_token: r.kv_bytes_per_token,
+    kv_device_bytes: r.kv_device_bytes,
+    total_bytes: r.total_bytes,
+    draft_bytes: 0,
+    free_bytes: r.free_bytes,
+    memory_bytes: r.memory_bytes,
+    reserve_bytes: r.reserve_bytes,
+    headroom_bytes: r.headroom_bytes,
+    fits: r.fits,
+    ...over,
+  };
+}
+
 export function plan(rows: PlanRow[], over: Partial<Plan> = {}): Plan {
   return {
     tokens: 4096,
@@ -77,6 +102,8 @@ export function plan(rows: PlanRow[], over: Partial<Plan> = {}): Plan {
     kv: "f16",
     kv_resident: null,
     rows,
+    draft: null,
+    devices: rows.map((r) => deviceOf(r)),
     fits: rows.every((r) => r.fits),
     problem: null,
     ...over,

@@ -1,12 +1,13 @@
 // The models view: a dropped or picked file shows its facts and the per-device plan before anything
 // loads; Load streams progress; a file that is not GGUF shows the backend's message as is; a plan that
 // does not fit names the device and the shortfall; in a browser the served model is shown and why
-// loading is for the desktop app.
+// loading is for the desktop app. A plan with a draft model shows the draft's stages after the model's.
 import { fireEvent, render, screen, waitFor } from "@testing-library/preact";
 import { describe, expect, it } from "vitest";
 import { App } from "../src/app";
 import { ModelsView } from "../src/views/models/ModelsView";
-import { facts, FakeTransport, MIB, plan, row, settings } from "./fakes";
+import { PlanTable } from "../src/views/PlanTable";
+import { deviceOf, facts, FakeTransport, MIB, plan, row, settings } from "./fakes";
 
 describe("ModelsView", () => {
   it("inspects and plans a file dropped on the window, before loading, then loads it with progress", async () => {
@@ -118,5 +119,18 @@ describe("ModelsView", () => {
     expect((await screen.findByTestId("drop-note")).textContent).toBe("Dropping a model file works only in the desktop app.");
     expect(screen.getByRole("tab", { name: "Models" }).getAttribute("aria-selected")).toBe("true");
     expect(t.inspectModel).not.toHaveBeenCalled();
+  });
+
+  it("shows a draft model's stages after the model's, with their device's one headroom", () => {
+    const r1 = row({ device: "sim:400", index: 1, layers: [15, 30], headroom_bytes: 140 * MIB });
+    const d1 = row({ device: "sim:400", index: 1, layers: [0, 30], weights_bytes: 100 * MIB, headroom_bytes: 140 * MIB });
+    render(<PlanTable plan={plan([row(), r1], { draft: { layers: 30, rows: [d1] }, devices: [deviceOf(row()), deviceOf(r1, { draft_bytes: 70 * MIB })] })} />);
+    expect(screen.getAllByTestId("plan-row")).toHaveLength(2);
+    const drafts = screen.getAllByTestId("plan-draft-row");
+    expect(drafts).toHaveLength(1);
+    expect(drafts[0]!.querySelector("th")!.textContent).toBe("sim:400 · draft");
+    expect(drafts[0]!.textContent).toContain("0–30");
+    expect(drafts[0]!.textContent).toContain("100 MiB");
+    expect(drafts[0]!.textContent).toContain("140 MiB");
   });
 });

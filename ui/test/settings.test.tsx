@@ -1,15 +1,21 @@
 // The settings view: an invalid value shows its error AT its field (aria-invalid, a message element
 // named by aria-describedby), whether the backend names the field in a CommandError (desktop) or in a
 // 400's error.param (browser, through the real HTTP transport); the plan bars follow the values,
-// re-planned after a pause; Apply saves; a browser shows the flags to restart strata serve with.
+// re-planned after a pause; Apply saves; a browser shows the flags to restart strata serve with. The
+// speculative decoding card shows the fields of the kind chosen, sends them, and shows their errors at
+// them; a device holding the model and its draft has one bar with the draft's share marked.
 import { fireEvent, render, screen, waitFor } from "@testing-library/preact";
 import { describe, expect, it, vi } from "vitest";
 import { HttpTransport } from "../src/transport/http";
 import { SettingsView } from "../src/views/settings/SettingsView";
-import { FakeTransport, MIB, plan, row, settings } from "./fakes";
+import { deviceOf, FakeTransport, MIB, plan, row, settings } from "./fakes";
 
 function input(name: string): HTMLInputElement {
   return document.getElementById(`settings-${name}`) as HTMLInputElement;
+}
+
+function select(name: string): HTMLSelectElement {
+  return document.getElementById(`settings-${name}`) as HTMLSelectElement;
 }
 
 function expectErrorAt(name: string, message: string) {
@@ -139,5 +145,102 @@ describe("SettingsView", () => {
       engine: { kind: "remote", url: "http://10.0.0.2:8080/v1", api_key: "", model: "llama" },
     });
     expect(await screen.findByText(/Saved\./)).toBeTruthy();
+  });
+
+  it("shows the drafting fields of the kind chosen and applies them", async () => {
+    const t = new FakeTransport();
+    render(<SettingsView transport={t} planDelayMs={5} />);
+    await waitFor(() => expect(select("speculative_kind").value).toBe("off"));
+    for (const f of ["draft_max", "draft_min", "draft_model_path", "draft_devices"]) expect(input(f)).toBeNull();
+    // N-gram lookup has no second model: the numbers only.
+    fireEvent.change(select("speculative_kind"), { target: { value: "ngram" } });
+    await waitFor(() => expect(input("draft_max").value).toBe("16"));
+    expect(input("draft_min").value).toBe("1");
+    expect(input("draft_model_path")).toBeNull();
+    fireEvent.change(select("speculative_kind"), { target: { value: "draft" } });
+    await waitFor(() => expect(input("draft_model_path")).toBeTruthy());
+    // Labelled, so reachable by name from the keyboard and a screen reader.
+    expect(screen.getByLabelText("Draft model (GGUF file)")).toBe(input("draft_model_path"));
+    expect(screen.getByLabelText("Drafts from")).toBe(select("speculative_kind"));
+    fireEvent.input(input("draft_model_path"), { target: { value: " /m/draft.gguf " } });
+    fireEvent.input(input("draft_devices"), { target: { value: "1, 0" } });
+    fireEvent.input(input("draft_max"), { target: { value: "8" } });
+    fireEvent.click(screen.getByRole("button", { name: "Apply" }));
+    await waitFor(() => expect(t.saveSettings).toHaveBeenCalled());
+    expect(t.saveSettings.mock.calls[0]![0]).toEqual({
+      ...settings(),
+      speculative: { kind: "draft", model_path: "/m/draft.gguf" },
+      draft_devices: [1, 0],
+      draft_max: 8,
+    });
+    // Off hides them again (and sends drafting off).
+    fireEvent.change(select("speculative_kind"), { target: { value: "off" } });
+    await waitFor(() => expect(input("draft_max")).toBeNull());
+  });
+
+  it("shows the backend's drafting errors at their fields", async () => {
+    const t = new FakeTransport();
+    t.getSettings.mockResolvedValue(settings({ speculative: { kind: "draft", model_path: "/m/notes.txt" } }));
+    t.plan.mockImplementation(async (s) => {
+      if (s.speculative.kind === "draft" && s.speculative.model_path.endsWith("notes.txt")) {
+        throw { code: "invalid", field: "speculative.model_path", message: 'cannot read the draft model /m/notes.txt: not a GGUF file: magic is "this"' };
+      }
+      if (s.draft_devices.includes(5)) {
+        throw { code: "invalid", field: "draft_devices", message: "device 5 is not among the 2 device(s): 0 (sim:200), 1 (sim:400)" };
+      }
+      if (s.draft_min > s.draft_max) throw { code: "invalid", field: "draft_min", message: "6 is more than the most drafts per verification (4)" };
+      return { plan: plan([row()]), flags: [] };
+    });
+    render(<SettingsView transport={t} planDelayMs={5} />);
+    await waitFor(() => expectErrorAt("draft_model_path", 'cannot read the draft model /m/notes.txt: not a GGUF file: magic is "this"'));
+    fireEvent.input(input("draft_model_path"), { target: { value: "/m/draft.gguf" } });
+    await waitFor(() => expect(input("draft_model_path").getAttribute("aria-invalid")).toBe("false"));
+    fireEvent.input(input("draft_devices"), { target: { value: "5" } });
+    await waitFor(() => expectErrorAt("draft_devices", "device 5 is not among the 2 device(s): 0 (sim:200), 1 (sim:400)"));
+    fireEvent.input(input("draft_devices"), { target: { value: "1" } });
+    fireEvent.input(input("draft_max"), { target: { value: "4" } });
+    fireEvent.input(input("draft_min"), { target: { value: "6" } });
+    await waitFor(() => expectErrorAt("draft_min", "6 is more than the most drafts per verification (4)"));
+  });
+
+  it("marks drafting values that cannot be read before asking the backend", async () => {
+    const t = new FakeTransport();
+    t.getSettings.mockResolvedValue(settings({ speculative: { kind: "draft", model_path: "/m/draft.gguf" } }));
+    render(<SettingsView transport={t} planDelayMs={5} />);
+    await waitFor(() => expect(t.plan).toHaveBeenCalledTimes(1));
+    fireEvent.input(input("draft_max"), { target: { value: "lots" } });
+    await waitFor(() => expectErrorAt("draft_max", "Most drafts must be a whole number (0 or more)"));
+    fireEvent.input(input("draft_max"), { target: { value: "16" } });
+    fireEvent.input(input("draft_devices"), { target: { value: "1,x" } });
+    await waitFor(() => expectErrorAt("draft_devices", 'Draft devices are device numbers separated by commas, e.g. "1" or "0,1"'));
+    fireEvent.input(input("draft_devices"), { target: { value: "1" } });
+    fireEvent.input(input("draft_model_path"), { target: { value: "  " } });
+    await waitFor(() => expectErrorAt("draft_model_path", "Choose the draft model's GGUF file"));
+    await new Promise((r) => setTimeout(r, 30));
+    expect(t.plan).toHaveBeenCalledTimes(1);
+  });
+
+  it("draws one bar for a device holding the model and its draft, the draft's share marked", async () => {
+    const t = new FakeTransport();
+    const r0 = row();
+    const r1 = row({ device: "sim:400", index: 1, layers: [15, 30], total_bytes: 100 * MIB, free_bytes: 400 * MIB, memory_bytes: 400 * MIB, reserve_bytes: 0 });
+    const d1 = row({ device: "sim:400", index: 1, layers: [0, 30], total_bytes: 160 * MIB, free_bytes: 400 * MIB, memory_bytes: 400 * MIB, reserve_bytes: 0 });
+    t.plan.mockResolvedValue({
+      plan: plan([r0, r1], {
+        draft: { layers: 30, rows: [d1] },
+        devices: [deviceOf(r0), deviceOf(r1, { total_bytes: 260 * MIB, draft_bytes: 160 * MIB, headroom_bytes: 140 * MIB })],
+      }),
+      flags: [],
+    });
+    render(<SettingsView transport={t} planDelayMs={5} />);
+    await waitFor(() => expect(screen.getAllByTestId("plan-bar")).toHaveLength(2));
+    const bar1 = screen.getAllByTestId("plan-bar")[1]!;
+    expect(bar1.getAttribute("data-used-pct")).toBe("65.0");
+    expect(bar1.getAttribute("data-draft-pct")).toBe("40.0");
+    expect(bar1.getAttribute("aria-label")).toBe("sim:400: 260 MiB (draft model 160 MiB) of 400 MiB free, reserve 0 B");
+    const draft = bar1.querySelector("[data-testid=plan-bar-draft]") as HTMLElement;
+    expect(draft.style.left).toBe("25%");
+    expect(draft.style.width).toBe("40%");
+    expect(screen.getAllByTestId("plan-bar")[0]!.querySelector("[data-testid=plan-bar-draft]")).toBeNull();
   });
 });

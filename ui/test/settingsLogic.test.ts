@@ -1,8 +1,8 @@
 // The settings form's conversions, the field names of backend errors, and plan bars / fit messages.
 import { describe, expect, it } from "vitest";
-import { fitMessage, planBar } from "../src/settings/bars";
+import { fitMessage, planBar, planBars } from "../src/settings/bars";
 import { fieldOf, formFromSettings, settingsFromForm } from "../src/settings/form";
-import { MIB, plan, row, settings } from "./fakes";
+import { deviceOf, MIB, plan, row, settings } from "./fakes";
 
 describe("settings form", () => {
   it("round-trips settings, optional numbers as empty fields", () => {
@@ -19,11 +19,38 @@ describe("settings form", () => {
     if (!r.ok) expect(Object.keys(r.errors).sort()).toEqual(["threads", "vram_reserve_mib"]);
   });
 
+  it("round-trips the drafting settings, devices as a list", () => {
+    const s = settings({ speculative: { kind: "draft", model_path: "/m/d.gguf" }, draft_max: 8, draft_min: 2, draft_devices: [1, 0] });
+    const f = formFromSettings(s);
+    expect([f.speculative_kind, f.draft_model_path, f.draft_devices]).toEqual(["draft", "/m/d.gguf", "1,0"]);
+    expect(settingsFromForm(f)).toEqual({ ok: true, settings: s });
+    expect(settingsFromForm(formFromSettings(settings({ speculative: { kind: "ngram" } })))).toEqual({
+      ok: true,
+      settings: settings({ speculative: { kind: "ngram" } }),
+    });
+  });
+
+  it("checks the drafting values only while drafting is on", () => {
+    const f = { ...formFromSettings(settings()), draft_max: "lots", draft_min: "", draft_devices: "x" };
+    // Off: hidden values are kept when they are numbers, else their defaults; never an error.
+    expect(settingsFromForm(f)).toEqual({ ok: true, settings: settings() });
+    const on = settingsFromForm({ ...f, speculative_kind: "draft", draft_model_path: "" });
+    expect(on.ok).toBe(false);
+    if (!on.ok) expect(Object.keys(on.errors).sort()).toEqual(["draft_devices", "draft_max", "draft_min", "draft_model_path"]);
+    // N-gram lookup has no devices or model of its own to check.
+    const ngram = settingsFromForm({ ...f, speculative_kind: "ngram", draft_max: "4", draft_min: "1" });
+    expect(ngram.ok && ngram.settings.draft_devices).toEqual([]);
+  });
+
   it("maps backend field names onto form fields", () => {
     expect(fieldOf("layer_split")).toBe("layer_split");
     expect(fieldOf("settings.vram_reserve_mib")).toBe("vram_reserve_mib");
     expect(fieldOf("engine.url")).toBe("engine_url");
     expect(fieldOf("devices")).toBe("devices");
+    expect(fieldOf("speculative.model_path")).toBe("draft_model_path");
+    expect(fieldOf("settings.draft_devices[1]")).toBe("draft_devices");
+    expect(fieldOf("draft_max")).toBe("draft_max");
+    expect(fieldOf("speculative")).toBe("speculative_kind");
     expect(fieldOf("nonsense")).toBeNull();
     expect(fieldOf(null)).toBeNull();
   });
@@ -41,6 +68,25 @@ describe("plan bars", () => {
     const b = planBar(row({ total_bytes: 400 * MIB, free_bytes: 200 * MIB, fits: false }));
     expect(b.usedPct).toBe(100);
     expect(b.reserveStartPct).toBeCloseTo(((200 - 64) / 400) * 100);
+  });
+
+  it("draws a device's bar from both models, the draft's share at the end of the used part", () => {
+    const r1 = row({ device: "sim:400", index: 1, total_bytes: 100 * MIB, free_bytes: 400 * MIB, reserve_bytes: 0 });
+    const p = plan([row(), r1], { devices: [deviceOf(row()), deviceOf(r1, { total_bytes: 300 * MIB, draft_bytes: 200 * MIB })] });
+    const bars = planBars(p);
+    expect(bars.map((b) => [b.device.index, b.usedPct, b.draftPct])).toEqual([
+      [0, 35, 0],
+      [1, 75, 50],
+    ]);
+  });
+
+  it("names a device short for the model and its draft together once", () => {
+    const r1 = row({ device: "sim:150", index: 1, fits: false, headroom_bytes: -50 * MIB });
+    const p = plan([row(), r1], {
+      devices: [deviceOf(row()), deviceOf(r1, { draft_bytes: 110 * MIB, headroom_bytes: -51 * MIB })],
+      fits: false,
+    });
+    expect(fitMessage(p)).toBe("does not fit on sim:150 (device 1): short by 51.0 MiB");
   });
 
   it("says which device a plan does not fit on and by how much", () => {

@@ -117,7 +117,20 @@ fn invalid_settings_are_refused_naming_the_field() {
     assert_eq!(base["devices"], "cpu");
     let model = default_model();
     let base = settings_with(&base, json!({"model_path": model.as_ref().map(|p| p.display().to_string())}));
+    let not_gguf = dir.path().join("draft-notes.gguf");
+    std::fs::write(&not_gguf, b"a text file where the draft model should be").unwrap();
+    let ngram = json!({"kind": "ngram"});
     let mut cases = vec![
+        (json!({"speculative": ngram, "draft_max": 0}), "draft_max"),
+        (json!({"speculative": ngram, "draft_max": 257}), "draft_max"),
+        (json!({"speculative": ngram, "draft_max": 4, "draft_min": 5}), "draft_min"),
+        (json!({"speculative": {"kind": "draft", "model_path": ""}}), "speculative.model_path"),
+        (json!({"speculative": {"kind": "draft", "model_path": not_gguf}}), "speculative.model_path"),
+        (
+            json!({"devices": "sim:200,sim:400", "speculative": {"kind": "draft", "model_path": not_gguf},
+                   "draft_devices": [2]}),
+            "draft_devices",
+        ),
         (json!({"devices": "tpu:0"}), "devices"),
         (json!({"devices": ""}), "devices"),
         (json!({"devices": "sim:200,sim:400", "vram_reserve_mib": 300}), "vram_reserve_mib"),
@@ -130,6 +143,14 @@ fn invalid_settings_are_refused_naming_the_field() {
         // Needs the model's layer count (30).
         cases.push((json!({"devices": "sim:200,sim:400", "layer_split": "45"}), "layer_split"));
         cases.push((json!({"devices": "sim:200,sim:400", "layer_split": "10,20"}), "layer_split"));
+        // A draft model whose vocabulary is not the model's (a synthetic SentencePiece one).
+        let spm = strata::model::synthetic::SyntheticSpec {
+            vocab: strata::model::synthetic::SyntheticVocab::Spm,
+            ..Default::default()
+        };
+        let other = dir.path().join("other-vocab.gguf");
+        std::fs::write(&other, spm.to_gguf()).unwrap();
+        cases.push((json!({"speculative": {"kind": "draft", "model_path": other}}), "speculative.model_path"));
     } else {
         println!("SKIPPED: the default model is not in models/: the split-beyond-layers case needs it");
     }
@@ -139,6 +160,9 @@ fn invalid_settings_are_refused_naming_the_field() {
         assert_eq!(e["code"], "invalid", "{patch}: {e}");
         assert_eq!(e["field"], field, "{patch}: {e}");
         assert!(e["message"].as_str().is_some_and(|m| m.len() > 10), "{patch}: {e}");
+        if patch["speculative"]["model_path"] == json!(not_gguf) && field == "speculative.model_path" {
+            assert!(e["message"].as_str().unwrap().contains("not a GGUF file"), "{patch}: {e}");
+        }
     }
     // Nothing refused was kept; a good value is.
     assert_eq!(call(&a, "get_settings", json!({})).unwrap()["devices"], "cpu");
@@ -174,6 +198,21 @@ fn invalid_settings_are_refused_naming_the_field() {
         .expect("plan");
         assert_eq!(tight["plan"]["fits"], false);
         assert!(tight["plan"]["problem"].as_str().unwrap().contains("sim:20"), "{tight}");
+        // With the model as its own draft on device 1: the draft's stage is planned there, counted in that
+        // device's one headroom, and its flags are the ones the engine starts with.
+        let spec = json!({"devices": "sim:200,sim:400", "layer_split": "15", "max_context": 2048,
+                          "speculative": {"kind": "draft", "model_path": m}, "draft_devices": [1], "draft_max": 8});
+        let drafted = call(&a, "plan", json!({"settings": settings_with(&base, spec)})).expect("plan with a draft");
+        let p = &drafted["plan"];
+        assert_eq!(p["draft"]["rows"][0]["index"], 1, "{drafted}");
+        assert_eq!(p["devices"][1]["draft_bytes"], p["draft"]["rows"][0]["total_bytes"], "{drafted}");
+        assert_eq!(p["rows"][1]["headroom_bytes"], p["devices"][1]["headroom_bytes"]);
+        let flags: Vec<&str> = drafted["flags"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
+        let at = flags.iter().position(|f| *f == "--draft-model").expect("--draft-model");
+        assert_eq!(
+            flags[at + 1..],
+            [m.to_str().unwrap(), "--draft-devices", "1", "--draft-max", "8", "--draft-min", "1"]
+        );
     }
     let bad = dir.path().join("not-a-model.gguf");
     std::fs::write(&bad, b"this is a text file, not GGUF").unwrap();

@@ -21,11 +21,12 @@ free_bytes: number | null,
  */
 memory_bytes: number, reserve_bytes: number, 
 /**
- * Free minus reserve minus total; negative when the KV at `tokens` does not fit (pages then go to the
- * host) or, below the load itself, when the model cannot load.
+ * Free minus reserve minus what the device holds (this row's total, and with a draft model on the
+ * same device the draft's too: the device's [`PlanDevice::headroom_bytes`]); negative when the KV at
+ * `tokens` does not fit (pages then go to the host) or, below the load itself, when it cannot load.
  */
 headroom_bytes: number | null, 
 /**
- * The load (weights, scratch, staging) fits above the reserve.
+ * The device's loads (this row's, and a draft's on it) fit above the reserve.
  */
 fits: boolean, };

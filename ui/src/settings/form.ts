@@ -2,7 +2,11 @@
 // that is not a whole number is an error at that field before anything is sent); everything else (device
 // names, the layer split, the engine's own limits) is the backend's to judge, whose errors name the field
 // (CommandError.field, or error.param of POST /strata/plan) and are mapped onto the form by `fieldOf`.
-import type { EngineSettings, KvChoice } from "../bindings";
+// The drafting values (speculative decoding) are checked only while drafting is on: off, they are kept as
+// they were but hidden, so they can never hold an error the user cannot see.
+import type { EngineSettings, KvChoice, Speculative } from "../bindings";
+
+export type SpeculativeKind = Speculative["kind"];
 
 export interface SettingsForm {
   model_path: string | null;
@@ -19,6 +23,12 @@ export interface SettingsForm {
   engine_url: string;
   engine_api_key: string;
   engine_model: string;
+  speculative_kind: SpeculativeKind;
+  draft_model_path: string;
+  draft_max: string;
+  draft_min: string;
+  /** Indices into the devices, e.g. "1" or "0,1"; empty: the first device. */
+  draft_devices: string;
 }
 
 /** The form's fields that can carry an error message. */
@@ -43,6 +53,11 @@ export function formFromSettings(s: EngineSettings): SettingsForm {
     engine_url: s.engine.kind === "remote" ? s.engine.url : "",
     engine_api_key: s.engine.kind === "remote" ? s.engine.api_key : "",
     engine_model: s.engine.kind === "remote" ? s.engine.model : "",
+    speculative_kind: s.speculative.kind,
+    draft_model_path: s.speculative.kind === "draft" ? s.speculative.model_path : "",
+    draft_max: String(s.draft_max),
+    draft_min: String(s.draft_min),
+    draft_devices: s.draft_devices.join(","),
   };
 }
 
@@ -61,11 +76,43 @@ function optionalWhole(value: string, field: FieldName, errors: FieldErrors, wha
   return value.trim() === "" ? null : whole(value, field, errors, what);
 }
 
+/** A hidden field's number: what it says when it is one, else `fallback` (never an error). */
+function kept(value: string, fallback: number): number {
+  const v = value.trim();
+  return WHOLE.test(v) && Number.isSafeInteger(Number(v)) ? Number(v) : fallback;
+}
+
+/** "1, 0" as [1, 0]: each part a whole number; empty: none (the first device). */
+function indices(value: string, field: FieldName, errors: FieldErrors | null): number[] {
+  const v = value.trim();
+  if (v === "") return [];
+  const parts = v.split(",").map((p) => p.trim());
+  if (parts.every((p) => WHOLE.test(p) && Number.isSafeInteger(Number(p)))) return parts.map(Number);
+  if (errors) errors[field] = 'Draft devices are device numbers separated by commas, e.g. "1" or "0,1"';
+  return [];
+}
+
+function speculativeOf(f: SettingsForm, errors: FieldErrors): Speculative {
+  switch (f.speculative_kind) {
+    case "off":
+      return { kind: "off" };
+    case "ngram":
+      return { kind: "ngram" };
+    case "draft": {
+      const model_path = f.draft_model_path.trim();
+      if (model_path === "") errors.draft_model_path = "Choose the draft model's GGUF file";
+      return { kind: "draft", model_path };
+    }
+  }
+}
+
 export type Parsed = { ok: true; settings: EngineSettings } | { ok: false; errors: FieldErrors };
 
 /** The settings the form says, or the errors of the fields that cannot be read. */
 export function settingsFromForm(f: SettingsForm): Parsed {
   const errors: FieldErrors = {};
+  const drafting = f.speculative_kind !== "off";
+  const draftModel = f.speculative_kind === "draft";
   const settings: EngineSettings = {
     model_path: f.model_path,
     devices: f.devices.trim(),
@@ -81,6 +128,10 @@ export function settingsFromForm(f: SettingsForm): Parsed {
       f.engine_kind === "local"
         ? { kind: "local" }
         : { kind: "remote", url: f.engine_url.trim(), api_key: f.engine_api_key, model: f.engine_model.trim() },
+    speculative: speculativeOf(f, errors),
+    draft_max: drafting ? whole(f.draft_max, "draft_max", errors, "Most drafts") : kept(f.draft_max, 16),
+    draft_min: drafting ? whole(f.draft_min, "draft_min", errors, "Fewest drafts") : kept(f.draft_min, 1),
+    draft_devices: indices(f.draft_devices, "draft_devices", draftModel ? errors : null),
   };
   if (f.engine_kind === "remote" && settings.engine.kind === "remote" && settings.engine.url === "") {
     errors.engine_url = "A remote engine needs its URL (e.g. http://127.0.0.1:8080/v1)";
@@ -104,6 +155,11 @@ const SERVER_FIELDS: Record<string, FieldName> = {
   "engine.model": "engine_model",
   url: "engine_url",
   api_key: "engine_api_key",
+  speculative: "speculative_kind",
+  "speculative.model_path": "draft_model_path",
+  draft_max: "draft_max",
+  draft_min: "draft_min",
+  draft_devices: "draft_devices",
 };
 
 /** The form field a backend error names ("layer_split", "settings.engine.url", ...); null when none. */

@@ -1,12 +1,39 @@
 // A plan shown per device: layers, weights, KV (on the device and on the host), scratch and staging, the
 // total against what is free, the reserve, the headroom, and whether it fits; with the sentence that says
-// why it does not when it does not.
-import type { Plan } from "../bindings";
+// why it does not when it does not. A draft model's stages follow the model's, marked "draft"; the headroom
+// and fit of a device holding both are the two models' together.
+import type { Plan, PlanRow } from "../bindings";
 import { fitMessage } from "../settings/bars";
 import { bytesText } from "../util/format";
 
+function Row({ r, draft }: { r: PlanRow; draft: boolean }) {
+  return (
+    <tr class={r.fits ? "" : "row-bad"} data-testid={draft ? "plan-draft-row" : "plan-row"}>
+      <th scope="row">
+        {r.device}
+        {r.host ? " (host)" : ""}
+        {draft ? " · draft" : ""}
+      </th>
+      <td>
+        {r.layers[0]}–{r.layers[1]}
+      </td>
+      <td>{bytesText(r.weights_bytes)}</td>
+      <td>
+        {bytesText(r.kv_device_bytes)} / {bytesText(r.kv_host_bytes)}
+      </td>
+      <td>{bytesText(r.scratch_bytes + r.staging_bytes)}</td>
+      <td>{bytesText(r.total_bytes)}</td>
+      <td>{bytesText(r.free_bytes ?? r.memory_bytes)}</td>
+      <td>{bytesText(r.reserve_bytes)}</td>
+      <td>{bytesText(r.headroom_bytes)}</td>
+      <td>{r.fits ? "yes" : "no"}</td>
+    </tr>
+  );
+}
+
 export function PlanTable({ plan }: { plan: Plan }) {
   const why = fitMessage(plan);
+  const draftRows = plan.draft?.rows ?? [];
   return (
     <div class="plan">
       <p class="plan-summary">
@@ -36,25 +63,10 @@ export function PlanTable({ plan }: { plan: Plan }) {
           </thead>
           <tbody>
             {plan.rows.map((r) => (
-              <tr key={r.index} class={r.fits ? "" : "row-bad"} data-testid="plan-row">
-                <th scope="row">
-                  {r.device}
-                  {r.host ? " (host)" : ""}
-                </th>
-                <td>
-                  {r.layers[0]}–{r.layers[1]}
-                </td>
-                <td>{bytesText(r.weights_bytes)}</td>
-                <td>
-                  {bytesText(r.kv_device_bytes)} / {bytesText(r.kv_host_bytes)}
-                </td>
-                <td>{bytesText(r.scratch_bytes + r.staging_bytes)}</td>
-                <td>{bytesText(r.total_bytes)}</td>
-                <td>{bytesText(r.free_bytes ?? r.memory_bytes)}</td>
-                <td>{bytesText(r.reserve_bytes)}</td>
-                <td>{bytesText(r.headroom_bytes)}</td>
-                <td>{r.fits ? "yes" : "no"}</td>
-              </tr>
+              <Row key={`m${r.index}`} r={r} draft={false} />
+            ))}
+            {draftRows.map((r) => (
+              <Row key={`d${r.index}`} r={r} draft={true} />
             ))}
           </tbody>
         </table>

@@ -1,7 +1,8 @@
 // The settings view: the engine's settings as a form, re-planned (debounced) as values change so the bars
 // show what the load would take per device, and applied with save_settings in the desktop app. A browser
 // cannot restart `strata serve`: there the settings are checked with POST /strata/plan and the flags to
-// restart it with are shown. Errors are shown at the field they name.
+// restart it with are shown. Errors are shown at the field they name. Speculative decoding has its own
+// card: where drafts come from (off, n-gram lookup, a draft model and its devices) and how many.
 import { useEffect, useRef, useState } from "preact/hooks";
 import type { PlanReply } from "../../bindings";
 import {
@@ -10,10 +11,11 @@ import {
   settingsFromForm,
   type FieldErrors,
   type SettingsForm,
+  type SpeculativeKind,
 } from "../../settings/form";
 import { TransportError, type Transport } from "../../transport/types";
 import { messageOf } from "../../util/errors";
-import { Field } from "./Field";
+import { Field, SelectField } from "./Field";
 import { PlanBars } from "./PlanBars";
 
 /**
@@ -30,6 +32,12 @@ export function restartCommand(flags: readonly string[], modelPath: string | nul
 export function shellQuote(arg: string): string {
   return /^[A-Za-z0-9_@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replace(/'/g, `'\\''`)}'`;
 }
+
+const SPECULATIVE_OPTIONS: readonly { value: SpeculativeKind; label: string }[] = [
+  { value: "off", label: "Off" },
+  { value: "ngram", label: "N-gram lookup (no second model)" },
+  { value: "draft", label: "A draft model" },
+];
 
 export interface SettingsViewProps {
   transport: Transport;
@@ -147,6 +155,8 @@ export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps
   };
 
   const remote = form.engine_kind === "remote";
+  const drafting = form.speculative_kind !== "off";
+  const draftModel = form.speculative_kind === "draft";
   return (
     <form
       class="settings"
@@ -258,6 +268,61 @@ export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps
           error={errors.threads}
           hint="Empty: one per core."
         />
+      </fieldset>
+      <fieldset class="card">
+        <legend>Speculative decoding</legend>
+        <SelectField
+          name="speculative_kind"
+          label="Drafts from"
+          value={form.speculative_kind}
+          options={SPECULATIVE_OPTIONS}
+          onChange={(v) => set({ speculative_kind: v })}
+          error={errors.speculative_kind}
+        />
+        {drafting && (
+          <Field
+            name="draft_max"
+            label="Most drafts"
+            inputMode="numeric"
+            value={form.draft_max}
+            onInput={(v) => set({ draft_max: v })}
+            error={errors.draft_max}
+            hint="Per verification, 1 to 256."
+          />
+        )}
+        {drafting && (
+          <Field
+            name="draft_min"
+            label="Fewest drafts"
+            inputMode="numeric"
+            value={form.draft_min}
+            onInput={(v) => set({ draft_min: v })}
+            error={errors.draft_min}
+            hint="Fewer are not verified."
+          />
+        )}
+        {draftModel && (
+          <Field
+            name="draft_model_path"
+            label="Draft model (GGUF file)"
+            wide
+            value={form.draft_model_path}
+            onInput={(v) => set({ draft_model_path: v })}
+            error={errors.draft_model_path}
+            placeholder="/models/small-model.gguf"
+            hint="A smaller model with the same vocabulary."
+          />
+        )}
+        {draftModel && (
+          <Field
+            name="draft_devices"
+            label="Draft devices"
+            value={form.draft_devices}
+            onInput={(v) => set({ draft_devices: v })}
+            error={errors.draft_devices}
+            hint='Numbers of devices above, e.g. "1" or "0,1"; empty: the first'
+          />
+        )}
       </fieldset>
       <fieldset class="card" aria-describedby={errors.engine ? "settings-engine-error" : undefined}>
         <legend>Engine</legend>
