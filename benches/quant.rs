@@ -10,7 +10,9 @@ use strata::quant::{self, GgmlType};
 
 fn main() {
     println!("simd path: {:?}", quant::simd_level());
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+    for ty in
+        [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K]
+    {
         for n in [576usize, 1536] {
             if n % ty.block_len() != 0 {
                 continue;
@@ -35,8 +37,11 @@ fn bench(ty: GgmlType, n: usize) {
     let ta = quant::vec_dot_type(ty);
     let mut xa = vec![0u8; quant::row_len_bytes(ta, n).unwrap()];
     quant::quantize_row_act(ta, &x, &mut xa);
+    let mut aux = vec![0f32; quant::act_aux_len(ta, n)];
+    quant::fill_act_aux(ta, n, &xa, &mut aux);
     let cols: Vec<Vec<u8>> = (0..4).map(|_| xa.clone()).collect();
-    let xs: Vec<&[u8]> = cols.iter().map(|c| c.as_slice()).collect();
+    // As the engine's products take them: with the f32 scales (`QuantActs`).
+    let xs: Vec<quant::ActRow> = cols.iter().map(|c| quant::ActRow { q: c, aux: &aux }).collect();
 
     let reps = (320 << 20) / (n_rows * row_bytes).max(1);
     let mut sink = 0f32;

@@ -155,7 +155,7 @@ impl Raw {
     }
     /// Pads to 32 bytes and appends `n` bytes of tensor data.
     fn data(mut self, n: usize) -> Raw {
-        while self.0.len() % 32 != 0 {
+        while !self.0.len().is_multiple_of(32) {
             self.0.push(0);
         }
         self.0.extend(pattern(n, 1));

@@ -181,7 +181,7 @@ impl ConversationCache {
             self.bytes -= s.bytes();
             self.evictions += 1;
             evicted.push(Evicted { tokens: s.tokens.len(), bytes: s.bytes() });
-            if spare.as_ref().map_or(true, |k| k.bytes() < s.kv.bytes()) {
+            if spare.as_ref().is_none_or(|k| k.bytes() < s.kv.bytes()) {
                 spare = Some(s.kv);
             }
         }
@@ -217,7 +217,7 @@ impl ConversationCache {
                 let at = s.checkpoints.iter().copied().filter(|&c| c <= common).max().unwrap_or(0);
                 (at, RestoreKind::Checkpoint)
             };
-            if tokens > at_least && best.map_or(true, |b| tokens > b.tokens) {
+            if tokens > at_least && best.is_none_or(|b| tokens > b.tokens) {
                 best = Some(Candidate { id: s.id, tokens, kind });
             }
         }

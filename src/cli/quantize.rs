@@ -153,7 +153,7 @@ fn is_weight_matrix(name: &str, dims: &[u64]) -> bool {
 /// The type a matrix with rows of `row_len` values gets for `target`: the target when rows are whole blocks
 /// of it, else llama-quantize's fallback (q4_K to q5_0, q6_K to q8_0), else f16.
 fn type_for_rows(target: GgmlType, row_len: u64) -> GgmlType {
-    let fits = |t: GgmlType| row_len % t.block_len() as u64 == 0;
+    let fits = |t: GgmlType| row_len.is_multiple_of(t.block_len() as u64);
     if fits(target) {
         return target;
     }

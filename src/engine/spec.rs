@@ -332,7 +332,7 @@ fn draft_from_model(
             None => {
                 let mut best = None::<(u32, f32)>;
                 for (i, &l) in logits.iter().enumerate() {
-                    if !banned.contains(&(i as u32)) && !l.is_nan() && best.map_or(true, |(_, b)| l > b) {
+                    if !banned.contains(&(i as u32)) && !l.is_nan() && best.is_none_or(|(_, b)| l > b) {
                         best = Some((i as u32, l));
                     }
                 }

@@ -139,7 +139,7 @@ impl GgufWriter {
 
 /// Zeros up to a multiple of `alignment`.
 fn pad(out: &mut Vec<u8>, alignment: u64) {
-    while out.len() as u64 % alignment != 0 {
+    while !(out.len() as u64).is_multiple_of(alignment) {
         out.push(0);
     }
 }

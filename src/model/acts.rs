@@ -24,6 +24,10 @@ pub struct QuantActs {
     /// Bytes per quantized row.
     pub row_bytes: usize,
     pub data: Vec<u8>, // (t_count, row_bytes)
+    /// f32 copies per row that the SIMD kernels read instead of converting f16 in every weight row
+    /// (`quant::act_aux_len`: block scales for q8_0 / q8_1, the values for f16).
+    pub aux_len: usize,
+    pub aux: Vec<f32>, // (t_count, aux_len)
     /// Per row: the outliers taken out before quantizing, as (channel, value), ascending channel.
     pub outliers: Vec<Vec<(usize, f32)>>,
 }
@@ -35,6 +39,11 @@ impl QuantActs {
 
     pub fn row(&self, t: usize) -> &[u8] {
         &self.data[t * self.row_bytes..(t + 1) * self.row_bytes]
+    }
+
+    /// Row `t` with its f32 copies, as the products take it.
+    pub fn act_row(&self, t: usize) -> quant::ActRow<'_> {
+        quant::ActRow { q: self.row(t), aux: &self.aux[t * self.aux_len..(t + 1) * self.aux_len] }
     }
 
     /// The channels that carry an outlier in any row of the batch, ascending.
@@ -50,12 +59,16 @@ impl QuantActs {
         let act_ty = quant::vec_dot_type(w_ty);
         let row_bytes = quant::row_len_bytes(act_ty, n).unwrap_or(0);
         let t_count = x.len() / n;
+        let aux_len = quant::act_aux_len(act_ty, n);
         self.row_bytes = row_bytes;
         self.data.resize(t_count * row_bytes, 0);
+        self.aux_len = aux_len;
+        self.aux.resize(t_count * aux_len, 0.0);
         self.outliers.clear();
         self.outliers.resize_with(t_count, Vec::new);
         let refine = matches!(act_ty, GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8K);
         let data = SharedMut::new(&mut self.data);
+        let aux = SharedMut::new(&mut self.aux);
         let outliers = SharedMut::new(&mut self.outliers);
         let run = |rows: std::ops::Range<usize>| {
             let mut scratch = Vec::new();
@@ -74,6 +87,9 @@ impl QuantActs {
                 } else {
                     quant::quantize_row_act(act_ty, xr, dst);
                 }
+                // SAFETY: as above, row t's copies are this thread's.
+                let aux = unsafe { aux.slice(t * aux_len, aux_len) };
+                quant::fill_act_aux(act_ty, n, dst, aux);
             }
         };
         if t_count < 4 {

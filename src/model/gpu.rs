@@ -140,14 +140,14 @@ impl GpuStage {
         // What the kernels assume: heads of whole warps (attention keeps up to 8 values per lane) and rows
         // of whole 32-value chunks.
         let unsupported = |why: String| Err(DeviceError::Unavailable { device: device.name(), why });
-        if cfg.head_dim % 32 != 0 || cfg.head_dim > 256 {
+        if !cfg.head_dim.is_multiple_of(32) || cfg.head_dim > 256 {
             let why = format!(
                 "the CUDA backend needs heads of 32 to 256 values in steps of 32 (this model's: {})",
                 cfg.head_dim
             );
             return unsupported(why);
         }
-        if cfg.n_embd % 32 != 0 || cfg.n_ff % 32 != 0 || cfg.q_dim() % 32 != 0 {
+        if !cfg.n_embd.is_multiple_of(32) || !cfg.n_ff.is_multiple_of(32) || !cfg.q_dim().is_multiple_of(32) {
             return unsupported("the CUDA backend needs matrix widths that are multiples of 32".into());
         }
         let upload = |purpose: Purpose, bytes: &[u8]| -> Result<Allocation, DeviceError> {

@@ -206,7 +206,7 @@ impl Model {
     }
 
     fn plan_stages(cfg: &ModelConfig, weights: &Weights, opts: &LoadOptions) -> Result<Vec<StagePlan>, ModelError> {
-        if opts.kv_type == KvType::Int8 && cfg.head_dim % 32 != 0 {
+        if opts.kv_type == KvType::Int8 && !cfg.head_dim.is_multiple_of(32) {
             return Err(ModelError::KvLayout(cfg.head_dim));
         }
         let popts = PlanOptions { kv_type: opts.kv_type, batch: opts.batch.max(1) };
@@ -216,7 +216,7 @@ impl Model {
     /// A new empty KV cache for this model holding up to `max_tokens` positions, each layer's pages on its
     /// stage's device.
     pub fn new_kv(&self, ty: KvType, max_tokens: usize) -> Result<KvCache, ModelError> {
-        if ty == KvType::Int8 && self.cfg.head_dim % 32 != 0 {
+        if ty == KvType::Int8 && !self.cfg.head_dim.is_multiple_of(32) {
             return Err(ModelError::KvLayout(self.cfg.head_dim));
         }
         let p = &self.placement;

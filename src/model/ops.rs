@@ -109,7 +109,7 @@ pub struct MatJob<'a> {
 const ROW_TILE: usize = 16;
 /// Batches of at least this many tokens build (and cache) dequantized weight columns for their outliers.
 const COLUMN_MIN_TOKENS: usize = 8;
-/// Tokens dotted against one weight row at once by `vec_dot_multi`.
+/// Tokens dotted against a tile of weight rows at once by `vec_dot_tile`.
 const TOKEN_TILE: usize = 4;
 
 /// Runs several matrix products that share one batch of quantized activations, splitting their
@@ -118,7 +118,7 @@ const TOKEN_TILE: usize = 4;
 pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
     let total_rows: usize = jobs.iter().map(|j| j.w.rows).sum();
     let t_count = qa.t_count();
-    let acts: Vec<&[u8]> = (0..t_count).map(|t| qa.row(t)).collect();
+    let acts: Vec<quant::ActRow> = (0..t_count).map(|t| qa.act_row(t)).collect();
     // Dequantized weight columns at the batch's outlier channels, per job (see `acts`).
     let channels = qa.outlier_channels();
     // A column costs one value per row to build: worth it for a batch, not for a single token (which
@@ -138,10 +138,13 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
     pool.run(n_chunks, |chunk| {
         let tiles = split_range(chunk, n_chunks, n_tiles);
         let (start, end) = (tiles.start * ROW_TILE, (tiles.end * ROW_TILE).min(total_rows));
-        let mut dots = [0f32; TOKEN_TILE];
-        let mut row_dots = [0f32; ROW_TILE];
+        let mut dots = [0f32; ROW_TILE * TOKEN_TILE];
+        // The tile's weights at outlier channels that have no cached column: (channel slot, ROW_TILE),
+        // read once per tile for all its tokens; `tile_w_for[slot]` names the (job, r0) they hold.
+        let mut tile_w = vec![0f32; channels.len() * ROW_TILE];
+        let mut tile_w_for = vec![(usize::MAX, 0); channels.len()];
         let mut base = 0;
-        for (job, columns) in jobs.iter().zip(&columns) {
+        for (ji, (job, columns)) in jobs.iter().zip(&columns).enumerate() {
             let rows = job.w.rows;
             let (lo, hi) = (start.max(base), end.min(base + rows));
             base += rows;
@@ -153,59 +156,46 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
             let (wdata, rb) = (w.data(), w.row_bytes);
             for r0 in (lo..hi).step_by(ROW_TILE) {
                 let r1 = (r0 + ROW_TILE).min(hi);
-                if t_count == 1 {
-                    // Decode: one token, so the rows of the tile go through the kernel in one call.
-                    quant::vec_dot_rows(w.ty, w.cols, &wdata[r0 * rb..r1 * rb], rb, acts[0], &mut row_dots[..r1 - r0]);
-                    for r in r0..r1 {
-                        let row = &wdata[r * rb..(r + 1) * rb];
-                        let c = outlier_correction(w.ty, row, r, &outliers[0], columns);
-                        let b = job.bias.map_or(0.0, |b| b[r]);
-                        // SAFETY: row r of this job is owned by this thread.
-                        unsafe { job.out.slice(r, 1)[0] = row_dots[r - r0] + c + b };
-                    }
-                    continue;
-                }
+                let n = r1 - r0;
                 for t0 in (0..t_count).step_by(TOKEN_TILE) {
                     let t1 = (t0 + TOKEN_TILE).min(t_count);
-                    for r in r0..r1 {
-                        let row = &wdata[r * rb..(r + 1) * rb];
-                        if t1 - t0 == 1 {
-                            dots[0] = quant::vec_dot(w.ty, w.cols, row, acts[t0]);
-                        } else {
-                            quant::vec_dot_multi(w.ty, w.cols, row, &acts[t0..t1], &mut dots[..t1 - t0]);
+                    let nt = t1 - t0;
+                    // dots: (n, nt), the tile's products in one call.
+                    let dots = &mut dots[..n * nt];
+                    quant::vec_dot_tile(w.ty, w.cols, &wdata[r0 * rb..r1 * rb], rb, &acts[t0..t1], dots);
+                    for t in t0..t1 {
+                        // The token's exact outliers against each row of the tile, summed in channel
+                        // order: from the cached column where there is one, else from the weights.
+                        let mut corr = [0f32; ROW_TILE];
+                        for &(ch, slot, v) in &outliers[t] {
+                            let wv = match &columns[slot] {
+                                Some(col) => &col[r0..r1],
+                                None => {
+                                    let tw = &mut tile_w[slot * ROW_TILE..slot * ROW_TILE + n];
+                                    if tile_w_for[slot] != (ji, r0) {
+                                        for (i, x) in tw.iter_mut().enumerate() {
+                                            let r = r0 + i;
+                                            *x = quant::dequantize_value(w.ty, &wdata[r * rb..(r + 1) * rb], ch);
+                                        }
+                                        tile_w_for[slot] = (ji, r0);
+                                    }
+                                    &*tw
+                                }
+                            };
+                            for (c, &x) in corr.iter_mut().zip(wv) {
+                                *c += x * v;
+                            }
                         }
-                        let b = job.bias.map_or(0.0, |b| b[r]);
-                        for t in t0..t1 {
-                            let c = outlier_correction(w.ty, row, r, &outliers[t], columns);
-                            // SAFETY: row r of this job is owned by this thread.
-                            unsafe { job.out.slice(t * rows + r, 1)[0] = dots[t - t0] + c + b };
+                        // SAFETY: rows r0..r1 of this job are owned by this thread, for every token.
+                        let out = unsafe { job.out.slice(t * rows + r0, n) };
+                        for (i, o) in out.iter_mut().enumerate() {
+                            *o = dots[i * nt + (t - t0)] + corr[i] + job.bias.map_or(0.0, |b| b[r0 + i]);
                         }
                     }
                 }
             }
         }
     });
-}
-
-/// The exact outliers of one token against weight row `r` (`row`), in channel order: from the cached
-/// column where there is one, else from the weights.
-#[inline]
-fn outlier_correction(
-    ty: quant::GgmlType,
-    row: &[u8],
-    r: usize,
-    outliers: &[(usize, usize, f32)],
-    columns: &[Option<Arc<[f32]>>],
-) -> f32 {
-    let mut c = 0f32;
-    for &(ch, slot, v) in outliers {
-        let wv = match &columns[slot] {
-            Some(col) => col[r],
-            None => quant::dequantize_value(ty, row, ch),
-        };
-        c += wv * v;
-    }
-    c
 }
 
 /// Shapes of an attention call.

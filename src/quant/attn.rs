@@ -17,7 +17,7 @@ use super::avx2;
 
 #[cfg(target_arch = "x86_64")]
 fn avx2() -> bool {
-    super::simd_level() == super::SimdLevel::Avx2
+    super::simd_level().avx2()
 }
 
 /// `sum(a[i] * b[i])`, as ggml's `ggml_vec_dot_f32`.
@@ -85,7 +85,7 @@ pub fn quantize_q8_0_row(x: &[f32], dst: &mut [u8]) {
 fn check_q8_0(what: &str, n_values: usize, blocks_len: usize) -> usize {
     let nb = n_values / QK;
     assert!(
-        n_values % QK == 0 && blocks_len == nb * 34,
+        n_values.is_multiple_of(QK) && blocks_len == nb * 34,
         "{what}: {n_values} values need {} bytes of q8_0 blocks, got {blocks_len}",
         n_values.div_ceil(QK) * 34
     );

@@ -8,7 +8,9 @@
 //!
 //! The multi-column kernels are the one-column kernel with the column loop inside the block loop: the
 //! weight block is unpacked once, and each column then runs exactly the instructions it would run alone,
-//! so every column's result is bit-identical to `vec_dot` on that column (batch invariance).
+//! so every column's result is bit-identical to `vec_dot` on that column (batch invariance). Two
+//! variants change instructions but not bits: activation scales read as f32 made once per row instead of
+//! converted from f16 in every block, and, where AVX-512 VNNI is present, `vpdpbusd` for the integer sums.
 //!
 //! Safety: every function here must only be called after `is_x86_feature_detected!` confirmed avx2, fma
 //! and f16c (see `quant::simd`), with pointers valid for the stated number of blocks.
@@ -97,64 +99,120 @@ const fn layout(k: u8) -> (usize, usize, usize) {
     }
 }
 
-/// Dot of `nb` weight blocks of format `K` at `w` (32-value blocks for the legacy tags, 256-value blocks
-/// for the K-quant tags) against `C` activation rows `xs`, into `out[..C]`.
+/// Unsigned bytes `ax` times signed bytes `sy`, summed in fours by AVX-512 VNNI's `vpdpbusd`: one
+/// instruction for `mul_sum_us8_pairs_float`'s two, and the same integers (the pairs `maddubs` adds never
+/// saturate here: weights are at most 8 bits unsigned and activations within +-127).
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_blocks<const K: u8, const C: usize>(nb: usize, w: *const u8, xs: &[*const u8; C], out: &mut [f32]) {
-    match K {
-        Q4_K | Q5_K => k4_dot::<K, C>(nb, w, xs, out),
-        Q6_K => q6_k_dot::<C>(nb, w, xs, out),
-        _ => legacy_dot::<K, C>(nb, w, xs, out),
-    }
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn mul_sum_us8_vnni(ax: __m256i, sy: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy))
 }
 
-/// Dot of `nb` legacy weight blocks of format `K` at `w` against `C` activation rows `xs`, into `out[..C]`.
+/// Where a kernel finds an activation block's scale d (and q8_1's sum s): in the block as f16, or in a
+/// row of f32 pairs `(d, s)` per block made once per activation row (`super::act_aux`), which saves the
+/// conversion in every (weight row, block). Both give the same bits: the f16 to f32 conversion is exact.
+#[derive(Clone, Copy)]
+pub struct Cols<'a, const C: usize> {
+    pub q: &'a [*const u8; C],
+    /// Null pointers when the scales are read from the blocks.
+    pub ds: &'a [*const f32; C],
+}
+
+/// Dot of `nb` weight blocks of format `K` at `w` (32-value blocks for the legacy tags, 256-value blocks
+/// for the K-quant tags) against `C` activation rows `xs`, into `out[..C]`. `vnni` picks the `vpdpbusd`
+/// integer sums (same bits; only where `avx512vnni` and `avx512vl` were detected).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn legacy_dot<const K: u8, const C: usize>(nb: usize, w: *const u8, xs: &[*const u8; C], out: &mut [f32]) {
-    let (wb, xb, xq) = layout(K);
-    let signed = matches!(K, Q4_0 | Q5_0 | Q8_0);
-    let has_min = matches!(K, Q4_1 | Q5_1);
-    let mut acc = [_mm256_setzero_ps(); C];
-    // Every lane of `summs` carries the same scalar sum; lane 0 is the result.
-    let mut summs = [_mm_setzero_ps(); C];
-    for i in 0..nb {
-        let wp = w.add(i * wb);
-        let dw = bcast_f16(wp);
-        let qx = match K {
-            Q4_0 => _mm256_sub_epi8(bytes_from_nibbles_32(wp.add(2)), _mm256_set1_epi8(8)),
-            Q4_1 => bytes_from_nibbles_32(wp.add(4)),
-            Q5_0 => {
-                let hi = _mm256_andnot_si256(bytes_from_bits_32(wp.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-                _mm256_or_si256(bytes_from_nibbles_32(wp.add(6)), hi)
+pub unsafe fn dot_blocks<const K: u8, const C: usize>(
+    nb: usize,
+    w: *const u8,
+    xs: Cols<C>,
+    vnni: bool,
+    out: &mut [f32],
+) {
+    match K {
+        Q4_K | Q5_K => k4_dot::<K, C>(nb, w, xs.q, out),
+        Q6_K => q6_k_dot::<C>(nb, w, xs.q, out),
+        _ if vnni => {
+            if xs.ds[0].is_null() {
+                legacy_dot_vnni::<K, C, false>(nb, w, xs, out)
+            } else {
+                legacy_dot_vnni::<K, C, true>(nb, w, xs, out)
             }
-            Q5_1 => {
-                let hi = _mm256_and_si256(bytes_from_bits_32(wp.add(4)), _mm256_set1_epi8(0x10));
-                _mm256_or_si256(bytes_from_nibbles_32(wp.add(8)), hi)
-            }
-            _ => _mm256_loadu_si256(wp.add(2) as *const __m256i),
-        };
-        // Signed weights: |w| times y with w's sign, so maddubs sees an unsigned left operand.
-        let ax = if signed { _mm256_sign_epi8(qx, qx) } else { qx };
-        let mw = if has_min { bcast_f16x4(wp.add(2)) } else { _mm_setzero_ps() };
-        for c in 0..C {
-            let yp = xs[c].add(i * xb);
-            // set1(dw) * set1(dy) is set1(dw * dy): the same single rounding as ggml's scalar product.
-            let d = _mm256_mul_ps(dw, bcast_f16(yp));
-            let qy = _mm256_loadu_si256(yp.add(xq) as *const __m256i);
-            let sy = if signed { _mm256_sign_epi8(qy, qx) } else { qy };
-            let q = mul_sum_us8_pairs_float(ax, sy);
-            acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
-            if has_min {
-                // ggml writes `summs += m * s`; compilers contract that to an fma when FMA is enabled.
-                summs[c] = _mm_fmadd_ps(mw, bcast_f16x4(yp.add(2)), summs[c]);
+        }
+        _ => {
+            if xs.ds[0].is_null() {
+                legacy_dot::<K, C, false>(nb, w, xs, out)
+            } else {
+                legacy_dot::<K, C, true>(nb, w, xs, out)
             }
         }
     }
-    for c in 0..C {
-        out[c] = hsum_float_8(acc[c]) + _mm_cvtss_f32(summs[c]);
-    }
 }
+
+/// The legacy-format kernel, defined once per instruction set: `$isum` is the integer sum of a block
+/// against one column (`mul_sum_us8_pairs_float`, or `mul_sum_us8_vnni`).
+macro_rules! legacy_kernel {
+    ($name:ident, $features:literal, $isum:ident) => {
+        /// Dot of `nb` legacy weight blocks of format `K` at `w` against `C` activation rows, into
+        /// `out[..C]`; with `PRE` the activations' scales come from `xs.ds` (see `Cols`).
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const K: u8, const C: usize, const PRE: bool>(
+            nb: usize,
+            w: *const u8,
+            xs: Cols<C>,
+            out: &mut [f32],
+        ) {
+            let (wb, xb, xq) = layout(K);
+            let signed = matches!(K, Q4_0 | Q5_0 | Q8_0);
+            let has_min = matches!(K, Q4_1 | Q5_1);
+            let mut acc = [_mm256_setzero_ps(); C];
+            // Every lane of `summs` carries the same scalar sum; lane 0 is the result.
+            let mut summs = [_mm_setzero_ps(); C];
+            for i in 0..nb {
+                let wp = w.add(i * wb);
+                let dw = bcast_f16(wp);
+                let qx = match K {
+                    Q4_0 => _mm256_sub_epi8(bytes_from_nibbles_32(wp.add(2)), _mm256_set1_epi8(8)),
+                    Q4_1 => bytes_from_nibbles_32(wp.add(4)),
+                    Q5_0 => {
+                        let hi = _mm256_andnot_si256(bytes_from_bits_32(wp.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+                        _mm256_or_si256(bytes_from_nibbles_32(wp.add(6)), hi)
+                    }
+                    Q5_1 => {
+                        let hi = _mm256_and_si256(bytes_from_bits_32(wp.add(4)), _mm256_set1_epi8(0x10));
+                        _mm256_or_si256(bytes_from_nibbles_32(wp.add(8)), hi)
+                    }
+                    _ => _mm256_loadu_si256(wp.add(2) as *const __m256i),
+                };
+                // Signed weights: |w| times y with w's sign, so the unsigned operand is the weight's.
+                let ax = if signed { _mm256_sign_epi8(qx, qx) } else { qx };
+                let mw = if has_min { bcast_f16x4(wp.add(2)) } else { _mm_setzero_ps() };
+                for c in 0..C {
+                    let yp = xs.q[c].add(i * xb);
+                    // set1(dw) * set1(dy) is set1(dw * dy): the same single rounding as ggml's scalar product.
+                    let dy = if PRE { _mm256_broadcast_ss(&*xs.ds[c].add(2 * i)) } else { bcast_f16(yp) };
+                    let d = _mm256_mul_ps(dw, dy);
+                    let qy = _mm256_loadu_si256(yp.add(xq) as *const __m256i);
+                    let sy = if signed { _mm256_sign_epi8(qy, qx) } else { qy };
+                    let q = $isum(ax, sy);
+                    acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
+                    if has_min {
+                        // ggml writes `summs += m * s`; compilers contract that to an fma when FMA is enabled.
+                        let sy = if PRE { _mm_broadcast_ss(&*xs.ds[c].add(2 * i + 1)) } else { bcast_f16x4(yp.add(2)) };
+                        summs[c] = _mm_fmadd_ps(mw, sy, summs[c]);
+                    }
+                }
+            }
+            for c in 0..C {
+                out[c] = hsum_float_8(acc[c]) + _mm_cvtss_f32(summs[c]);
+            }
+        }
+    };
+}
+
+legacy_kernel!(legacy_dot, "avx2,fma,f16c", mul_sum_us8_pairs_float);
+legacy_kernel!(legacy_dot_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", mul_sum_us8_vnni);
 
 /// Bytes of a q8_K activation block; its d (f32) sits at 0, the quants at 4, the 16 bsums (i16) at 260.
 const Q8K_BYTES: usize = 292;
@@ -426,6 +484,32 @@ pub unsafe fn dot_f16(n: usize, a: *const u16, b16: *const u16, b32: *const f32)
         sum += (x * y) as f64;
     }
     sum as f32
+}
+
+/// `dot_f16(n, a, null, bs[c])` for `C` f32 columns at once: each 8 weights are converted once and meet
+/// every column with one fma, in the same four accumulators per column, so each column's result has the
+/// bits of `dot_f16` on it alone.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_f16_cols<const C: usize>(n: usize, a: *const u16, bs: &[*const f32; C], out: &mut [f32]) {
+    let np = n & !31;
+    let mut s = [[_mm256_setzero_ps(); 4]; C];
+    let mut i = 0;
+    while i < np {
+        for j in 0..4 {
+            let x = load_f16x8(a.add(i + 8 * j));
+            for (sc, b) in s.iter_mut().zip(bs) {
+                sc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(b.add(i + 8 * j)), sc[j]);
+            }
+        }
+        i += 32;
+    }
+    for c in 0..C {
+        let mut sum = reduce4(s[c]) as f64;
+        for i in np..n {
+            sum += (half::f16::from_bits(*a.add(i)).to_f32() * *bs[c].add(i)) as f64;
+        }
+        out[c] = sum as f32;
+    }
 }
 
 /// `dst[i] = fma(a, v[i], dst[i])` for f16 `v`; the tail uses the same scalar fma, so an element's

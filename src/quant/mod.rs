@@ -52,22 +52,88 @@ pub enum SimdLevel {
     Scalar,
     /// x86_64 with AVX2, FMA and F16C.
     Avx2,
+    /// The AVX2 path with AVX-512 VNNI's `vpdpbusd` for the integer sums of the legacy formats (on
+    /// 256-bit registers, AVX512VL): fewer instructions, the same bits as `Avx2`.
+    Avx2Vnni,
 }
 
-/// The SIMD path in use. Setting `STRATA_SIMD=scalar` in the environment forces the scalar path, which
-/// helps to compare results across paths.
+impl SimdLevel {
+    /// Whether the AVX2 kernels run (also under `Avx2Vnni`).
+    pub fn avx2(self) -> bool {
+        matches!(self, SimdLevel::Avx2 | SimdLevel::Avx2Vnni)
+    }
+}
+
+/// The SIMD path in use. Setting `STRATA_SIMD=scalar` in the environment forces the scalar path and
+/// `STRATA_SIMD=avx2` the AVX2 path without VNNI, which helps to compare results and speed across paths.
 pub fn simd_level() -> SimdLevel {
     static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        if std::env::var("STRATA_SIMD").is_ok_and(|v| v == "scalar") {
+        let forced = std::env::var("STRATA_SIMD").unwrap_or_default();
+        if forced == "scalar" {
             return SimdLevel::Scalar;
         }
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            if forced != "avx2" && vnni_detected() {
+                return SimdLevel::Avx2Vnni;
+            }
             return SimdLevel::Avx2;
         }
         SimdLevel::Scalar
     })
+}
+
+/// Whether this CPU has AVX-512 VNNI with 256-bit forms (AVX512VL).
+#[cfg(target_arch = "x86_64")]
+pub fn vnni_detected() -> bool {
+    is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+}
+
+/// Quantized activations as the products read them: the row's bytes (in the weight type's
+/// `vec_dot_type`) and, optionally, `aux` (see `act_aux_len`), f32 copies the SIMD kernels read instead
+/// of converting f16 in every weight row. Empty `aux` means none; the result has the same bits either way.
+#[derive(Clone, Copy, Debug)]
+pub struct ActRow<'a> {
+    pub q: &'a [u8],
+    pub aux: &'a [f32],
+}
+
+impl<'a> ActRow<'a> {
+    /// A row without f32 copies.
+    pub fn bytes(q: &'a [u8]) -> ActRow<'a> {
+        ActRow { q, aux: &[] }
+    }
+}
+
+/// Length of the f32 copies (`ActRow::aux`) for `n` activations of type `ty_act`: each block's `(d, s)`
+/// for q8_0 (s = 0) and q8_1, the values themselves for f16; none for the other types.
+pub fn act_aux_len(ty_act: GgmlType, n: usize) -> usize {
+    match ty_act {
+        GgmlType::Q8_0 | GgmlType::Q8_1 => 2 * (n / QK),
+        GgmlType::F16 => n,
+        _ => 0,
+    }
+}
+
+/// Fills `aux` (of `act_aux_len(ty_act, n)` values) from the quantized row `x_act` of `n` values.
+///
+/// # Panics
+/// When the lengths do not match.
+pub fn fill_act_aux(ty_act: GgmlType, n: usize, x_act: &[u8], aux: &mut [f32]) {
+    assert_eq!(aux.len(), act_aux_len(ty_act, n), "fill_act_aux: wrong length");
+    check_len(ty_act, n, x_act.len()).unwrap_or_else(|e| panic!("fill_act_aux: {e}"));
+    match ty_act {
+        GgmlType::Q8_0 | GgmlType::Q8_1 => {
+            let bb = ty_act.block_bytes();
+            for (b, ds) in x_act.chunks_exact(bb).zip(aux.chunks_exact_mut(2)) {
+                ds[0] = blocks::f16_at(b, 0);
+                ds[1] = if ty_act == GgmlType::Q8_1 { blocks::f16_at(b, 2) } else { 0.0 };
+            }
+        }
+        GgmlType::F16 => dequant::dequantize(GgmlType::F16, x_act, aux),
+        _ => {}
+    }
 }
 
 /// The format activations are quantized to before a dot product with weights of type `ty`.
@@ -88,7 +154,7 @@ pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
 /// Bytes of `n_values` values of type `ty`, checked.
 pub fn row_len_bytes(ty: GgmlType, n_values: usize) -> Result<usize, QuantError> {
     let block_len = ty.block_len();
-    if n_values % block_len != 0 {
+    if !n_values.is_multiple_of(block_len) {
         return Err(QuantError::PartialBlock { ty, n_values, block_len });
     }
     Ok(n_values / block_len * ty.block_bytes())
@@ -172,7 +238,7 @@ pub fn quantize_row_act(ty_act: GgmlType, x: &[f32], dst: &mut [u8]) {
 #[inline]
 fn quantize_q8_block(x: &[f32], qs: &mut [u8]) -> (f32, i32) {
     #[cfg(target_arch = "x86_64")]
-    if simd_level() == SimdLevel::Avx2 {
+    if simd_level().avx2() {
         assert!(x.len() >= QK && qs.len() >= QK);
         // SAFETY: AVX2/FMA/F16C were detected; both buffers hold a whole block.
         return unsafe { avx2::quantize_q8_block(x.as_ptr(), qs.as_mut_ptr()) };
@@ -194,71 +260,178 @@ fn check_dot(ty: GgmlType, n: usize, w_len: usize, x_len: usize) {
 pub fn vec_dot(ty: GgmlType, n: usize, w_row: &[u8], x_act: &[u8]) -> f32 {
     check_dot(ty, n, w_row.len(), x_act.len());
     let mut out = [0f32];
-    if !simd_dot(ty, n, w_row, &[x_act], &mut out) {
+    if !simd_dot(ty, n, w_row, &[ActRow::bytes(x_act)], &mut out) {
         out[0] = reference::vec_dot(ty, n, w_row, x_act);
     }
     out[0]
 }
 
+fn check_act(ty: GgmlType, n: usize, w_len: usize, x: &ActRow) {
+    check_dot(ty, n, w_len, x.q.len());
+    let aux = act_aux_len(vec_dot_type(ty), n);
+    assert!(x.aux.is_empty() || x.aux.len() >= aux, "vec_dot {ty}: {} f32 copies, {aux} needed", x.aux.len());
+}
+
 /// Dot products of consecutive weight rows with one activation column: `out[r] = vec_dot(ty, n,
-/// w_rows[r * row_bytes..], x_act)`, bit for bit, with the checks and the dispatch done once (the decode
+/// w_rows[r * row_bytes..], x.q)`, bit for bit, with the checks and the dispatch done once (the decode
 /// path's inner loop).
 ///
 /// # Panics
 /// When `w_rows` does not hold `out.len()` rows of `row_bytes`, or as `vec_dot`.
-pub fn vec_dot_rows(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, x_act: &[u8], out: &mut [f32]) {
+pub fn vec_dot_rows(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, x: ActRow, out: &mut [f32]) {
     assert!(
         w_rows.len() >= out.len() * row_bytes,
         "vec_dot_rows: {} rows do not fit {} bytes",
         out.len(),
         w_rows.len()
     );
-    check_dot(ty, n, row_bytes, x_act.len());
+    check_act(ty, n, row_bytes, &x);
     #[cfg(target_arch = "x86_64")]
-    if simd_level() == SimdLevel::Avx2 {
-        // SAFETY: features detected; every row holds `nb` blocks (checked above), as does `x_act`.
+    if simd_level().avx2() {
+        let vnni = simd_level() == SimdLevel::Avx2Vnni;
+        // SAFETY: features detected (VNNI only when `vnni`); every row holds `nb` blocks (checked above),
+        // as does `x.q`, and `x.aux` is empty or complete.
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn rows<const K: u8>(nb: usize, w: &[u8], rb: usize, x: &[u8], out: &mut [f32]) {
+        unsafe fn rows<const K: u8>(nb: usize, w: &[u8], rb: usize, x: ActRow, vnni: bool, out: &mut [f32]) {
+            let ds = if x.aux.is_empty() { std::ptr::null() } else { x.aux.as_ptr() };
+            let cols = avx2::Cols::<1> { q: &[x.q.as_ptr()], ds: &[ds] };
             for (r, o) in out.iter_mut().enumerate() {
-                avx2::dot_blocks::<K, 1>(nb, w.as_ptr().add(r * rb), &[x.as_ptr()], std::slice::from_mut(o));
+                avx2::dot_blocks::<K, 1>(nb, w.as_ptr().add(r * rb), cols, vnni, std::slice::from_mut(o));
             }
         }
         let nb = n / ty.block_len();
         unsafe {
             match ty {
-                GgmlType::Q4_0 => return rows::<{ avx2::Q4_0 }>(nb, w_rows, row_bytes, x_act, out),
-                GgmlType::Q4_1 => return rows::<{ avx2::Q4_1 }>(nb, w_rows, row_bytes, x_act, out),
-                GgmlType::Q5_0 => return rows::<{ avx2::Q5_0 }>(nb, w_rows, row_bytes, x_act, out),
-                GgmlType::Q5_1 => return rows::<{ avx2::Q5_1 }>(nb, w_rows, row_bytes, x_act, out),
-                GgmlType::Q8_0 => return rows::<{ avx2::Q8_0 }>(nb, w_rows, row_bytes, x_act, out),
-                GgmlType::Q4K => return rows::<{ avx2::Q4_K }>(nb, w_rows, row_bytes, x_act, out),
-                GgmlType::Q5K => return rows::<{ avx2::Q5_K }>(nb, w_rows, row_bytes, x_act, out),
-                GgmlType::Q6K => return rows::<{ avx2::Q6_K }>(nb, w_rows, row_bytes, x_act, out),
+                GgmlType::Q4_0 => return rows::<{ avx2::Q4_0 }>(nb, w_rows, row_bytes, x, vnni, out),
+                GgmlType::Q4_1 => return rows::<{ avx2::Q4_1 }>(nb, w_rows, row_bytes, x, vnni, out),
+                GgmlType::Q5_0 => return rows::<{ avx2::Q5_0 }>(nb, w_rows, row_bytes, x, vnni, out),
+                GgmlType::Q5_1 => return rows::<{ avx2::Q5_1 }>(nb, w_rows, row_bytes, x, vnni, out),
+                GgmlType::Q8_0 => return rows::<{ avx2::Q8_0 }>(nb, w_rows, row_bytes, x, vnni, out),
+                GgmlType::Q4K => return rows::<{ avx2::Q4_K }>(nb, w_rows, row_bytes, x, vnni, out),
+                GgmlType::Q5K => return rows::<{ avx2::Q5_K }>(nb, w_rows, row_bytes, x, vnni, out),
+                GgmlType::Q6K => return rows::<{ avx2::Q6_K }>(nb, w_rows, row_bytes, x, vnni, out),
                 _ => {}
             }
         }
     }
     for (r, o) in out.iter_mut().enumerate() {
-        *o = vec_dot(ty, n, &w_rows[r * row_bytes..(r + 1) * row_bytes], x_act);
+        let mut one = [0f32];
+        let row = &w_rows[r * row_bytes..(r + 1) * row_bytes];
+        if !simd_dot(ty, n, row, &[x], &mut one) {
+            one[0] = reference::vec_dot(ty, n, row, x.q);
+        }
+        *o = one[0];
     }
 }
 
 /// Dot products of one weight row with several activation columns: `out[c] = vec_dot(ty, n, w_row,
-/// xs[c])`, bit for bit, but each weight block is unpacked once for up to four columns.
+/// xs[c].q)`, bit for bit, but each weight block is unpacked once for up to four columns.
 ///
 /// # Panics
 /// As `vec_dot`, for any column; and when `out.len() != xs.len()`.
-pub fn vec_dot_multi(ty: GgmlType, n: usize, w_row: &[u8], xs: &[&[u8]], out: &mut [f32]) {
+pub fn vec_dot_multi(ty: GgmlType, n: usize, w_row: &[u8], xs: &[ActRow], out: &mut [f32]) {
     assert_eq!(xs.len(), out.len(), "vec_dot_multi: one output per column");
     for x in xs {
-        check_dot(ty, n, w_row.len(), x.len());
+        check_act(ty, n, w_row.len(), x);
     }
     for (xs, out) in xs.chunks(4).zip(out.chunks_mut(4)) {
         if !simd_dot(ty, n, w_row, xs, out) {
             for (x, o) in xs.iter().zip(out.iter_mut()) {
-                *o = reference::vec_dot(ty, n, w_row, x);
+                *o = reference::vec_dot(ty, n, w_row, x.q);
             }
         }
+    }
+}
+
+/// Dot products of `n_rows` consecutive weight rows with a few activation columns: `out[r * xs.len() +
+/// c] = vec_dot(ty, n, w_rows[r * row_bytes..], xs[c].q)`, bit for bit, with the checks and the dispatch
+/// done once for the tile (the matrix product's inner loop).
+///
+/// # Panics
+/// When `w_rows` does not hold `n_rows` rows of `row_bytes`, `out` is not `n_rows * xs.len()` long, or
+/// as `vec_dot` for any column.
+pub fn vec_dot_tile(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, xs: &[ActRow], out: &mut [f32]) {
+    let n_cols = xs.len();
+    assert!(n_cols > 0 && out.len().is_multiple_of(n_cols), "vec_dot_tile: {} outputs for {n_cols} columns", out.len());
+    let n_rows = out.len() / n_cols;
+    assert!(w_rows.len() >= n_rows * row_bytes, "vec_dot_tile: {n_rows} rows do not fit {} bytes", w_rows.len());
+    for x in xs {
+        check_act(ty, n, row_bytes, x);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd_level().avx2() && !matches!(ty, GgmlType::F16 | GgmlType::F32 | GgmlType::BF16) {
+        let vnni = simd_level() == SimdLevel::Avx2Vnni;
+        let nb = n / ty.block_len();
+        // SAFETY: features detected (VNNI only when `vnni`); every row and column holds `nb` blocks and
+        // each column's `aux` is empty or complete (checked above).
+        unsafe {
+            match ty {
+                GgmlType::Q4_0 => tile_cols::<{ avx2::Q4_0 }>(nb, w_rows, row_bytes, xs, vnni, out),
+                GgmlType::Q4_1 => tile_cols::<{ avx2::Q4_1 }>(nb, w_rows, row_bytes, xs, vnni, out),
+                GgmlType::Q5_0 => tile_cols::<{ avx2::Q5_0 }>(nb, w_rows, row_bytes, xs, vnni, out),
+                GgmlType::Q5_1 => tile_cols::<{ avx2::Q5_1 }>(nb, w_rows, row_bytes, xs, vnni, out),
+                GgmlType::Q8_0 => tile_cols::<{ avx2::Q8_0 }>(nb, w_rows, row_bytes, xs, vnni, out),
+                GgmlType::Q4K => tile_cols::<{ avx2::Q4_K }>(nb, w_rows, row_bytes, xs, vnni, out),
+                GgmlType::Q5K => tile_cols::<{ avx2::Q5_K }>(nb, w_rows, row_bytes, xs, vnni, out),
+                GgmlType::Q6K => tile_cols::<{ avx2::Q6_K }>(nb, w_rows, row_bytes, xs, vnni, out),
+                _ => unreachable!("float types take the per-row path"),
+            }
+        }
+        return;
+    }
+    let mut dots = [0f32; 4];
+    for (r, out) in out.chunks_exact_mut(n_cols).enumerate() {
+        let row = &w_rows[r * row_bytes..(r + 1) * row_bytes];
+        for (xs, out) in xs.chunks(4).zip(out.chunks_mut(4)) {
+            let dots = &mut dots[..xs.len()];
+            if !simd_dot(ty, n, row, xs, dots) {
+                for (x, o) in xs.iter().zip(dots.iter_mut()) {
+                    *o = reference::vec_dot(ty, n, row, x.q);
+                }
+            }
+            out.copy_from_slice(dots);
+        }
+    }
+}
+
+/// The tile of `vec_dot_tile` for a block format: columns in groups of up to four, each group's
+/// pointers set up once for all rows.
+///
+/// # Safety
+/// AVX2/FMA/F16C present (and VNNI when `vnni`); every row and column holds `nb` blocks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_cols<const K: u8>(nb: usize, w: &[u8], rb: usize, xs: &[ActRow], vnni: bool, out: &mut [f32]) {
+    #[inline(always)]
+    unsafe fn group<const K: u8, const C: usize>(
+        nb: usize,
+        w: &[u8],
+        rb: usize,
+        xs: &[ActRow],
+        c0: usize,
+        vnni: bool,
+        out: &mut [f32],
+    ) {
+        let n_cols = xs.len();
+        let pre = xs[c0..c0 + C].iter().all(|x| !x.aux.is_empty());
+        let q: [*const u8; C] = std::array::from_fn(|c| xs[c0 + c].q.as_ptr());
+        let ds: [*const f32; C] = std::array::from_fn(|c| if pre { xs[c0 + c].aux.as_ptr() } else { std::ptr::null() });
+        let cols = avx2::Cols { q: &q, ds: &ds };
+        let mut dots = [0f32; C];
+        for (r, out) in out.chunks_exact_mut(n_cols).enumerate() {
+            avx2::dot_blocks::<K, C>(nb, w.as_ptr().add(r * rb), cols, vnni, &mut dots);
+            out[c0..c0 + C].copy_from_slice(&dots);
+        }
+    }
+    let mut c0 = 0;
+    while c0 < xs.len() {
+        match xs.len() - c0 {
+            1 => group::<K, 1>(nb, w, rb, xs, c0, vnni, out),
+            2 => group::<K, 2>(nb, w, rb, xs, c0, vnni, out),
+            3 => group::<K, 3>(nb, w, rb, xs, c0, vnni, out),
+            _ => group::<K, 4>(nb, w, rb, xs, c0, vnni, out),
+        }
+        c0 += 4;
     }
 }
 
@@ -266,33 +439,30 @@ pub fn vec_dot_multi(ty: GgmlType, n: usize, w_row: &[u8], xs: &[&[u8]], out: &m
 /// Lengths are checked by the caller.
 #[inline]
 #[allow(unused_variables)]
-fn simd_dot(ty: GgmlType, n: usize, w: &[u8], xs: &[&[u8]], out: &mut [f32]) -> bool {
+fn simd_dot(ty: GgmlType, n: usize, w: &[u8], xs: &[ActRow], out: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if simd_level() == SimdLevel::Avx2 {
+    if simd_level().avx2() {
         use avx2::*;
         let nb = n / ty.block_len();
-        // SAFETY: features detected; `check_dot` guaranteed `nb` blocks in `w` and in every column.
+        let vnni = simd_level() == SimdLevel::Avx2Vnni;
+        // SAFETY: features detected (VNNI only when `vnni`); `check_dot` guaranteed `nb` blocks in `w`
+        // and in every column, and each column's `aux` is empty or complete.
         unsafe {
             match ty {
-                GgmlType::Q4_0 => block_cols::<Q4_0>(nb, w, xs, out),
-                GgmlType::Q4_1 => block_cols::<Q4_1>(nb, w, xs, out),
-                GgmlType::Q5_0 => block_cols::<Q5_0>(nb, w, xs, out),
-                GgmlType::Q5_1 => block_cols::<Q5_1>(nb, w, xs, out),
-                GgmlType::Q8_0 => block_cols::<Q8_0>(nb, w, xs, out),
-                GgmlType::Q4K => block_cols::<Q4_K>(nb, w, xs, out),
-                GgmlType::Q5K => block_cols::<Q5_K>(nb, w, xs, out),
-                GgmlType::Q6K => block_cols::<Q6_K>(nb, w, xs, out),
+                GgmlType::Q4_0 => block_cols::<Q4_0>(nb, w, xs, vnni, out),
+                GgmlType::Q4_1 => block_cols::<Q4_1>(nb, w, xs, vnni, out),
+                GgmlType::Q5_0 => block_cols::<Q5_0>(nb, w, xs, vnni, out),
+                GgmlType::Q5_1 => block_cols::<Q5_1>(nb, w, xs, vnni, out),
+                GgmlType::Q8_0 => block_cols::<Q8_0>(nb, w, xs, vnni, out),
+                GgmlType::Q4K => block_cols::<Q4_K>(nb, w, xs, vnni, out),
+                GgmlType::Q5K => block_cols::<Q5_K>(nb, w, xs, vnni, out),
+                GgmlType::Q6K => block_cols::<Q6_K>(nb, w, xs, vnni, out),
                 GgmlType::F32 => {
                     for (x, o) in xs.iter().zip(out.iter_mut()) {
-                        *o = dot_f32(n, w.as_ptr() as *const f32, x.as_ptr() as *const f32);
+                        *o = dot_f32(n, w.as_ptr() as *const f32, x.q.as_ptr() as *const f32);
                     }
                 }
-                GgmlType::F16 => {
-                    for (x, o) in xs.iter().zip(out.iter_mut()) {
-                        let (a, b) = (w.as_ptr() as *const u16, x.as_ptr() as *const u16);
-                        *o = dot_f16(n, a, b, std::ptr::null());
-                    }
-                }
+                GgmlType::F16 => f16_cols(n, w, xs, out),
                 _ => return false,
             }
         }
@@ -301,24 +471,52 @@ fn simd_dot(ty: GgmlType, n: usize, w: &[u8], xs: &[&[u8]], out: &mut [f32]) -> 
     false
 }
 
-/// Dispatches 1..=4 columns to the const-generic kernel.
+/// f16 weights against up to four columns: two at a time from their f32 copies where every column has
+/// them, else one at a time from the f16 bytes.
 ///
 /// # Safety
-/// AVX2/FMA/F16C present; `w` and every column hold `nb` blocks.
+/// AVX2/FMA/F16C present; `w` and every column hold `n` values.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-unsafe fn block_cols<const K: u8>(nb: usize, w: &[u8], xs: &[&[u8]], out: &mut [f32]) {
+unsafe fn f16_cols(n: usize, w: &[u8], xs: &[ActRow], out: &mut [f32]) {
+    let a = w.as_ptr() as *const u16;
+    if xs.iter().all(|x| !x.aux.is_empty()) {
+        for (xs, out) in xs.chunks(2).zip(out.chunks_mut(2)) {
+            if let [x0, x1] = xs {
+                avx2::dot_f16_cols::<2>(n, a, &[x0.aux.as_ptr(), x1.aux.as_ptr()], out);
+            } else {
+                avx2::dot_f16_cols::<1>(n, a, &[xs[0].aux.as_ptr()], out);
+            }
+        }
+        return;
+    }
+    for (x, o) in xs.iter().zip(out.iter_mut()) {
+        *o = avx2::dot_f16(n, a, x.q.as_ptr() as *const u16, std::ptr::null());
+    }
+}
+
+/// Dispatches 1..=4 columns to the const-generic kernel, with their f32 scales where every column has
+/// them.
+///
+/// # Safety
+/// AVX2/FMA/F16C present (and VNNI when `vnni`); `w` and every column hold `nb` blocks.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+unsafe fn block_cols<const K: u8>(nb: usize, w: &[u8], xs: &[ActRow], vnni: bool, out: &mut [f32]) {
     let w = w.as_ptr();
+    let pre = xs.iter().all(|x| !x.aux.is_empty());
+    let ds = |i: usize| if pre { xs[i].aux.as_ptr() } else { std::ptr::null() };
+    let q = |i: usize| xs[i].q.as_ptr();
     match xs.len() {
-        1 => avx2::dot_blocks::<K, 1>(nb, w, &[xs[0].as_ptr()], out),
-        2 => avx2::dot_blocks::<K, 2>(nb, w, &[xs[0].as_ptr(), xs[1].as_ptr()], out),
+        1 => avx2::dot_blocks::<K, 1>(nb, w, avx2::Cols { q: &[q(0)], ds: &[ds(0)] }, vnni, out),
+        2 => avx2::dot_blocks::<K, 2>(nb, w, avx2::Cols { q: &[q(0), q(1)], ds: &[ds(0), ds(1)] }, vnni, out),
         3 => {
-            let p = [xs[0].as_ptr(), xs[1].as_ptr(), xs[2].as_ptr()];
-            avx2::dot_blocks::<K, 3>(nb, w, &p, out)
+            let cols = avx2::Cols { q: &[q(0), q(1), q(2)], ds: &[ds(0), ds(1), ds(2)] };
+            avx2::dot_blocks::<K, 3>(nb, w, cols, vnni, out)
         }
         _ => {
-            let p = [xs[0].as_ptr(), xs[1].as_ptr(), xs[2].as_ptr(), xs[3].as_ptr()];
-            avx2::dot_blocks::<K, 4>(nb, w, &p, out)
+            let cols = avx2::Cols { q: &[q(0), q(1), q(2), q(3)], ds: &[ds(0), ds(1), ds(2), ds(3)] };
+            avx2::dot_blocks::<K, 4>(nb, w, cols, vnni, out)
         }
     }
 }

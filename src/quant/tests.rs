@@ -34,6 +34,14 @@ fn act(ty: GgmlType, x: &[f32]) -> Vec<u8> {
     b
 }
 
+/// The f32 copies `QuantActs` keeps beside the activations `x` of `n` values for weights of type `ty`.
+fn aux(ty: GgmlType, n: usize, x: &[u8]) -> Vec<f32> {
+    let ta = vec_dot_type(ty);
+    let mut a = vec![0f32; act_aux_len(ta, n)];
+    fill_act_aux(ta, n, x, &mut a);
+    a
+}
+
 fn lengths(ty: GgmlType) -> &'static [usize] {
     if ty.block_len() == QK_K {
         &[256, 512, 1536]
@@ -117,7 +125,7 @@ fn k_quant_dots_match_reference_on_arbitrary_block_bytes() {
             let mag = abs_dot(ty, n, &w, &x);
             assert!((got - want).abs() <= 1e-5 * mag, "{ty}: simd {got} vs reference {want}");
             let mut multi = [0f32; 3];
-            vec_dot_multi(ty, n, &w, &[&x, &x, &x], &mut multi);
+            vec_dot_multi(ty, n, &w, &[ActRow::bytes(&x); 3], &mut multi);
             assert!(multi.iter().all(|m| m.to_bits() == got.to_bits()), "{ty}: {multi:?} vs {got}");
         }
     }
@@ -131,12 +139,17 @@ fn multi_column_results_are_bit_identical_to_single_column() {
         let w = quantized(ty, &randn(&mut rng, n));
         for n_cols in 1..=9 {
             let cols: Vec<Vec<u8>> = (0..n_cols).map(|_| act(ty, &randn(&mut rng, n))).collect();
-            let xs: Vec<&[u8]> = cols.iter().map(|c| c.as_slice()).collect();
-            let mut out = vec![0f32; n_cols];
-            vec_dot_multi(ty, n, &w, &xs, &mut out);
-            for (c, x) in xs.iter().enumerate() {
-                let single = vec_dot(ty, n, &w, x);
-                assert_eq!(out[c].to_bits(), single.to_bits(), "{ty}: column {c} of {n_cols}");
+            let auxes: Vec<Vec<f32>> = cols.iter().map(|c| aux(ty, n, c)).collect();
+            let plain: Vec<ActRow> = cols.iter().map(|c| ActRow::bytes(c)).collect();
+            let with_aux: Vec<ActRow> = cols.iter().zip(&auxes).map(|(q, aux)| ActRow { q, aux }).collect();
+            for xs in [plain, with_aux] {
+                let mut out = vec![0f32; n_cols];
+                vec_dot_multi(ty, n, &w, &xs, &mut out);
+                for (c, x) in xs.iter().enumerate() {
+                    let single = vec_dot(ty, n, &w, x.q);
+                    let aux = !x.aux.is_empty();
+                    assert_eq!(out[c].to_bits(), single.to_bits(), "{ty}: column {c} of {n_cols} (f32 copies: {aux})");
+                }
             }
         }
     }
@@ -151,10 +164,13 @@ fn row_batch_results_are_bit_identical_to_single_rows() {
         let rb = rows[0].len();
         let all: Vec<u8> = rows.concat();
         let x = act(ty, &randn(&mut rng, n));
-        let mut out = vec![0f32; rows.len()];
-        vec_dot_rows(ty, n, &all, rb, &x, &mut out);
-        for (r, w) in rows.iter().enumerate() {
-            assert_eq!(out[r].to_bits(), vec_dot(ty, n, w, &x).to_bits(), "{ty}: row {r}");
+        let x_aux = aux(ty, n, &x);
+        for row in [ActRow::bytes(&x), ActRow { q: &x, aux: &x_aux }] {
+            let mut out = vec![0f32; rows.len()];
+            vec_dot_rows(ty, n, &all, rb, row, &mut out);
+            for (r, w) in rows.iter().enumerate() {
+                assert_eq!(out[r].to_bits(), vec_dot(ty, n, w, &x).to_bits(), "{ty}: row {r}");
+            }
         }
     }
 }
@@ -283,4 +299,102 @@ fn vec_dot_panics_on_short_activations() {
 fn quantize_row_act_panics_on_partial_block() {
     let mut dst = [0u8; 34];
     quantize_row_act(GgmlType::Q8_0, &[0.0; 31], &mut dst);
+}
+
+/// The integer sums by AVX-512 VNNI (`vpdpbusd`) give the bits of the AVX2 sums (`maddubs` + `madd`), for
+/// every legacy format, with and without the f32 scales, one to four columns, and activations at the ends
+/// of their range (+-127, where `maddubs` would saturate if it could).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vnni_kernels_give_the_avx2_bits() {
+    if !simd_level().avx2() {
+        println!("skipped: this CPU has no AVX2");
+        return;
+    }
+    if !vnni_detected() {
+        println!("skipped: this CPU has no AVX-512 VNNI (the AVX2 path runs)");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(11);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
+        let n = 576;
+        let nb = n / QK;
+        // Random weight bytes with sane scales reach every level, -128 included for q8_0.
+        let mut w: Vec<u8> = (0..row_len_bytes(ty, n).unwrap()).map(|_| rng.gen()).collect();
+        for b in w.chunks_exact_mut(ty.block_bytes()) {
+            let at: &[usize] = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) { &[0, 2] } else { &[0] };
+            for &a in at {
+                b[a..a + 2].copy_from_slice(&f16::from_f32(rng.gen_range(1e-3f32..0.1)).to_bits().to_le_bytes());
+            }
+        }
+        let mut cols: Vec<Vec<u8>> = (0..4).map(|_| act(ty, &randn(&mut rng, n))).collect();
+        // One column of extremes: every value +-127 times its scale.
+        let extremes: Vec<f32> = (0..n).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+        cols[3] = act(ty, &extremes);
+        let auxes: Vec<Vec<f32>> = cols.iter().map(|c| aux(ty, n, c)).collect();
+        let q: Vec<*const u8> = cols.iter().map(|c| c.as_ptr()).collect();
+        let ds: Vec<*const f32> = auxes.iter().map(|a| a.as_ptr()).collect();
+        let none = [std::ptr::null::<f32>(); 4];
+        let run = |vnni: bool, pre: bool| {
+            let mut out = [0f32; 4];
+            let ds4 = if pre { [ds[0], ds[1], ds[2], ds[3]] } else { none };
+            let cols = avx2::Cols::<4> { q: &[q[0], q[1], q[2], q[3]], ds: &ds4 };
+            // SAFETY: AVX2 and VNNI detected above; the row and every column hold `nb` blocks.
+            unsafe {
+                match ty {
+                    GgmlType::Q4_0 => avx2::dot_blocks::<{ avx2::Q4_0 }, 4>(nb, w.as_ptr(), cols, vnni, &mut out),
+                    GgmlType::Q4_1 => avx2::dot_blocks::<{ avx2::Q4_1 }, 4>(nb, w.as_ptr(), cols, vnni, &mut out),
+                    GgmlType::Q5_0 => avx2::dot_blocks::<{ avx2::Q5_0 }, 4>(nb, w.as_ptr(), cols, vnni, &mut out),
+                    GgmlType::Q5_1 => avx2::dot_blocks::<{ avx2::Q5_1 }, 4>(nb, w.as_ptr(), cols, vnni, &mut out),
+                    _ => avx2::dot_blocks::<{ avx2::Q8_0 }, 4>(nb, w.as_ptr(), cols, vnni, &mut out),
+                }
+            }
+            out
+        };
+        let want = run(false, false);
+        for (vnni, pre) in [(true, false), (false, true), (true, true)] {
+            let got = run(vnni, pre);
+            for c in 0..4 {
+                assert_eq!(got[c].to_bits(), want[c].to_bits(), "{ty}: column {c}, vnni {vnni}, f32 scales {pre}");
+            }
+        }
+        // And against the scalar reference, to within rounding.
+        for (c, x) in cols.iter().enumerate() {
+            let r = reference::vec_dot(ty, n, &w, x);
+            assert!((want[c] - r).abs() <= 1e-5 * abs_dot(ty, n, &w, x), "{ty}: column {c}: {} vs {r}", want[c]);
+        }
+    }
+}
+
+#[test]
+fn tile_results_are_bit_identical_to_single_dots() {
+    let mut rng = StdRng::seed_from_u64(12);
+    for ty in GgmlType::WEIGHT_TYPES {
+        let n = lengths(ty)[1];
+        let rows: Vec<Vec<u8>> = (0..5).map(|_| quantized(ty, &randn(&mut rng, n))).collect();
+        let rb = rows[0].len();
+        let all: Vec<u8> = rows.concat();
+        for n_cols in 1..=6 {
+            let cols: Vec<Vec<u8>> = (0..n_cols).map(|_| act(ty, &randn(&mut rng, n))).collect();
+            let auxes: Vec<Vec<f32>> = cols.iter().map(|c| aux(ty, n, c)).collect();
+            let plain: Vec<ActRow> = cols.iter().map(|c| ActRow::bytes(c)).collect();
+            let with_aux: Vec<ActRow> = cols.iter().zip(&auxes).map(|(q, aux)| ActRow { q, aux }).collect();
+            for xs in [plain, with_aux] {
+                for n_rows in [1, 5] {
+                    let mut out = vec![0f32; n_rows * n_cols];
+                    vec_dot_tile(ty, n, &all, rb, &xs, &mut out);
+                    for r in 0..n_rows {
+                        for (c, x) in xs.iter().enumerate() {
+                            let single = vec_dot(ty, n, &rows[r], x.q);
+                            assert_eq!(
+                                out[r * n_cols + c].to_bits(),
+                                single.to_bits(),
+                                "{ty}: row {r}, column {c} of {n_cols}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -134,7 +134,7 @@ impl GgmlType {
     /// or the size overflows.
     pub fn row_bytes(self, n_values: u64) -> Option<u64> {
         let len = self.block_len() as u64;
-        if n_values % len != 0 {
+        if !n_values.is_multiple_of(len) {
             return None;
         }
         (n_values / len).checked_mul(self.block_bytes() as u64)

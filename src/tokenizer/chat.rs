@@ -295,7 +295,7 @@ fn write_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out: &
     let newline = |out: &mut String, depth: usize| {
         if let Some(n) = indent {
             out.push('\n');
-            out.extend(std::iter::repeat(' ').take(n * depth));
+            out.extend(std::iter::repeat_n(' ', n * depth));
         }
     };
     let sep = if indent.is_some() { "," } else { ", " };

@@ -151,7 +151,7 @@ fn get_id(file: &GgufFile, key: &str, n_vocab: usize) -> Result<Option<u32>, Tok
 /// (which would put a wrong token at the start of every prompt or end no reply).
 fn required_id(file: &GgufFile, key: &'static str, n_vocab: usize) -> Result<Option<u32>, TokenizerError> {
     if let Some(v) = file.get(key).filter(|v| v.is_integer()) {
-        if v.as_u64().map_or(true, |id| id >= n_vocab as u64) {
+        if v.as_u64().is_none_or(|id| id >= n_vocab as u64) {
             return Err(TokenizerError::SpecialIdOutOfRange { key, id: v.display_short(), n_vocab });
         }
     }

@@ -165,7 +165,7 @@ impl Buffer {
     }
 
     fn check(&self, at: u64, len: usize) -> Result<(), GpuError> {
-        if at.checked_add(len as u64).map_or(true, |end| end > self.bytes) {
+        if at.checked_add(len as u64).is_none_or(|end| end > self.bytes) {
             return Err(GpuError::BadLaunch {
                 kernel: "copy".into(),
                 why: format!("{len} bytes at {at} overrun a buffer of {}", self.bytes),
