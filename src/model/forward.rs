@@ -11,6 +11,7 @@ use crate::device::Device;
 use crate::threadpool::ThreadPool;
 
 use super::acts::QuantActs;
+use super::attn;
 use super::kv::KvCache;
 use super::ops::{self, AttnShape, MatJob, SharedMut};
 use super::{Model, ModelError};
@@ -247,7 +248,7 @@ impl Model {
             }
             kv.write(l, pos0 + t, &s.k[t * kv_dim..(t + 1) * kv_dim], &s.v[t * kv_dim..(t + 1) * kv_dim]);
         }
-        ops::attention(pool, kv, l, &shape, &s.q, pos0, &mut s.att);
+        attn::attention(pool, kv, l, &shape, &s.q, pos0, &mut s.att);
         s.act.quantize(pool, lw.wo.ty, &s.att, q_dim);
         ops::matmul(pool, &[MatJob { w: &lw.wo, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
         for (a, b) in x.iter_mut().zip(&s.proj) {

@@ -5,6 +5,7 @@
 //! and holds the ledger entries of its weights, scratch and staging: dropping the model gives them back.
 
 pub mod acts;
+pub mod attn;
 pub mod config;
 mod forward;
 pub mod gpu;

@@ -1,11 +1,10 @@
-//! The CPU arithmetic of the forward pass that is not a matrix product: RMSNorm, RoPE, SwiGLU, attention,
+//! The CPU arithmetic of the forward pass beside attention (`attn`): RMSNorm, RoPE, SwiGLU
 //! and the threaded matrix products over quantized weights.
 //!
 //! Batch invariance is this module's promise: every value for a token is computed by the same operations in
 //! the same order whatever the batch it came in, so logits are bit-identical whether a prompt is read in one
 //! batch, in chunks, or token by token. Threads split rows or (token, head) pairs, never a reduction.
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use crate::quant;
@@ -13,7 +12,6 @@ use crate::threadpool::{split_range, ThreadPool};
 
 use super::acts::QuantActs;
 use super::config::RopeKind;
-use super::kv::{KvCache, KvPage, KvRows, KV_PAGE_TOKENS};
 use super::weights::QTensor;
 
 /// A raw view of a mutable slice shared by threads that write disjoint elements.
@@ -203,133 +201,4 @@ pub struct AttnShape {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
-}
-
-/// Causal attention of the `t_count` queries in `q` at positions `pos0..pos0 + t_count` over layer `layer`
-/// of `kv` (already holding those positions). `q`: (t_count, n_head * head_dim); `out`: same shape.
-///
-/// Hot path: per (token, head) pair, one pass over the keys for the scores and one over the values. Each
-/// pair is computed by one thread in a fixed order, whatever the batch.
-///
-/// The pages may live on the layer's device or, spilled, on the host (`--kv-resident`, pressure). On the
-/// CPU both are host memory and one softmax covers them, so where a page lives changes no bit. (Splitting
-/// into a host part and a device part merged by log-sum-exp, as a GPU must, moves this model's logits by
-/// up to 0.4: its 8-bit activations turn the last-bit changes of the merge into whole quantization steps.)
-pub fn attention(
-    pool: &ThreadPool,
-    kv: &KvCache,
-    layer: usize,
-    shape: &AttnShape,
-    q: &[f32],
-    pos0: usize,
-    out: &mut [f32],
-) {
-    let AttnShape { n_head, n_head_kv, head_dim } = *shape;
-    let q_dim = n_head * head_dim;
-    let t_count = q.len() / q_dim;
-    let group = n_head / n_head_kv;
-    let part = PartShape {
-        pages: &kv.layers[layer].pages,
-        kv_dim: n_head_kv * head_dim,
-        head_dim,
-        row_bytes: kv.ty.row_bytes(n_head_kv * head_dim),
-        head_bytes: kv.ty.row_bytes(head_dim),
-        scale: 1.0 / (head_dim as f32).sqrt(),
-    };
-    let shared_out = SharedMut::new(out);
-    let items = t_count * n_head;
-    let n_chunks = pool.chunks_for(items);
-    pool.run(n_chunks, |chunk| {
-        let mut scores: Vec<f32> = Vec::new();
-        for item in split_range(chunk, n_chunks, items) {
-            let (t, h) = (item / n_head, item % n_head);
-            let kvh = h / group;
-            let pos = pos0 + t;
-            let qv = &q[t * q_dim + h * head_dim..t * q_dim + (h + 1) * head_dim];
-            // SAFETY: each (token, head) output slice is written by one thread only.
-            let o = unsafe { shared_out.slice(t * q_dim + h * head_dim, head_dim) };
-            part.attend(0..pos + 1, kvh, qv, &mut scores, o);
-        }
-    });
-}
-
-/// What attention over one layer's pages needs to find a head's rows.
-struct PartShape<'a> {
-    pages: &'a [KvPage],
-    kv_dim: usize,
-    head_dim: usize,
-    row_bytes: usize,
-    head_bytes: usize,
-    scale: f32,
-}
-
-impl PartShape<'_> {
-    /// Softmax attention of `qv` over the positions `range` of head `kvh`, normalized, into `o`.
-    fn attend(&self, range: Range<usize>, kvh: usize, qv: &[f32], scores: &mut Vec<f32>, o: &mut [f32]) {
-        let (kv_dim, head_dim, row_bytes, head_bytes) = (self.kv_dim, self.head_dim, self.row_bytes, self.head_bytes);
-        scores.clear();
-        let mut max = f32::NEG_INFINITY;
-        for_each_page_rows(&range, |page, rows| {
-            let p = &self.pages[page];
-            match &p.k {
-                KvRows::F16(k) => {
-                    for r in rows {
-                        let at = r * kv_dim + kvh * head_dim;
-                        let s = quant::dot_f16_f32(&k[at..at + head_dim], qv) * self.scale;
-                        max = max.max(s);
-                        scores.push(s);
-                    }
-                }
-                KvRows::Int8(k) => {
-                    for r in rows {
-                        let at = r * row_bytes + kvh * head_bytes;
-                        let s = quant::dot_q8_0_f32(&k[at..at + head_bytes], qv) * self.scale;
-                        max = max.max(s);
-                        scores.push(s);
-                    }
-                }
-                KvRows::Gpu => unreachable!("GPU layers attend with a kernel"),
-            }
-        });
-        let mut sum = 0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        let inv = 1.0 / sum;
-        o.fill(0.0);
-        let mut j = 0;
-        for_each_page_rows(&range, |page, rows| {
-            let p = &self.pages[page];
-            match &p.v {
-                KvRows::F16(v) => {
-                    for r in rows {
-                        let at = r * kv_dim + kvh * head_dim;
-                        quant::axpy_f16(o, scores[j] * inv, &v[at..at + head_dim]);
-                        j += 1;
-                    }
-                }
-                KvRows::Int8(v) => {
-                    for r in rows {
-                        let at = r * row_bytes + kvh * head_bytes;
-                        quant::axpy_q8_0(o, scores[j] * inv, &v[at..at + head_bytes]);
-                        j += 1;
-                    }
-                }
-                KvRows::Gpu => unreachable!("GPU layers attend with a kernel"),
-            }
-        });
-    }
-}
-
-/// Calls `f(page, rows within the page)` for the pages covering `range`, in order.
-#[inline]
-fn for_each_page_rows(range: &Range<usize>, mut f: impl FnMut(usize, Range<usize>)) {
-    let mut j = range.start;
-    while j < range.end {
-        let page = j / KV_PAGE_TOKENS;
-        let end = range.end.min((page + 1) * KV_PAGE_TOKENS);
-        f(page, j - page * KV_PAGE_TOKENS..end - page * KV_PAGE_TOKENS);
-        j = end;
-    }
 }
