@@ -17,8 +17,8 @@
 //!   polynomial (`exp_nonpos`), so the AVX2 instance (the same code compiled with AVX2 enabled, for 8-lane
 //!   vectors) and the portable one give the same bits.
 //!
-//! Hot path: scores are a (head_dim x KEY_TILE) transposed K tile times the query, eight keys per vector;
-//! the weighted sum of V runs along the head dimension. Scratch lives per thread (`SCRATCH`): decoding
+//! Hot path: a key's score is eight lanes of products summed in a fixed tree, eight keys per step; the
+//! weighted sum of V runs along the head dimension with the output in registers. Scratch lives per thread (`SCRATCH`): decoding
 //! allocates nothing per token.
 
 use std::cell::RefCell;
@@ -50,9 +50,8 @@ struct Query {
 /// Per-thread buffers of a pass.
 #[derive(Default)]
 struct Scratch {
-    kt: Vec<f32>,  // (head_dim, KEY_TILE): the tile's keys, transposed
+    k: Vec<f32>,   // (KEY_TILE, head_dim)
     v: Vec<f32>,   // (KEY_TILE, head_dim)
-    row: Vec<f32>, // (head_dim): a key being transposed
     m: Vec<f32>,   // (queries): running max of the scores
     l: Vec<f32>,   // (queries): running sum of the weights
     acc: Vec<f32>, // (queries, head_dim): running weighted sum of V
@@ -148,19 +147,18 @@ fn pass_body<const AVX2: bool>(ctx: &Layer, kvh: usize, q: &[f32], out: SharedMu
     let hd = ctx.head_dim;
     let nq = s.queries.len();
     let Some(last) = s.queries.iter().map(|x| x.pos).max() else { return };
-    s.kt.resize(hd * KEY_TILE, 0.0);
+    s.k.resize(KEY_TILE * hd, 0.0);
     s.v.resize(KEY_TILE * hd, 0.0);
-    s.row.resize(hd, 0.0);
     s.m.clear();
     s.m.resize(nq, f32::NEG_INFINITY);
     s.l.clear();
     s.l.resize(nq, 0.0);
     s.acc.clear();
     s.acc.resize(nq * hd, 0.0);
-    let Scratch { kt, v, row, m, l, acc, queries } = s;
+    let Scratch { k, v, m, l, acc, queries } = s;
     for start in (0..=last).step_by(KEY_TILE) {
         let n_keys = KEY_TILE.min(last + 1 - start);
-        load_tile(ctx, kvh, start, n_keys, kt, v, row);
+        load_tile(ctx, kvh, start, n_keys, k, v);
         for (qi, query) in queries.iter().enumerate() {
             if query.pos < start {
                 continue;
@@ -170,13 +168,13 @@ fn pass_body<const AVX2: bool>(ctx: &Layer, kvh: usize, q: &[f32], out: SharedMu
             let mut sc = [0f32; KEY_TILE];
             #[cfg(target_arch = "x86_64")]
             if AVX2 {
-                // SAFETY: AVX2 detected (see `pass`); `kt` holds head_dim rows of KEY_TILE.
-                unsafe { scores_avx2(qv, kt, &mut sc) };
+                // SAFETY: AVX2 detected (see `pass`); `k` holds KEY_TILE rows of head_dim.
+                unsafe { scores_avx2(qv, k, &mut sc) };
             } else {
-                scores(qv, kt, &mut sc);
+                scores(qv, k, &mut sc);
             }
             #[cfg(not(target_arch = "x86_64"))]
-            scores(qv, kt, &mut sc);
+            scores(qv, k, &mut sc);
             for (i, a) in sc.iter_mut().enumerate() {
                 *a = if i < valid { *a * ctx.scale } else { f32::NEG_INFINITY };
             }
@@ -249,56 +247,66 @@ unsafe fn weigh_values_avx2(o: &mut [f32], alpha: f32, p: &[f32], v: &[f32]) {
     }
 }
 
-/// `sc[i] = sum over d of q[d] * kt[d][i]`, summed in order of d, for the tile's keys.
+/// `sc[i] = q . k[i]` for the tile's keys: eight lanes, lane `j` summing the products of dimensions
+/// `j, j + 8, ..` in order, then the lanes in pairs (`((0+1)+(2+3))+((4+5)+(6+7))`).
 #[inline(always)]
-fn scores(qv: &[f32], kt: &[f32], sc: &mut [f32; KEY_TILE]) {
-    for (d, &x) in qv.iter().enumerate() {
-        let col = &kt[d * KEY_TILE..(d + 1) * KEY_TILE];
-        for (a, &k) in sc.iter_mut().zip(col) {
-            *a += x * k;
+fn scores(qv: &[f32], k: &[f32], sc: &mut [f32; KEY_TILE]) {
+    let hd = qv.len();
+    for (i, a) in sc.iter_mut().enumerate() {
+        let kr = &k[i * hd..(i + 1) * hd];
+        let mut l = [0f32; 8];
+        for (qc, kc) in qv.chunks_exact(8).zip(kr.chunks_exact(8)) {
+            for j in 0..8 {
+                l[j] += qc[j] * kc[j];
+            }
         }
+        *a = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
     }
 }
 
-/// `scores` on four 8-lane vectors (a multiply, then an add, as there).
+/// `scores` eight keys at a time: a vector of lanes per key, and the eight lane sums by `hadd`, which adds
+/// in the same pairs.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_avx2(qv: &[f32], kt: &[f32], sc: &mut [f32; KEY_TILE]) {
+unsafe fn scores_avx2(qv: &[f32], k: &[f32], sc: &mut [f32; KEY_TILE]) {
     use std::arch::x86_64::*;
-    assert!(kt.len() >= qv.len() * KEY_TILE);
-    let k = kt.as_ptr();
-    let mut acc = [_mm256_setzero_ps(); KEY_TILE / 8];
-    for (d, &x) in qv.iter().enumerate() {
-        let b = _mm256_set1_ps(x);
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_add_ps(*a, _mm256_mul_ps(b, _mm256_loadu_ps(k.add(d * KEY_TILE + 8 * j))));
+    let hd = qv.len();
+    assert!(hd % 8 == 0 && k.len() >= KEY_TILE * hd);
+    for i0 in (0..KEY_TILE).step_by(8) {
+        let mut a = [_mm256_setzero_ps(); 8];
+        for (c, qc) in qv.chunks_exact(8).enumerate() {
+            let q = _mm256_loadu_ps(qc.as_ptr());
+            for (j, x) in a.iter_mut().enumerate() {
+                let kp = k.as_ptr().add((i0 + j) * hd + 8 * c);
+                *x = _mm256_add_ps(*x, _mm256_mul_ps(q, _mm256_loadu_ps(kp)));
+            }
         }
-    }
-    for (j, a) in acc.iter().enumerate() {
-        _mm256_storeu_ps(sc.as_mut_ptr().add(8 * j), *a);
+        // hadd(x, y) = [x0+x1, x2+x3, y0+y1, y2+y3 | x4+x5, x6+x7, y4+y5, y6+y7].
+        let h01 = _mm256_hadd_ps(a[0], a[1]);
+        let h23 = _mm256_hadd_ps(a[2], a[3]);
+        let h45 = _mm256_hadd_ps(a[4], a[5]);
+        let h67 = _mm256_hadd_ps(a[6], a[7]);
+        // Keys 0..4: (0+1)+(2+3) in the low half, (4+5)+(6+7) in the high half; keys 4..8 likewise.
+        let k03 = _mm256_hadd_ps(h01, h23);
+        let k47 = _mm256_hadd_ps(h45, h67);
+        let lo = _mm256_permute2f128_ps::<0x20>(k03, k47);
+        let hi = _mm256_permute2f128_ps::<0x31>(k03, k47);
+        _mm256_storeu_ps(sc.as_mut_ptr().add(i0), _mm256_add_ps(lo, hi));
     }
 }
 
-/// Converts keys `start..start + n_keys` of KV head `kvh` into `kt` (transposed) and their values into `v`,
-/// zeroing the lanes past `n_keys`.
+/// Converts keys `start..start + n_keys` of KV head `kvh` into `k` and their values into `v` (rows of
+/// head_dim), zeroing the rows past `n_keys`.
 #[inline(always)]
-fn load_tile(ctx: &Layer, kvh: usize, start: usize, n_keys: usize, kt: &mut [f32], v: &mut [f32], row: &mut [f32]) {
+fn load_tile(ctx: &Layer, kvh: usize, start: usize, n_keys: usize, k: &mut [f32], v: &mut [f32]) {
     let hd = ctx.head_dim;
     let page = &ctx.pages[start / KV_PAGE_TOKENS];
     let r0 = start % KV_PAGE_TOKENS;
     for i in 0..n_keys {
-        let r = r0 + i;
-        head_row(ctx, &page.k, r, kvh, row);
-        for (d, &x) in row.iter().enumerate() {
-            kt[d * KEY_TILE + i] = x;
-        }
-        head_row(ctx, &page.v, r, kvh, &mut v[i * hd..(i + 1) * hd]);
+        head_row(ctx, &page.k, r0 + i, kvh, &mut k[i * hd..(i + 1) * hd]);
+        head_row(ctx, &page.v, r0 + i, kvh, &mut v[i * hd..(i + 1) * hd]);
     }
-    if n_keys < KEY_TILE {
-        for d in 0..hd {
-            kt[d * KEY_TILE + n_keys..(d + 1) * KEY_TILE].fill(0.0);
-        }
-    }
+    k[n_keys * hd..].fill(0.0);
 }
 
 /// Row `r` of a page's K or V for head `kvh`, as f32.
