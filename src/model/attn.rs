@@ -271,7 +271,7 @@ fn scores(qv: &[f32], k: &[f32], sc: &mut [f32; KEY_TILE]) {
 unsafe fn scores_avx2(qv: &[f32], k: &[f32], sc: &mut [f32; KEY_TILE]) {
     use std::arch::x86_64::*;
     let hd = qv.len();
-    assert!(hd % 8 == 0 && k.len() >= KEY_TILE * hd);
+    assert!(hd.is_multiple_of(8) && k.len() >= KEY_TILE * hd);
     for i0 in (0..KEY_TILE).step_by(8) {
         let mut a = [_mm256_setzero_ps(); 8];
         for (c, qc) in qv.chunks_exact(8).enumerate() {
