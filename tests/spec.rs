@@ -79,6 +79,17 @@ fn greedy_tokens_are_identical_with_ngram_and_self_drafting() {
             self_proposed += with_self.drafts_proposed;
         }
     }
+    // A repetitive task (copy a code block with one change), where lookup finds what the reply copies: the
+    // kept-draft path runs whatever the three prompts above happen to continue with.
+    let rewrite = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/prompts/rewrite-code.txt"))
+        .expect("benches/prompts/rewrite-code.txt");
+    let prompt = tok.encode(&rewrite, true);
+    let params = greedy(60);
+    let plain = run(&model, &tok, &pool, &prompt, &params, None);
+    let mut ngram = Drafter::ngram(SpecConfig::default());
+    let with_ngram = run(&model, &tok, &pool, &prompt, &params, Some(&mut ngram));
+    assert_eq!(with_ngram.tokens, plain.tokens, "rewrite: --spec ngram");
+    ngram_kept += with_ngram.drafts_accepted;
     assert!(ngram_kept > 0, "n-gram lookup kept no draft on any prompt: the path was not exercised");
     assert!(self_proposed > 40, "the draft model proposed only {self_proposed} drafts");
 }
