@@ -279,49 +279,7 @@ fn check_act(ty: GgmlType, n: usize, w_len: usize, x: &ActRow) {
 /// # Panics
 /// When `w_rows` does not hold `out.len()` rows of `row_bytes`, or as `vec_dot`.
 pub fn vec_dot_rows(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, x: ActRow, out: &mut [f32]) {
-    assert!(
-        w_rows.len() >= out.len() * row_bytes,
-        "vec_dot_rows: {} rows do not fit {} bytes",
-        out.len(),
-        w_rows.len()
-    );
-    check_act(ty, n, row_bytes, &x);
-    #[cfg(target_arch = "x86_64")]
-    if simd_level().avx2() {
-        let vnni = simd_level() == SimdLevel::Avx2Vnni;
-        // SAFETY: features detected (VNNI only when `vnni`); every row holds `nb` blocks (checked above),
-        // as does `x.q`, and `x.aux` is empty or complete.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn rows<const K: u8>(nb: usize, w: &[u8], rb: usize, x: ActRow, vnni: bool, out: &mut [f32]) {
-            let ds = if x.aux.is_empty() { std::ptr::null() } else { x.aux.as_ptr() };
-            let cols = avx2::Cols::<1> { q: &[x.q.as_ptr()], ds: &[ds] };
-            for (r, o) in out.iter_mut().enumerate() {
-                avx2::dot_blocks::<K, 1>(nb, w.as_ptr().add(r * rb), cols, vnni, std::slice::from_mut(o));
-            }
-        }
-        let nb = n / ty.block_len();
-        unsafe {
-            match ty {
-                GgmlType::Q4_0 => return rows::<{ avx2::Q4_0 }>(nb, w_rows, row_bytes, x, vnni, out),
-                GgmlType::Q4_1 => return rows::<{ avx2::Q4_1 }>(nb, w_rows, row_bytes, x, vnni, out),
-                GgmlType::Q5_0 => return rows::<{ avx2::Q5_0 }>(nb, w_rows, row_bytes, x, vnni, out),
-                GgmlType::Q5_1 => return rows::<{ avx2::Q5_1 }>(nb, w_rows, row_bytes, x, vnni, out),
-                GgmlType::Q8_0 => return rows::<{ avx2::Q8_0 }>(nb, w_rows, row_bytes, x, vnni, out),
-                GgmlType::Q4K => return rows::<{ avx2::Q4_K }>(nb, w_rows, row_bytes, x, vnni, out),
-                GgmlType::Q5K => return rows::<{ avx2::Q5_K }>(nb, w_rows, row_bytes, x, vnni, out),
-                GgmlType::Q6K => return rows::<{ avx2::Q6_K }>(nb, w_rows, row_bytes, x, vnni, out),
-                _ => {}
-            }
-        }
-    }
-    for (r, o) in out.iter_mut().enumerate() {
-        let mut one = [0f32];
-        let row = &w_rows[r * row_bytes..(r + 1) * row_bytes];
-        if !simd_dot(ty, n, row, &[x], &mut one) {
-            one[0] = reference::vec_dot(ty, n, row, x.q);
-        }
-        *o = one[0];
-    }
+    vec_dot_tile(ty, n, w_rows, row_bytes, &[x], out);
 }
 
 /// Dot products of one weight row with several activation columns: `out[c] = vec_dot(ty, n, w_row,
