@@ -394,7 +394,9 @@ def check_restart(driver, app_pid):
     # A longer reply; kill the engine while it streams.
     set_param(driver, "Max tokens", 200)
     before = len(assistant_messages(driver))
-    send_chat(driver, "Count from 1 to 100, with commas.")
+    # Its greedy reply runs to the 200-token limit (a prompt whose reply stops early, as counting did once
+    # attention's rounding moved its continuation, would end before the engine could be killed mid-stream).
+    send_chat(driver, "Write a long story about a dragon.")
     streaming = wait_for(
         "reply streaming",
         lambda: (lambda x: x if x and x["count"] > before and x["streaming"] and len(x["text"]) >= 10 else None)(
