@@ -213,6 +213,35 @@ fn bench_json_reports_both_rates() {
 }
 
 #[test]
+fn bench_runs_every_size_at_every_depth() {
+    let o = strata(&["bench", "-p", "16,32", "-n", "4", "-d", "0,40", "-r", "2", "-t", "2", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("json");
+    let tests = v["tests"].as_array().expect("tests");
+    let names: Vec<&str> = tests.iter().map(|t| t["test"].as_str().expect("name")).collect();
+    assert_eq!(names, ["pp16", "pp32", "tg4", "pp16 @ d40", "pp32 @ d40", "tg4 @ d40"]);
+    for t in tests {
+        let depth = if t["test"].as_str().unwrap().contains("@ d40") { 40 } else { 0 };
+        assert_eq!(t["n_depth"], depth, "{t}");
+        assert_eq!(t["samples_tok_s"].as_array().expect("samples").len(), 2, "{t}");
+        assert!(t["tok_s"].as_f64().expect("rate") > 0.0, "{t}");
+    }
+    assert_eq!(tests[1]["n_prompt"], 32);
+    assert_eq!(tests[2]["n_gen"], 4);
+    // The first configuration keeps its flat fields.
+    assert_eq!(v["pp_tok_s"], tests[0]["tok_s"]);
+    assert_eq!(v["tg_tok_s"], tests[2]["tok_s"]);
+    // The depth counts against the context.
+    let o = strata(&["bench", "-c", "64", "-d", "40", "-p", "32", "-n", "0"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("bench -p 32 at -d 40: the test needs 72 positions but the context holds 64 (-c)"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
 fn perplexity_of_the_gpl3_text_matches_llama_cpp() {
     let text = common::reference_path("perplexity_GPL-3.txt");
     let o = strata(&["perplexity", "-f", text.to_str().unwrap(), "-c", "512", "-t", "2"]);
