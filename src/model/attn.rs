@@ -22,6 +22,7 @@
 //! allocates nothing per token.
 
 use std::cell::RefCell;
+use std::ops::Range;
 
 use half::slice::HalfFloatSliceExt;
 
@@ -33,10 +34,15 @@ use super::ops::{AttnShape, SharedMut};
 
 /// Keys per tile.
 pub const KEY_TILE: usize = 32;
+/// Keys per chunk: a query attends its keys chunk by chunk (tiles with an online softmax inside a chunk,
+/// from a fresh state), and the chunks' states are merged in order. Decoding runs a query's chunks on
+/// different threads; a batch runs them one after the other. Same operations either way.
+pub const CHUNK_KEYS: usize = 256;
 /// Tokens of a batch whose queries share one pass over the keys.
 const QUERY_TOKENS: usize = 8;
 
 const _: () = assert!(KV_PAGE_TOKENS.is_multiple_of(KEY_TILE), "a tile must not straddle a page");
+const _: () = assert!(CHUNK_KEYS.is_multiple_of(KEY_TILE), "a tile must not straddle a chunk");
 
 /// One query of a pass: its vector, its last key position (causal: keys `0..=pos`) and where its output
 /// goes (an offset into the output, `head_dim` values).
@@ -45,21 +51,26 @@ struct Query {
     q_at: usize,
     pos: usize,
     out_at: usize,
+    kvh: usize,
 }
 
 /// Per-thread buffers of a pass.
 #[derive(Default)]
 struct Scratch {
-    k: Vec<f32>,   // (KEY_TILE, head_dim)
-    v: Vec<f32>,   // (KEY_TILE, head_dim)
-    m: Vec<f32>,   // (queries): running max of the scores
-    l: Vec<f32>,   // (queries): running sum of the weights
-    acc: Vec<f32>, // (queries, head_dim): running weighted sum of V
+    k: Vec<f32>,   // (KEY_TILE, heads of the tile, head_dim)
+    v: Vec<f32>,   // (KEY_TILE, heads of the tile, head_dim)
+    m: Vec<f32>,   // (queries): a chunk's running max of the scores
+    l: Vec<f32>,   // (queries): a chunk's running sum of the weights
+    acc: Vec<f32>, // (queries, head_dim): a chunk's running weighted sum of V
+    total: Vec<f32>, // (queries, 2 + head_dim): the merged chunks' (m, l, acc)
     queries: Vec<Query>,
 }
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// The caller's buffer of chunk states when a query's chunks run on different threads:
+    /// (items, queries per item, 2 + head_dim).
+    static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// What a pass needs to find a head's rows in the layer's pages.
@@ -95,86 +106,192 @@ pub fn attention(
         head_bytes: kv.ty.row_bytes(head_dim),
         scale: 1.0 / (head_dim as f32).sqrt(),
     };
-    // Work items: one query head each when decoding (enough items for the threads), else a block of
-    // tokens with all the heads of one KV head. Which queries share a pass changes no bit.
-    let (n_blocks, heads_per_item) = if t_count == 1 { (1, 1) } else { (t_count.div_ceil(QUERY_TOKENS), group) };
-    let items_per_block = n_head / heads_per_item;
-    let items = n_blocks * items_per_block;
+    // A work item is a block of tokens with all the heads of one KV head (each K/V tile converted once for
+    // them all). With one block (decoding, small batches) that is too few items for the threads, so there
+    // an item is a chunk of the keys for every head, read as whole rows (contiguous memory), and the
+    // chunks' states are merged after. Which queries share a pass, and on which thread a chunk runs,
+    // changes no bit.
+    let n_blocks = t_count.div_ceil(QUERY_TOKENS);
+    let queries_of = |block: usize, kv_heads: Range<usize>, list: &mut Vec<Query>| {
+        list.clear();
+        for t in block * QUERY_TOKENS..((block + 1) * QUERY_TOKENS).min(t_count) {
+            for h in kv_heads.start * group..kv_heads.end * group {
+                let at = t * q_dim + h * head_dim;
+                list.push(Query { q_at: at, pos: pos0 + t, out_at: at, kvh: h / group });
+            }
+        }
+    };
     let shared_out = SharedMut::new(out);
+    let n_key_chunks = (pos0 + t_count).div_ceil(CHUNK_KEYS);
+    if n_blocks == 1 && n_key_chunks > 1 {
+        let per_item = t_count * n_head * (2 + head_dim);
+        let items = n_key_chunks;
+        PARTIALS.with_borrow_mut(|partials| {
+            partials.resize(items * per_item, 0.0);
+            let shared = SharedMut::new(partials);
+            let n_chunks = pool.chunks_for(items);
+            pool.run(n_chunks, |chunk| {
+                SCRATCH.with_borrow_mut(|s| {
+                    for c in split_range(chunk, n_chunks, items) {
+                        queries_of(0, 0..n_head_kv, &mut s.queries);
+                        chunk_pass(&ctx, 0..n_head_kv, q, c * CHUNK_KEYS, s);
+                        // SAFETY: each item writes its own slot.
+                        save_chunk(s, head_dim, unsafe { shared.slice(c * per_item, per_item) });
+                    }
+                })
+            });
+            SCRATCH.with_borrow_mut(|s| {
+                queries_of(0, 0..n_head_kv, &mut s.queries);
+                start_totals(s, head_dim);
+                for c in 0..n_key_chunks {
+                    merge_saved(s, head_dim, c * CHUNK_KEYS, &partials[c * per_item..(c + 1) * per_item]);
+                }
+                write_out(s, head_dim, shared_out);
+            });
+        });
+        return;
+    }
+    let items = n_blocks * n_head_kv;
     let n_chunks = pool.chunks_for(items);
     pool.run(n_chunks, |chunk| {
         SCRATCH.with_borrow_mut(|s| {
             for item in split_range(chunk, n_chunks, items) {
-                let (block, hi) = (item / items_per_block, item % items_per_block);
-                let (h0, h1) = (hi * heads_per_item, (hi + 1) * heads_per_item);
-                let kvh = h0 / group;
-                let tokens = block * QUERY_TOKENS..((block + 1) * QUERY_TOKENS).min(t_count);
-                s.queries.clear();
-                for t in tokens {
-                    for h in h0..h1 {
-                        let at = t * q_dim + h * head_dim;
-                        s.queries.push(Query { q_at: at, pos: pos0 + t, out_at: at });
-                    }
+                let kvh = item % n_head_kv;
+                queries_of(item / n_head_kv, kvh..kvh + 1, &mut s.queries);
+                let last = s.queries.iter().map(|x| x.pos).max().unwrap_or(0);
+                start_totals(s, head_dim);
+                for c0 in (0..=last).step_by(CHUNK_KEYS) {
+                    chunk_pass(&ctx, kvh..kvh + 1, q, c0, s);
+                    merge_chunk(s, head_dim, c0);
                 }
-                pass(&ctx, kvh, q, shared_out, s);
+                write_out(s, head_dim, shared_out);
             }
         })
     });
 }
 
-/// One pass over the keys of KV head `kvh` for the queries in `s.queries`.
-/// Each query's output slice belongs to its item alone, run by one thread.
-fn pass(ctx: &Layer, kvh: usize, q: &[f32], out: SharedMut<f32>, s: &mut Scratch) {
+/// One chunk's pass (keys `c0..c0 + CHUNK_KEYS`, up to the last query's position) over the KV heads
+/// `heads` (the queries in `s.queries` read those), from a fresh state: leaves each query's (m, l, acc) in
+/// `s`. A query before the chunk keeps the empty state.
+fn chunk_pass(ctx: &Layer, heads: Range<usize>, q: &[f32], c0: usize, s: &mut Scratch) {
     #[cfg(target_arch = "x86_64")]
     if quant::simd_level().avx2() {
         // SAFETY: AVX2 and FMA were detected; the body is plain Rust.
-        return unsafe { pass_avx2(ctx, kvh, q, out, s) };
+        return unsafe { chunk_avx2(ctx, heads, q, c0, s) };
     }
-    pass_body::<false>(ctx, kvh, q, out, s)
+    chunk_body::<false>(ctx, heads, q, c0, s)
 }
 
-/// `pass_body` compiled with AVX2, so its loops run on 8-lane vectors (same operations, same bits).
+/// `chunk_body` compiled with AVX2, so its loops run on 8-lane vectors (same operations, same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pass_avx2(ctx: &Layer, kvh: usize, q: &[f32], out: SharedMut<f32>, s: &mut Scratch) {
-    pass_body::<true>(ctx, kvh, q, out, s)
+unsafe fn chunk_avx2(ctx: &Layer, heads: Range<usize>, q: &[f32], c0: usize, s: &mut Scratch) {
+    chunk_body::<true>(ctx, heads, q, c0, s)
 }
 
-/// The pass; `AVX2` (only where it was detected) computes the scores with explicit 8-lane vectors, the
-/// same multiplies and adds in the same order as the portable loop.
+/// Sets every query's merged state to the empty one: m = -inf, l = 0, acc = 0.
+fn start_totals(s: &mut Scratch, hd: usize) {
+    s.total.clear();
+    s.total.resize(s.queries.len() * (2 + hd), 0.0);
+    for t in s.total.chunks_exact_mut(2 + hd) {
+        t[0] = f32::NEG_INFINITY;
+    }
+}
+
+/// Copies the chunk's states into `slot`: (queries, 2 + hd) as (m, l, acc).
+fn save_chunk(s: &Scratch, hd: usize, slot: &mut [f32]) {
+    for (qi, o) in slot.chunks_exact_mut(2 + hd).take(s.queries.len()).enumerate() {
+        o[0] = s.m[qi];
+        o[1] = s.l[qi];
+        o[2..].copy_from_slice(&s.acc[qi * hd..(qi + 1) * hd]);
+    }
+}
+
+/// Merges the states of the chunk at `c0` that `save_chunk` wrote into the totals.
+fn merge_saved(s: &mut Scratch, hd: usize, c0: usize, slot: &[f32]) {
+    for ((query, t), st) in s.queries.iter().zip(s.total.chunks_exact_mut(2 + hd)).zip(slot.chunks_exact(2 + hd)) {
+        if query.pos >= c0 {
+            merge(t, st[0], st[1], &st[2..]);
+        }
+    }
+}
+
+/// Merges the chunk states `chunk_pass` left in `s` into the totals.
+fn merge_chunk(s: &mut Scratch, hd: usize, c0: usize) {
+    let Scratch { m, l, acc, total, queries, .. } = s;
+    for (qi, (query, t)) in queries.iter().zip(total.chunks_exact_mut(2 + hd)).enumerate() {
+        if query.pos >= c0 {
+            merge(t, m[qi], l[qi], &acc[qi * hd..(qi + 1) * hd]);
+        }
+    }
+}
+
+/// Merges a chunk's state (`m`, `l`, `acc`) into a query's total `t` = (m, l, acc...). Into the empty total
+/// it gives the chunk's state exactly (weights 0 and e^0 = 1).
 #[inline(always)]
-fn pass_body<const AVX2: bool>(ctx: &Layer, kvh: usize, q: &[f32], out: SharedMut<f32>, s: &mut Scratch) {
+fn merge(t: &mut [f32], m: f32, l: f32, acc: &[f32]) {
+    let m_new = t[0].max(m);
+    let a = if t[0] == f32::NEG_INFINITY { 0.0 } else { exp_nonpos(t[0] - m_new) };
+    let b = exp_nonpos(m - m_new);
+    t[0] = m_new;
+    t[1] = t[1] * a + l * b;
+    for (x, &y) in t[2..].iter_mut().zip(acc) {
+        *x = *x * a + y * b;
+    }
+}
+
+/// Each query's output: its total weighted V over its total weight.
+fn write_out(s: &Scratch, hd: usize, out: SharedMut<f32>) {
+    for (query, t) in s.queries.iter().zip(s.total.chunks_exact(2 + hd)) {
+        let inv = 1.0 / t[1];
+        // SAFETY: a query's output is written by the one item that holds it.
+        let o = unsafe { out.slice(query.out_at, hd) };
+        for (y, &x) in o.iter_mut().zip(&t[2..]) {
+            *y = x * inv;
+        }
+    }
+}
+
+/// The chunk's pass; `AVX2` (only where it was detected) computes the scores with explicit 8-lane
+/// vectors, the same multiplies and adds in the same order as the portable loop.
+#[inline(always)]
+fn chunk_body<const AVX2: bool>(ctx: &Layer, heads: Range<usize>, q: &[f32], c0: usize, s: &mut Scratch) {
     let hd = ctx.head_dim;
     let nq = s.queries.len();
     let Some(last) = s.queries.iter().map(|x| x.pos).max() else { return };
-    s.k.resize(KEY_TILE * hd, 0.0);
-    s.v.resize(KEY_TILE * hd, 0.0);
+    let end = last.min(c0 + CHUNK_KEYS - 1);
+    // A tile row holds the heads `heads`, one after the other.
+    let stride = heads.len() * hd;
+    s.k.resize(KEY_TILE * stride, 0.0);
+    s.v.resize(KEY_TILE * stride, 0.0);
     s.m.clear();
     s.m.resize(nq, f32::NEG_INFINITY);
     s.l.clear();
     s.l.resize(nq, 0.0);
     s.acc.clear();
     s.acc.resize(nq * hd, 0.0);
-    let Scratch { k, v, m, l, acc, queries } = s;
-    for start in (0..=last).step_by(KEY_TILE) {
-        let n_keys = KEY_TILE.min(last + 1 - start);
-        load_tile(ctx, kvh, start, n_keys, k, v);
+    let Scratch { k, v, m, l, acc, queries, .. } = s;
+    for start in (c0..=end).step_by(KEY_TILE) {
+        let n_keys = KEY_TILE.min(end + 1 - start);
+        load_tile::<AVX2>(ctx, heads.clone(), start, n_keys, k, v);
         for (qi, query) in queries.iter().enumerate() {
             if query.pos < start {
                 continue;
             }
             let valid = n_keys.min(query.pos + 1 - start);
             let qv = &q[query.q_at..query.q_at + hd];
+            let off = (query.kvh - heads.start) * hd;
+            let (kh, vh) = (&k[off..], &v[off..]);
             let mut sc = [0f32; KEY_TILE];
             #[cfg(target_arch = "x86_64")]
             if AVX2 {
-                // SAFETY: AVX2 detected (see `pass`); `k` holds KEY_TILE rows of head_dim.
-                unsafe { scores_avx2(qv, k, &mut sc) };
+                // SAFETY: AVX2 detected (see `chunk_pass`); `kh` holds KEY_TILE rows of `stride`.
+                unsafe { scores_avx2(qv, kh, stride, &mut sc) };
             } else {
-                scores(qv, k, &mut sc);
+                scores(qv, kh, stride, &mut sc);
             }
             #[cfg(not(target_arch = "x86_64"))]
-            scores(qv, k, &mut sc);
+            scores(qv, kh, stride, &mut sc);
             for (i, a) in sc.iter_mut().enumerate() {
                 *a = if i < valid { *a * ctx.scale } else { f32::NEG_INFINITY };
             }
@@ -190,32 +307,25 @@ fn pass_body<const AVX2: bool>(ctx: &Layer, kvh: usize, q: &[f32], out: SharedMu
             let o = &mut acc[qi * hd..(qi + 1) * hd];
             #[cfg(target_arch = "x86_64")]
             if AVX2 && hd.is_multiple_of(64) {
-                // SAFETY: AVX2 detected (see `pass`); `v` holds `valid` rows of `hd`.
-                unsafe { weigh_values_avx2(o, alpha, &p[..valid], v) };
+                // SAFETY: AVX2 detected (see `chunk_pass`); `vh` holds `valid` rows of `stride`.
+                unsafe { weigh_values_avx2(o, alpha, &p[..valid], vh, stride) };
                 continue;
             }
-            weigh_values(o, alpha, &p[..valid], v);
-        }
-    }
-    for (qi, query) in queries.iter().enumerate() {
-        let inv = 1.0 / l[qi];
-        // SAFETY: this query's output is written by this pass only (see `pass`).
-        let o = unsafe { out.slice(query.out_at, hd) };
-        for (y, &x) in o.iter_mut().zip(&acc[qi * hd..(qi + 1) * hd]) {
-            *y = x * inv;
+            weigh_values(o, alpha, &p[..valid], vh, stride);
         }
     }
 }
 
-/// `o = o * alpha + sum over i of p[i] * v[i]`, the keys in order, for each of `o`'s dimensions.
+/// `o = o * alpha + sum over i of p[i] * v[i]` (row `i` of `v` at `i * stride`), the keys in order, for
+/// each of `o`'s dimensions.
 #[inline(always)]
-fn weigh_values(o: &mut [f32], alpha: f32, p: &[f32], v: &[f32]) {
+fn weigh_values(o: &mut [f32], alpha: f32, p: &[f32], v: &[f32], stride: usize) {
     let hd = o.len();
     for x in o.iter_mut() {
         *x *= alpha;
     }
     for (i, &w) in p.iter().enumerate() {
-        for (x, &y) in o.iter_mut().zip(&v[i * hd..(i + 1) * hd]) {
+        for (x, &y) in o.iter_mut().zip(&v[i * stride..i * stride + hd]) {
             *x += w * y;
         }
     }
@@ -224,10 +334,10 @@ fn weigh_values(o: &mut [f32], alpha: f32, p: &[f32], v: &[f32]) {
 /// `weigh_values` with the output held in registers, 64 dimensions at a time (`o.len()` a multiple of 64).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn weigh_values_avx2(o: &mut [f32], alpha: f32, p: &[f32], v: &[f32]) {
+unsafe fn weigh_values_avx2(o: &mut [f32], alpha: f32, p: &[f32], v: &[f32], stride: usize) {
     use std::arch::x86_64::*;
     let hd = o.len();
-    assert!(hd.is_multiple_of(64) && v.len() >= p.len() * hd);
+    assert!(hd.is_multiple_of(64) && (p.is_empty() || v.len() >= (p.len() - 1) * stride + hd));
     let a = _mm256_set1_ps(alpha);
     for d0 in (0..hd).step_by(64) {
         let mut acc = [_mm256_setzero_ps(); 8];
@@ -236,7 +346,7 @@ unsafe fn weigh_values_avx2(o: &mut [f32], alpha: f32, p: &[f32], v: &[f32]) {
         }
         for (i, &w) in p.iter().enumerate() {
             let b = _mm256_set1_ps(w);
-            let vr = v.as_ptr().add(i * hd + d0);
+            let vr = v.as_ptr().add(i * stride + d0);
             for (j, x) in acc.iter_mut().enumerate() {
                 *x = _mm256_add_ps(*x, _mm256_mul_ps(b, _mm256_loadu_ps(vr.add(8 * j))));
             }
@@ -247,13 +357,14 @@ unsafe fn weigh_values_avx2(o: &mut [f32], alpha: f32, p: &[f32], v: &[f32]) {
     }
 }
 
-/// `sc[i] = q . k[i]` for the tile's keys: eight lanes, lane `j` summing the products of dimensions
-/// `j, j + 8, ..` in order, then the lanes in pairs (`((0+1)+(2+3))+((4+5)+(6+7))`).
+/// `sc[i] = q . k[i]` (row `i` of `k` at `i * stride`) for the tile's keys: eight lanes, lane `j` summing
+/// the products of dimensions `j, j + 8, ..` in order, then the lanes in pairs
+/// (`((0+1)+(2+3))+((4+5)+(6+7))`).
 #[inline(always)]
-fn scores(qv: &[f32], k: &[f32], sc: &mut [f32; KEY_TILE]) {
+fn scores(qv: &[f32], k: &[f32], stride: usize, sc: &mut [f32; KEY_TILE]) {
     let hd = qv.len();
     for (i, a) in sc.iter_mut().enumerate() {
-        let kr = &k[i * hd..(i + 1) * hd];
+        let kr = &k[i * stride..i * stride + hd];
         let mut l = [0f32; 8];
         for (qc, kc) in qv.chunks_exact(8).zip(kr.chunks_exact(8)) {
             for j in 0..8 {
@@ -268,16 +379,16 @@ fn scores(qv: &[f32], k: &[f32], sc: &mut [f32; KEY_TILE]) {
 /// in the same pairs.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_avx2(qv: &[f32], k: &[f32], sc: &mut [f32; KEY_TILE]) {
+unsafe fn scores_avx2(qv: &[f32], k: &[f32], stride: usize, sc: &mut [f32; KEY_TILE]) {
     use std::arch::x86_64::*;
     let hd = qv.len();
-    assert!(hd.is_multiple_of(8) && k.len() >= KEY_TILE * hd);
+    assert!(hd.is_multiple_of(8) && k.len() >= (KEY_TILE - 1) * stride + hd);
     for i0 in (0..KEY_TILE).step_by(8) {
         let mut a = [_mm256_setzero_ps(); 8];
         for (c, qc) in qv.chunks_exact(8).enumerate() {
             let q = _mm256_loadu_ps(qc.as_ptr());
             for (j, x) in a.iter_mut().enumerate() {
-                let kp = k.as_ptr().add((i0 + j) * hd + 8 * c);
+                let kp = k.as_ptr().add((i0 + j) * stride + 8 * c);
                 *x = _mm256_add_ps(*x, _mm256_mul_ps(q, _mm256_loadu_ps(kp)));
             }
         }
@@ -295,31 +406,121 @@ unsafe fn scores_avx2(qv: &[f32], k: &[f32], sc: &mut [f32; KEY_TILE]) {
     }
 }
 
-/// Converts keys `start..start + n_keys` of KV head `kvh` into `k` and their values into `v` (rows of
-/// head_dim), zeroing the rows past `n_keys`.
+/// Converts keys `start..start + n_keys` of the KV heads `heads` into `k` and their values into `v`
+/// (rows of the heads' values, one after the other), zeroing the rows past `n_keys`. `AVX2`: converted
+/// with F16C and AVX2 in line (the same values: f16 to f32 is exact, and q8_0 is `q as f32 * d` either
+/// way).
 #[inline(always)]
-fn load_tile(ctx: &Layer, kvh: usize, start: usize, n_keys: usize, k: &mut [f32], v: &mut [f32]) {
-    let hd = ctx.head_dim;
+fn load_tile<const AVX2: bool>(
+    ctx: &Layer,
+    heads: Range<usize>,
+    start: usize,
+    n_keys: usize,
+    k: &mut [f32],
+    v: &mut [f32],
+) {
+    let stride = heads.len() * ctx.head_dim;
     let page = &ctx.pages[start / KV_PAGE_TOKENS];
     let r0 = start % KV_PAGE_TOKENS;
-    for i in 0..n_keys {
-        head_row(ctx, &page.k, r0 + i, kvh, &mut k[i * hd..(i + 1) * hd]);
-        head_row(ctx, &page.v, r0 + i, kvh, &mut v[i * hd..(i + 1) * hd]);
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 && ctx.head_dim.is_multiple_of(32) {
+        // One head's rows are strided (a row holds every KV head) and a tile spans pages of memory, where
+        // the hardware's prefetcher stops: the next tile's rows are asked for while this one is used.
+        if stride < ctx.kv_dim {
+            if let Some(next) = ctx.pages.get((start + KEY_TILE) / KV_PAGE_TOKENS) {
+                let r1 = (start + KEY_TILE) % KV_PAGE_TOKENS;
+                for i in 0..KEY_TILE {
+                    prefetch_heads(ctx, &next.k, r1 + i, heads.clone());
+                    prefetch_heads(ctx, &next.v, r1 + i, heads.clone());
+                }
+            }
+        }
+        for i in 0..n_keys {
+            // SAFETY: AVX2 and F16C detected (the caller's `AVX2`); rows of `stride`, a multiple of 32.
+            unsafe {
+                heads_row_avx2(ctx, &page.k, r0 + i, heads.clone(), &mut k[i * stride..(i + 1) * stride]);
+                heads_row_avx2(ctx, &page.v, r0 + i, heads.clone(), &mut v[i * stride..(i + 1) * stride]);
+            }
+        }
+        k[n_keys * stride..].fill(0.0);
+        return;
     }
-    k[n_keys * hd..].fill(0.0);
+    for i in 0..n_keys {
+        heads_row(ctx, &page.k, r0 + i, heads.clone(), &mut k[i * stride..(i + 1) * stride]);
+        heads_row(ctx, &page.v, r0 + i, heads.clone(), &mut v[i * stride..(i + 1) * stride]);
+    }
+    k[n_keys * stride..].fill(0.0);
 }
 
-/// Row `r` of a page's K or V for head `kvh`, as f32.
+/// Row `r` of a page's K or V for the KV heads `heads`, as f32.
 #[inline(always)]
-fn head_row(ctx: &Layer, rows: &KvRows, r: usize, kvh: usize, dst: &mut [f32]) {
+fn heads_row(ctx: &Layer, rows: &KvRows, r: usize, heads: Range<usize>, dst: &mut [f32]) {
     match rows {
         KvRows::F16(k) => {
-            let at = r * ctx.kv_dim + kvh * ctx.head_dim;
-            k[at..at + ctx.head_dim].convert_to_f32_slice(dst);
+            let at = r * ctx.kv_dim + heads.start * ctx.head_dim;
+            k[at..at + heads.len() * ctx.head_dim].convert_to_f32_slice(dst);
         }
         KvRows::Int8(k) => {
-            let at = r * ctx.row_bytes + kvh * ctx.head_bytes;
-            quant::dequantize_row(GgmlType::Q8_0, &k[at..at + ctx.head_bytes], dst);
+            let at = r * ctx.row_bytes + heads.start * ctx.head_bytes;
+            quant::dequantize_row(GgmlType::Q8_0, &k[at..at + heads.len() * ctx.head_bytes], dst);
+        }
+        KvRows::Gpu => unreachable!("GPU layers attend with a kernel"),
+    }
+}
+
+/// Asks for row `r` of a page's K or V for the KV heads `heads` to be brought into the cache (every 64
+/// bytes of it, and its last byte).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_heads(ctx: &Layer, rows: &KvRows, r: usize, heads: Range<usize>) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let (base, at, len) = match rows {
+        KvRows::F16(k) => {
+            (k.as_ptr() as *const i8, 2 * (r * ctx.kv_dim + heads.start * ctx.head_dim), 2 * heads.len() * ctx.head_dim)
+        }
+        KvRows::Int8(k) => {
+            (k.as_ptr() as *const i8, r * ctx.row_bytes + heads.start * ctx.head_bytes, heads.len() * ctx.head_bytes)
+        }
+        KvRows::Gpu => return,
+    };
+    // SAFETY: a prefetch reads nothing and cannot fault; the addresses are computed without wrapping.
+    unsafe {
+        for off in (0..len).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(at + off));
+        }
+        _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(at + len - 1));
+    }
+}
+
+/// `heads_row` with F16C and AVX2, in line (`head_dim` a multiple of 32).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn heads_row_avx2(ctx: &Layer, rows: &KvRows, r: usize, heads: Range<usize>, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = heads.len() * ctx.head_dim;
+    assert!(dst.len() == n && n.is_multiple_of(32));
+    match rows {
+        KvRows::F16(k) => {
+            let at = r * ctx.kv_dim + heads.start * ctx.head_dim;
+            let src = &k[at..at + n];
+            for c in 0..n / 8 {
+                let h = _mm_loadu_si128(src.as_ptr().add(8 * c) as *const __m128i);
+                _mm256_storeu_ps(dst.as_mut_ptr().add(8 * c), _mm256_cvtph_ps(h));
+            }
+        }
+        KvRows::Int8(k) => {
+            // q8_0 blocks: an f16 scale, then 32 signed bytes.
+            let at = r * ctx.row_bytes + heads.start * ctx.head_bytes;
+            let src = &k[at..at + heads.len() * ctx.head_bytes];
+            for (b, block) in src.chunks_exact(34).enumerate() {
+                let d = _mm256_set1_ps(half::f16::from_le_bytes([block[0], block[1]]).to_f32());
+                for c in 0..4 {
+                    let q = _mm_loadl_epi64(block.as_ptr().add(2 + 8 * c) as *const __m128i);
+                    let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                    _mm256_storeu_ps(dst.as_mut_ptr().add(32 * b + 8 * c), _mm256_mul_ps(x, d));
+                }
+            }
         }
         KvRows::Gpu => unreachable!("GPU layers attend with a kernel"),
     }
@@ -400,8 +601,8 @@ mod tests {
         let mut rows = Vec::with_capacity(pos + 1);
         for j in 0..=pos {
             let page = &ctx.pages[j / KV_PAGE_TOKENS];
-            head_row(&ctx, &page.k, j % KV_PAGE_TOKENS, kvh, &mut k);
-            head_row(&ctx, &page.v, j % KV_PAGE_TOKENS, kvh, &mut v);
+            heads_row(&ctx, &page.k, j % KV_PAGE_TOKENS, kvh..kvh + 1, &mut k);
+            heads_row(&ctx, &page.v, j % KV_PAGE_TOKENS, kvh..kvh + 1, &mut v);
             let dot: f64 = q.iter().zip(&k).map(|(&a, &b)| a as f64 * b as f64).sum();
             scores.push(dot / (hd as f64).sqrt());
             rows.push(v.clone());
@@ -431,7 +632,9 @@ mod tests {
                     let on_host = kv.layers[0].pages.iter().filter(|p| p.on_host()).count();
                     assert!(on_host > 0 && on_host < kv.layers[0].pages.len(), "{n}: pages on both sides");
                 }
-                let t = n.min(3);
+                // Eleven tokens: two blocks, so the batch takes the one-thread-per-block path, and alone each
+                // query takes the chunks-on-threads one.
+                let t = n.min(11);
                 let q: Vec<f32> = (0..t * q_dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
                 let got = attend(&pool, &kv, &q, n, t);
                 let mut worst = 0f64;
