@@ -57,11 +57,11 @@ struct Query {
 /// Per-thread buffers of a pass.
 #[derive(Default)]
 struct Scratch {
-    k: Vec<f32>,   // (KEY_TILE, heads of the tile, head_dim)
-    v: Vec<f32>,   // (KEY_TILE, heads of the tile, head_dim)
-    m: Vec<f32>,   // (queries): a chunk's running max of the scores
-    l: Vec<f32>,   // (queries): a chunk's running sum of the weights
-    acc: Vec<f32>, // (queries, head_dim): a chunk's running weighted sum of V
+    k: Vec<f32>,     // (KEY_TILE, heads of the tile, head_dim)
+    v: Vec<f32>,     // (KEY_TILE, heads of the tile, head_dim)
+    m: Vec<f32>,     // (queries): a chunk's running max of the scores
+    l: Vec<f32>,     // (queries): a chunk's running sum of the weights
+    acc: Vec<f32>,   // (queries, head_dim): a chunk's running weighted sum of V
     total: Vec<f32>, // (queries, 2 + head_dim): the merged chunks' (m, l, acc)
     queries: Vec<Query>,
 }
