@@ -1,16 +1,17 @@
 //! Attention on the CPU over the paged KV cache, in the flash-attention scheme: keys in tiles of
 //! `KEY_TILE` positions with an online softmax (a running max, sum and output per query, rescaled tile by
-//! tile), so no score row as long as the context is kept and each K and V tile is converted to f32 once
-//! for every query that reads it: all the heads of a GQA group, and in a batch up to `QUERY_TOKENS`
-//! tokens.
+//! tile) inside chunks of `CHUNK_KEYS` keys, whose states are then merged in order. No score row as long
+//! as the context is kept. A batch runs a query's chunks one after the other, converting each K and V tile
+//! to f32 once for all the heads of a GQA group and up to `QUERY_TOKENS` tokens; decoding (one block of
+//! tokens) runs the chunks on the threads, each over whole KV rows (every head, contiguous memory).
 //!
 //! What it keeps of the engine's promises:
 //! - Batch invariance: a query's result is computed by the same operations in the same order whatever
-//!   other queries share its pass. Tiles start at multiples of `KEY_TILE` (absolute positions), a query
-//!   reads only its keys (the other lanes of its last tile are masked to a weight of exactly 0), and every
-//!   reduction (over head dimensions, over a tile's keys, over tiles) has a fixed order. So logits are
-//!   bit-identical across batch sizes, chunkings and thread counts, and a restored cache gives what a
-//!   reread one does.
+//!   other queries share its pass and whichever thread runs a chunk. Tiles and chunks start at multiples of
+//!   `KEY_TILE` and `CHUNK_KEYS` (absolute positions), a query reads only its keys (the other lanes of its
+//!   last tile are masked to a weight of exactly 0), and every reduction (over head dimensions, over a
+//!   tile's keys, over tiles, over chunks) has a fixed order. So logits are bit-identical across batch
+//!   sizes, chunkings and thread counts, and a restored cache gives what a reread one does.
 //! - Page location: on the CPU every page is host memory and is read the same way; a tile never straddles
 //!   a page (`KV_PAGE_TOKENS` is a multiple of `KEY_TILE`).
 //! - The arithmetic is plain f32 (no fused multiply-adds, which Rust never contracts), with `exp` from a
@@ -18,8 +19,8 @@
 //!   vectors) and the portable one give the same bits.
 //!
 //! Hot path: a key's score is eight lanes of products summed in a fixed tree, eight keys per step; the
-//! weighted sum of V runs along the head dimension with the output in registers. Scratch lives per thread (`SCRATCH`): decoding
-//! allocates nothing per token.
+//! weighted sum of V runs along the head dimension with the output in registers. Scratch lives per thread
+//! (`SCRATCH`) and the chunk states in the caller's `PARTIALS`: decoding allocates nothing per token.
 
 use std::cell::RefCell;
 use std::ops::Range;
