@@ -108,7 +108,7 @@ const ROW_TILE: usize = 16;
 /// Batches of at least this many tokens build (and cache) dequantized weight columns for their outliers.
 const COLUMN_MIN_TOKENS: usize = 8;
 /// Tokens dotted against a tile of weight rows at once by `vec_dot_tile`.
-const TOKEN_TILE: usize = 4;
+const TOKEN_TILE: usize = 8;
 
 /// Runs several matrix products that share one batch of quantized activations, splitting their
 /// concatenated rows over the pool's threads. Every job's weights must have the type `acts` was

@@ -52,7 +52,7 @@ unsafe fn bcast_f16x4(p: *const u8) -> __m128 {
 /// ggml's `hsum_float_8`: (hi + lo) halves, then pairs, then the last two lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_float_8(x: __m256) -> f32 {
+pub(super) unsafe fn hsum_float_8(x: __m256) -> f32 {
     let mut r = _mm256_extractf128_ps(x, 1);
     r = _mm_add_ps(r, _mm256_castps256_ps128(x));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
@@ -89,7 +89,7 @@ unsafe fn mul_sum_us8_pairs_float(ax: __m256i, sy: __m256i) -> __m256 {
 }
 
 /// Bytes per weight block, bytes per activation block, offset of the activation quants.
-const fn layout(k: u8) -> (usize, usize, usize) {
+pub(super) const fn layout(k: u8) -> (usize, usize, usize) {
     match k {
         Q4_0 => (18, 34, 2),
         Q4_1 => (20, 36, 4),

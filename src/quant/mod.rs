@@ -21,6 +21,8 @@
 mod attn;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod blocks;
 mod dequant;
 mod quantize;
@@ -55,17 +57,26 @@ pub enum SimdLevel {
     /// The AVX2 path with AVX-512 VNNI's `vpdpbusd` for the integer sums of the legacy formats (on
     /// 256-bit registers, AVX512VL): fewer instructions, the same bits as `Avx2`.
     Avx2Vnni,
+    /// `Avx2Vnni`, and the legacy formats' matrix products on 512-bit registers, two weight rows per
+    /// register (`avx512`, AVX-512 F and BW): fewer instructions again, the same bits.
+    Avx512,
 }
 
 impl SimdLevel {
-    /// Whether the AVX2 kernels run (also under `Avx2Vnni`).
+    /// Whether the AVX2 kernels run (also under `Avx2Vnni` and `Avx512`).
     pub fn avx2(self) -> bool {
-        matches!(self, SimdLevel::Avx2 | SimdLevel::Avx2Vnni)
+        matches!(self, SimdLevel::Avx2 | SimdLevel::Avx2Vnni | SimdLevel::Avx512)
+    }
+
+    /// Whether the integer sums use AVX-512 VNNI's `vpdpbusd`.
+    pub fn vnni(self) -> bool {
+        matches!(self, SimdLevel::Avx2Vnni | SimdLevel::Avx512)
     }
 }
 
-/// The SIMD path in use. Setting `STRATA_SIMD=scalar` in the environment forces the scalar path and
-/// `STRATA_SIMD=avx2` the AVX2 path without VNNI, which helps to compare results and speed across paths.
+/// The SIMD path in use: the best this CPU has. `STRATA_SIMD` in the environment caps it, to compare
+/// results and speed across paths: `scalar` (the portable code), `avx2` (AVX2 without VNNI) or `avx2vnni`
+/// (no 512-bit registers).
 pub fn simd_level() -> SimdLevel {
     static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
     *LEVEL.get_or_init(|| {
@@ -75,13 +86,22 @@ pub fn simd_level() -> SimdLevel {
         }
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-            if forced != "avx2" && vnni_detected() {
+            if forced == "avx2" || !vnni_detected() {
+                return SimdLevel::Avx2;
+            }
+            if forced == "avx2vnni" || !avx512_detected() {
                 return SimdLevel::Avx2Vnni;
             }
-            return SimdLevel::Avx2;
+            return SimdLevel::Avx512;
         }
         SimdLevel::Scalar
     })
+}
+
+/// Whether this CPU has what the `avx512` kernels need: AVX-512 F, BW, VL and VNNI.
+#[cfg(target_arch = "x86_64")]
+pub fn avx512_detected() -> bool {
+    vnni_detected() && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
 }
 
 /// Whether this CPU has AVX-512 VNNI with 256-bit forms (AVX512VL).
@@ -318,11 +338,21 @@ pub fn vec_dot_tile(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, xs:
     }
     #[cfg(target_arch = "x86_64")]
     if simd_level().avx2() && !matches!(ty, GgmlType::F16 | GgmlType::F32 | GgmlType::BF16) {
-        let vnni = simd_level() == SimdLevel::Avx2Vnni;
+        let vnni = simd_level().vnni();
         let nb = n / ty.block_len();
         // SAFETY: features detected (VNNI only when `vnni`); every row and column holds `nb` blocks and
         // each column's `aux` is empty or complete (checked above).
         unsafe {
+            if simd_level() == SimdLevel::Avx512 {
+                match ty {
+                    GgmlType::Q4_0 => return tile_pairs::<{ avx2::Q4_0 }>(nb, w_rows, row_bytes, xs, out),
+                    GgmlType::Q4_1 => return tile_pairs::<{ avx2::Q4_1 }>(nb, w_rows, row_bytes, xs, out),
+                    GgmlType::Q5_0 => return tile_pairs::<{ avx2::Q5_0 }>(nb, w_rows, row_bytes, xs, out),
+                    GgmlType::Q5_1 => return tile_pairs::<{ avx2::Q5_1 }>(nb, w_rows, row_bytes, xs, out),
+                    GgmlType::Q8_0 => return tile_pairs::<{ avx2::Q8_0 }>(nb, w_rows, row_bytes, xs, out),
+                    _ => {}
+                }
+            }
             match ty {
                 GgmlType::Q4_0 => tile_cols::<{ avx2::Q4_0 }>(nb, w_rows, row_bytes, xs, vnni, out),
                 GgmlType::Q4_1 => tile_cols::<{ avx2::Q4_1 }>(nb, w_rows, row_bytes, xs, vnni, out),
@@ -393,6 +423,69 @@ unsafe fn tile_cols<const K: u8>(nb: usize, w: &[u8], rb: usize, xs: &[ActRow], 
     }
 }
 
+/// Activation columns one call of the `avx512` kernel takes: 8 accumulators of 512 bits and their `m * s`
+/// sums stay in registers.
+#[cfg(target_arch = "x86_64")]
+const PAIR_COLS: usize = 8;
+
+/// The tile of `vec_dot_tile` for a legacy format on the `avx512` path: rows in pairs (an odd last row
+/// takes `tile_cols`), columns in groups of up to `PAIR_COLS`, each result with `tile_cols`'s bits.
+///
+/// # Safety
+/// The `avx512` kernels' features present (`avx512_detected`); every row and column holds `nb` blocks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile_pairs<const K: u8>(nb: usize, w: &[u8], rb: usize, xs: &[ActRow], out: &mut [f32]) {
+    #[inline(always)]
+    unsafe fn group<const K: u8, const C: usize>(
+        nb: usize,
+        w: &[u8],
+        rb: usize,
+        xs: &[ActRow],
+        c0: usize,
+        out: &mut [f32],
+    ) {
+        let n_cols = xs.len();
+        let pre = xs[c0..c0 + C].iter().all(|x| !x.aux.is_empty());
+        let q: [*const u8; C] = std::array::from_fn(|c| xs[c0 + c].q.as_ptr());
+        let ds: [*const f32; C] = std::array::from_fn(|c| if pre { xs[c0 + c].aux.as_ptr() } else { std::ptr::null() });
+        let cols = avx2::Cols { q: &q, ds: &ds };
+        let (mut d0, mut d1) = ([0f32; C], [0f32; C]);
+        for (r, out) in out.chunks_exact_mut(2 * n_cols).enumerate() {
+            let (p0, p1) = (w.as_ptr().add(2 * r * rb), w.as_ptr().add((2 * r + 1) * rb));
+            if pre {
+                avx512::legacy_dot_pair::<K, C, true>(nb, p0, p1, cols, &mut d0, &mut d1);
+            } else {
+                avx512::legacy_dot_pair::<K, C, false>(nb, p0, p1, cols, &mut d0, &mut d1);
+            }
+            out[c0..c0 + C].copy_from_slice(&d0);
+            out[n_cols + c0..n_cols + c0 + C].copy_from_slice(&d1);
+        }
+    }
+    let n_cols = xs.len();
+    let n_rows = out.len() / n_cols;
+    let paired = n_rows / 2 * 2;
+    let (pairs_out, last_out) = out.split_at_mut(paired * n_cols);
+    let mut c0 = 0;
+    while c0 < n_cols {
+        let c = (n_cols - c0).min(PAIR_COLS);
+        match c {
+            1 => group::<K, 1>(nb, w, rb, xs, c0, pairs_out),
+            2 => group::<K, 2>(nb, w, rb, xs, c0, pairs_out),
+            3 => group::<K, 3>(nb, w, rb, xs, c0, pairs_out),
+            4 => group::<K, 4>(nb, w, rb, xs, c0, pairs_out),
+            5 => group::<K, 5>(nb, w, rb, xs, c0, pairs_out),
+            6 => group::<K, 6>(nb, w, rb, xs, c0, pairs_out),
+            7 => group::<K, 7>(nb, w, rb, xs, c0, pairs_out),
+            _ => group::<K, 8>(nb, w, rb, xs, c0, pairs_out),
+        }
+        c0 += c;
+    }
+    if paired < n_rows {
+        tile_cols::<K>(nb, &w[paired * rb..], rb, xs, true, last_out);
+    }
+}
+
 /// Runs the SIMD kernel for up to four columns when there is one; false when the caller must fall back.
 /// Lengths are checked by the caller.
 #[inline]
@@ -402,7 +495,7 @@ fn simd_dot(ty: GgmlType, n: usize, w: &[u8], xs: &[ActRow], out: &mut [f32]) ->
     if simd_level().avx2() {
         use avx2::*;
         let nb = n / ty.block_len();
-        let vnni = simd_level() == SimdLevel::Avx2Vnni;
+        let vnni = simd_level().vnni();
         // SAFETY: features detected (VNNI only when `vnni`); `check_dot` guaranteed `nb` blocks in `w`
         // and in every column, and each column's `aux` is empty or complete.
         unsafe {

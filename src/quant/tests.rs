@@ -398,3 +398,112 @@ fn tile_results_are_bit_identical_to_single_dots() {
         }
     }
 }
+
+/// The `avx512` kernel (two weight rows per 512-bit register) gives, for each row and column, the bits of
+/// the AVX2 kernel on that row and column alone: every legacy format, one to four columns, with and
+/// without the f32 scales, random weight bytes (every level, q8_0's -128 included) and a column of
+/// activations at the ends of their range.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_row_pairs_give_the_avx2_bits() {
+    if !simd_level().avx2() || !avx512_detected() {
+        println!("skipped: this CPU lacks AVX-512 F/BW/VL/VNNI (the AVX2 paths run)");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(13);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
+        for n in [32, 576, 1536] {
+            let nb = n / QK;
+            let rows: Vec<Vec<u8>> = (0..2)
+                .map(|_| {
+                    let mut w: Vec<u8> = (0..row_len_bytes(ty, n).unwrap()).map(|_| rng.gen()).collect();
+                    for b in w.chunks_exact_mut(ty.block_bytes()) {
+                        let at: &[usize] = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) { &[0, 2] } else { &[0] };
+                        for &a in at {
+                            let v = f16::from_f32(rng.gen_range(-0.1f32..0.1)).to_bits().to_le_bytes();
+                            b[a..a + 2].copy_from_slice(&v);
+                        }
+                    }
+                    w
+                })
+                .collect();
+            let mut cols: Vec<Vec<u8>> = (0..4).map(|_| act(ty, &randn(&mut rng, n))).collect();
+            let extremes: Vec<f32> = (0..n).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+            cols[3] = act(ty, &extremes);
+            let auxes: Vec<Vec<f32>> = cols.iter().map(|c| aux(ty, n, c)).collect();
+            let q: [*const u8; 4] = std::array::from_fn(|c| cols[c].as_ptr());
+            let ds: [*const f32; 4] = std::array::from_fn(|c| auxes[c].as_ptr());
+            let none = [std::ptr::null::<f32>(); 4];
+            for pre in [false, true] {
+                let ds = if pre { ds } else { none };
+                let (mut got0, mut got1, mut want) = ([0f32; 4], [0f32; 4], [[0f32; 1]; 2]);
+                macro_rules! check {
+                    ($k:expr, $c:literal) => {{
+                        let cols =
+                            avx2::Cols::<$c> { q: q[..$c].try_into().unwrap(), ds: ds[..$c].try_into().unwrap() };
+                        // SAFETY: the features were detected above; both rows and every column hold `nb` blocks.
+                        unsafe {
+                            if pre {
+                                avx512::legacy_dot_pair::<{ $k }, $c, true>(
+                                    nb,
+                                    rows[0].as_ptr(),
+                                    rows[1].as_ptr(),
+                                    cols,
+                                    &mut got0,
+                                    &mut got1,
+                                );
+                            } else {
+                                avx512::legacy_dot_pair::<{ $k }, $c, false>(
+                                    nb,
+                                    rows[0].as_ptr(),
+                                    rows[1].as_ptr(),
+                                    cols,
+                                    &mut got0,
+                                    &mut got1,
+                                );
+                            }
+                        }
+                        for c in 0..$c {
+                            for r in 0..2 {
+                                let one = avx2::Cols::<1> { q: &[q[c]], ds: &[none[0]] };
+                                // SAFETY: as above (AVX2 without VNNI is implied by the AVX-512 features).
+                                unsafe {
+                                    avx2::dot_blocks::<{ $k }, 1>(nb, rows[r].as_ptr(), one, false, &mut want[r])
+                                };
+                            }
+                            assert_eq!(
+                                got0[c].to_bits(),
+                                want[0][0].to_bits(),
+                                "{}: n {n}, row 0, column {c} of {}, f32 scales {pre}",
+                                ty,
+                                $c
+                            );
+                            assert_eq!(
+                                got1[c].to_bits(),
+                                want[1][0].to_bits(),
+                                "{}: n {n}, row 1, column {c} of {}, f32 scales {pre}",
+                                ty,
+                                $c
+                            );
+                        }
+                    }};
+                }
+                macro_rules! all_widths {
+                    ($k:expr) => {{
+                        check!($k, 1);
+                        check!($k, 2);
+                        check!($k, 3);
+                        check!($k, 4);
+                    }};
+                }
+                match ty {
+                    GgmlType::Q4_0 => all_widths!(avx2::Q4_0),
+                    GgmlType::Q4_1 => all_widths!(avx2::Q4_1),
+                    GgmlType::Q5_0 => all_widths!(avx2::Q5_0),
+                    GgmlType::Q5_1 => all_widths!(avx2::Q5_1),
+                    _ => all_widths!(avx2::Q8_0),
+                }
+            }
+        }
+    }
+}
