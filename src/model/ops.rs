@@ -158,7 +158,7 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
                 for t0 in (0..t_count).step_by(TOKEN_TILE) {
                     let t1 = (t0 + TOKEN_TILE).min(t_count);
                     let nt = t1 - t0;
-                    // dots: (n, nt), the tile's products in one call.
+                    // dots: (nt, n), the tile's products in one call.
                     let dots = &mut dots[..n * nt];
                     quant::vec_dot_tile(w.ty, w.cols, &wdata[r0 * rb..r1 * rb], rb, &acts[t0..t1], dots);
                     for t in t0..t1 {
@@ -186,8 +186,18 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
                         }
                         // SAFETY: rows r0..r1 of this job are owned by this thread, for every token.
                         let out = unsafe { job.out.slice(t * rows + r0, n) };
-                        for (i, o) in out.iter_mut().enumerate() {
-                            *o = dots[i * nt + (t - t0)] + corr[i] + job.bias.map_or(0.0, |b| b[r0 + i]);
+                        let dots = &dots[(t - t0) * n..(t - t0 + 1) * n];
+                        match job.bias {
+                            Some(b) => {
+                                for (((o, &d), &c), &b) in out.iter_mut().zip(dots).zip(&corr).zip(&b[r0..r1]) {
+                                    *o = d + c + b;
+                                }
+                            }
+                            None => {
+                                for ((o, &d), &c) in out.iter_mut().zip(dots).zip(&corr) {
+                                    *o = d + c + 0.0;
+                                }
+                            }
                         }
                     }
                 }

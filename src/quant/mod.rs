@@ -321,9 +321,10 @@ pub fn vec_dot_multi(ty: GgmlType, n: usize, w_row: &[u8], xs: &[ActRow], out: &
     }
 }
 
-/// Dot products of `n_rows` consecutive weight rows with a few activation columns: `out[r * xs.len() +
-/// c] = vec_dot(ty, n, w_rows[r * row_bytes..], xs[c].q)`, bit for bit, with the checks and the dispatch
-/// done once for the tile (the matrix product's inner loop).
+/// Dot products of `n_rows` consecutive weight rows with a few activation columns, column-major: `out[c *
+/// n_rows + r] = vec_dot(ty, n, w_rows[r * row_bytes..], xs[c].q)`, bit for bit, with the checks and the
+/// dispatch done once for the tile (the matrix product's inner loop; a column's results are contiguous,
+/// as the product's output is per token).
 ///
 /// # Panics
 /// When `w_rows` does not hold `n_rows` rows of `row_bytes`, `out` is not `n_rows * xs.len()` long, or
@@ -340,6 +341,7 @@ pub fn vec_dot_tile(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, xs:
     if simd_level().avx2() && !matches!(ty, GgmlType::F16 | GgmlType::F32 | GgmlType::BF16) {
         let vnni = simd_level().vnni();
         let nb = n / ty.block_len();
+        let all = 0..n_rows;
         // SAFETY: features detected (VNNI only when `vnni`); every row and column holds `nb` blocks and
         // each column's `aux` is empty or complete (checked above).
         unsafe {
@@ -354,43 +356,54 @@ pub fn vec_dot_tile(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, xs:
                 }
             }
             match ty {
-                GgmlType::Q4_0 => tile_cols::<{ avx2::Q4_0 }>(nb, w_rows, row_bytes, xs, vnni, out),
-                GgmlType::Q4_1 => tile_cols::<{ avx2::Q4_1 }>(nb, w_rows, row_bytes, xs, vnni, out),
-                GgmlType::Q5_0 => tile_cols::<{ avx2::Q5_0 }>(nb, w_rows, row_bytes, xs, vnni, out),
-                GgmlType::Q5_1 => tile_cols::<{ avx2::Q5_1 }>(nb, w_rows, row_bytes, xs, vnni, out),
-                GgmlType::Q8_0 => tile_cols::<{ avx2::Q8_0 }>(nb, w_rows, row_bytes, xs, vnni, out),
-                GgmlType::Q4K => tile_cols::<{ avx2::Q4_K }>(nb, w_rows, row_bytes, xs, vnni, out),
-                GgmlType::Q5K => tile_cols::<{ avx2::Q5_K }>(nb, w_rows, row_bytes, xs, vnni, out),
-                GgmlType::Q6K => tile_cols::<{ avx2::Q6_K }>(nb, w_rows, row_bytes, xs, vnni, out),
+                GgmlType::Q4_0 => tile_cols::<{ avx2::Q4_0 }>(nb, w_rows, row_bytes, xs, vnni, all, out),
+                GgmlType::Q4_1 => tile_cols::<{ avx2::Q4_1 }>(nb, w_rows, row_bytes, xs, vnni, all, out),
+                GgmlType::Q5_0 => tile_cols::<{ avx2::Q5_0 }>(nb, w_rows, row_bytes, xs, vnni, all, out),
+                GgmlType::Q5_1 => tile_cols::<{ avx2::Q5_1 }>(nb, w_rows, row_bytes, xs, vnni, all, out),
+                GgmlType::Q8_0 => tile_cols::<{ avx2::Q8_0 }>(nb, w_rows, row_bytes, xs, vnni, all, out),
+                GgmlType::Q4K => tile_cols::<{ avx2::Q4_K }>(nb, w_rows, row_bytes, xs, vnni, all, out),
+                GgmlType::Q5K => tile_cols::<{ avx2::Q5_K }>(nb, w_rows, row_bytes, xs, vnni, all, out),
+                GgmlType::Q6K => tile_cols::<{ avx2::Q6_K }>(nb, w_rows, row_bytes, xs, vnni, all, out),
                 _ => unreachable!("float types take the per-row path"),
             }
         }
         return;
     }
     let mut dots = [0f32; 4];
-    for (r, out) in out.chunks_exact_mut(n_cols).enumerate() {
+    for r in 0..n_rows {
         let row = &w_rows[r * row_bytes..(r + 1) * row_bytes];
-        for (xs, out) in xs.chunks(4).zip(out.chunks_mut(4)) {
+        for (g, xs) in xs.chunks(4).enumerate() {
             let dots = &mut dots[..xs.len()];
             if !simd_dot(ty, n, row, xs, dots) {
                 for (x, o) in xs.iter().zip(dots.iter_mut()) {
                     *o = reference::vec_dot(ty, n, row, x.q);
                 }
             }
-            out.copy_from_slice(dots);
+            for (c, &d) in dots.iter().enumerate() {
+                out[(4 * g + c) * n_rows + r] = d;
+            }
         }
     }
 }
 
-/// The tile of `vec_dot_tile` for a block format: columns in groups of up to four, each group's
-/// pointers set up once for all rows.
+/// The tile of `vec_dot_tile` for a block format, over its rows `rows`: columns in groups of up to four,
+/// each group's pointers set up once for all rows; `out` is the whole tile's, column-major.
 ///
 /// # Safety
 /// AVX2/FMA/F16C present (and VNNI when `vnni`); every row and column holds `nb` blocks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_cols<const K: u8>(nb: usize, w: &[u8], rb: usize, xs: &[ActRow], vnni: bool, out: &mut [f32]) {
+unsafe fn tile_cols<const K: u8>(
+    nb: usize,
+    w: &[u8],
+    rb: usize,
+    xs: &[ActRow],
+    vnni: bool,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn group<const K: u8, const C: usize>(
         nb: usize,
         w: &[u8],
@@ -398,26 +411,30 @@ unsafe fn tile_cols<const K: u8>(nb: usize, w: &[u8], rb: usize, xs: &[ActRow], 
         xs: &[ActRow],
         c0: usize,
         vnni: bool,
+        rows: std::ops::Range<usize>,
         out: &mut [f32],
     ) {
-        let n_cols = xs.len();
+        let n_rows = out.len() / xs.len();
         let pre = xs[c0..c0 + C].iter().all(|x| !x.aux.is_empty());
         let q: [*const u8; C] = std::array::from_fn(|c| xs[c0 + c].q.as_ptr());
         let ds: [*const f32; C] = std::array::from_fn(|c| if pre { xs[c0 + c].aux.as_ptr() } else { std::ptr::null() });
         let cols = avx2::Cols { q: &q, ds: &ds };
         let mut dots = [0f32; C];
-        for (r, out) in out.chunks_exact_mut(n_cols).enumerate() {
+        for r in rows {
             avx2::dot_blocks::<K, C>(nb, w.as_ptr().add(r * rb), cols, vnni, &mut dots);
-            out[c0..c0 + C].copy_from_slice(&dots);
+            for (c, &d) in dots.iter().enumerate() {
+                out[(c0 + c) * n_rows + r] = d;
+            }
         }
     }
     let mut c0 = 0;
     while c0 < xs.len() {
+        let r = rows.clone();
         match xs.len() - c0 {
-            1 => group::<K, 1>(nb, w, rb, xs, c0, vnni, out),
-            2 => group::<K, 2>(nb, w, rb, xs, c0, vnni, out),
-            3 => group::<K, 3>(nb, w, rb, xs, c0, vnni, out),
-            _ => group::<K, 4>(nb, w, rb, xs, c0, vnni, out),
+            1 => group::<K, 1>(nb, w, rb, xs, c0, vnni, r, out),
+            2 => group::<K, 2>(nb, w, rb, xs, c0, vnni, r, out),
+            3 => group::<K, 3>(nb, w, rb, xs, c0, vnni, r, out),
+            _ => group::<K, 4>(nb, w, rb, xs, c0, vnni, r, out),
         }
         c0 += 4;
     }
@@ -429,7 +446,8 @@ unsafe fn tile_cols<const K: u8>(nb: usize, w: &[u8], rb: usize, xs: &[ActRow], 
 const PAIR_COLS: usize = 8;
 
 /// The tile of `vec_dot_tile` for a legacy format on the `avx512` path: rows in pairs (an odd last row
-/// takes `tile_cols`), columns in groups of up to `PAIR_COLS`, each result with `tile_cols`'s bits.
+/// takes `tile_cols`), columns in groups of up to `PAIR_COLS`, each result with `tile_cols`'s bits;
+/// `out` column-major.
 ///
 /// # Safety
 /// The `avx512` kernels' features present (`avx512_detected`); every row and column holds `nb` blocks.
@@ -445,44 +463,44 @@ unsafe fn tile_pairs<const K: u8>(nb: usize, w: &[u8], rb: usize, xs: &[ActRow],
         c0: usize,
         out: &mut [f32],
     ) {
-        let n_cols = xs.len();
+        let n_rows = out.len() / xs.len();
         let pre = xs[c0..c0 + C].iter().all(|x| !x.aux.is_empty());
         let q: [*const u8; C] = std::array::from_fn(|c| xs[c0 + c].q.as_ptr());
         let ds: [*const f32; C] = std::array::from_fn(|c| if pre { xs[c0 + c].aux.as_ptr() } else { std::ptr::null() });
         let cols = avx2::Cols { q: &q, ds: &ds };
         let (mut d0, mut d1) = ([0f32; C], [0f32; C]);
-        for (r, out) in out.chunks_exact_mut(2 * n_cols).enumerate() {
-            let (p0, p1) = (w.as_ptr().add(2 * r * rb), w.as_ptr().add((2 * r + 1) * rb));
+        for r in (0..n_rows / 2 * 2).step_by(2) {
+            let (p0, p1) = (w.as_ptr().add(r * rb), w.as_ptr().add((r + 1) * rb));
             if pre {
                 avx512::legacy_dot_pair::<K, C, true>(nb, p0, p1, cols, &mut d0, &mut d1);
             } else {
                 avx512::legacy_dot_pair::<K, C, false>(nb, p0, p1, cols, &mut d0, &mut d1);
             }
-            out[c0..c0 + C].copy_from_slice(&d0);
-            out[n_cols + c0..n_cols + c0 + C].copy_from_slice(&d1);
+            for c in 0..C {
+                out[(c0 + c) * n_rows + r] = d0[c];
+                out[(c0 + c) * n_rows + r + 1] = d1[c];
+            }
         }
     }
     let n_cols = xs.len();
     let n_rows = out.len() / n_cols;
-    let paired = n_rows / 2 * 2;
-    let (pairs_out, last_out) = out.split_at_mut(paired * n_cols);
     let mut c0 = 0;
     while c0 < n_cols {
         let c = (n_cols - c0).min(PAIR_COLS);
         match c {
-            1 => group::<K, 1>(nb, w, rb, xs, c0, pairs_out),
-            2 => group::<K, 2>(nb, w, rb, xs, c0, pairs_out),
-            3 => group::<K, 3>(nb, w, rb, xs, c0, pairs_out),
-            4 => group::<K, 4>(nb, w, rb, xs, c0, pairs_out),
-            5 => group::<K, 5>(nb, w, rb, xs, c0, pairs_out),
-            6 => group::<K, 6>(nb, w, rb, xs, c0, pairs_out),
-            7 => group::<K, 7>(nb, w, rb, xs, c0, pairs_out),
-            _ => group::<K, 8>(nb, w, rb, xs, c0, pairs_out),
+            1 => group::<K, 1>(nb, w, rb, xs, c0, out),
+            2 => group::<K, 2>(nb, w, rb, xs, c0, out),
+            3 => group::<K, 3>(nb, w, rb, xs, c0, out),
+            4 => group::<K, 4>(nb, w, rb, xs, c0, out),
+            5 => group::<K, 5>(nb, w, rb, xs, c0, out),
+            6 => group::<K, 6>(nb, w, rb, xs, c0, out),
+            7 => group::<K, 7>(nb, w, rb, xs, c0, out),
+            _ => group::<K, 8>(nb, w, rb, xs, c0, out),
         }
         c0 += c;
     }
-    if paired < n_rows {
-        tile_cols::<K>(nb, &w[paired * rb..], rb, xs, true, last_out);
+    if n_rows % 2 == 1 {
+        tile_cols::<K>(nb, w, rb, xs, true, n_rows - 1..n_rows, out);
     }
 }
 

@@ -387,7 +387,7 @@ fn tile_results_are_bit_identical_to_single_dots() {
                         for (c, x) in xs.iter().enumerate() {
                             let single = vec_dot(ty, n, &rows[r], x.q);
                             assert_eq!(
-                                out[r * n_cols + c].to_bits(),
+                                out[c * n_rows + r].to_bits(),
                                 single.to_bits(),
                                 "{ty}: row {r}, column {c} of {n_cols}"
                             );
