@@ -176,18 +176,31 @@ pub fn attention(
 /// `s`. A query before the chunk keeps the empty state.
 fn chunk_pass(ctx: &Layer, heads: Range<usize>, q: &[f32], c0: usize, s: &mut Scratch) {
     #[cfg(target_arch = "x86_64")]
+    if quant::simd_level() == quant::SimdLevel::Avx512 && ctx.head_dim.is_multiple_of(64) {
+        // SAFETY: AVX-512 F/BW/VL and AVX2/FMA/F16C were detected; the body is plain Rust.
+        return unsafe { chunk_avx512(ctx, heads, q, c0, s) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if quant::simd_level().avx2() {
         // SAFETY: AVX2 and FMA were detected; the body is plain Rust.
         return unsafe { chunk_avx2(ctx, heads, q, c0, s) };
     }
-    chunk_body::<false>(ctx, heads, q, c0, s)
+    chunk_body::<false, false>(ctx, heads, q, c0, s)
 }
 
 /// `chunk_body` compiled with AVX2, so its loops run on 8-lane vectors (same operations, same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn chunk_avx2(ctx: &Layer, heads: Range<usize>, q: &[f32], c0: usize, s: &mut Scratch) {
-    chunk_body::<true>(ctx, heads, q, c0, s)
+    chunk_body::<true, false>(ctx, heads, q, c0, s)
+}
+
+/// `chunk_body` compiled with AVX-512, its score and value products on 16-lane vectors: two keys' eight
+/// lanes per register, and sixteen output dimensions per register (same operations, same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn chunk_avx512(ctx: &Layer, heads: Range<usize>, q: &[f32], c0: usize, s: &mut Scratch) {
+    chunk_body::<true, true>(ctx, heads, q, c0, s)
 }
 
 /// Sets every query's merged state to the empty one: m = -inf, l = 0, acc = 0.
@@ -254,9 +267,17 @@ fn write_out(s: &Scratch, hd: usize, out: SharedMut<f32>) {
 }
 
 /// The chunk's pass; `AVX2` (only where it was detected) computes the scores with explicit 8-lane
-/// vectors, the same multiplies and adds in the same order as the portable loop.
+/// vectors, the same multiplies and adds in the same order as the portable loop; `WIDE` (with `AVX2`, only
+/// where AVX-512 was detected, `head_dim` a multiple of 64) holds the K tile as key pairs (`load_tile`) and
+/// runs the products on 16-lane vectors.
 #[inline(always)]
-fn chunk_body<const AVX2: bool>(ctx: &Layer, heads: Range<usize>, q: &[f32], c0: usize, s: &mut Scratch) {
+fn chunk_body<const AVX2: bool, const WIDE: bool>(
+    ctx: &Layer,
+    heads: Range<usize>,
+    q: &[f32],
+    c0: usize,
+    s: &mut Scratch,
+) {
     let hd = ctx.head_dim;
     let nq = s.queries.len();
     let Some(last) = s.queries.iter().map(|x| x.pos).max() else { return };
@@ -274,7 +295,7 @@ fn chunk_body<const AVX2: bool>(ctx: &Layer, heads: Range<usize>, q: &[f32], c0:
     let Scratch { k, v, m, l, acc, queries, .. } = s;
     for start in (c0..=end).step_by(KEY_TILE) {
         let n_keys = KEY_TILE.min(end + 1 - start);
-        load_tile::<AVX2>(ctx, heads.clone(), start, n_keys, k, v);
+        load_tile::<AVX2, WIDE>(ctx, heads.clone(), start, n_keys, k, v);
         for (qi, query) in queries.iter().enumerate() {
             if query.pos < start {
                 continue;
@@ -285,7 +306,10 @@ fn chunk_body<const AVX2: bool>(ctx: &Layer, heads: Range<usize>, q: &[f32], c0:
             let (kh, vh) = (&k[off..], &v[off..]);
             let mut sc = [0f32; KEY_TILE];
             #[cfg(target_arch = "x86_64")]
-            if AVX2 {
+            if WIDE {
+                // SAFETY: AVX-512 detected (see `chunk_pass`); `k` holds KEY_TILE / 2 key pairs of `stride`.
+                unsafe { scores_avx512(qv, &k[2 * off..], stride, &mut sc) };
+            } else if AVX2 {
                 // SAFETY: AVX2 detected (see `chunk_pass`); `kh` holds KEY_TILE rows of `stride`.
                 unsafe { scores_avx2(qv, kh, stride, &mut sc) };
             } else {
@@ -306,6 +330,13 @@ fn chunk_body<const AVX2: bool>(ctx: &Layer, heads: Range<usize>, q: &[f32], c0:
             l[qi] = l[qi] * alpha + sum_tile(&p);
             m[qi] = m_new;
             let o = &mut acc[qi * hd..(qi + 1) * hd];
+            #[cfg(target_arch = "x86_64")]
+            if WIDE {
+                // SAFETY: AVX-512 detected (see `chunk_pass`); `vh` holds `valid` rows of `stride`, and
+                // `hd` is a multiple of 64.
+                unsafe { weigh_values_avx512(o, alpha, &p[..valid], vh, stride) };
+                continue;
+            }
             #[cfg(target_arch = "x86_64")]
             if AVX2 && hd.is_multiple_of(64) {
                 // SAFETY: AVX2 detected (see `chunk_pass`); `vh` holds `valid` rows of `stride`.
@@ -407,12 +438,72 @@ unsafe fn scores_avx2(qv: &[f32], k: &[f32], stride: usize, sc: &mut [f32; KEY_T
     }
 }
 
+/// `weigh_values_avx2` on 16-lane vectors: each output dimension gets the same multiplies and adds in
+/// the same order (`o.len()` a multiple of 64).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn weigh_values_avx512(o: &mut [f32], alpha: f32, p: &[f32], v: &[f32], stride: usize) {
+    use std::arch::x86_64::*;
+    let hd = o.len();
+    assert!(hd.is_multiple_of(64) && (p.is_empty() || v.len() >= (p.len() - 1) * stride + hd));
+    let a = _mm512_set1_ps(alpha);
+    for d0 in (0..hd).step_by(64) {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for (j, x) in acc.iter_mut().enumerate() {
+            *x = _mm512_mul_ps(_mm512_loadu_ps(o.as_ptr().add(d0 + 16 * j)), a);
+        }
+        for (i, &w) in p.iter().enumerate() {
+            let b = _mm512_set1_ps(w);
+            let vr = v.as_ptr().add(i * stride + d0);
+            for (j, x) in acc.iter_mut().enumerate() {
+                *x = _mm512_add_ps(*x, _mm512_mul_ps(b, _mm512_loadu_ps(vr.add(16 * j))));
+            }
+        }
+        for (j, x) in acc.iter().enumerate() {
+            _mm512_storeu_ps(o.as_mut_ptr().add(d0 + 16 * j), *x);
+        }
+    }
+}
+
+/// `scores_avx2` over a K tile held as key pairs (see `load_tile`): the eight lanes of keys `2p` and `2p + 1`
+/// in one 16-lane vector, so one multiply and one add serve two keys; the lane sums as `scores_avx2`'s.
+/// `k` starts at the head's first chunk in the pair layout (twice its offset in a plain row).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn scores_avx512(qv: &[f32], k: &[f32], stride: usize, sc: &mut [f32; KEY_TILE]) {
+    use std::arch::x86_64::*;
+    let hd = qv.len();
+    assert!(hd.is_multiple_of(8) && k.len() >= (KEY_TILE / 2 - 1) * 2 * stride + 2 * hd);
+    for i0 in (0..KEY_TILE).step_by(8) {
+        let mut a = [_mm512_setzero_ps(); 4];
+        for (c, qc) in qv.chunks_exact(8).enumerate() {
+            let q8 = _mm256_loadu_ps(qc.as_ptr());
+            let q = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(q8)));
+            for (j, x) in a.iter_mut().enumerate() {
+                let kp = k.as_ptr().add((i0 / 2 + j) * 2 * stride + 16 * c);
+                *x = _mm512_add_ps(*x, _mm512_mul_ps(q, _mm512_loadu_ps(kp)));
+            }
+        }
+        // Key 2j's lanes in the low half of a[j], key 2j + 1's in the high half.
+        let [h01, h23, h45, h67] = a.map(|x| {
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+            _mm256_hadd_ps(_mm512_castps512_ps256(x), hi)
+        });
+        let k03 = _mm256_hadd_ps(h01, h23);
+        let k47 = _mm256_hadd_ps(h45, h67);
+        let lo4 = _mm256_permute2f128_ps::<0x20>(k03, k47);
+        let hi4 = _mm256_permute2f128_ps::<0x31>(k03, k47);
+        _mm256_storeu_ps(sc.as_mut_ptr().add(i0), _mm256_add_ps(lo4, hi4));
+    }
+}
+
 /// Converts keys `start..start + n_keys` of the KV heads `heads` into `k` and their values into `v`
-/// (rows of the heads' values, one after the other), zeroing the rows past `n_keys`. `AVX2`: converted
+/// (rows of the heads' values, one after the other), zeroing the keys past `n_keys`. `AVX2`: converted
 /// with F16C and AVX2 in line (the same values: f16 to f32 is exact, and q8_0 is `q as f32 * d` either
-/// way).
+/// way). `WIDE`: `k` holds key pairs, each pair's rows interleaved in 8-value chunks (chunk `c` of key
+/// `2p + s` at `2p * stride + 16c + 8s`), which `scores_avx512` reads.
 #[inline(always)]
-fn load_tile<const AVX2: bool>(
+fn load_tile<const AVX2: bool, const WIDE: bool>(
     ctx: &Layer,
     heads: Range<usize>,
     start: usize,
@@ -436,14 +527,31 @@ fn load_tile<const AVX2: bool>(
                 }
             }
         }
+        if WIDE {
+            for i in 0..KEY_TILE {
+                let pair = &mut k[i / 2 * 2 * stride..(i / 2 + 1) * 2 * stride];
+                if i < n_keys {
+                    // SAFETY: as below; the pair's rows hold `2 * stride` values.
+                    unsafe { heads_row_avx2(ctx, &page.k, r0 + i, heads.clone(), &mut pair[8 * (i % 2)..], 16) };
+                } else {
+                    for chunk in pair.chunks_exact_mut(16) {
+                        chunk[8 * (i % 2)..8 * (i % 2) + 8].fill(0.0);
+                    }
+                }
+            }
+        }
         for i in 0..n_keys {
             // SAFETY: AVX2 and F16C detected (the caller's `AVX2`); rows of `stride`, a multiple of 32.
             unsafe {
-                heads_row_avx2(ctx, &page.k, r0 + i, heads.clone(), &mut k[i * stride..(i + 1) * stride]);
-                heads_row_avx2(ctx, &page.v, r0 + i, heads.clone(), &mut v[i * stride..(i + 1) * stride]);
+                if !WIDE {
+                    heads_row_avx2(ctx, &page.k, r0 + i, heads.clone(), &mut k[i * stride..(i + 1) * stride], 8);
+                }
+                heads_row_avx2(ctx, &page.v, r0 + i, heads.clone(), &mut v[i * stride..(i + 1) * stride], 8);
             }
         }
-        k[n_keys * stride..].fill(0.0);
+        if !WIDE {
+            k[n_keys * stride..].fill(0.0);
+        }
         return;
     }
     for i in 0..n_keys {
@@ -493,21 +601,22 @@ fn prefetch_heads(ctx: &Layer, rows: &KvRows, r: usize, heads: Range<usize>) {
     }
 }
 
-/// `heads_row` with F16C and AVX2, in line (`head_dim` a multiple of 32).
+/// `heads_row` with F16C and AVX2, in line (`head_dim` a multiple of 32), the row's 8-value chunk `c` written
+/// at `dst[step * c..]` (`step` 8: a plain row; 16: one of a key pair's interleaved rows).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn heads_row_avx2(ctx: &Layer, rows: &KvRows, r: usize, heads: Range<usize>, dst: &mut [f32]) {
+unsafe fn heads_row_avx2(ctx: &Layer, rows: &KvRows, r: usize, heads: Range<usize>, dst: &mut [f32], step: usize) {
     use std::arch::x86_64::*;
     let n = heads.len() * ctx.head_dim;
-    assert!(dst.len() == n && n.is_multiple_of(32));
+    assert!((step == 8 || step == 16) && dst.len() >= n / 8 * step - (step - 8) && n.is_multiple_of(32));
     match rows {
         KvRows::F16(k) => {
             let at = r * ctx.kv_dim + heads.start * ctx.head_dim;
             let src = &k[at..at + n];
             for c in 0..n / 8 {
                 let h = _mm_loadu_si128(src.as_ptr().add(8 * c) as *const __m128i);
-                _mm256_storeu_ps(dst.as_mut_ptr().add(8 * c), _mm256_cvtph_ps(h));
+                _mm256_storeu_ps(dst.as_mut_ptr().add(step * c), _mm256_cvtph_ps(h));
             }
         }
         KvRows::Int8(k) => {
@@ -519,7 +628,7 @@ unsafe fn heads_row_avx2(ctx: &Layer, rows: &KvRows, r: usize, heads: Range<usiz
                 for c in 0..4 {
                     let q = _mm_loadl_epi64(block.as_ptr().add(2 + 8 * c) as *const __m128i);
                     let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-                    _mm256_storeu_ps(dst.as_mut_ptr().add(32 * b + 8 * c), _mm256_mul_ps(x, d));
+                    _mm256_storeu_ps(dst.as_mut_ptr().add(step * (4 * b + c)), _mm256_mul_ps(x, d));
                 }
             }
         }
@@ -661,6 +770,74 @@ mod tests {
                         one.iter().zip(batched).all(|(a, b)| a.to_bits() == b.to_bits()),
                         "{ty:?}, {n}: query {ti}"
                     );
+                }
+            }
+        }
+    }
+
+    /// The three instances of a chunk's pass (portable, AVX2, AVX-512 with its key-pair tiles) leave the same
+    /// bits in every query's state: f16 and int8 KV, one KV head or all of them (decoding's whole rows),
+    /// chunks that end inside a tile, queries whose keys end inside a tile, a chunk on host pages.
+    #[test]
+    fn chunk_pass_has_the_same_bits_on_every_instruction_set() {
+        let level = quant::simd_level();
+        if !level.avx2() {
+            println!("skipped: this CPU has no AVX2 (only the portable instance runs)");
+            return;
+        }
+        let wide = level == quant::SimdLevel::Avx512;
+        if !wide {
+            println!("no AVX-512 here: comparing the portable and AVX2 instances only");
+        }
+        let hd = SHAPE.head_dim;
+        let q_dim = SHAPE.n_head * hd;
+        let group = SHAPE.n_head / SHAPE.n_head_kv;
+        let mut rng = StdRng::seed_from_u64(6);
+        for ty in [KvType::F16, KvType::Int8] {
+            let n = 1300;
+            let kv = filled(ty, n, &mut rng);
+            let ctx = Layer {
+                pages: &kv.layers[0].pages,
+                kv_dim: SHAPE.n_head_kv * hd,
+                head_dim: hd,
+                row_bytes: kv.ty.row_bytes(SHAPE.n_head_kv * hd),
+                head_bytes: kv.ty.row_bytes(hd),
+                scale: 1.0 / (hd as f32).sqrt(),
+            };
+            let t = 5;
+            let q: Vec<f32> = (0..t * q_dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            for (heads, positions) in [(1..2, [3usize, 40, 300, 1299, 1000]), (0..3, [13, 250, 256, 257, 1290])] {
+                let queries: Vec<Query> = (0..t)
+                    .flat_map(|ti| {
+                        let heads = heads.clone();
+                        heads.flat_map(move |kvh| {
+                            (kvh * group..(kvh + 1) * group).map(move |h| {
+                                let at = ti * q_dim + h * hd;
+                                Query { q_at: at, pos: positions[ti], out_at: at, kvh }
+                            })
+                        })
+                    })
+                    .collect();
+                for c0 in [0, 256, 1024] {
+                    let run = |which: u8| {
+                        let mut s = Scratch { queries: queries.clone(), ..Scratch::default() };
+                        // SAFETY: AVX2 detected above, AVX-512 only when `wide`.
+                        unsafe {
+                            match which {
+                                0 => chunk_body::<false, false>(&ctx, heads.clone(), &q, c0, &mut s),
+                                1 => chunk_avx2(&ctx, heads.clone(), &q, c0, &mut s),
+                                _ => chunk_avx512(&ctx, heads.clone(), &q, c0, &mut s),
+                            }
+                        }
+                        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+                        (bits(&s.m), bits(&s.l), bits(&s.acc))
+                    };
+                    let portable = run(0);
+                    assert!(portable.1.iter().any(|&l| f32::from_bits(l) > 0.0), "{ty:?}: chunk {c0} saw no keys");
+                    assert!(run(1) == portable, "{ty:?}, heads {heads:?}, chunk {c0}: AVX2 differs");
+                    if wide {
+                        assert!(run(2) == portable, "{ty:?}, heads {heads:?}, chunk {c0}: AVX-512 differs");
+                    }
                 }
             }
         }
