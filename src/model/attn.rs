@@ -317,16 +317,20 @@ fn chunk_body<const AVX2: bool, const WIDE: bool>(
             }
             #[cfg(not(target_arch = "x86_64"))]
             scores(qv, kh, stride, &mut sc);
-            for (i, a) in sc.iter_mut().enumerate() {
-                *a = if i < valid { *a * ctx.scale } else { f32::NEG_INFINITY };
-            }
-            let tile_max = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let m_new = m[qi].max(tile_max);
-            let alpha = if m[qi] == f32::NEG_INFINITY { 0.0 } else { exp_nonpos(m[qi] - m_new) };
             let mut p = [0f32; KEY_TILE];
-            for (i, (w, &a)) in p.iter_mut().zip(&sc).enumerate() {
-                *w = if i < valid { exp_nonpos(a - m_new) } else { 0.0 };
+            let m_new;
+            #[cfg(target_arch = "x86_64")]
+            if WIDE {
+                // SAFETY: AVX-512 detected (see `chunk_pass`).
+                m_new = unsafe { weights_avx512(&sc, valid, ctx.scale, m[qi], &mut p) };
+            } else {
+                m_new = weights(&mut sc, valid, ctx.scale, m[qi], &mut p);
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                m_new = weights(&mut sc, valid, ctx.scale, m[qi], &mut p);
+            }
+            let alpha = if m[qi] == f32::NEG_INFINITY { 0.0 } else { exp_nonpos(m[qi] - m_new) };
             l[qi] = l[qi] * alpha + sum_tile(&p);
             m[qi] = m_new;
             let o = &mut acc[qi * hd..(qi + 1) * hd];
@@ -346,6 +350,69 @@ fn chunk_body<const AVX2: bool, const WIDE: bool>(
             weigh_values(o, alpha, &p[..valid], vh, stride);
         }
     }
+}
+
+/// A tile's softmax weights against the running max `m_old`: the scores `sc` of the first `valid` keys
+/// scaled by `scale`, their max with `m_old` (returned: the new running max), and `p[i] = e^(score - max)`
+/// for those keys, 0 for the rest.
+#[inline(always)]
+fn weights(sc: &mut [f32; KEY_TILE], valid: usize, scale: f32, m_old: f32, p: &mut [f32; KEY_TILE]) -> f32 {
+    for (i, a) in sc.iter_mut().enumerate() {
+        *a = if i < valid { *a * scale } else { f32::NEG_INFINITY };
+    }
+    let tile_max = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let m_new = m_old.max(tile_max);
+    for (i, (w, &a)) in p.iter_mut().zip(sc.iter()).enumerate() {
+        *w = if i < valid { exp_nonpos(a - m_new) } else { 0.0 };
+    }
+    m_new
+}
+
+/// `weights` on 16-lane vectors (the same operations per key; the max is exact in any order, and no
+/// value here is NaN).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn weights_avx512(sc: &[f32; KEY_TILE], valid: usize, scale: f32, m_old: f32, p: &mut [f32; KEY_TILE]) -> f32 {
+    use std::arch::x86_64::*;
+    const _: () = assert!(KEY_TILE == 32, "two 16-lane vectors per tile");
+    let valid_mask = |half: usize| -> __mmask16 {
+        let n = valid.saturating_sub(16 * half).min(16);
+        ((1u32 << n) - 1) as __mmask16
+    };
+    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    let scale = _mm512_set1_ps(scale);
+    let halves = [0, 1].map(|h| {
+        let x = _mm512_mul_ps(_mm512_loadu_ps(sc.as_ptr().add(16 * h)), scale);
+        _mm512_mask_blend_ps(valid_mask(h), neg_inf, x)
+    });
+    let tile_max = _mm512_reduce_max_ps(_mm512_max_ps(halves[0], halves[1]));
+    let m_new = m_old.max(tile_max);
+    let m = _mm512_set1_ps(m_new);
+    for (h, x) in halves.into_iter().enumerate() {
+        let w = exp_nonpos_avx512(_mm512_sub_ps(x, m));
+        _mm512_storeu_ps(p.as_mut_ptr().add(16 * h), _mm512_maskz_mov_ps(valid_mask(h), w));
+    }
+    m_new
+}
+
+/// `exp_nonpos` on sixteen lanes, operation for operation (so the same bits in every lane).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn exp_nonpos_avx512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let c = _mm512_set1_ps;
+    let x = _mm512_max_ps(x, c(EXP_MIN));
+    let round = c(EXP_ROUND);
+    let n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, c(std::f32::consts::LOG2_E)), round), round);
+    let r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, c(EXP_LN2_HI))), _mm512_mul_ps(n, c(EXP_LN2_LO)));
+    let mut p = c(EXP_POLY[0]);
+    for &k in &EXP_POLY[1..] {
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), c(k));
+    }
+    let e = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), c(1.0));
+    let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)));
+    _mm512_mul_ps(e, _mm512_castsi512_ps(bits))
 }
 
 /// `o = o * alpha + sum over i of p[i] * v[i]` (row `i` of `v` at `i * stride`), the keys in order, for
@@ -652,21 +719,24 @@ fn sum_tile(p: &[f32; KEY_TILE]) -> f32 {
 /// f32 operations that vectorize; values below -87.3 (where `e^x` leaves the normal range) give e^-87.3.
 #[inline(always)]
 pub fn exp_nonpos(x: f32) -> f32 {
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding and subtracting it rounds to an integer
-    let x = x.max(-87.336_55);
-    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 5e-1;
+    let x = x.max(EXP_MIN);
+    let n = (x * std::f32::consts::LOG2_E + EXP_ROUND) - EXP_ROUND;
+    let r = (x - n * EXP_LN2_HI) - n * EXP_LN2_LO;
+    let mut p = EXP_POLY[0];
+    for &k in &EXP_POLY[1..] {
+        p = p * r + k;
+    }
     let e = (p * r) * r + r + 1.0;
     e * f32::from_bits((((n as i32) + 127) << 23) as u32)
 }
+
+/// `exp_nonpos`'s constants: the lowest argument, ln 2 in two parts, 1.5 * 2^23 (adding and subtracting
+/// it rounds to an integer), and the polynomial's coefficients from the highest degree.
+const EXP_MIN: f32 = -87.336_55;
+const EXP_LN2_HI: f32 = 0.693_359_4;
+const EXP_LN2_LO: f32 = -2.121_944_4e-4;
+const EXP_ROUND: f32 = 12_582_912.0;
+const EXP_POLY: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5e-1];
 
 #[cfg(test)]
 mod tests {
