@@ -318,18 +318,15 @@ fn chunk_body<const AVX2: bool, const WIDE: bool>(
             #[cfg(not(target_arch = "x86_64"))]
             scores(qv, kh, stride, &mut sc);
             let mut p = [0f32; KEY_TILE];
-            let m_new;
             #[cfg(target_arch = "x86_64")]
-            if WIDE {
+            let m_new = if WIDE {
                 // SAFETY: AVX-512 detected (see `chunk_pass`).
-                m_new = unsafe { weights_avx512(&sc, valid, ctx.scale, m[qi], &mut p) };
+                unsafe { weights_avx512(&sc, valid, ctx.scale, m[qi], &mut p) }
             } else {
-                m_new = weights(&mut sc, valid, ctx.scale, m[qi], &mut p);
-            }
+                weights(&mut sc, valid, ctx.scale, m[qi], &mut p)
+            };
             #[cfg(not(target_arch = "x86_64"))]
-            {
-                m_new = weights(&mut sc, valid, ctx.scale, m[qi], &mut p);
-            }
+            let m_new = weights(&mut sc, valid, ctx.scale, m[qi], &mut p);
             let alpha = if m[qi] == f32::NEG_INFINITY { 0.0 } else { exp_nonpos(m[qi] - m_new) };
             l[qi] = l[qi] * alpha + sum_tile(&p);
             m[qi] = m_new;
