@@ -322,6 +322,9 @@ fn chunk_body<const AVX2: bool, const WIDE: bool>(
             let m_new = if WIDE {
                 // SAFETY: AVX-512 detected (see `chunk_pass`).
                 unsafe { weights_avx512(&sc, valid, ctx.scale, m[qi], &mut p) }
+            } else if AVX2 {
+                // SAFETY: AVX2 detected (see `chunk_pass`).
+                unsafe { weights_avx2(&sc, valid, ctx.scale, m[qi], &mut p) }
             } else {
                 weights(&mut sc, valid, ctx.scale, m[qi], &mut p)
             };
@@ -390,6 +393,57 @@ unsafe fn weights_avx512(sc: &[f32; KEY_TILE], valid: usize, scale: f32, m_old: 
         _mm512_storeu_ps(p.as_mut_ptr().add(16 * h), _mm512_maskz_mov_ps(valid_mask(h), w));
     }
     m_new
+}
+
+/// `weights` on 8-lane vectors (as `weights_avx512`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn weights_avx2(sc: &[f32; KEY_TILE], valid: usize, scale: f32, m_old: f32, p: &mut [f32; KEY_TILE]) -> f32 {
+    use std::arch::x86_64::*;
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let valid_v = _mm256_set1_epi32(valid as i32);
+    let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let scale = _mm256_set1_ps(scale);
+    let mut x = [_mm256_setzero_ps(); KEY_TILE / 8];
+    let mut keep = [_mm256_setzero_ps(); KEY_TILE / 8];
+    let mut max = neg_inf;
+    for (j, (x, keep)) in x.iter_mut().zip(keep.iter_mut()).enumerate() {
+        let index = _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * j as i32));
+        *keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(valid_v, index));
+        let scaled = _mm256_mul_ps(_mm256_loadu_ps(sc.as_ptr().add(8 * j)), scale);
+        *x = _mm256_blendv_ps(neg_inf, scaled, *keep);
+        max = _mm256_max_ps(max, *x);
+    }
+    let mut lanes_max = [0f32; 8];
+    _mm256_storeu_ps(lanes_max.as_mut_ptr(), max);
+    let tile_max = lanes_max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let m_new = m_old.max(tile_max);
+    let m = _mm256_set1_ps(m_new);
+    for (j, (x, keep)) in x.iter().zip(&keep).enumerate() {
+        let w = exp_nonpos_avx2(_mm256_sub_ps(*x, m));
+        _mm256_storeu_ps(p.as_mut_ptr().add(8 * j), _mm256_and_ps(w, *keep));
+    }
+    m_new
+}
+
+/// `exp_nonpos` on eight lanes, operation for operation (so the same bits in every lane).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn exp_nonpos_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let c = _mm256_set1_ps;
+    let x = _mm256_max_ps(x, c(EXP_MIN));
+    let round = c(EXP_ROUND);
+    let n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, c(std::f32::consts::LOG2_E)), round), round);
+    let r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, c(EXP_LN2_HI))), _mm256_mul_ps(n, c(EXP_LN2_LO)));
+    let mut p = c(EXP_POLY[0]);
+    for &k in &EXP_POLY[1..] {
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), c(k));
+    }
+    let e = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), c(1.0));
+    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)));
+    _mm256_mul_ps(e, _mm256_castsi256_ps(bits))
 }
 
 /// `exp_nonpos` on sixteen lanes, operation for operation (so the same bits in every lane).
