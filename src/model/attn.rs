@@ -542,18 +542,32 @@ unsafe fn scores_avx2(qv: &[f32], k: &[f32], stride: usize, sc: &mut [f32; KEY_T
                 *x = _mm256_add_ps(*x, _mm256_mul_ps(q, _mm256_loadu_ps(kp)));
             }
         }
-        // hadd(x, y) = [x0+x1, x2+x3, y0+y1, y2+y3 | x4+x5, x6+x7, y4+y5, y6+y7].
-        let h01 = _mm256_hadd_ps(a[0], a[1]);
-        let h23 = _mm256_hadd_ps(a[2], a[3]);
-        let h45 = _mm256_hadd_ps(a[4], a[5]);
-        let h67 = _mm256_hadd_ps(a[6], a[7]);
-        // Keys 0..4: (0+1)+(2+3) in the low half, (4+5)+(6+7) in the high half; keys 4..8 likewise.
-        let k03 = _mm256_hadd_ps(h01, h23);
-        let k47 = _mm256_hadd_ps(h45, h67);
-        let lo = _mm256_permute2f128_ps::<0x20>(k03, k47);
-        let hi = _mm256_permute2f128_ps::<0x31>(k03, k47);
-        _mm256_storeu_ps(sc.as_mut_ptr().add(i0), _mm256_add_ps(lo, hi));
+        _mm256_storeu_ps(
+            sc.as_mut_ptr().add(i0),
+            sum_key_lanes([
+                _mm256_hadd_ps(a[0], a[1]),
+                _mm256_hadd_ps(a[2], a[3]),
+                _mm256_hadd_ps(a[4], a[5]),
+                _mm256_hadd_ps(a[6], a[7]),
+            ]),
+        );
     }
+}
+
+/// Eight keys' scores from their lanes, already added in neighbouring pairs: `h[j] = hadd(key 2j, key 2j + 1)`,
+/// where `hadd(x, y) = [x0+x1, x2+x3, y0+y1, y2+y3 | x4+x5, x6+x7, y4+y5, y6+y7]`. Each key's sum is
+/// `((0+1)+(2+3))+((4+5)+(6+7))`, as `scores` adds it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn sum_key_lanes(h: [std::arch::x86_64::__m256; 4]) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // Keys 0..4: (0+1)+(2+3) in the low half, (4+5)+(6+7) in the high half; keys 4..8 likewise.
+    let k03 = _mm256_hadd_ps(h[0], h[1]);
+    let k47 = _mm256_hadd_ps(h[2], h[3]);
+    let lo = _mm256_permute2f128_ps::<0x20>(k03, k47);
+    let hi = _mm256_permute2f128_ps::<0x31>(k03, k47);
+    _mm256_add_ps(lo, hi)
 }
 
 /// `weigh_values_avx2` on 16-lane vectors: each output dimension gets the same multiplies and adds in
@@ -603,15 +617,11 @@ unsafe fn scores_avx512(qv: &[f32], k: &[f32], stride: usize, sc: &mut [f32; KEY
             }
         }
         // Key 2j's lanes in the low half of a[j], key 2j + 1's in the high half.
-        let [h01, h23, h45, h67] = a.map(|x| {
+        let h = a.map(|x| {
             let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
             _mm256_hadd_ps(_mm512_castps512_ps256(x), hi)
         });
-        let k03 = _mm256_hadd_ps(h01, h23);
-        let k47 = _mm256_hadd_ps(h45, h67);
-        let lo4 = _mm256_permute2f128_ps::<0x20>(k03, k47);
-        let hi4 = _mm256_permute2f128_ps::<0x31>(k03, k47);
-        _mm256_storeu_ps(sc.as_mut_ptr().add(i0), _mm256_add_ps(lo4, hi4));
+        _mm256_storeu_ps(sc.as_mut_ptr().add(i0), sum_key_lanes(h));
     }
 }
 

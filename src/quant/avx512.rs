@@ -68,9 +68,27 @@ unsafe fn weight_bytes<const K: u8>(p0: *const u8, p1: *const u8) -> __m512i {
 
 /// Dot of `nb` legacy weight blocks of format `K` of two rows, at `w0` and `w1`, against `C` activation
 /// columns: `out0[c]` and `out1[c]` get the bits of `avx2::dot_blocks::<K, 1>` on (row 0, column c) and
-/// (row 1, column c). With `PRE` the activations' scales come from `xs.ds` (see `Cols`).
+/// (row 1, column c). The activations' scales come from `xs.ds` where it holds pointers (see `Cols`).
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn legacy_dot_pair<const K: u8, const C: usize, const PRE: bool>(
+pub unsafe fn dot_pair<const K: u8, const C: usize>(
+    nb: usize,
+    w0: *const u8,
+    w1: *const u8,
+    xs: Cols<C>,
+    out0: &mut [f32],
+    out1: &mut [f32],
+) {
+    if xs.ds[0].is_null() {
+        legacy_dot_pair::<K, C, false>(nb, w0, w1, xs, out0, out1)
+    } else {
+        legacy_dot_pair::<K, C, true>(nb, w0, w1, xs, out0, out1)
+    }
+}
+
+/// `dot_pair` with the scales' source fixed: with `PRE` they come from `xs.ds`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn legacy_dot_pair<const K: u8, const C: usize, const PRE: bool>(
     nb: usize,
     w0: *const u8,
     w1: *const u8,

@@ -415,9 +415,7 @@ unsafe fn tile_cols<const K: u8>(
         out: &mut [f32],
     ) {
         let n_rows = out.len() / xs.len();
-        let pre = xs[c0..c0 + C].iter().all(|x| !x.aux.is_empty());
-        let q: [*const u8; C] = std::array::from_fn(|c| xs[c0 + c].q.as_ptr());
-        let ds: [*const f32; C] = std::array::from_fn(|c| if pre { xs[c0 + c].aux.as_ptr() } else { std::ptr::null() });
+        let (q, ds) = group_pointers::<C>(&xs[c0..c0 + C]);
         let cols = avx2::Cols { q: &q, ds: &ds };
         let mut dots = [0f32; C];
         for r in rows {
@@ -438,6 +436,17 @@ unsafe fn tile_cols<const K: u8>(
         }
         c0 += 4;
     }
+}
+
+/// The quant pointers of a group of `C` columns and their f32 scales' pointers: all of them where every
+/// column has its scales, else all null (the kernels then read the scales from the blocks).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn group_pointers<const C: usize>(xs: &[ActRow]) -> ([*const u8; C], [*const f32; C]) {
+    let pre = xs.iter().all(|x| !x.aux.is_empty());
+    let q = std::array::from_fn(|c| xs[c].q.as_ptr());
+    let ds = std::array::from_fn(|c| if pre { xs[c].aux.as_ptr() } else { std::ptr::null() });
+    (q, ds)
 }
 
 /// Activation columns one call of the `avx512` kernel takes: 8 accumulators of 512 bits and their `m * s`
@@ -464,18 +473,12 @@ unsafe fn tile_pairs<const K: u8>(nb: usize, w: &[u8], rb: usize, xs: &[ActRow],
         out: &mut [f32],
     ) {
         let n_rows = out.len() / xs.len();
-        let pre = xs[c0..c0 + C].iter().all(|x| !x.aux.is_empty());
-        let q: [*const u8; C] = std::array::from_fn(|c| xs[c0 + c].q.as_ptr());
-        let ds: [*const f32; C] = std::array::from_fn(|c| if pre { xs[c0 + c].aux.as_ptr() } else { std::ptr::null() });
+        let (q, ds) = group_pointers::<C>(&xs[c0..c0 + C]);
         let cols = avx2::Cols { q: &q, ds: &ds };
         let (mut d0, mut d1) = ([0f32; C], [0f32; C]);
         for r in (0..n_rows / 2 * 2).step_by(2) {
             let (p0, p1) = (w.as_ptr().add(r * rb), w.as_ptr().add((r + 1) * rb));
-            if pre {
-                avx512::legacy_dot_pair::<K, C, true>(nb, p0, p1, cols, &mut d0, &mut d1);
-            } else {
-                avx512::legacy_dot_pair::<K, C, false>(nb, p0, p1, cols, &mut d0, &mut d1);
-            }
+            avx512::dot_pair::<K, C>(nb, p0, p1, cols, &mut d0, &mut d1);
             for c in 0..C {
                 out[(c0 + c) * n_rows + r] = d0[c];
                 out[(c0 + c) * n_rows + r + 1] = d1[c];

@@ -443,26 +443,15 @@ fn avx512_row_pairs_give_the_avx2_bits() {
                             avx2::Cols::<$c> { q: q[..$c].try_into().unwrap(), ds: ds[..$c].try_into().unwrap() };
                         // SAFETY: the features were detected above; both rows and every column hold `nb` blocks.
                         unsafe {
-                            if pre {
-                                avx512::legacy_dot_pair::<{ $k }, $c, true>(
-                                    nb,
-                                    rows[0].as_ptr(),
-                                    rows[1].as_ptr(),
-                                    cols,
-                                    &mut got0,
-                                    &mut got1,
-                                );
-                            } else {
-                                avx512::legacy_dot_pair::<{ $k }, $c, false>(
-                                    nb,
-                                    rows[0].as_ptr(),
-                                    rows[1].as_ptr(),
-                                    cols,
-                                    &mut got0,
-                                    &mut got1,
-                                );
-                            }
-                        }
+                            avx512::dot_pair::<{ $k }, $c>(
+                                nb,
+                                rows[0].as_ptr(),
+                                rows[1].as_ptr(),
+                                cols,
+                                &mut got0,
+                                &mut got1,
+                            )
+                        };
                         for c in 0..$c {
                             for r in 0..2 {
                                 let one = avx2::Cols::<1> { q: &[q[c]], ds: &[none[0]] };
