@@ -21,6 +21,12 @@
 //! Hot path: a key's score is eight lanes of products summed in a fixed tree, eight keys per step; the
 //! weighted sum of V runs along the head dimension with the output in registers. Scratch lives per thread
 //! (`SCRATCH`) and the chunk states in the caller's `PARTIALS`: decoding allocates nothing per token.
+//!
+//! With int8 KV (q8_0 rows) the scores are integer dot products, as llama.cpp's quantized-KV path: each
+//! query is quantized to q8_0 once per call (`quantize_queries`, the activations' quantizer), the K tile
+//! keeps its 8-bit values, and a key's score is, block by block in order, `(d_k * d_q) * isum` added up in
+//! f32, where `isum` is the block's exact integer sum. Integer sums have one value in any order, so every
+//! instance gives the same bits here too. The values stay f32 (converted once per tile).
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -35,6 +41,8 @@ use super::ops::{AttnShape, SharedMut};
 
 /// Keys per tile.
 pub const KEY_TILE: usize = 32;
+/// Values per q8_0 block (int8 KV and its quantized queries).
+const QK8: usize = 32;
 /// Keys per chunk: a query attends its keys chunk by chunk (tiles with an online softmax inside a chunk,
 /// from a fresh state), and the chunks' states are merged in order. Decoding runs a query's chunks on
 /// different threads; a batch runs them one after the other. Same operations either way.
@@ -58,7 +66,9 @@ struct Query {
 /// Per-thread buffers of a pass.
 #[derive(Default)]
 struct Scratch {
-    k: Vec<f32>,     // (KEY_TILE, heads of the tile, head_dim)
+    k: Vec<f32>,     // (KEY_TILE, heads of the tile, head_dim); with int8 KV unused
+    kq: Vec<i8>,     // (KEY_TILE, heads of the tile, head_dim): int8 KV's key quants
+    kd: Vec<f32>,    // (heads of the tile * head_dim / 32, KEY_TILE): int8 KV's key block scales, by block
     v: Vec<f32>,     // (KEY_TILE, heads of the tile, head_dim)
     m: Vec<f32>,     // (queries): a chunk's running max of the scores
     l: Vec<f32>,     // (queries): a chunk's running sum of the weights
@@ -72,6 +82,24 @@ thread_local! {
     /// The caller's buffer of chunk states when a query's chunks run on different threads:
     /// (items, queries per item, 2 + head_dim).
     static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The caller's queries quantized to q8_0 for int8 KV: (t_count, n_head * head_dim / 32) blocks.
+    static QUERY_BLOCKS: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The queries of a call: `f` (t_count, n_head * head_dim) in f32, and with int8 KV `blocks`, the same
+/// values as q8_0 blocks (34 bytes per 32 values: an f16 scale, then 32 signed bytes) for the scores.
+#[derive(Clone, Copy)]
+struct Queries<'a> {
+    f: &'a [f32],
+    blocks: &'a [u8],
+}
+
+/// Quantizes `q` to q8_0 blocks in `blocks` (the activations' quantizer, llama.cpp's for a quantized-KV
+/// product). Every 32 values are one block, so a head's blocks are its own (`head_dim` is a multiple of 32
+/// for int8 KV).
+fn quantize_queries(q: &[f32], blocks: &mut Vec<u8>) {
+    blocks.resize(q.len() / 32 * 34, 0);
+    quant::quantize_row_act(GgmlType::Q8_0, q, blocks);
 }
 
 /// What a pass needs to find a head's rows in the layer's pages.
@@ -82,6 +110,8 @@ struct Layer<'a> {
     row_bytes: usize,
     head_bytes: usize,
     scale: f32,
+    /// K and V are q8_0 rows: the scores are integer dot products against the quantized queries.
+    int8: bool,
 }
 
 /// Causal attention of the `t_count` queries in `q` at positions `pos0..pos0 + t_count` over layer `layer`
@@ -95,10 +125,7 @@ pub fn attention(
     pos0: usize,
     out: &mut [f32],
 ) {
-    let AttnShape { n_head, n_head_kv, head_dim } = *shape;
-    let q_dim = n_head * head_dim;
-    let t_count = q.len() / q_dim;
-    let group = n_head / n_head_kv;
+    let AttnShape { n_head_kv, head_dim, .. } = *shape;
     let ctx = Layer {
         pages: &kv.layers[layer].pages,
         kv_dim: n_head_kv * head_dim,
@@ -106,7 +133,23 @@ pub fn attention(
         row_bytes: kv.ty.row_bytes(n_head_kv * head_dim),
         head_bytes: kv.ty.row_bytes(head_dim),
         scale: 1.0 / (head_dim as f32).sqrt(),
+        int8: kv.ty == super::KvType::Int8,
     };
+    QUERY_BLOCKS.with_borrow_mut(|blocks| {
+        if ctx.int8 {
+            quantize_queries(q, blocks);
+        }
+        let q = Queries { f: q, blocks };
+        attend_all(pool, &ctx, shape, q, pos0, out);
+    });
+}
+
+/// `attention` with the layer found and the queries ready.
+fn attend_all(pool: &ThreadPool, ctx: &Layer, shape: &AttnShape, q: Queries, pos0: usize, out: &mut [f32]) {
+    let AttnShape { n_head, n_head_kv, head_dim } = *shape;
+    let q_dim = n_head * head_dim;
+    let t_count = q.f.len() / q_dim;
+    let group = n_head / n_head_kv;
     // A work item is a block of tokens with all the heads of one KV head (each K/V tile converted once for
     // them all). With one block (decoding, small batches) that is too few items for the threads, so there
     // an item is a chunk of the keys for every head, read as whole rows (contiguous memory), and the
@@ -135,7 +178,7 @@ pub fn attention(
                 SCRATCH.with_borrow_mut(|s| {
                     for c in split_range(chunk, n_chunks, items) {
                         queries_of(0, 0..n_head_kv, &mut s.queries);
-                        chunk_pass(&ctx, 0..n_head_kv, q, c * CHUNK_KEYS, s);
+                        chunk_pass(ctx, 0..n_head_kv, q, c * CHUNK_KEYS, s);
                         // SAFETY: each item writes its own slot.
                         save_chunk(s, head_dim, unsafe { shared.slice(c * per_item, per_item) });
                     }
@@ -162,7 +205,7 @@ pub fn attention(
                 let last = s.queries.iter().map(|x| x.pos).max().unwrap_or(0);
                 start_totals(s, head_dim);
                 for c0 in (0..=last).step_by(CHUNK_KEYS) {
-                    chunk_pass(&ctx, kvh..kvh + 1, q, c0, s);
+                    chunk_pass(ctx, kvh..kvh + 1, q, c0, s);
                     merge_chunk(s, head_dim, c0);
                 }
                 write_out(s, head_dim, shared_out);
@@ -174,7 +217,7 @@ pub fn attention(
 /// One chunk's pass (keys `c0..c0 + CHUNK_KEYS`, up to the last query's position) over the KV heads
 /// `heads` (the queries in `s.queries` read those), from a fresh state: leaves each query's (m, l, acc) in
 /// `s`. A query before the chunk keeps the empty state.
-fn chunk_pass(ctx: &Layer, heads: Range<usize>, q: &[f32], c0: usize, s: &mut Scratch) {
+fn chunk_pass(ctx: &Layer, heads: Range<usize>, q: Queries, c0: usize, s: &mut Scratch) {
     #[cfg(target_arch = "x86_64")]
     if quant::simd_level() == quant::SimdLevel::Avx512 && ctx.head_dim.is_multiple_of(64) {
         // SAFETY: AVX-512 F/BW/VL and AVX2/FMA/F16C were detected; the body is plain Rust.
@@ -191,7 +234,7 @@ fn chunk_pass(ctx: &Layer, heads: Range<usize>, q: &[f32], c0: usize, s: &mut Sc
 /// `chunk_body` compiled with AVX2, so its loops run on 8-lane vectors (same operations, same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn chunk_avx2(ctx: &Layer, heads: Range<usize>, q: &[f32], c0: usize, s: &mut Scratch) {
+unsafe fn chunk_avx2(ctx: &Layer, heads: Range<usize>, q: Queries, c0: usize, s: &mut Scratch) {
     chunk_body::<true, false>(ctx, heads, q, c0, s)
 }
 
@@ -199,7 +242,7 @@ unsafe fn chunk_avx2(ctx: &Layer, heads: Range<usize>, q: &[f32], c0: usize, s: 
 /// lanes per register, and sixteen output dimensions per register (same operations, same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn chunk_avx512(ctx: &Layer, heads: Range<usize>, q: &[f32], c0: usize, s: &mut Scratch) {
+unsafe fn chunk_avx512(ctx: &Layer, heads: Range<usize>, q: Queries, c0: usize, s: &mut Scratch) {
     chunk_body::<true, true>(ctx, heads, q, c0, s)
 }
 
@@ -274,7 +317,7 @@ fn write_out(s: &Scratch, hd: usize, out: SharedMut<f32>) {
 fn chunk_body<const AVX2: bool, const WIDE: bool>(
     ctx: &Layer,
     heads: Range<usize>,
-    q: &[f32],
+    q: Queries,
     c0: usize,
     s: &mut Scratch,
 ) {
@@ -284,7 +327,12 @@ fn chunk_body<const AVX2: bool, const WIDE: bool>(
     let end = last.min(c0 + CHUNK_KEYS - 1);
     // A tile row holds the heads `heads`, one after the other.
     let stride = heads.len() * hd;
-    s.k.resize(KEY_TILE * stride, 0.0);
+    if ctx.int8 {
+        s.kq.resize(KEY_TILE * stride, 0);
+        s.kd.resize(KEY_TILE * stride / QK8, 0.0);
+    } else {
+        s.k.resize(KEY_TILE * stride, 0.0);
+    }
     s.v.resize(KEY_TILE * stride, 0.0);
     s.m.clear();
     s.m.resize(nq, f32::NEG_INFINITY);
@@ -292,31 +340,51 @@ fn chunk_body<const AVX2: bool, const WIDE: bool>(
     s.l.resize(nq, 0.0);
     s.acc.clear();
     s.acc.resize(nq * hd, 0.0);
-    let Scratch { k, v, m, l, acc, queries, .. } = s;
+    let Scratch { k, kq, kd, v, m, l, acc, queries, .. } = s;
     for start in (c0..=end).step_by(KEY_TILE) {
         let n_keys = KEY_TILE.min(end + 1 - start);
-        load_tile::<AVX2, WIDE>(ctx, heads.clone(), start, n_keys, k, v);
+        if ctx.int8 {
+            load_tile_q8::<AVX2>(ctx, heads.clone(), start, n_keys, kq, kd, v);
+        } else {
+            load_tile::<AVX2, WIDE>(ctx, heads.clone(), start, n_keys, k, v);
+        }
         for (qi, query) in queries.iter().enumerate() {
             if query.pos < start {
                 continue;
             }
             let valid = n_keys.min(query.pos + 1 - start);
-            let qv = &q[query.q_at..query.q_at + hd];
+            let qv = &q.f[query.q_at..query.q_at + hd];
             let off = (query.kvh - heads.start) * hd;
-            let (kh, vh) = (&k[off..], &v[off..]);
+            let vh = &v[off..];
             let mut sc = [0f32; KEY_TILE];
-            #[cfg(target_arch = "x86_64")]
-            if WIDE {
-                // SAFETY: AVX-512 detected (see `chunk_pass`); `k` holds KEY_TILE / 2 key pairs of `stride`.
-                unsafe { scores_avx512(qv, &k[2 * off..], stride, &mut sc) };
-            } else if AVX2 {
-                // SAFETY: AVX2 detected (see `chunk_pass`); `kh` holds KEY_TILE rows of `stride`.
-                unsafe { scores_avx2(qv, kh, stride, &mut sc) };
+            if ctx.int8 {
+                let qb = &q.blocks[query.q_at / QK8 * 34..(query.q_at + hd) / QK8 * 34];
+                let (kqh, kdh) = (&kq[off..], &kd[off / QK8 * KEY_TILE..]);
+                #[cfg(target_arch = "x86_64")]
+                if AVX2 {
+                    // SAFETY: AVX2 detected (see `chunk_pass`); `kqh` holds KEY_TILE rows of `stride`,
+                    // `kdh` the head's blocks of KEY_TILE scales.
+                    unsafe { scores_q8_avx2(qb, kqh, kdh, stride, &mut sc) };
+                } else {
+                    scores_q8(qb, kqh, kdh, stride, &mut sc);
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                scores_q8(qb, kqh, kdh, stride, &mut sc);
             } else {
+                let kh = &k[off..];
+                #[cfg(target_arch = "x86_64")]
+                if WIDE {
+                    // SAFETY: AVX-512 detected (see `chunk_pass`); `k` holds KEY_TILE / 2 key pairs of `stride`.
+                    unsafe { scores_avx512(qv, &k[2 * off..], stride, &mut sc) };
+                } else if AVX2 {
+                    // SAFETY: AVX2 detected (see `chunk_pass`); `kh` holds KEY_TILE rows of `stride`.
+                    unsafe { scores_avx2(qv, kh, stride, &mut sc) };
+                } else {
+                    scores(qv, kh, stride, &mut sc);
+                }
+                #[cfg(not(target_arch = "x86_64"))]
                 scores(qv, kh, stride, &mut sc);
             }
-            #[cfg(not(target_arch = "x86_64"))]
-            scores(qv, kh, stride, &mut sc);
             let mut p = [0f32; KEY_TILE];
             #[cfg(target_arch = "x86_64")]
             let m_new = if WIDE {
@@ -625,6 +693,75 @@ unsafe fn scores_avx512(qv: &[f32], k: &[f32], stride: usize, sc: &mut [f32; KEY
     }
 }
 
+/// `sc[i]`: key `i`'s score against the q8_0 query `qb` (its blocks, 34 bytes each): block by block in
+/// order, `s += (d_k * d_q) * isum` from `s = 0`, with `isum` the block's exact integer sum of products.
+/// Key `i`'s quants are row `i` of `kq` (at `i * stride`), its block `b`'s scale `kd[b * KEY_TILE + i]`.
+#[inline(always)]
+fn scores_q8(qb: &[u8], kq: &[i8], kd: &[f32], stride: usize, sc: &mut [f32; KEY_TILE]) {
+    for (i, a) in sc.iter_mut().enumerate() {
+        let mut s = 0f32;
+        for (b, block) in qb.chunks_exact(34).enumerate() {
+            let dq = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+            let kr = &kq[i * stride + b * QK8..i * stride + (b + 1) * QK8];
+            let isum: i32 = kr.iter().zip(&block[2..]).map(|(&k, &q)| k as i32 * q as i8 as i32).sum();
+            s += (kd[b * KEY_TILE + i] * dq) * isum as f32;
+        }
+        *a = s;
+    }
+}
+
+/// `scores_q8` eight keys at a time: a block's products as `|q| * (k with q's sign)` in pairs of bytes
+/// (`maddubs`, which cannot saturate: both q8_0 operands lie within +-127), widened and summed in fours, the
+/// eight keys' lanes summed by `hadd` (integers: the same sums in any order), then the scale as in
+/// `scores_q8`, lane by lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_q8_avx2(qb: &[u8], kq: &[i8], kd: &[f32], stride: usize, sc: &mut [f32; KEY_TILE]) {
+    use std::arch::x86_64::*;
+    let nb = qb.len() / 34;
+    assert!(nb > 0 && kq.len() >= (KEY_TILE - 1) * stride + nb * QK8 && kd.len() >= nb * KEY_TILE);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); KEY_TILE / 8];
+    for b in 0..nb {
+        let block = qb.as_ptr().add(34 * b);
+        let dq = _mm256_set1_ps(half::f16::from_le_bytes([*block, *block.add(1)]).to_f32());
+        let q = _mm256_loadu_si256(block.add(2) as *const __m256i);
+        let qa = _mm256_sign_epi8(q, q);
+        for (g, a) in acc.iter_mut().enumerate() {
+            let sums: [__m256i; 8] = std::array::from_fn(|j| {
+                let k = _mm256_loadu_si256(kq.as_ptr().add((8 * g + j) * stride + b * QK8) as *const __m256i);
+                _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(k, q)), ones)
+            });
+            let isum = _mm256_cvtepi32_ps(sum_key_lanes_i32(sums));
+            let t = _mm256_mul_ps(_mm256_loadu_ps(kd.as_ptr().add(b * KEY_TILE + 8 * g)), dq);
+            *a = _mm256_add_ps(*a, _mm256_mul_ps(t, isum));
+        }
+    }
+    for (g, a) in acc.iter().enumerate() {
+        _mm256_storeu_ps(sc.as_mut_ptr().add(8 * g), *a);
+    }
+}
+
+/// Eight keys' integer sums from their eight lanes each (`s[j]`: key `j`), in key order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn sum_key_lanes_i32(s: [std::arch::x86_64::__m256i; 8]) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let h = [
+        _mm256_hadd_epi32(s[0], s[1]),
+        _mm256_hadd_epi32(s[2], s[3]),
+        _mm256_hadd_epi32(s[4], s[5]),
+        _mm256_hadd_epi32(s[6], s[7]),
+    ];
+    // Keys 0..4: half their lanes in the low 128 bits, half in the high; keys 4..8 likewise.
+    let k03 = _mm256_hadd_epi32(h[0], h[1]);
+    let k47 = _mm256_hadd_epi32(h[2], h[3]);
+    let lo = _mm256_permute2x128_si256::<0x20>(k03, k47);
+    let hi = _mm256_permute2x128_si256::<0x31>(k03, k47);
+    _mm256_add_epi32(lo, hi)
+}
+
 /// Converts keys `start..start + n_keys` of the KV heads `heads` into `k` and their values into `v`
 /// (rows of the heads' values, one after the other), zeroing the keys past `n_keys`. `AVX2`: converted
 /// with F16C and AVX2 in line (the same values: f16 to f32 is exact, and q8_0 is `q as f32 * d` either
@@ -644,17 +781,7 @@ fn load_tile<const AVX2: bool, const WIDE: bool>(
     let r0 = start % KV_PAGE_TOKENS;
     #[cfg(target_arch = "x86_64")]
     if AVX2 && ctx.head_dim.is_multiple_of(32) {
-        // One head's rows are strided (a row holds every KV head) and a tile spans pages of memory, where
-        // the hardware's prefetcher stops: the next tile's rows are asked for while this one is used.
-        if stride < ctx.kv_dim {
-            if let Some(next) = ctx.pages.get((start + KEY_TILE) / KV_PAGE_TOKENS) {
-                let r1 = (start + KEY_TILE) % KV_PAGE_TOKENS;
-                for i in 0..KEY_TILE {
-                    prefetch_heads(ctx, &next.k, r1 + i, heads.clone());
-                    prefetch_heads(ctx, &next.v, r1 + i, heads.clone());
-                }
-            }
-        }
+        prefetch_next_tile(ctx, heads.clone(), start);
         if WIDE {
             for i in 0..KEY_TILE {
                 let pair = &mut k[i / 2 * 2 * stride..(i / 2 + 1) * 2 * stride];
@@ -687,6 +814,67 @@ fn load_tile<const AVX2: bool, const WIDE: bool>(
         heads_row(ctx, &page.v, r0 + i, heads.clone(), &mut v[i * stride..(i + 1) * stride]);
     }
     k[n_keys * stride..].fill(0.0);
+}
+
+/// `load_tile` for int8 KV: the keys' quants into `kq` (rows of `stride`) and their block scales into `kd`
+/// (block `b` of key `i` at `b * KEY_TILE + i`, scale 0 for the keys past `n_keys`), the values into `v`
+/// as f32, as `load_tile` converts them.
+#[inline(always)]
+fn load_tile_q8<const AVX2: bool>(
+    ctx: &Layer,
+    heads: Range<usize>,
+    start: usize,
+    n_keys: usize,
+    kq: &mut [i8],
+    kd: &mut [f32],
+    v: &mut [f32],
+) {
+    let stride = heads.len() * ctx.head_dim;
+    let nb = stride / QK8;
+    let page = &ctx.pages[start / KV_PAGE_TOKENS];
+    let r0 = start % KV_PAGE_TOKENS;
+    let KvRows::Int8(keys) = &page.k else { unreachable!("int8 KV holds q8_0 rows") };
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        prefetch_next_tile(ctx, heads.clone(), start);
+    }
+    for i in 0..n_keys {
+        let at = (r0 + i) * ctx.row_bytes + heads.start * ctx.head_bytes;
+        for (b, block) in keys[at..at + nb * 34].chunks_exact(34).enumerate() {
+            kd[b * KEY_TILE + i] = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+            for (d, &x) in kq[i * stride + b * QK8..i * stride + (b + 1) * QK8].iter_mut().zip(&block[2..]) {
+                *d = x as i8;
+            }
+        }
+        let vr = &mut v[i * stride..(i + 1) * stride];
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 {
+            // SAFETY: AVX2 and F16C detected (the caller's `AVX2`); int8 rows are whole blocks of 32.
+            unsafe { heads_row_avx2(ctx, &page.v, r0 + i, heads.clone(), vr, 8) };
+            continue;
+        }
+        heads_row(ctx, &page.v, r0 + i, heads.clone(), vr);
+    }
+    for b in 0..nb {
+        kd[b * KEY_TILE + n_keys..(b + 1) * KEY_TILE].fill(0.0);
+    }
+}
+
+/// One head's rows are strided (a row holds every KV head) and a tile spans pages of memory, where the
+/// hardware's prefetcher stops: asks for the next tile's rows of the heads `heads` while this one is used.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_next_tile(ctx: &Layer, heads: Range<usize>, start: usize) {
+    if heads.len() * ctx.head_dim >= ctx.kv_dim {
+        return;
+    }
+    if let Some(next) = ctx.pages.get((start + KEY_TILE) / KV_PAGE_TOKENS) {
+        let r1 = (start + KEY_TILE) % KV_PAGE_TOKENS;
+        for i in 0..KEY_TILE {
+            prefetch_heads(ctx, &next.k, r1 + i, heads.clone());
+            prefetch_heads(ctx, &next.v, r1 + i, heads.clone());
+        }
+    }
 }
 
 /// Row `r` of a page's K or V for the KV heads `heads`, as f32.
@@ -825,17 +1013,33 @@ mod tests {
         kv
     }
 
-    /// Attention in f64 over the values the cache holds (as f32), one query at position `pos`.
-    fn attend_f64(kv: &KvCache, h: usize, q: &[f32], pos: usize) -> Vec<f64> {
+    fn layer(kv: &KvCache) -> Layer<'_> {
         let hd = SHAPE.head_dim;
-        let ctx = Layer {
+        Layer {
             pages: &kv.layers[0].pages,
             kv_dim: SHAPE.n_head_kv * hd,
             head_dim: hd,
             row_bytes: kv.ty.row_bytes(SHAPE.n_head_kv * hd),
             head_bytes: kv.ty.row_bytes(hd),
             scale: 1.0 / (hd as f32).sqrt(),
-        };
+            int8: kv.ty == KvType::Int8,
+        }
+    }
+
+    /// `q` as the int8 path sees it: quantized to q8_0 and back (exact in f32: an 8-bit integer times an
+    /// f16 scale).
+    fn as_q8(q: &[f32]) -> Vec<f32> {
+        let mut blocks = Vec::new();
+        quantize_queries(q, &mut blocks);
+        let mut back = vec![0f32; q.len()];
+        quant::dequantize_row(GgmlType::Q8_0, &blocks, &mut back);
+        back
+    }
+
+    /// Attention in f64 over the values the cache holds (as f32), one query at position `pos`.
+    fn attend_f64(kv: &KvCache, h: usize, q: &[f32], pos: usize) -> Vec<f64> {
+        let hd = SHAPE.head_dim;
+        let ctx = layer(kv);
         let kvh = h / (SHAPE.n_head / SHAPE.n_head_kv);
         let (mut k, mut v) = (vec![0f32; hd], vec![0f32; hd]);
         let mut scores = Vec::with_capacity(pos + 1);
@@ -866,6 +1070,10 @@ mod tests {
         let pool = ThreadPool::new(2);
         let q_dim = SHAPE.n_head * SHAPE.head_dim;
         let mut rng = StdRng::seed_from_u64(5);
+        // With int8 KV the scores take the query quantized to q8_0 (as llama.cpp's quantized-KV path): the
+        // float64 attention is given those operands, and separately the exact query, against which the error
+        // is the quantization's.
+        let mut worst_exact_q = 0f64;
         for ty in [KvType::F16, KvType::Int8] {
             for n in [1, 2, 31, 32, 33, 64, 65, 255, 1000, 2049, 5000] {
                 let kv = filled(ty, n, &mut rng);
@@ -878,14 +1086,21 @@ mod tests {
                 let t = n.min(11);
                 let q: Vec<f32> = (0..t * q_dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
                 let got = attend(&pool, &kv, &q, n, t);
+                let operands = if ty == KvType::Int8 { as_q8(&q) } else { q.clone() };
                 let mut worst = 0f64;
                 for ti in 0..t {
                     for h in 0..SHAPE.n_head {
                         let at = ti * q_dim + h * SHAPE.head_dim;
-                        let want = attend_f64(&kv, h, &q[at..at + SHAPE.head_dim], n - t + ti);
-                        let scale = want.iter().fold(0f64, |a, b| a.max(b.abs()));
-                        for (g, w) in got[at..at + SHAPE.head_dim].iter().zip(&want) {
-                            worst = worst.max((*g as f64 - w).abs() / scale);
+                        let want = attend_f64(&kv, h, &operands[at..at + SHAPE.head_dim], n - t + ti);
+                        let error = |want: &[f64]| {
+                            let scale = want.iter().fold(0f64, |a, b| a.max(b.abs()));
+                            let got = &got[at..at + SHAPE.head_dim];
+                            got.iter().zip(want).map(|(g, w)| (*g as f64 - w).abs() / scale).fold(0f64, f64::max)
+                        };
+                        worst = worst.max(error(&want));
+                        if ty == KvType::Int8 {
+                            let exact_q = attend_f64(&kv, h, &q[at..at + SHAPE.head_dim], n - t + ti);
+                            worst_exact_q = worst_exact_q.max(error(&exact_q));
                         }
                     }
                 }
@@ -904,6 +1119,8 @@ mod tests {
                 }
             }
         }
+        println!("int8 KV: relative error against the unquantized query {worst_exact_q:.2e}");
+        assert!(worst_exact_q < 1e-2, "int8 KV: the quantized queries moved the output by {worst_exact_q:e}");
     }
 
     /// The three instances of a chunk's pass (portable, AVX2, AVX-512 with its key-pair tiles) leave the same
@@ -927,16 +1144,12 @@ mod tests {
         for ty in [KvType::F16, KvType::Int8] {
             let n = 1300;
             let kv = filled(ty, n, &mut rng);
-            let ctx = Layer {
-                pages: &kv.layers[0].pages,
-                kv_dim: SHAPE.n_head_kv * hd,
-                head_dim: hd,
-                row_bytes: kv.ty.row_bytes(SHAPE.n_head_kv * hd),
-                head_bytes: kv.ty.row_bytes(hd),
-                scale: 1.0 / (hd as f32).sqrt(),
-            };
+            let ctx = layer(&kv);
             let t = 5;
-            let q: Vec<f32> = (0..t * q_dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let qf: Vec<f32> = (0..t * q_dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let mut blocks = Vec::new();
+            quantize_queries(&qf, &mut blocks);
+            let q = Queries { f: &qf, blocks: &blocks };
             for (heads, positions) in [(1..2, [3usize, 40, 300, 1299, 1000]), (0..3, [13, 250, 256, 257, 1290])] {
                 let queries: Vec<Query> = (0..t)
                     .flat_map(|ti| {
@@ -955,9 +1168,9 @@ mod tests {
                         // SAFETY: AVX2 detected above, AVX-512 only when `wide`.
                         unsafe {
                             match which {
-                                0 => chunk_body::<false, false>(&ctx, heads.clone(), &q, c0, &mut s),
-                                1 => chunk_avx2(&ctx, heads.clone(), &q, c0, &mut s),
-                                _ => chunk_avx512(&ctx, heads.clone(), &q, c0, &mut s),
+                                0 => chunk_body::<false, false>(&ctx, heads.clone(), q, c0, &mut s),
+                                1 => chunk_avx2(&ctx, heads.clone(), q, c0, &mut s),
+                                _ => chunk_avx512(&ctx, heads.clone(), q, c0, &mut s),
                             }
                         }
                         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
