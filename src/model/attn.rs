@@ -33,7 +33,7 @@ use std::ops::Range;
 
 use half::slice::HalfFloatSliceExt;
 
-use crate::quant::{self, GgmlType};
+use crate::quant::{self, GgmlType, QK};
 use crate::threadpool::{split_range, ThreadPool};
 
 use super::kv::{KvCache, KvPage, KvRows, KV_PAGE_TOKENS};
@@ -41,8 +41,8 @@ use super::ops::{AttnShape, SharedMut};
 
 /// Keys per tile.
 pub const KEY_TILE: usize = 32;
-/// Values per q8_0 block (int8 KV and its quantized queries).
-const QK8: usize = 32;
+/// Bytes of a q8_0 block (int8 KV rows and the quantized queries): an f16 scale, then `QK` signed bytes.
+const Q8_BLOCK: usize = 2 + QK;
 /// Keys per chunk: a query attends its keys chunk by chunk (tiles with an online softmax inside a chunk,
 /// from a fresh state), and the chunks' states are merged in order. Decoding runs a query's chunks on
 /// different threads; a batch runs them one after the other. Same operations either way.
@@ -98,7 +98,7 @@ struct Queries<'a> {
 /// product). Every 32 values are one block, so a head's blocks are its own (`head_dim` is a multiple of 32
 /// for int8 KV).
 fn quantize_queries(q: &[f32], blocks: &mut Vec<u8>) {
-    blocks.resize(q.len() / 32 * 34, 0);
+    blocks.resize(q.len() / QK * Q8_BLOCK, 0);
     quant::quantize_row_act(GgmlType::Q8_0, q, blocks);
 }
 
@@ -329,7 +329,7 @@ fn chunk_body<const AVX2: bool, const WIDE: bool>(
     let stride = heads.len() * hd;
     if ctx.int8 {
         s.kq.resize(KEY_TILE * stride, 0);
-        s.kd.resize(KEY_TILE * stride / QK8, 0.0);
+        s.kd.resize(KEY_TILE * stride / QK, 0.0);
     } else {
         s.k.resize(KEY_TILE * stride, 0.0);
     }
@@ -358,8 +358,8 @@ fn chunk_body<const AVX2: bool, const WIDE: bool>(
             let vh = &v[off..];
             let mut sc = [0f32; KEY_TILE];
             if ctx.int8 {
-                let qb = &q.blocks[query.q_at / QK8 * 34..(query.q_at + hd) / QK8 * 34];
-                let (kqh, kdh) = (&kq[off..], &kd[off / QK8 * KEY_TILE..]);
+                let qb = &q.blocks[query.q_at / QK * Q8_BLOCK..(query.q_at + hd) / QK * Q8_BLOCK];
+                let (kqh, kdh) = (&kq[off..], &kd[off / QK * KEY_TILE..]);
                 #[cfg(target_arch = "x86_64")]
                 if AVX2 {
                     // SAFETY: AVX2 detected (see `chunk_pass`); `kqh` holds KEY_TILE rows of `stride`,
@@ -700,9 +700,9 @@ unsafe fn scores_avx512(qv: &[f32], k: &[f32], stride: usize, sc: &mut [f32; KEY
 fn scores_q8(qb: &[u8], kq: &[i8], kd: &[f32], stride: usize, sc: &mut [f32; KEY_TILE]) {
     for (i, a) in sc.iter_mut().enumerate() {
         let mut s = 0f32;
-        for (b, block) in qb.chunks_exact(34).enumerate() {
+        for (b, block) in qb.chunks_exact(Q8_BLOCK).enumerate() {
             let dq = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
-            let kr = &kq[i * stride + b * QK8..i * stride + (b + 1) * QK8];
+            let kr = &kq[i * stride + b * QK..i * stride + (b + 1) * QK];
             let isum: i32 = kr.iter().zip(&block[2..]).map(|(&k, &q)| k as i32 * q as i8 as i32).sum();
             s += (kd[b * KEY_TILE + i] * dq) * isum as f32;
         }
@@ -718,18 +718,18 @@ fn scores_q8(qb: &[u8], kq: &[i8], kd: &[f32], stride: usize, sc: &mut [f32; KEY
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scores_q8_avx2(qb: &[u8], kq: &[i8], kd: &[f32], stride: usize, sc: &mut [f32; KEY_TILE]) {
     use std::arch::x86_64::*;
-    let nb = qb.len() / 34;
-    assert!(nb > 0 && kq.len() >= (KEY_TILE - 1) * stride + nb * QK8 && kd.len() >= nb * KEY_TILE);
+    let nb = qb.len() / Q8_BLOCK;
+    assert!(nb > 0 && kq.len() >= (KEY_TILE - 1) * stride + nb * QK && kd.len() >= nb * KEY_TILE);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); KEY_TILE / 8];
     for b in 0..nb {
-        let block = qb.as_ptr().add(34 * b);
+        let block = qb.as_ptr().add(Q8_BLOCK * b);
         let dq = _mm256_set1_ps(half::f16::from_le_bytes([*block, *block.add(1)]).to_f32());
         let q = _mm256_loadu_si256(block.add(2) as *const __m256i);
         let qa = _mm256_sign_epi8(q, q);
         for (g, a) in acc.iter_mut().enumerate() {
             let sums: [__m256i; 8] = std::array::from_fn(|j| {
-                let k = _mm256_loadu_si256(kq.as_ptr().add((8 * g + j) * stride + b * QK8) as *const __m256i);
+                let k = _mm256_loadu_si256(kq.as_ptr().add((8 * g + j) * stride + b * QK) as *const __m256i);
                 _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(k, q)), ones)
             });
             let isum = _mm256_cvtepi32_ps(sum_key_lanes_i32(sums));
@@ -830,7 +830,7 @@ fn load_tile_q8<const AVX2: bool>(
     v: &mut [f32],
 ) {
     let stride = heads.len() * ctx.head_dim;
-    let nb = stride / QK8;
+    let nb = stride / QK;
     let page = &ctx.pages[start / KV_PAGE_TOKENS];
     let r0 = start % KV_PAGE_TOKENS;
     let KvRows::Int8(keys) = &page.k else { unreachable!("int8 KV holds q8_0 rows") };
@@ -840,9 +840,9 @@ fn load_tile_q8<const AVX2: bool>(
     }
     for i in 0..n_keys {
         let at = (r0 + i) * ctx.row_bytes + heads.start * ctx.head_bytes;
-        for (b, block) in keys[at..at + nb * 34].chunks_exact(34).enumerate() {
+        for (b, block) in keys[at..at + nb * Q8_BLOCK].chunks_exact(Q8_BLOCK).enumerate() {
             kd[b * KEY_TILE + i] = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
-            for (d, &x) in kq[i * stride + b * QK8..i * stride + (b + 1) * QK8].iter_mut().zip(&block[2..]) {
+            for (d, &x) in kq[i * stride + b * QK..i * stride + (b + 1) * QK].iter_mut().zip(&block[2..]) {
                 *d = x as i8;
             }
         }
@@ -939,7 +939,7 @@ unsafe fn heads_row_avx2(ctx: &Layer, rows: &KvRows, r: usize, heads: Range<usiz
             // q8_0 blocks: an f16 scale, then 32 signed bytes.
             let at = r * ctx.row_bytes + heads.start * ctx.head_bytes;
             let src = &k[at..at + heads.len() * ctx.head_bytes];
-            for (b, block) in src.chunks_exact(34).enumerate() {
+            for (b, block) in src.chunks_exact(Q8_BLOCK).enumerate() {
                 let d = _mm256_set1_ps(half::f16::from_le_bytes([block[0], block[1]]).to_f32());
                 for c in 0..4 {
                     let q = _mm_loadl_epi64(block.as_ptr().add(2 + 8 * c) as *const __m128i);
