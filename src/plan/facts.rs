@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::gguf::GgufFile;
+use crate::sample::defaults::SamplingDefaults;
 use crate::model::{ModelConfig, ModelError};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -25,6 +26,8 @@ pub struct ModelFacts {
     pub vocab: usize,
     #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub file_bytes: u64,
+    /// What a request that sends no sampling fields gets, each value with its source.
+    pub sampling: SamplingDefaults,
 }
 
 impl ModelFacts {
@@ -55,6 +58,7 @@ impl ModelFacts {
             trained_context: cfg.n_ctx_train,
             vocab: cfg.n_vocab,
             file_bytes: file.file_bytes(),
+            sampling: SamplingDefaults::of(file),
         })
     }
 }

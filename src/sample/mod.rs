@@ -11,6 +11,8 @@
 //!
 //! Banned ids are removed before the chain starts, so no step can bring them back.
 
+pub mod defaults;
+
 use std::collections::HashMap;
 
 use rand::{Rng, SeedableRng};
