@@ -42,21 +42,18 @@ fn starts_on_a_free_port_answers_health_and_models_and_stops_on_sigterm() {
     let ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["SmolLM2-135M-Instruct.Q4_1", "gpt-4o-mini"]);
     assert_eq!(models["object"], "list");
-    // The id, the alias and no model field select the model; another name is a 404 naming what is served.
-    for model in [Some("SmolLM2-135M-Instruct.Q4_1"), Some("gpt-4o-mini"), None] {
+    // One model served: every name (the id, an alias, another name, none) is answered by it, and the
+    // response names the served id.
+    for model in [Some("SmolLM2-135M-Instruct.Q4_1"), Some("gpt-4o-mini"), Some("gpt-3.5-turbo"), None] {
         let mut body = chat_body("Hi", 2);
         if let Some(m) = model {
             body["model"] = json!(m);
         }
         let r = s.post("/v1/chat/completions", &body);
         assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(r.json()["model"], model.unwrap_or("SmolLM2-135M-Instruct.Q4_1"));
+        assert_eq!(r.json()["model"], "SmolLM2-135M-Instruct.Q4_1");
     }
-    let mut body = chat_body("Hi", 2);
-    body["model"] = json!("llama-70b");
-    let e = s.post("/v1/chat/completions", &body).expect_error(404);
-    assert!(e["message"].as_str().unwrap().contains("\"SmolLM2-135M-Instruct.Q4_1\", \"gpt-4o-mini\""), "{e}");
-    assert_eq!((e["param"].as_str(), e["code"].as_str()), (Some("model"), Some("model_not_found")));
+    assert_eq!(s.get("/v1/models/gpt-3.5-turbo").json()["id"], "gpt-3.5-turbo");
     let m = s.get("/strata/model").json();
     assert_eq!(
         (m["architecture"].as_str(), m["layers"].as_u64(), m["context"].as_u64()),
@@ -73,8 +70,8 @@ fn starts_on_a_free_port_answers_health_and_models_and_stops_on_sigterm() {
     assert!(metrics.header("content-type").unwrap().contains("openmetrics"));
     let m = metrics.text();
     for needle in [
-        "strata_requests_total{endpoint=\"chat\"} 3",
-        "strata_generated_tokens_total 6",
+        "strata_requests_total{endpoint=\"chat\"} 4",
+        "strata_generated_tokens_total 8",
         "strata_queue_depth 0",
         "strata_device_free_bytes{device=\"0\",kind=\"cpu\"}",
         "strata_generation_tokens_per_second",
@@ -91,6 +88,105 @@ fn starts_on_a_free_port_answers_health_and_models_and_stops_on_sigterm() {
     assert!(pre.header("access-control-allow-origin").is_none());
     let st = s.stop();
     assert_eq!(st.code(), Some(0));
+}
+
+#[test]
+fn strict_model_answers_only_the_served_id_and_its_aliases() {
+    let _one = one_at_a_time();
+    let s = Server::start(&["-c", "256", "--model-alias", "gpt-4o-mini", "--strict-model"]);
+    for model in [Some("SmolLM2-135M-Instruct.Q4_1"), Some("gpt-4o-mini"), None] {
+        let mut body = chat_body("Hi", 1);
+        if let Some(m) = model {
+            body["model"] = json!(m);
+        }
+        let r = s.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["model"], "SmolLM2-135M-Instruct.Q4_1");
+    }
+    let mut body = chat_body("Hi", 1);
+    body["model"] = json!("llama-70b");
+    let e = s.post("/v1/chat/completions", &body).expect_error(404);
+    assert!(e["message"].as_str().unwrap().contains("\"SmolLM2-135M-Instruct.Q4_1\", \"gpt-4o-mini\""), "{e}");
+    assert_eq!((e["param"].as_str(), e["code"].as_str()), (Some("model"), Some("model_not_found")));
+    s.get("/v1/models/llama-70b").expect_error(404);
+    no_panic(&s);
+}
+
+#[test]
+fn a_server_started_in_an_empty_folder_serves_the_app_built_into_it() {
+    let _one = one_at_a_time();
+    let empty = tempfile::tempdir().unwrap();
+    let s = Server::start_in(Some(empty.path()), &["-c", "256"], &[]);
+    assert!(
+        s.stderr().contains("web UI at /: built into this binary"),
+        "the binary has no web UI in it: build it (npm run build --prefix ui) before cargo: {}",
+        s.stderr()
+    );
+    let page = s.get("/");
+    assert_eq!(page.status, 200);
+    assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"));
+    assert_eq!(page.header("cache-control"), Some("no-cache"));
+    let html = page.text();
+    assert!(html.contains("<div id=\"app\">"), "{html}");
+    // The script the page loads comes from the binary too, cached for good (its name is its hash).
+    let at = html.find("src=\"./assets/").expect("the page loads a script") + "src=\"./".len();
+    let src = &html[at..at + html[at..].find('"').unwrap()];
+    let js = s.get(&format!("/{src}"));
+    assert_eq!(js.status, 200, "{src}");
+    assert!(js.header("content-type").unwrap().contains("javascript"));
+    assert_eq!(js.header("cache-control"), Some("public, max-age=31536000, immutable"));
+    assert!(js.text().len() > 10_000);
+    // index.html is revalidated against its ETag.
+    let etag = page.header("etag").expect("an ETag").to_owned();
+    assert_eq!(s.request("GET", "/", &[("If-None-Match", &etag)], b"").status, 304);
+    assert_eq!(s.request("GET", "/", &[("If-None-Match", "\"other\"")], b"").status, 200);
+    assert_eq!(s.get("/assets/missing.js").expect_error(404)["type"], "not_found_error");
+    // The API beside it, also without the /v1 prefix (llama-server's paths).
+    assert_eq!(s.get("/models").json()["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
+    let r = s.post("/chat/completions", &chat_body("Hi", 1));
+    assert_eq!(r.status, 200, "{}", r.text());
+    no_panic(&s);
+}
+
+#[test]
+fn a_second_turn_rereads_no_token_of_the_first_reply() {
+    let _one = one_at_a_time();
+    let s = Server::start(&["-c", "1024"]);
+    let q = "What is the capital of France?";
+    let first = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": q}], "temperature": 0, "max_tokens": 64}),
+    );
+    assert_eq!(first.status, 200, "{}", first.text());
+    let first = first.json();
+    assert_eq!(first["choices"][0]["finish_reason"], "stop", "{first}");
+    let reply = first["choices"][0]["message"]["content"].as_str().unwrap().to_owned();
+    let p1 = u(&first["usage"]["prompt_tokens"]);
+    // The generated tokens end with the end-of-turn token, which is not part of the reply's text.
+    let reply_tokens = u(&first["usage"]["completion_tokens"]) - 1;
+    assert!(reply_tokens >= 3, "{reply:?}");
+    let turn = |content: &str| {
+        let body = json!({"messages": [
+            {"role": "user", "content": q},
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": "And of Spain?"}], "temperature": 0, "max_tokens": 4});
+        let r = s.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    // The reply sent back unchanged: every one of its tokens is reused as generated; only the end of its
+    // turn and the new message are read.
+    let second = turn(&reply);
+    let st = &second["strata"];
+    assert_eq!(u(&st["kept_reply_tokens"]), reply_tokens, "{second}");
+    assert_eq!(u(&st["reused"]), p1 + reply_tokens, "{second}");
+    assert_eq!(u(&second["usage"]["prompt_tokens_details"]["cached_tokens"]), p1 + reply_tokens);
+    assert_eq!(u(&st["read"]), u(&second["usage"]["prompt_tokens"]) - p1 - reply_tokens);
+    // Text that differs in one byte is not the reply: it is tokenized as text.
+    let edited = turn(&format!("{reply} "));
+    assert_eq!(u(&edited["strata"]["kept_reply_tokens"]), 0, "{edited}");
+    assert!(s.stderr().contains(&format!("{reply_tokens} prompt tokens were earlier replies, kept as generated")));
+    no_panic(&s);
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! `strata chat`: a conversation with the model's own chat template, interactive or one turn.
 //!
-//! The live sequence stays between turns, so each turn reads only what the template added since the last
-//! one (the engine reuses the common prefix).
+//! The live sequence stays between turns, and each reply goes back into the conversation as the tokens it
+//! was generated as, so each turn reads only what the template added since the last one (the engine
+//! reuses the common prefix).
 
 use std::io::{IsTerminal, Write};
 
@@ -9,6 +10,8 @@ use anyhow::{bail, Context};
 use clap::Args;
 
 use strata::engine::{generate_with, GenerateParams, Sequence, TextOnly};
+use strata::sample::defaults::SamplingDefaults;
+use strata::tokenizer::turns::{encode_chat, tokens_of_text, ReplyTokens};
 use strata::tokenizer::{ChatMessage, ChatTemplate};
 
 use super::input::{read_line_capped, CHAT_LINE_CAP_BYTES};
@@ -34,11 +37,14 @@ pub struct ChatArgs {
 }
 
 pub fn main(a: ChatArgs) -> anyhow::Result<()> {
-    let sampler = a.sampling.config()?;
+    a.sampling.check()?;
     if a.message.as_deref().is_some_and(|m| m.trim().is_empty()) {
         bail!("--message is empty: give the text to send");
     }
     let loaded = load(&a.model, &a.engine)?;
+    let defaults = SamplingDefaults::of(&loaded.model.file);
+    let sampler = a.sampling.config(&defaults)?;
+    tracing::debug!("sampling defaults: {}", defaults.describe());
     let template = ChatTemplate::from_gguf(&loaded.model.file).context("cannot read the chat template")?;
     let pool = a.engine.pool();
     let context = a.engine.context(&loaded.model);
@@ -46,6 +52,7 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
     let spec = super::load_spec(&a.engine, &loaded)?;
     let mut drafter = spec.as_ref().map(|s| s.drafter(a.engine.kv, context, loaded.model.cfg.n_vocab)).transpose()?;
     let mut history: Vec<ChatMessage> = Vec::new();
+    let mut replies = ReplyTokens::default();
     if let Some(s) = &a.system {
         history.push(ChatMessage { role: "system".into(), content: s.clone() });
     }
@@ -89,14 +96,13 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
             continue;
         }
         history.push(ChatMessage { role: "user".into(), content: user });
-        let rendered = match template.render(&history, true) {
-            Ok(r) => r,
+        let prompt = match encode_chat(&template, &loaded.tokenizer, &history, |t| replies.get(t)) {
+            Ok(p) => p.tokens,
             Err(e) => {
                 history.pop();
                 return Err(e.into());
             }
         };
-        let prompt = super::tokenize_prompt_templated(&loaded.tokenizer, &rendered);
         let stdout = std::io::stdout();
         let mut show = TextOnly(|t: &str| {
             let mut o = stdout.lock();
@@ -133,7 +139,11 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
         if g.stop_reason == strata::engine::StopReason::Context {
             eprintln!("strata: the reply stopped at the end of the context (-c); type /reset to start over");
         }
-        history.push(ChatMessage { role: "assistant".into(), content: g.text.trim().to_owned() });
+        // The reply as generated, text and tokens: the next turn reuses every one of its tokens.
+        if let Some(t) = tokens_of_text(&loaded.tokenizer, &g.tokens, &g.text) {
+            replies.remember(&g.text, t);
+        }
+        history.push(ChatMessage { role: "assistant".into(), content: g.text });
     }
     Ok(())
 }

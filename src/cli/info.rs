@@ -60,6 +60,10 @@ pub fn main(a: InfoArgs) -> anyhow::Result<()> {
             println!("  {:<32} {:>5} {:?}", t.name, t.ty.name(), t.dims);
         }
     }
+    println!(
+        "sampling for fields a request does not send: {}",
+        strata::sample::defaults::SamplingDefaults::of(&file).describe()
+    );
     match ModelConfig::from_gguf(&file) {
         Ok(cfg) => {
             println!(

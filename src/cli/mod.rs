@@ -29,6 +29,7 @@ use strata::device::{DeviceSet, FaultSpec};
 use strata::engine::spec::{SpecConfig, SpecSetup};
 use strata::gguf::GgufFile;
 use strata::model::{KvType, LoadOptions, Model};
+use strata::sample::defaults::SamplingDefaults;
 use strata::split;
 use strata::threadpool::ThreadPool;
 use strata::tokenizer::Tokenizer;
@@ -482,24 +483,24 @@ pub fn report_usage_error(e: clap::Error) -> ExitCode {
 /// Sampling flags shared by `run` and `chat`.
 #[derive(Args, Clone, Debug)]
 pub struct SamplingArgs {
-    /// Temperature; 0 = greedy (always the most likely token)
-    #[arg(long = "temp", default_value_t = 0.8)]
-    pub temp: f32,
+    /// Temperature; 0 = greedy (always the most likely token) [default: the model's, see below]
+    #[arg(long = "temp")]
+    pub temp: Option<f32>,
     /// Keep the K most likely tokens (0 = off)
-    #[arg(long = "top-k", default_value_t = 40, value_parser = clap::value_parser!(u32).range(0..))]
-    pub top_k: u32,
+    #[arg(long = "top-k", value_parser = clap::value_parser!(u32).range(0..))]
+    pub top_k: Option<u32>,
     /// Keep the smallest set of tokens whose probability sums to P (1 = off)
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    pub top_p: f32,
+    #[arg(long = "top-p")]
+    pub top_p: Option<f32>,
     /// Drop tokens less likely than P times the most likely one (0 = off)
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    pub min_p: f32,
+    #[arg(long = "min-p")]
+    pub min_p: Option<f32>,
     /// Penalize tokens repeated within --repeat-last-n (1 = off)
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    pub repeat_penalty: f32,
+    #[arg(long = "repeat-penalty")]
+    pub repeat_penalty: Option<f32>,
     /// Window of recent tokens the penalties look at
-    #[arg(long = "repeat-last-n", default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..))]
-    pub repeat_last_n: u32,
+    #[arg(long = "repeat-last-n", value_parser = clap::value_parser!(u32).range(0..))]
+    pub repeat_last_n: Option<u32>,
     /// Subtract this from the logits of tokens present in the window (0 = off)
     #[arg(long = "presence-penalty", default_value_t = 0.0)]
     pub presence_penalty: f32,
@@ -515,33 +516,44 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    pub fn config(&self) -> anyhow::Result<strata::sample::SamplerConfig> {
-        if !(self.temp.is_finite() && self.temp >= 0.0) {
-            bail!("--temp must be a number >= 0, got {}", self.temp);
+    /// The sampler: each flag given as given, each one not given from the model's defaults (its file's
+    /// `general.sampling.*` keys, its family's preset, else Strata's chain: `strata info` shows them).
+    pub fn config(&self, defaults: &SamplingDefaults) -> anyhow::Result<strata::sample::SamplerConfig> {
+        let temp = self.temp.unwrap_or(defaults.temperature.value);
+        let top_p = self.top_p.unwrap_or(defaults.top_p.value);
+        let min_p = self.min_p.unwrap_or(defaults.min_p.value);
+        let repeat_penalty = self.repeat_penalty.unwrap_or(defaults.repeat_penalty.value);
+        if !(temp.is_finite() && temp >= 0.0) {
+            bail!("--temp must be a number >= 0, got {temp}");
         }
-        if !(0.0..=1.0).contains(&self.top_p) {
-            bail!("--top-p must be in [0, 1], got {}", self.top_p);
+        if !(0.0..=1.0).contains(&top_p) {
+            bail!("--top-p must be in [0, 1], got {top_p}");
         }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            bail!("--min-p must be in [0, 1], got {}", self.min_p);
+        if !(0.0..=1.0).contains(&min_p) {
+            bail!("--min-p must be in [0, 1], got {min_p}");
         }
-        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
-            bail!("--repeat-penalty must be > 0, got {}", self.repeat_penalty);
+        if !(repeat_penalty.is_finite() && repeat_penalty > 0.0) {
+            bail!("--repeat-penalty must be > 0, got {repeat_penalty}");
         }
         if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
             bail!("--presence-penalty and --frequency-penalty must be finite numbers");
         }
         Ok(strata::sample::SamplerConfig {
-            temperature: self.temp,
-            top_k: self.top_k as usize,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n as usize,
+            temperature: temp,
+            top_k: self.top_k.unwrap_or(defaults.top_k.value) as usize,
+            top_p,
+            min_p,
+            repeat_penalty,
+            repeat_last_n: self.repeat_last_n.unwrap_or(defaults.repeat_last_n.value) as usize,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             seed: self.seed,
         })
+    }
+
+    /// Checks the flags that do not depend on the model, before it loads.
+    pub fn check(&self) -> anyhow::Result<()> {
+        self.config(&SamplingDefaults::fallback()).map(|_| ())
     }
 }
 

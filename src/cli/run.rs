@@ -7,6 +7,7 @@ use clap::Args;
 
 use strata::device::{DeviceSet, Purpose};
 use strata::engine::{generate_with, GenerateParams, Sequence, StopReason, TextOnly};
+use strata::sample::defaults::SamplingDefaults;
 
 use super::{load, load_spec, tokenize_prompt, EngineArgs, ModelArgs, SamplingArgs};
 
@@ -36,8 +37,9 @@ pub struct RunArgs {
 }
 
 pub fn main(a: RunArgs) -> anyhow::Result<()> {
-    let sampler = a.sampling.config()?;
+    a.sampling.check()?;
     let loaded = load(&a.model, &a.engine)?;
+    let sampler = a.sampling.config(&SamplingDefaults::of(&loaded.model.file))?;
     let pool = a.engine.pool();
     let prompt = tokenize_prompt(&loaded.tokenizer, &a.prompt);
     let context = a.engine.context(&loaded.model);

@@ -12,6 +12,7 @@ use clap::Args;
 use strata::engine::session::SessionConfig;
 use strata::plan::facts::ModelFacts;
 use strata::plan::settings::{EngineLocation, EngineSettings, Speculative};
+use strata::sample::defaults::SamplingDefaults;
 use strata::server::{ServeOptions, ServedModel};
 use strata::tokenizer::ChatTemplate;
 
@@ -35,11 +36,15 @@ pub struct ServeArgs {
     /// Read the API key from the first line of a file (keeps it out of the process list)
     #[arg(long = "api-key-file", value_name = "FILE")]
     pub api_key_file: Option<PathBuf>,
-    /// Another model name that selects the loaded model (repeatable)
-    #[arg(long = "alias", value_name = "NAME")]
+    /// Another name /v1/models lists for the loaded model (repeatable)
+    #[arg(long = "model-alias", visible_alias = "alias", value_name = "NAME")]
     pub alias: Vec<String>,
-    /// Serve every "model" name with the loaded model (for tools that hard-code a model name)
-    #[arg(long = "any-model")]
+    /// Answer only the served id and the aliases as "model"; any other name is a 404 [default: every
+    /// name is answered by the one model served, and the response names the served id]
+    #[arg(long = "strict-model")]
+    pub strict_model: bool,
+    /// Every "model" name is answered by the loaded model (the default; kept for older command lines)
+    #[arg(long = "any-model", hide = true, conflicts_with = "strict_model")]
     pub any_model: bool,
     /// Largest request body, in MiB
     #[arg(long = "max-body-mib", value_name = "M", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=4096))]
@@ -63,7 +68,7 @@ pub struct ServeArgs {
     /// Shut down when stdin closes (for a supervisor: the server ends with it, even if it is killed)
     #[arg(long = "exit-with-stdin")]
     pub exit_with_stdin: bool,
-    /// A built web UI to serve at / [default: ui/dist when it exists]
+    /// Serve the built web UI in DIR at / instead of the one built into the binary (for UI development)
     #[arg(long = "ui-dir", value_name = "DIR")]
     pub ui_dir: Option<PathBuf>,
     #[command(flatten)]
@@ -141,18 +146,26 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_owned())
         .unwrap_or_else(|| "model".into());
     let info = model_info(&loaded, &id, &a, max_context)?;
+    let sampling = SamplingDefaults::of(&loaded.model.file);
+    tracing::info!("sampling for fields a request does not send: {}", sampling.describe());
     let settings = settings_of(&a, &loaded.path);
     tracing::info!("{} loaded: {}, context {max_context}", loaded.path.display(), stages_summary(&loaded.model));
     let threads = super::thread_count(a.engine.threads);
-    let ui_dir = a.ui_dir.clone().or_else(|| {
-        let d = PathBuf::from("ui/dist");
-        d.join("index.html").is_file().then_some(d)
-    });
+    let ui_dir = a.ui_dir.clone();
+    match &ui_dir {
+        Some(d) => tracing::info!("web UI at /: {} (--ui-dir)", d.display()),
+        None if strata::server::ui::embedded() => {
+            tracing::info!("web UI at /: built into this binary ({} files)", strata::server::ui::embedded_files())
+        }
+        None => tracing::warn!(
+            "this binary was built without the web UI (run `npm run build --prefix ui` before `cargo build`): / lists the API"
+        ),
+    }
     let opts = ServeOptions {
         addr: SocketAddr::new(ip, a.port),
         api_key: key,
         aliases: a.alias.clone(),
-        any_model: a.any_model,
+        strict_model: a.strict_model,
         max_body_bytes: a.max_body_mib * MIB,
         queue: a.queue as usize,
         cors_origins: cors,
@@ -181,6 +194,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         created,
         info,
         settings,
+        sampling,
     };
     strata::server::serve(opts, model, |addr| {
         // The first line on stdout, for a supervisor to read the port from.

@@ -7,8 +7,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::gguf::GgufFile;
-use crate::sample::defaults::SamplingDefaults;
 use crate::model::{ModelConfig, ModelError};
+use crate::sample::defaults::SamplingDefaults;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS))]

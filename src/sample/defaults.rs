@@ -271,8 +271,8 @@ impl SamplingDefaults {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::writer::GgufWriter;
     use crate::gguf::GgufValue;
+    use crate::gguf::GgufWriter;
 
     fn file(kv: &[(&str, GgufValue)]) -> GgufFile {
         let mut w = GgufWriter::new();

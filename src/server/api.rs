@@ -3,9 +3,10 @@
 //! threads, checked against the context, and queued for the engine; the reply is one JSON object or an
 //! SSE stream of chunks ending with `data: [DONE]`.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -16,6 +17,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{channel, Receiver};
+
+use crate::tokenizer::turns;
 
 use super::error::ApiError;
 use super::openai::{self, ChatRequest, Checked, CompletionRequest, PromptInput};
@@ -51,23 +54,25 @@ pub async fn read_body(
     }
 }
 
-/// The model name a request asked for, checked: the served id, an alias, or nothing; anything else is a
-/// 404 naming what is served (unless --any-model).
+/// The model a request names, answered: with one model served, every name is answered by it and the
+/// response names the served id (clients send whatever name they were configured with, as llama-server and
+/// LM Studio allow). With `--strict-model`, only the served id, an alias or no name; another is a 404
+/// naming what is served.
 fn check_model(app: &App, asked: &Option<String>) -> Result<String, ApiError> {
     let served = &app.model.id;
     match asked.as_deref() {
-        None | Some("") => Ok(served.clone()),
-        Some(m) if m == served || app.opts.aliases.iter().any(|a| a == m) => Ok(m.to_owned()),
-        Some(m) if app.opts.any_model => Ok(m.to_owned()),
-        Some(m) => {
+        Some(m)
+            if app.opts.strict_model && !m.is_empty() && m != served && !app.opts.aliases.iter().any(|a| a == m) =>
+        {
             let mut names = vec![served.clone()];
             names.extend(app.opts.aliases.iter().cloned());
             Err(ApiError::model_not_found(format!(
-                "the model {:?} is not served here: this server serves {} (or send no \"model\")",
+                "the model {:?} is not served here: this server serves {} (or send no \"model\"; --strict-model is on)",
                 openai::truncate(m, 100),
                 names.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ")
             )))
         }
+        _ => Ok(served.clone()),
     }
 }
 
@@ -233,23 +238,31 @@ async fn chat_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Respon
     drop(bytes);
     let model = check_model(app, &req.model)?;
     let messages = req.chat_messages()?;
-    let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch)?;
+    let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch, &app.model.sampling)?;
     let (logprobs, top) = req.top_logprobs()?;
     checked.params.logprobs = logprobs;
     drop(req);
+    // Earlier replies the engine generated go in as their tokens (taken out now: the engine thread adds
+    // to the store while this renders).
+    let known: HashMap<String, Arc<[u32]>> = {
+        let replies = app.shared.replies.lock().unwrap_or_else(|e| e.into_inner());
+        messages
+            .iter()
+            .filter(|m| m.role == "assistant")
+            .filter_map(|m| Some((m.content.clone(), replies.get(&m.content)?)))
+            .collect()
+    };
     let m = app.model.clone();
     let prompt = tokio::task::spawn_blocking(move || {
-        let rendered = m.template.render(&messages, true).map_err(|e| {
-            ApiError::invalid("messages", format!("the chat template cannot render these messages: {e}"))
-        })?;
-        Ok::<_, ApiError>(m.tokenizer.encode_templated(&rendered))
+        turns::encode_chat(&m.template, &m.tokenizer, &messages, |text| known.get(text).cloned())
+            .map_err(|e| ApiError::invalid("messages", format!("the chat template cannot render these messages: {e}")))
     })
     .await
     .map_err(|e| ApiError::internal(format!("rendering failed: {e}")))??;
-    check_context(app, prompt.len(), "messages")?;
+    check_context(app, prompt.tokens.len(), "messages")?;
     let reply =
         Reply { endpoint: Endpoint::Chat, id: request_id("chatcmpl"), created: unix_now(), model, checked, logprobs };
-    run(app, prompt, top, reply).await
+    run(app, prompt.tokens, prompt.kept_reply_tokens, top, reply).await
 }
 
 async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
@@ -262,7 +275,7 @@ async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result
     drop(bytes);
     let model = check_model(app, &req.model)?;
     let top = req.check()?;
-    let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch)?;
+    let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch, &app.model.sampling)?;
     let logprobs = req.logprobs.is_some();
     checked.params.logprobs = logprobs;
     let input = openai::prompt_input(&req.prompt, app.model.tokenizer.n_vocab())?;
@@ -277,12 +290,19 @@ async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result
     check_context(app, prompt.len(), "prompt")?;
     let reply =
         Reply { endpoint: Endpoint::Completion, id: request_id("cmpl"), created: unix_now(), model, checked, logprobs };
-    run(app, prompt, top, reply).await
+    run(app, prompt, 0, top, reply).await
 }
 
 /// Queues the job and answers: one JSON object, or an SSE stream once the engine has produced its first
 /// message (so that a failure before any text is still an HTTP error status).
-async fn run(app: &App, prompt: Vec<u32>, top_logprobs: usize, reply: Reply) -> Result<Response, ApiError> {
+/// `kept_reply_tokens`: tokens of the prompt that are earlier replies as they were generated.
+async fn run(
+    app: &App,
+    prompt: Vec<u32>,
+    kept_reply_tokens: usize,
+    top_logprobs: usize,
+    reply: Reply,
+) -> Result<Response, ApiError> {
     let (tx, mut rx) = channel(REPLY_BACKLOG);
     let endpoint = match reply.endpoint {
         Endpoint::Chat => "chat",
@@ -291,6 +311,7 @@ async fn run(app: &App, prompt: Vec<u32>, top_logprobs: usize, reply: Reply) -> 
     let ticket = Ticket::new(app.shared.clone());
     let job = Job {
         prompt,
+        kept_reply_tokens,
         checked: reply.checked.clone(),
         top_logprobs,
         tx,
@@ -536,14 +557,14 @@ pub async fn models(State(app): State<App>) -> Response {
     Json(json!({"object": "list", "data": data})).into_response()
 }
 
-/// `GET /v1/models/{id}`.
+/// `GET /v1/models/{id}`: the served model under the name asked for (every name but with --strict-model).
 pub async fn model(State(app): State<App>, axum::extract::Path(id): axum::extract::Path<String>) -> Response {
+    if id.is_empty() {
+        return ApiError::not_found("no model id given").into_response();
+    }
     match check_model(&app, &Some(id.clone())) {
-        Ok(_) if !id.is_empty() => {
-            Json(json!({"id": id, "object": "model", "created": app.model.created, "owned_by": "strata"}))
-                .into_response()
-        }
-        Ok(_) => ApiError::not_found("no model id given").into_response(),
+        Ok(_) => Json(json!({"id": id, "object": "model", "created": app.model.created, "owned_by": "strata"}))
+            .into_response(),
         Err(e) => e.into_response(),
     }
 }

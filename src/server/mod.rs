@@ -1,7 +1,7 @@
 //! `strata serve`: an HTTP server (axum on tokio) over one engine. The OpenAI-compatible API is in
 //! [`api`] and [`openai`], the Strata API (health, devices, telemetry, events, cache, model, sim faults,
 //! metrics) in [`status`], the engine thread and its FIFO queue in [`worker`], what they share in
-//! [`state`], errors in OpenAI's shape in [`error`].
+//! [`state`], errors in OpenAI's shape in [`error`], the web UI at `/` in [`ui`].
 //!
 //! Connections are served by hyper directly (not `axum::serve`) so that the time a client may take to send
 //! its headers is bounded, and so that shutdown is graceful: on SIGINT or SIGTERM the listener closes, queued
@@ -13,6 +13,7 @@ pub mod error;
 pub mod openai;
 pub mod state;
 pub mod status;
+pub mod ui;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -54,6 +55,8 @@ pub struct ServedModel {
     pub info: serde_json::Value,
     /// The settings it runs with (`GET /strata/settings`).
     pub settings: crate::plan::settings::EngineSettings,
+    /// What a request gets for the sampling fields it does not send.
+    pub sampling: crate::sample::defaults::SamplingDefaults,
 }
 
 /// How the server runs.
@@ -61,12 +64,15 @@ pub struct ServedModel {
 pub struct ServeOptions {
     pub addr: SocketAddr,
     pub api_key: Option<String>,
+    /// More names `/v1/models` lists for the served model (`--model-alias`).
     pub aliases: Vec<String>,
-    pub any_model: bool,
+    /// Only the served id and the aliases are answered; another `model` is a 404 (`--strict-model`).
+    pub strict_model: bool,
     pub max_body_bytes: u64,
     pub queue: usize,
     pub cors_origins: Vec<HeaderValue>,
-    /// A built web UI to serve at `/` (its index.html and assets).
+    /// A built web UI on disk to serve at `/` instead of the one embedded in the binary (`--ui-dir`); a
+    /// directory without an index.html serves the page that lists the API.
     pub ui_dir: Option<PathBuf>,
     /// How long a client may take to send its request line and headers (then the connection is closed),
     /// and its body (then 408).
@@ -100,6 +106,11 @@ pub fn router(app: App) -> Router {
         .route("/v1/completions", post(api::completions))
         .route("/v1/models", get(api::models))
         .route("/v1/models/{id}", get(api::model))
+        // The same without /v1, as llama-server serves them: clients configured with a base URL that has no
+        // /v1 work too.
+        .route("/chat/completions", post(api::chat))
+        .route("/completions", post(api::completions))
+        .route("/models", get(api::models))
         .route("/strata/devices", get(status::devices))
         .route("/strata/telemetry", get(status::telemetry))
         .route("/strata/events", get(status::events))
@@ -111,13 +122,21 @@ pub fn router(app: App) -> Router {
         .route("/metrics", get(status::metrics))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), require_key));
     let mut r = Router::new().route("/health", get(status::health)).merge(protected);
-    match app.opts.ui_dir.as_ref().filter(|d| d.join("index.html").is_file()) {
-        Some(dir) => {
+    match app.opts.ui_dir.as_ref() {
+        Some(dir) if dir.join("index.html").is_file() => {
             r = r.fallback_service(tower_http::services::ServeDir::new(dir).fallback(tower::service_fn(
                 |_req: Request| async { Ok::<_, std::convert::Infallible>(not_found().await) },
             )))
         }
-        None => r = r.route("/", get(status::index)).fallback(not_found),
+        None if ui::embedded() => {
+            r = r.fallback(|req: Request| async move {
+                match ui::serve_embedded(&req) {
+                    Some(resp) => resp,
+                    None => not_found().await,
+                }
+            })
+        }
+        _ => r = r.route("/", get(status::index)).fallback(not_found),
     }
     let mut r = r.method_not_allowed_fallback(|| async { ApiError::method_not_allowed() }).with_state(app.clone());
     if !app.opts.cors_origins.is_empty() {

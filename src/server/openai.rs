@@ -14,6 +14,7 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::Deserialize;
 
 use crate::engine::GenerateParams;
+use crate::sample::defaults::SamplingDefaults;
 use crate::sample::SamplerConfig;
 use crate::tokenizer::ChatMessage;
 
@@ -481,9 +482,15 @@ fn fresh_seed() -> u64 {
     t ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
 }
 
-/// Checks the shared fields and builds the engine's parameters (OpenAI's defaults: temperature 1, top_p 1,
-/// every other filter off; no max_tokens means up to the end of the context).
-pub fn check_common(c: &Common, stop: &Option<Stop>, batch: usize) -> Result<Checked, ApiError> {
+/// Checks the shared fields and builds the engine's parameters. A sampling field the request sends is used
+/// exactly; one it does not send takes the served model's default ([`SamplingDefaults`]: the file's
+/// recommendation, its family's preset, or Strata's chain). No max_tokens means up to the end of the context.
+pub fn check_common(
+    c: &Common,
+    stop: &Option<Stop>,
+    batch: usize,
+    defaults: &SamplingDefaults,
+) -> Result<Checked, ApiError> {
     let max_tokens = match c.max_tokens {
         None => usize::MAX,
         Some(m) if m >= 1 => usize::try_from(m).unwrap_or(usize::MAX),
@@ -494,26 +501,26 @@ pub fn check_common(c: &Common, stop: &Option<Stop>, batch: usize) -> Result<Che
             ))
         }
     };
-    let temperature = in_range("temperature", c.temperature, 0.0, 2.0)?.unwrap_or(1.0);
-    let top_p = in_range("top_p", c.top_p, 0.0, 1.0)?.unwrap_or(1.0);
+    let temperature = in_range("temperature", c.temperature, 0.0, 2.0)?.unwrap_or(defaults.temperature.value as f64);
+    let top_p = in_range("top_p", c.top_p, 0.0, 1.0)?.unwrap_or(defaults.top_p.value as f64);
     let presence = in_range("presence_penalty", c.presence_penalty, -2.0, 2.0)?.unwrap_or(0.0);
     let frequency = in_range("frequency_penalty", c.frequency_penalty, -2.0, 2.0)?.unwrap_or(0.0);
-    let min_p = in_range("min_p", c.min_p, 0.0, 1.0)?.unwrap_or(0.0);
+    let min_p = in_range("min_p", c.min_p, 0.0, 1.0)?.unwrap_or(defaults.min_p.value as f64);
     let repeat_penalty = match c.repeat_penalty {
         Some(r) if !(r > 0.0 && r <= 100.0) => {
             return Err(ApiError::invalid("repeat_penalty", format!("repeat_penalty must be > 0 and <= 100, got {r}")))
         }
-        r => r.unwrap_or(1.0),
+        r => r.unwrap_or(defaults.repeat_penalty.value as f64),
     };
     let top_k = match c.top_k {
         Some(k) if k < 0 => return Err(ApiError::invalid("top_k", format!("top_k must be 0 (off) or more, got {k}"))),
-        k => k.map_or(0, |k| usize::try_from(k).unwrap_or(usize::MAX)),
+        k => k.map_or(defaults.top_k.value as usize, |k| usize::try_from(k).unwrap_or(usize::MAX)),
     };
     let repeat_last_n = match c.repeat_last_n {
         Some(n) if !(0..=1 << 20).contains(&n) => {
             return Err(ApiError::invalid("repeat_last_n", format!("repeat_last_n must be from 0 to 1048576, got {n}")))
         }
-        n => n.map_or(64, |n| n as usize),
+        n => n.map_or(defaults.repeat_last_n.value as usize, |n| n as usize),
     };
     let choices = match c.n {
         None => 1,
@@ -612,14 +619,29 @@ mod tests {
             (r#"{"top_k":-1}"#, "top_k"),
         ] {
             let r = chat(body).unwrap();
-            let e = check_common(&r.common(), &r.stop, 512).unwrap_err();
+            let e = check_common(&r.common(), &r.stop, 512, &SamplingDefaults::fallback()).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{body}: {e}");
         }
         let r = chat(r#"{"logprobs":false,"top_logprobs":3}"#).unwrap();
         assert!(r.top_logprobs().is_err());
         let r = chat(r#"{"max_tokens":1000000000000,"seed":-3,"temperature":0}"#).unwrap();
-        let c = check_common(&r.common(), &r.stop, 512).unwrap();
+        let c = check_common(&r.common(), &r.stop, 512, &SamplingDefaults::fallback()).unwrap();
         assert_eq!((c.params.max_tokens, c.params.sampler.seed), (1_000_000_000_000, (-3i64) as u64));
+    }
+
+    #[test]
+    fn unsent_sampling_fields_take_the_model_defaults_and_sent_ones_are_exact() {
+        use crate::sample::defaults::{SamplingSource, Sourced};
+        let mut d = SamplingDefaults::fallback();
+        d.temperature = Sourced { value: 0.2, source: SamplingSource::Preset };
+        d.top_p = Sourced { value: 0.9, source: SamplingSource::Preset };
+        d.repeat_penalty = Sourced { value: 1.1, source: SamplingSource::Model };
+        let r = chat(r#"{"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        let s = check_common(&r.common(), &r.stop, 512, &d).unwrap().params.sampler;
+        assert_eq!((s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty), (0.2, 0.9, 40, 0.05, 1.1));
+        let r = chat(r#"{"temperature":1,"top_p":1,"top_k":0,"min_p":0,"repeat_penalty":1}"#).unwrap();
+        let s = check_common(&r.common(), &r.stop, 512, &d).unwrap().params.sampler;
+        assert_eq!((s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty), (1.0, 1.0, 0, 0.0, 1.0));
     }
 
     #[test]

@@ -192,6 +192,8 @@ pub struct Shared {
     pub sampler_running: AtomicBool,
     /// Requests whose body is being read and prepared (at most [`PREPARING_LIMIT`]).
     pub preparing: tokio::sync::Semaphore,
+    /// The replies generated so far by their text, with their tokens: a conversation sent back reuses them.
+    pub replies: Mutex<crate::tokenizer::turns::ReplyTokens>,
 }
 
 /// Requests read and prepared at once before they reach the queue.
@@ -219,6 +221,7 @@ impl Shared {
             listeners: AtomicUsize::new(0),
             sampler_running: AtomicBool::new(false),
             preparing: tokio::sync::Semaphore::new(PREPARING_LIMIT),
+            replies: Mutex::new(Default::default()),
         });
         // Cache events are counted as the session emits them.
         let events = shared.metrics.cache_events.clone();

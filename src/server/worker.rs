@@ -17,6 +17,7 @@ use crate::engine::{EngineError, Generation, Observer, StopReason};
 use crate::model::{Model, ModelError};
 use crate::telemetry::EngineEvent;
 use crate::threadpool::ThreadPool;
+use crate::tokenizer::turns::tokens_of_text;
 use crate::tokenizer::Tokenizer;
 
 use super::error::ApiError;
@@ -31,6 +32,8 @@ pub const STALL_LIMIT: Duration = Duration::from_secs(30);
 /// One request for the engine.
 pub struct Job {
     pub prompt: Vec<u32>,
+    /// Tokens of the prompt that are earlier replies as they were generated (not retokenized).
+    pub kept_reply_tokens: usize,
     pub checked: Checked,
     /// Top log-probabilities per token (with `checked.params.logprobs`).
     pub top_logprobs: usize,
@@ -318,6 +321,9 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
                 keep
             });
         }
+        if let Some(t) = tokens_of_text(tokenizer, &g.tokens, &g.text) {
+            shared.replies.lock().unwrap_or_else(|e| e.into_inner()).remember(&g.text, t);
+        }
         send(
             &job.tx,
             Msg::ChoiceDone { choice, finish_reason: finish_reason(g.stop_reason), text: g.text.clone(), tokens },
@@ -328,6 +334,7 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
             completion_tokens: 0,
             reused: served.reused,
             read: served.read,
+            kept_reply_tokens: job.kept_reply_tokens,
             prompt_ms: g.prompt_ms,
             gen_ms: 0.0,
             prompt_tok_s: served.read as f64 / (g.prompt_ms / 1e3).max(1e-9),
@@ -353,6 +360,9 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
         return;
     };
     s.gen_tok_s = s.completion_tokens as f64 / (s.gen_ms / 1e3).max(1e-9);
+    if s.kept_reply_tokens > 0 {
+        tracing::info!("{} prompt tokens were earlier replies, kept as generated", s.kept_reply_tokens);
+    }
     shared.metrics.record(job.endpoint, &s);
     shared.telemetry.emit(EngineEvent::RequestDone(s.clone()));
     send(&job.tx, Msg::Done(Box::new(s)));

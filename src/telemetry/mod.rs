@@ -39,6 +39,10 @@ pub struct Summary {
     pub reused: usize,
     /// Prompt tokens read (prefilled) for this request.
     pub read: usize,
+    /// Prompt tokens that are earlier replies sent back unchanged, taken as they were generated (not
+    /// retokenized), so the live sequence's copy of them is reused.
+    #[serde(default)]
+    pub kept_reply_tokens: usize,
     pub prompt_ms: f64,
     pub gen_ms: f64,
     pub prompt_tok_s: f64,

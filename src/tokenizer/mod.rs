@@ -2,9 +2,9 @@
 //!
 //! It owns the vocabulary read from GGUF metadata (`load`), the two tokenizer algorithms Strata supports,
 //! byte-level BPE (`gpt2`, in `pretokenize` + `bpe`) and SentencePiece (`llama`, in `spm`), special-token
-//! handling (`special`), decoding including a UTF-8-safe stream decoder (`decode`), and chat templates
-//! (`chat`). Results are meant to equal llama.cpp's token for token; where they knowingly differ, the
-//! module that differs says so.
+//! handling (`special`), decoding including a UTF-8-safe stream decoder (`decode`), chat templates
+//! (`chat`), and a conversation's prompt with its earlier replies kept as generated (`turns`). Results are
+//! meant to equal llama.cpp's token for token; where they knowingly differ, the module that differs says so.
 //!
 //! It never adds BOS/EOS on its own: [`Tokenizer::encode`] returns the text's tokens only, and the caller
 //! applies the model's rule through [`Tokenizer::encode_with_bos`] or [`Tokenizer::add_bos_token`] and
@@ -18,6 +18,7 @@ mod load;
 mod pretokenize;
 mod special;
 mod spm;
+pub mod turns;
 pub mod unicode;
 
 use std::collections::HashMap;
@@ -71,6 +72,17 @@ impl Tokenizer {
     /// `<|im_start|>`) become those tokens; without it they are tokenized as plain text. User-defined tokens
     /// are recognised either way, as in llama.cpp.
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<u32> {
+        self.encode_from(text, parse_special, true)
+    }
+
+    /// [`encode`](Self::encode) of text that continues tokens placed before it (a piece of a prompt after
+    /// a reply spliced in as it was generated): SentencePiece's space prefix is not added at its start,
+    /// only after the special tokens inside it. The same as `encode` for BPE.
+    pub fn encode_continued(&self, text: &str, parse_special: bool) -> Vec<u32> {
+        self.encode_from(text, parse_special, false)
+    }
+
+    fn encode_from(&self, text: &str, parse_special: bool, at_start: bool) -> Vec<u32> {
         let fragments = special::partition(text, &self.special_order, &self.texts, &self.attrs, parse_special);
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
         match &self.algorithm {
@@ -93,7 +105,7 @@ impl Tokenizer {
             Algorithm::Spm => {
                 // llama.cpp prefixes the space to the first fragment and to every fragment after a special
                 // token.
-                let mut after_special = true;
+                let mut after_special = at_start;
                 let mut escaped = String::new();
                 for fragment in fragments {
                     match fragment {

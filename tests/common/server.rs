@@ -66,7 +66,15 @@ impl Server {
     }
 
     pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::start_in(None, args, env)
+    }
+
+    /// Starts the server with `dir` as its working directory (None: the test's).
+    pub fn start_in(dir: Option<&std::path::Path>, args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_strata"));
+        if let Some(d) = dir {
+            cmd.current_dir(d);
+        }
         cmd.args(["serve", "--port", "0", "-t", "2"]).args(args);
         if !args.contains(&"-m") {
             cmd.arg("-m").arg(super::model_path());
