@@ -255,3 +255,59 @@ fn smollm2_chat_template_inserts_default_system_prompt() {
     let ids = tokenizer().encode(&out, true);
     assert_eq!(ids.iter().filter(|&&id| id == 1).count(), 2);
 }
+
+/// A reply as a model could have generated it: pieces that retokenizing the text would merge.
+fn generated_reply(tok: &Tokenizer) -> (String, Vec<u32>) {
+    let pieces = ["The", " cap", "ital", " of", " Italy", " is", " Rome", "."];
+    let ids: Vec<u32> = pieces.iter().flat_map(|p| tok.encode(p, false)).collect();
+    let text = pieces.concat();
+    assert_ne!(tok.encode(&text, false), ids, "the test needs a reply that retokenizes differently");
+    (text, ids)
+}
+
+#[test]
+fn an_earlier_reply_goes_into_the_prompt_as_its_generated_tokens() {
+    use std::sync::Arc;
+    use strata::tokenizer::turns::{encode_chat, tokens_of_text, ReplyTokens};
+    let tok = tokenizer();
+    let template = ChatTemplate::from_gguf(model_file()).unwrap();
+    let (reply, ids) = generated_reply(tok);
+    // What generation returns: the reply's tokens, then the end-of-turn token.
+    let mut generated = ids.clone();
+    generated.push(2);
+    assert_eq!(tokens_of_text(tok, &generated, &reply), Some(&ids[..]));
+    // A stop string that cut the text inside a token: no prefix decodes to it, nothing is remembered.
+    assert_eq!(tokens_of_text(tok, &generated, &reply[..reply.len() - 2]), None);
+    let mut replies = ReplyTokens::default();
+    replies.remember(&reply, &ids);
+    let first = vec![ChatMessage::new("user", "What is the capital of Italy?")];
+    let mut conv = first.clone();
+    conv.push(ChatMessage::new("assistant", reply.clone()));
+    conv.push(ChatMessage::new("user", "And of France?"));
+    let p = encode_chat(&template, tok, &conv, |t| replies.get(t)).unwrap();
+    assert_eq!((p.kept_replies, p.kept_reply_tokens), (1, ids.len()));
+    // The first turn's prompt, then the reply as generated, then the glue and the new message.
+    let turn1 = tok.encode_templated(&template.render(&first, true).unwrap());
+    assert_eq!(&p.tokens[..turn1.len()], &turn1[..]);
+    assert_eq!(&p.tokens[turn1.len()..turn1.len() + ids.len()], &ids[..]);
+    assert_eq!(p.tokens[turn1.len() + ids.len()], 2, "<|im_end|> follows the reply");
+    // It spells the same text as the render.
+    let text: String = p.tokens.iter().map(|&t| String::from_utf8_lossy(&tok.token_to_piece(t)).into_owned()).collect();
+    assert_eq!(text, template.render(&conv, true).unwrap());
+    // Unknown text, or a template that does not write the content unchanged: the whole render as text.
+    let none = encode_chat(&template, tok, &conv, |_| None::<Arc<[u32]>>).unwrap();
+    assert_eq!(none.tokens, tok.encode_templated(&template.render(&conv, true).unwrap()));
+    assert_eq!(none.kept_reply_tokens, 0);
+    let trimming = ChatTemplate::new(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n",
+        "",
+        "",
+    )
+    .unwrap();
+    let mut padded = conv.clone();
+    padded[1].content = format!(" {reply} ");
+    replies.remember(&padded[1].content, &ids);
+    let t = encode_chat(&trimming, tok, &padded, |t| replies.get(t)).unwrap();
+    assert_eq!(t.kept_reply_tokens, 0, "the template trims the content: its tokens are not the reply's");
+    assert_eq!(t.tokens, tok.encode_templated(&trimming.render(&padded, true).unwrap()));
+}
