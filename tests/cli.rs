@@ -200,6 +200,12 @@ fn info_shows_metadata_types_and_memory() {
     assert!(out.contains("memory at context 8192"));
     // 30 layers * 192 * 2 (K, V) * 2 bytes.
     assert!(out.contains("23040 bytes/token"), "{out}");
+    // The default model's sampling: its model card's preset, the rest Strata's chain.
+    assert!(
+        out.contains("sampling for fields a request does not send: temperature 0.2 (preset), top_k 40 (default), top_p 0.9 (preset), min_p 0.05 (default)"),
+        "{out}"
+    );
+    assert!(out.contains("preset: SmolLM2 (model card)"), "{out}");
 }
 
 #[test]
