@@ -138,7 +138,7 @@ export function startMockServer({ apiKey = null, port = 0 } = {}) {
           res.write(chunk({ content: piece }));
         }
         res.write(chunk({}, "stop"));
-        res.write(`data: ${JSON.stringify({ choices: [], usage: { prompt_tokens: 40, completion_tokens: 60 }, strata: { job: 1, reused: 36, read: 4, prompt_ms: 13, gen_ms: 500, prompt_tok_s: 300, gen_tok_s: 120.5, queue_ms: 0, drafts_accepted: 0, drafts_proposed: 0, restored: "checkpoint", restored_tokens: 36, fallback: null } })}\n\n`);
+        res.write(`data: ${JSON.stringify({ choices: [], usage: { prompt_tokens: 40, completion_tokens: 60 }, strata: { job: 1, reused: 36, read: 4, kept_reply_tokens: 0, prompt_ms: 13, gen_ms: 500, prompt_tok_s: 300, gen_tok_s: 120.5, queue_ms: 0, drafts_accepted: 0, drafts_proposed: 0, restored: "checkpoint", restored_tokens: 36, fallback: null } })}\n\n`);
         res.end("data: [DONE]\n\n");
         return;
       }

@@ -117,6 +117,7 @@ export function summary(over: Partial<Summary> = {}): Summary {
     completion_tokens: 12,
     reused: 36,
     read: 4,
+    kept_reply_tokens: 0,
     prompt_ms: 13,
     gen_ms: 110,
     prompt_tok_s: 300.5,

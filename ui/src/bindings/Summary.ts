@@ -17,4 +17,9 @@ reused: number,
 /**
  * Prompt tokens read (prefilled) for this request.
  */
-read: number, prompt_ms: number, gen_ms: number, prompt_tok_s: number, gen_tok_s: number, queue_ms: number, drafts_accepted: number, drafts_proposed: number, restored: RestoreKind | null, restored_tokens: number | null, fallback: Fallback | null, };
+read: number, 
+/**
+ * Prompt tokens that are earlier replies sent back unchanged, taken as they were generated (not
+ * retokenized), so the live sequence's copy of them is reused.
+ */
+kept_reply_tokens: number, prompt_ms: number, gen_ms: number, prompt_tok_s: number, gen_tok_s: number, queue_ms: number, drafts_accepted: number, drafts_proposed: number, restored: RestoreKind | null, restored_tokens: number | null, fallback: Fallback | null, };

@@ -39,6 +39,7 @@ export function toSummary(usage: unknown, strata: unknown): Summary {
     completion_tokens: num(u.completion_tokens),
     reused: num(s.reused),
     read: num(s.read),
+    kept_reply_tokens: num(s.kept_reply_tokens),
     prompt_ms: num(s.prompt_ms),
     gen_ms: num(s.gen_ms),
     prompt_tok_s: num(s.prompt_tok_s),
