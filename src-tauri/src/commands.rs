@@ -17,6 +17,7 @@ use strata::server::status::{DevicesView, TelemetryView};
 
 use crate::engine::{ChatEnd, ChatFailure, Endpoint, EngineClient};
 use crate::history::now_ms;
+use crate::preferences::check_params;
 use crate::types::*;
 use crate::AppState;
 
@@ -181,21 +182,6 @@ fn check_messages(messages: &[ChatMessage]) -> CmdResult<()> {
     Ok(())
 }
 
-fn check_params(p: &ChatParams) -> CmdResult<()> {
-    let invalid =
-        |f: &str, m: &str| CommandError { code: ErrorCode::Invalid, field: Some(f.into()), message: m.into() };
-    if p.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
-        return Err(invalid("temperature", "between 0 and 2"));
-    }
-    if p.top_p.is_some_and(|t| !(t > 0.0 && t <= 1.0)) {
-        return Err(invalid("top_p", "above 0 and at most 1"));
-    }
-    if p.max_tokens == Some(0) {
-        return Err(invalid("max_tokens", "at least 1"));
-    }
-    Ok(())
-}
-
 /// Streams a reply to `messages` into conversation `conversation_id` (whose messages become `messages`
 /// plus the reply). If the engine dies mid-reply, the reply starts again once on the restarted engine.
 #[tauri::command]
@@ -226,6 +212,8 @@ pub async fn chat_send(
     });
     conv.updated_ms = now_ms();
     state.history.save(&conv)?;
+    // Stored before anything streams: the UI reads the list again (title, count) while the reply runs.
+    let _ = on_chunk.send(ChatChunk::Stored);
     let mut cancel = state.cancel_token(&conversation_id);
     let result = stream_reply(&state, &mut conv, &messages, &params, &on_chunk, &mut cancel).await;
     state.drop_cancel(&conversation_id);
@@ -314,6 +302,18 @@ async fn stream_reply(
             }
         }
     }
+}
+
+/// The chat preferences (the reply limit, values saved per model); the defaults until some are saved.
+#[tauri::command]
+pub fn get_preferences(state: State<'_, AppState>) -> CmdResult<ChatPreferences> {
+    state.preferences.get()
+}
+
+/// Checks and keeps `preferences` (replacing what was kept); returns them.
+#[tauri::command]
+pub fn save_preferences(state: State<'_, AppState>, preferences: ChatPreferences) -> CmdResult<ChatPreferences> {
+    state.preferences.save(&preferences)
 }
 
 #[tauri::command]

@@ -146,24 +146,7 @@ impl EngineClient {
         cancel: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Result<ChatEnd, ChatFailure> {
         let model = self.model().await.map_err(ChatFailure::Gone)?;
-        let mut body = json!({
-            "model": model,
-            "messages": messages,
-            "stream": true,
-            "stream_options": {"include_usage": true},
-        });
-        if let Some(t) = params.temperature {
-            body["temperature"] = json!(t);
-        }
-        if let Some(p) = params.top_p {
-            body["top_p"] = json!(p);
-        }
-        if let Some(n) = params.max_tokens {
-            body["max_tokens"] = json!(n);
-        }
-        if let Some(s) = params.seed {
-            body["seed"] = json!(s);
-        }
+        let body = chat_body(&model, messages, params);
         let mut req = self.http.post(format!("{}/v1/chat/completions", self.endpoint.url)).json(&body);
         if let Some(k) = self.endpoint.api_key.as_ref().filter(|k| !k.is_empty()) {
             req = req.bearer_auth(k);
@@ -245,6 +228,37 @@ impl EngineClient {
     }
 }
 
+/// The body of a streamed `POST /v1/chat/completions`: only the sampling fields that are set, so the
+/// engine applies the model's defaults to the others (never a null, which a strict server refuses).
+pub fn chat_body(model: &str, messages: &[ChatMessage], params: &ChatParams) -> Value {
+    let mut body = json!({
+        "model": model,
+        "messages": messages,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let fields = [
+        ("temperature", params.temperature.map(f32_json)),
+        ("top_k", params.top_k.map(|k| json!(k))),
+        ("top_p", params.top_p.map(f32_json)),
+        ("min_p", params.min_p.map(f32_json)),
+        ("repeat_penalty", params.repeat_penalty.map(f32_json)),
+        ("max_tokens", params.max_tokens.map(|n| json!(n))),
+        ("seed", params.seed.map(|s| json!(s))),
+    ];
+    for (name, value) in fields {
+        if let Some(v) = value {
+            body[name] = v;
+        }
+    }
+    body
+}
+
+/// An f32 as the number the user typed (0.2, not 0.20000000298023224, which widening it would give).
+fn f32_json(v: f32) -> Value {
+    v.to_string().parse::<f64>().map_or_else(|_| json!(v), |f| json!(f))
+}
+
 /// The message of an error reply (OpenAI's `{"error": {"message"}}`, else the status and body).
 async fn error_message(r: reqwest::Response) -> String {
     let status = r.status();
@@ -258,6 +272,31 @@ async fn error_message(r: reqwest::Response) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_chat_body_carries_the_set_sampling_fields_only() {
+        let messages = [ChatMessage { role: crate::types::ChatRole::User, content: "hi".into() }];
+        let none = chat_body("m", &messages, &ChatParams::default());
+        for field in ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed"] {
+            assert!(none.get(field).is_none(), "{field} is sent unset: {none}");
+        }
+        let all = ChatParams {
+            temperature: Some(0.2),
+            top_k: Some(0),
+            top_p: Some(0.9),
+            min_p: Some(0.05),
+            repeat_penalty: Some(1.1),
+            max_tokens: Some(2048),
+            seed: Some(7),
+        };
+        let body = chat_body("m", &messages, &all);
+        assert_eq!(
+            [&body["temperature"], &body["top_k"], &body["top_p"], &body["min_p"], &body["repeat_penalty"]],
+            [&json!(0.2), &json!(0), &json!(0.9), &json!(0.05), &json!(1.1)]
+        );
+        assert_eq!((&body["max_tokens"], &body["seed"], &body["model"]), (&json!(2048), &json!(7), &json!("m")));
+        assert_eq!(body["messages"], json!([{"role": "user", "content": "hi"}]));
+    }
 
     #[test]
     fn sse_events_split_across_chunks() {

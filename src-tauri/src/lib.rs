@@ -1,12 +1,13 @@
 //! The Strata desktop app's backend: the app state (settings, history, telemetry, the engine supervisor),
 //! the Tauri builder with its plugins and commands, and the app's lifecycle (the engine starts with the
 //! app's model and stops when the app quits). Module map: `commands` (what the UI calls), `supervisor` (the
-//! engine child process), `engine` (HTTP to an engine), `history` (conversations on disk), `types` (what
-//! crosses to TypeScript).
+//! engine child process), `engine` (HTTP to an engine), `history` (conversations on disk), `preferences`
+//! (the chat preferences file), `types` (what crosses to TypeScript).
 
 pub mod commands;
 pub mod engine;
 pub mod history;
+pub mod preferences;
 pub mod supervisor;
 pub mod types;
 
@@ -23,6 +24,7 @@ use strata::plan::settings::{EngineLocation, EngineSettings};
 use strata::telemetry::Telemetry;
 
 use history::History;
+use preferences::Preferences;
 use supervisor::{EngineSpec, Supervisor};
 use types::{CmdResult, CommandError};
 
@@ -35,6 +37,7 @@ const SETTINGS_KEY: &str = "engine";
 pub struct AppState {
     pub data_dir: PathBuf,
     pub history: History,
+    pub preferences: Preferences,
     pub telemetry: Arc<Telemetry>,
     pub supervisor: Supervisor,
     settings: Mutex<EngineSettings>,
@@ -47,6 +50,7 @@ impl AppState {
         let supervisor = Supervisor::new(telemetry.clone(), tauri::async_runtime::handle().inner().clone());
         Ok(AppState {
             history: History::open(data_dir.join("conversations"))?,
+            preferences: Preferences::in_dir(&data_dir),
             data_dir,
             telemetry,
             supervisor,
@@ -183,6 +187,8 @@ pub fn builder<R: Runtime>(b: tauri::Builder<R>) -> tauri::Builder<R> {
             commands::get_settings,
             commands::save_settings,
             commands::chat_send,
+            commands::get_preferences,
+            commands::save_preferences,
             commands::chat_cancel,
             commands::conversations_list,
             commands::conversation_get,

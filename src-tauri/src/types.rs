@@ -25,26 +25,70 @@ pub struct ChatMessage {
     pub content: String,
 }
 
-/// Sampling of one reply (None: the engine's default).
+/// Sampling of one reply. A field that is set is sent to the engine and used exactly; None is not sent, so
+/// the engine applies the model's default (its `general.sampling.*` key, else a family preset, else
+/// Strata's default: `ModelFacts.sampling` shows which).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, TS)]
 #[serde(deny_unknown_fields)]
 pub struct ChatParams {
+    /// 0 to 2 (0: greedy).
     pub temperature: Option<f32>,
+    /// 0: off.
+    pub top_k: Option<u32>,
+    /// 0 to 1.
     pub top_p: Option<f32>,
+    /// 0 to 1.
+    pub min_p: Option<f32>,
+    /// Above 0, at most 100 (1: off).
+    pub repeat_penalty: Option<f32>,
+    /// At least 1.
     pub max_tokens: Option<u32>,
     #[ts(type = "number | null")]
     pub seed: Option<u64>,
 }
 
-/// A piece of a streamed reply, in order: text pieces, maybe `retrying` (the engine died: what was shown
-/// is void and the reply starts again on the new engine), then `done` or `error`.
+/// What the user keeps for chats across launches: the reply limit and, per model, the sampling values
+/// saved in the Parameters panel. The app keeps it in `chat-preferences.json` in its data folder, a browser
+/// in localStorage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, TS)]
+#[serde(deny_unknown_fields)]
+pub struct ChatPreferences {
+    /// Sent as `max_tokens` when a reply's own Max tokens is empty, so that a runaway reply stops there.
+    pub reply_limit_tokens: u32,
+    /// The values saved for a model, keyed by the model file's path.
+    pub params_by_model: std::collections::BTreeMap<String, ChatParams>,
+}
+
+/// The reply limit of a fresh install.
+pub const DEFAULT_REPLY_LIMIT_TOKENS: u32 = 2048;
+
+impl Default for ChatPreferences {
+    fn default() -> Self {
+        ChatPreferences { reply_limit_tokens: DEFAULT_REPLY_LIMIT_TOKENS, params_by_model: Default::default() }
+    }
+}
+
+/// A piece of a streamed reply, in order: `stored`, text pieces, maybe `retrying` (the engine died: what was
+/// shown is void and the reply starts again on the new engine), then `done` or `error`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, TS)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ChatChunk {
-    Text { text: String },
-    Retrying { reason: String },
-    Done { finish_reason: String, figures: Option<Summary> },
-    Error { message: String },
+    /// The conversation is stored with the user's message and the reply to come (before any text): its
+    /// title and message count can be read again.
+    Stored,
+    Text {
+        text: String,
+    },
+    Retrying {
+        reason: String,
+    },
+    Done {
+        finish_reason: String,
+        figures: Option<Summary>,
+    },
+    Error {
+        message: String,
+    },
 }
 
 /// A message as stored: an assistant reply carries its figures, and `complete` is false while it streams

@@ -16,6 +16,17 @@ export const EVIL_REPLY =
   'Evil: <img src=x onerror="window.__pwned=1"> <script>window.__pwned=2</script> ' +
   "[click me](javascript:window.__pwned=3) and [a site](https://example.com).";
 
+/** The default model's effective sampling, as strata serve reports it in /strata/model. */
+export const SAMPLING = {
+  temperature: { value: 0.2, source: "preset" },
+  top_k: { value: 40, source: "default" },
+  top_p: { value: 0.9, source: "preset" },
+  min_p: { value: 0.05, source: "default" },
+  repeat_penalty: { value: 1, source: "default" },
+  repeat_last_n: { value: 64, source: "default" },
+  preset: "SmolLM2 (model card)",
+};
+
 const SETTINGS = {
   model_path: "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
   devices: "sim:200,sim:400",
@@ -97,7 +108,7 @@ export function startMockServer({ apiKey = null, port = 0 } = {}) {
       if (p === "/health") return json(res, 200, { status: "ok", model: "SmolLM2-135M-Instruct.Q4_1", busy: false, queue: 0, queue_limit: 16, accepted: 3 });
       if (p === "/v1/models") return json(res, 200, { object: "list", data: [{ id: "SmolLM2-135M-Instruct.Q4_1", object: "model" }] });
       if (p === "/strata/model") {
-        return json(res, 200, { id: "SmolLM2-135M-Instruct.Q4_1", path: SETTINGS.model_path, file_bytes: 98 * MIB, architecture: "llama", quantization: "Q4_1", parameters: 134515008, layers: 30, vocab: 49152, context: 4096, trained_context: 8192, split: [], flags: [] });
+        return json(res, 200, { id: "SmolLM2-135M-Instruct.Q4_1", path: SETTINGS.model_path, file_bytes: 98 * MIB, architecture: "llama", quantization: "Q4_1", parameters: 134515008, layers: 30, vocab: 49152, context: 4096, trained_context: 8192, split: [], flags: [], sampling: SAMPLING });
       }
       if (p === "/strata/devices") return json(res, 200, devices());
       if (p === "/strata/cache") return json(res, 200, { slots: 4, slots_used: 1, budget_bytes: 4096 * MIB, bytes: 12 * MIB, evictions: 1, live_tokens: 120, parked: [{ tokens: 800, bytes: 12 * MIB, last_use_ms: 12_000, checkpoints: [256, 512] }] });

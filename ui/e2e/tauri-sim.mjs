@@ -9,7 +9,10 @@ export const TAURI_SIM = String.raw`
   const listeners = new Map();
   let next = 1;
   const facts = (path) => ({ path, name: path.split("/").pop().replace(/\.gguf$/, ""), architecture: "llama", quantization: "Q4_1",
-    parameters: 134515008, layers: 30, trained_context: 8192, vocab: 49152, file_bytes: 98 * MIB });
+    parameters: 134515008, layers: 30, trained_context: 8192, vocab: 49152, file_bytes: 98 * MIB,
+    sampling: { temperature: { value: 0.2, source: "preset" }, top_k: { value: 40, source: "default" }, top_p: { value: 0.9, source: "preset" },
+      min_p: { value: 0.05, source: "default" }, repeat_penalty: { value: 1, source: "default" }, repeat_last_n: { value: 64, source: "default" },
+      preset: "SmolLM2 (model card)" } });
   const settings = { model_path: null, devices: "cuda:0,cuda:1", layer_split: "15", kv: "f16", kv_resident: null, max_context: 4096,
     vram_reserve_mib: 512, cache_slots: 4, cache_mib: 4096, threads: null, engine: { kind: "local" },
     speculative: { kind: "off" }, draft_max: 16, draft_min: 1, draft_devices: [] };
@@ -20,6 +23,8 @@ export const TAURI_SIM = String.raw`
   const send = (ch, index, message) => runCallback(Number(ch.toJSON().split(":")[1]), { index, message });
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
   let conv = null;
+  let prefs = { reply_limit_tokens: 2048, params_by_model: {} };
+  window.__simSent = [];
   function runCallback(id, data) { const f = callbacks.get(id); if (f) f(data); }
   async function invoke(cmd, args) {
     switch (cmd) {
@@ -48,10 +53,15 @@ export const TAURI_SIM = String.raw`
       case "conversations_list": return conv ? [{ id: conv.id, title: conv.title, updated_ms: 1, messages: conv.messages.length }] : [];
       case "conversation_create": conv = { id: "c1", title: args.title ?? "New conversation", created_ms: 1, updated_ms: 1, messages: [] }; return conv;
       case "conversation_get": return conv;
+      case "get_preferences": return prefs;
+      case "save_preferences": prefs = args.preferences; return prefs;
       case "chat_send": {
-        conv.messages = args.messages.map((m) => ({ ...m, figures: null, complete: true }));
+        window.__simSent.push(args.params);
+        conv.messages = [...args.messages.map((m) => ({ ...m, figures: null, complete: true })), { role: "assistant", content: "", figures: null, complete: false }];
+        if (conv.title === "New conversation") conv.title = args.messages[0].content.split(/\s+/).slice(0, 8).join(" ");
         (async () => {
-          let i = 0;
+          send(args.onChunk, 0, { kind: "stored" });
+          let i = 1;
           for (const t of ["Partial ", "text that ", "dies"]) { send(args.onChunk, i++, { kind: "text", text: t }); await sleep(60); }
           send(args.onChunk, i++, { kind: "retrying", reason: "" });
           for (const t of ["Fresh ", "**answer**"]) { send(args.onChunk, i++, { kind: "text", text: t }); await sleep(60); }

@@ -4,6 +4,7 @@
 import { act, fireEvent, render, screen, waitFor, within } from "@testing-library/preact";
 import { describe, expect, it, vi } from "vitest";
 import type { ChatChunk } from "../src/bindings";
+import { NO_PARAMS } from "../src/chat/params";
 import { ChatView } from "../src/views/chat/ChatView";
 import { conversation, FakeTransport, MIB, summary } from "./fakes";
 
@@ -39,7 +40,7 @@ describe("ChatView", () => {
     const [id, messages, params] = t.chatSend.mock.calls[0]!;
     expect(id).toBe("c1");
     expect(messages).toEqual([{ role: "user", content: "line one\nline two" }]);
-    expect(params).toEqual({ temperature: null, top_p: null, max_tokens: null, seed: null });
+    expect(params).toEqual(NO_PARAMS);
     expect(input.value).toBe("");
     expect(screen.getByTestId("message-user").textContent).toContain("line one\nline two");
   });

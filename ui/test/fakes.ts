@@ -4,6 +4,7 @@ import { vi } from "vitest";
 import type {
   CacheView,
   ChatChunk,
+  ChatPreferences,
   Conversation,
   DeviceView,
   EngineSettings,
@@ -11,6 +12,7 @@ import type {
   Plan,
   PlanDevice,
   PlanRow,
+  SamplingDefaults,
   Summary,
 } from "../src/bindings";
 import type { Capabilities, Transport } from "../src/transport/types";
@@ -38,6 +40,24 @@ export function settings(over: Partial<EngineSettings> = {}): EngineSettings {
   };
 }
 
+/** The default model's effective sampling: SmolLM2's preset for temperature and top_p, Strata's for the rest. */
+export function sampling(over: Partial<SamplingDefaults> = {}): SamplingDefaults {
+  return {
+    temperature: { value: 0.2, source: "preset" },
+    top_k: { value: 40, source: "default" },
+    top_p: { value: 0.9, source: "preset" },
+    min_p: { value: 0.05, source: "default" },
+    repeat_penalty: { value: 1, source: "default" },
+    repeat_last_n: { value: 64, source: "default" },
+    preset: "SmolLM2 (model card)",
+    ...over,
+  };
+}
+
+export function preferences(over: Partial<ChatPreferences> = {}): ChatPreferences {
+  return { reply_limit_tokens: 2048, params_by_model: {}, ...over };
+}
+
 export function facts(over: Partial<ModelFacts> = {}): ModelFacts {
   return {
     path: "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -49,6 +69,7 @@ export function facts(over: Partial<ModelFacts> = {}): ModelFacts {
     trained_context: 8192,
     vocab: 49152,
     file_bytes: 98 * MIB,
+    sampling: sampling(),
     ...over,
   };
 }
@@ -207,6 +228,13 @@ export class FakeTransport implements Transport {
     },
   );
   chatCancel = vi.fn(async (_id: string) => {});
+  /** What savePreferences kept last (getPreferences returns it). */
+  prefs: ChatPreferences = preferences();
+  getPreferences = vi.fn(async () => this.prefs);
+  savePreferences = vi.fn(async (p: ChatPreferences) => {
+    this.prefs = p;
+    return p;
+  });
   listConversations = vi.fn(async () => [] as import("../src/bindings").ConversationSummary[]);
   getConversation = vi.fn(async (id: string) => conversation({ id }));
   createConversation = vi.fn(async (title: string | null) => conversation({ id: "new", title: title ?? "New conversation" }));

@@ -6,6 +6,7 @@ import type { ChatChunk, TelemetryEntry } from "../src/bindings";
 import { KEY_STORAGE } from "../src/transport/http/client";
 import { HttpTransport } from "../src/transport/http";
 import { TransportError } from "../src/transport/types";
+import { NO_PARAMS } from "../src/chat/params";
 import { MIB, plan, row, settings } from "./fakes";
 
 type Handler = (url: string, init: RequestInit) => Response | Promise<Response>;
@@ -82,7 +83,15 @@ describe("HttpTransport chat", () => {
       setup((url, init) => models(url) ?? ((body = JSON.parse(String(init.body))), streamed(pieces)));
       const conv = await transport.createConversation(null);
       const chunks: ChatChunk[] = [];
-      await transport.chatSend(conv.id, [{ role: "user", content: "Hi" }], { temperature: 0, top_p: null, max_tokens: 8, seed: 3 }, (c) => chunks.push(c));
+      const listed: unknown[] = [];
+      const params = { ...NO_PARAMS, temperature: 0, top_k: 20, min_p: 0.1, repeat_penalty: 1.1, max_tokens: 8, seed: 3 };
+      await transport.chatSend(conv.id, [{ role: "user", content: "Hi" }], params, (c) => {
+        // When `stored` comes, the list already has the title and the messages (user, reply to come).
+        if (c.kind === "stored") void transport.listConversations().then((l) => listed.push(l));
+        chunks.push(c);
+      });
+      expect(chunks[0]).toEqual({ kind: "stored" });
+      expect(listed[0]).toContainEqual(expect.objectContaining({ id: conv.id, title: "Hi", messages: 2 }));
       const text = chunks.filter((c) => c.kind === "text").map((c) => (c as { text: string }).text).join("");
       expect(text).toBe("Hello, wörld");
       const done = chunks[chunks.length - 1];
@@ -95,6 +104,9 @@ describe("HttpTransport chat", () => {
         stream: true,
         stream_options: { include_usage: true },
         temperature: 0,
+        top_k: 20,
+        min_p: 0.1,
+        repeat_penalty: 1.1,
         max_tokens: 8,
         seed: 3,
       });
@@ -119,8 +131,9 @@ describe("HttpTransport chat", () => {
     );
     const conv = await transport.createConversation("t");
     const chunks: ChatChunk[] = [];
-    await transport.chatSend(conv.id, [{ role: "user", content: "x" }], { temperature: null, top_p: null, max_tokens: null, seed: null }, (c) => chunks.push(c));
+    await transport.chatSend(conv.id, [{ role: "user", content: "x" }], NO_PARAMS, (c) => chunks.push(c));
     expect(chunks).toEqual([
+      { kind: "stored" },
       { kind: "text", text: "par" },
       { kind: "error", message: "out of memory on sim:400" },
     ]);
@@ -134,8 +147,8 @@ describe("HttpTransport chat", () => {
     );
     const conv = await transport.createConversation(null);
     const chunks: ChatChunk[] = [];
-    await transport.chatSend(conv.id, [{ role: "user", content: "x" }], { temperature: null, top_p: null, max_tokens: null, seed: null }, (c) => chunks.push(c));
-    expect(chunks).toEqual([{ kind: "error", message: "the prompt is 9000 tokens but the context holds 8192" }]);
+    await transport.chatSend(conv.id, [{ role: "user", content: "x" }], NO_PARAMS, (c) => chunks.push(c));
+    expect(chunks).toEqual([{ kind: "stored" }, { kind: "error", message: "the prompt is 9000 tokens but the context holds 8192" }]);
   });
 
   it("stops a reply with chatCancel (the request is aborted)", async () => {
@@ -147,12 +160,12 @@ describe("HttpTransport chat", () => {
     });
     const conv = await transport.createConversation(null);
     const chunks: ChatChunk[] = [];
-    const sent = transport.chatSend(conv.id, [{ role: "user", content: "x" }], { temperature: null, top_p: null, max_tokens: null, seed: null }, (c) => chunks.push(c));
-    await vi.waitFor(() => expect(chunks).toHaveLength(1));
+    const sent = transport.chatSend(conv.id, [{ role: "user", content: "x" }], NO_PARAMS, (c) => chunks.push(c));
+    await vi.waitFor(() => expect(chunks).toHaveLength(2));
     await transport.chatCancel(conv.id);
     await sent;
     expect(signal?.aborted).toBe(true);
-    expect(chunks[1]).toEqual({ kind: "done", finish_reason: "cancelled", figures: null });
+    expect(chunks[2]).toEqual({ kind: "done", finish_reason: "cancelled", figures: null });
     expect((await transport.getConversation(conv.id)).messages[1]).toMatchObject({ content: "so far", complete: false });
   });
 });

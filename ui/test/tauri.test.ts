@@ -10,7 +10,7 @@ import { COMMANDS } from "../src/transport/commands";
 import { isTauri } from "../src/transport/index";
 import { TauriTransport } from "../src/transport/tauri";
 import { TransportError } from "../src/transport/types";
-import { facts, settings, summary } from "./fakes";
+import { facts, preferences, settings, summary } from "./fakes";
 
 interface Call {
   cmd: string;
@@ -66,6 +66,9 @@ describe("TauriTransport", () => {
     await t.getSettings();
     await t.saveSettings(s);
     await t.chatCancel("c1");
+    const prefs = preferences({ reply_limit_tokens: 300 });
+    await t.getPreferences();
+    await t.savePreferences(prefs);
     await t.listConversations();
     await t.getConversation("c1");
     await t.createConversation(null);
@@ -84,6 +87,8 @@ describe("TauriTransport", () => {
       { cmd: "get_settings", args: {} },
       { cmd: "save_settings", args: { settings: s } },
       { cmd: "chat_cancel", args: { conversationId: "c1" } },
+      { cmd: "get_preferences", args: {} },
+      { cmd: "save_preferences", args: { preferences: prefs } },
       { cmd: "conversations_list", args: {} },
       { cmd: "conversation_get", args: { id: "c1" } },
       { cmd: "conversation_create", args: { title: null } },
@@ -111,7 +116,7 @@ describe("TauriTransport", () => {
     });
     const chunks: ChatChunk[] = [];
     const messages = [{ role: "user" as const, content: "Hi" }];
-    const params = { temperature: 0.7, top_p: null, max_tokens: 64, seed: null };
+    const params = { temperature: 0.7, top_k: 20, top_p: null, min_p: 0.1, repeat_penalty: null, max_tokens: 64, seed: null };
     await new TauriTransport().chatSend("c9", messages, params, (c) => chunks.push(c));
     expect(calls[0]?.cmd).toBe("chat_send");
     expect(Object.keys(calls[0]!.args).sort()).toEqual(["conversationId", "messages", "onChunk", "params"]);

@@ -29,6 +29,7 @@ fn export_all(dir: &Path) {
         Event,
         ChatMessage,
         ChatParams,
+        ChatPreferences,
         ChatChunk,
         Conversation,
         ConversationSummary,

@@ -1,7 +1,10 @@
 //! The app's commands through Tauri's IPC on a mock runtime (no window, no engine): every command the UI
-//! calls is registered and granted, settings that cannot work are refused naming their field, and the
-//! chat history survives a crash between writes.
+//! calls is registered and granted, settings that cannot work are refused naming their field, the chat
+//! history survives a crash between writes, chat preferences are kept and checked, and a chat's user
+//! message is stored (with its title) before the reply streams.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -244,4 +247,135 @@ fn history_survives_a_crash_between_writes() {
     assert!(md.as_str().unwrap().starts_with("# Trip notes"), "{md}");
     let e = call(&a, "conversation_get", json!({"id": "../settings"})).unwrap_err();
     assert_eq!(e["field"], "id");
+}
+
+#[test]
+fn chat_preferences_are_kept_across_launches_and_checked() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let a = app(dir.path());
+    let fresh = call(&a, "get_preferences", json!({})).expect("get_preferences");
+    assert_eq!(fresh, json!({"reply_limit_tokens": 2048, "params_by_model": {}}));
+    let params = json!({"temperature": 0.7, "top_k": 20, "top_p": null, "min_p": 0.1, "repeat_penalty": 1.1,
+                        "max_tokens": null, "seed": null});
+    let prefs = json!({"reply_limit_tokens": 300, "params_by_model": {"/models/a.gguf": params}});
+    assert_eq!(call(&a, "save_preferences", json!({"preferences": prefs})).expect("save_preferences"), prefs);
+    for (bad, field) in [
+        (json!({"reply_limit_tokens": 0, "params_by_model": {}}), "reply_limit_tokens"),
+        (
+            json!({"reply_limit_tokens": 300, "params_by_model": {"/m.gguf": {"temperature": 3, "top_k": null,
+                   "top_p": null, "min_p": null, "repeat_penalty": null, "max_tokens": null, "seed": null}}}),
+            "params_by_model.temperature",
+        ),
+    ] {
+        let e = call(&a, "save_preferences", json!({"preferences": bad})).expect_err("refused");
+        assert_eq!((e["code"].as_str(), e["field"].as_str()), (Some("invalid"), Some(field)), "{e}");
+    }
+    let e = call(
+        &a,
+        "save_preferences",
+        json!({"preferences": {"reply_limit_tokens": 9, "params_by_model": {},
+                                                                 "theme": "dark"}}),
+    )
+    .unwrap_err();
+    assert!(format!("{e}").contains("theme"), "{e}");
+    drop(a);
+    let a = app(dir.path());
+    assert_eq!(call(&a, "get_preferences", json!({})).unwrap(), prefs, "kept across launches");
+}
+
+/// A one-request stand-in for a remote engine: when the chat request arrives it records the request's
+/// body and what the conversation's file holds at that moment, then streams a short reply.
+fn stub_engine(conversations: PathBuf) -> (String, std::thread::JoinHandle<(Value, Vec<Value>)>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let handle = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut length = 0usize;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap();
+            }
+            if line == "\r\n" {
+                break;
+            }
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).unwrap();
+        let stored: Vec<Value> = std::fs::read_dir(&conversations)
+            .unwrap()
+            .filter_map(|e| serde_json::from_slice(&std::fs::read(e.ok()?.path()).ok()?).ok())
+            .collect();
+        let mut out = stream;
+        let delta = |d: Value, finish: Value| {
+            format!("data: {}\n\n", json!({"choices": [{"index": 0, "delta": d, "finish_reason": finish}]}))
+        };
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n{}{}data: [DONE]\n\n",
+            delta(json!({"content": "Lisbon, then Porto."}), Value::Null),
+            delta(json!({}), json!("stop")),
+        );
+        out.write_all(reply.as_bytes()).unwrap();
+        (serde_json::from_slice(&body).unwrap(), stored)
+    });
+    (url, handle)
+}
+
+#[test]
+fn a_chat_stores_the_user_message_and_title_before_the_reply_streams() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let a = app(dir.path());
+    let (url, engine) = stub_engine(dir.path().join("conversations"));
+    let base = call(&a, "get_settings", json!({})).unwrap();
+    let remote = settings_with(&base, json!({"engine": {"kind": "remote", "url": url, "api_key": "", "model": "m"}}));
+    call(&a, "save_settings", json!({ "settings": remote })).expect("a remote engine");
+    let c = call(&a, "conversation_create", json!({"title": null})).unwrap();
+    assert_eq!(c["title"], "New conversation");
+    let id = c["id"].as_str().unwrap().to_owned();
+    let params = json!({"temperature": null, "top_k": 5, "top_p": null, "min_p": 0.05, "repeat_penalty": null,
+                        "max_tokens": 2048, "seed": null});
+    let sent = call(
+        &a,
+        "chat_send",
+        json!({"conversationId": id, "messages": [{"role": "user", "content": "Plan a trip to Lisbon and Porto"}],
+               "params": params, "onChunk": "__CHANNEL__:7"}),
+    );
+    let (body, stored) = engine.join().expect("the stub engine got the chat request");
+    sent.expect("chat_send");
+    // When the request reached the engine, the conversation was already stored with its title, the user's
+    // message and the reply to come.
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(stored[0]["title"], "Plan a trip to Lisbon and Porto");
+    let roles: Vec<(&str, bool)> = stored[0]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["role"].as_str().unwrap(), m["complete"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(roles, [("user", true), ("assistant", false)]);
+    // Only the set sampling fields went to the engine.
+    assert_eq!((&body["top_k"], &body["min_p"], &body["max_tokens"]), (&json!(5), &json!(0.05), &json!(2048)));
+    for unset in ["temperature", "top_p", "repeat_penalty", "seed"] {
+        assert!(body.get(unset).is_none(), "{unset} was sent: {body}");
+    }
+    let list = call(&a, "conversations_list", json!({})).unwrap();
+    assert_eq!((&list[0]["title"], &list[0]["messages"]), (&json!("Plan a trip to Lisbon and Porto"), &json!(2)));
+    let conv = call(&a, "conversation_get", json!({"id": id})).unwrap();
+    assert_eq!(conv["messages"][1]["content"], "Lisbon, then Porto.");
+    assert_eq!(conv["messages"][1]["complete"], true);
+    // A value out of range is refused naming its field, before anything is stored or sent.
+    let e = call(
+        &a,
+        "chat_send",
+        json!({"conversationId": id, "messages": [{"role": "user", "content": "again"}],
+               "params": {"temperature": null, "top_k": null, "top_p": null, "min_p": 1.5, "repeat_penalty": null,
+                          "max_tokens": null, "seed": null}, "onChunk": "__CHANNEL__:8"}),
+    )
+    .unwrap_err();
+    assert_eq!((e["code"].as_str(), e["field"].as_str()), (Some("invalid"), Some("min_p")), "{e}");
+    assert_eq!(call(&a, "conversation_get", json!({"id": id})).unwrap(), conv);
 }

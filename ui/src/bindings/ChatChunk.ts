@@ -2,7 +2,7 @@
 import type { Summary } from "./Summary";
 
 /**
- * A piece of a streamed reply, in order: text pieces, maybe `retrying` (the engine died: what was shown
- * is void and the reply starts again on the new engine), then `done` or `error`.
+ * A piece of a streamed reply, in order: `stored`, text pieces, maybe `retrying` (the engine died: what was
+ * shown is void and the reply starts again on the new engine), then `done` or `error`.
  */
-export type ChatChunk = { "kind": "text", text: string, } | { "kind": "retrying", reason: string, } | { "kind": "done", finish_reason: string, figures: Summary | null, } | { "kind": "error", message: string, };
+export type ChatChunk = { "kind": "stored" } | { "kind": "text", text: string, } | { "kind": "retrying", reason: string, } | { "kind": "done", finish_reason: string, figures: Summary | null, } | { "kind": "error", message: string, };

@@ -2,6 +2,7 @@ export type { CacheView } from "./CacheView";
 export type { ChatChunk } from "./ChatChunk";
 export type { ChatMessage } from "./ChatMessage";
 export type { ChatParams } from "./ChatParams";
+export type { ChatPreferences } from "./ChatPreferences";
 export type { ChatRole } from "./ChatRole";
 export type { CommandError } from "./CommandError";
 export type { Conversation } from "./Conversation";

@@ -26,6 +26,9 @@ export function newReply(): ReplyState {
 export function applyChunk(s: ReplyState, c: ChatChunk): ReplyState {
   if (s.status !== "streaming") return s;
   switch (c.kind) {
+    case "stored":
+      // About the conversation, not the reply's text (the chat view reads the list again).
+      return s;
     case "text":
       return { ...s, text: s.text + c.text };
     case "retrying":

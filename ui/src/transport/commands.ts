@@ -11,6 +11,8 @@ export const COMMANDS = [
   "save_settings",
   "chat_send",
   "chat_cancel",
+  "get_preferences",
+  "save_preferences",
   "conversations_list",
   "conversation_get",
   "conversation_create",

@@ -11,6 +11,7 @@ import type {
   ChatChunk,
   ChatMessage,
   ChatParams,
+  ChatPreferences,
   Conversation,
   ConversationSummary,
   DevicesView,
@@ -139,6 +140,14 @@ export class TauriTransport implements Transport {
 
   async chatCancel(conversationId: string): Promise<void> {
     await callCommand<null>("chat_cancel", { conversationId });
+  }
+
+  getPreferences(): Promise<ChatPreferences> {
+    return callCommand("get_preferences");
+  }
+
+  savePreferences(preferences: ChatPreferences): Promise<ChatPreferences> {
+    return callCommand("save_preferences", { preferences });
   }
 
   listConversations(): Promise<ConversationSummary[]> {

@@ -7,6 +7,7 @@ import type {
   ChatChunk,
   ChatMessage,
   ChatParams,
+  ChatPreferences,
   CommandError,
   Conversation,
   ConversationSummary,
@@ -62,7 +63,9 @@ export interface Transport {
 
   /**
    * Sends a conversation's messages; the backend stores them as the conversation and appends the reply,
-   * streamed to `onChunk` as text pieces, maybe `retrying`, then `done` or `error`.
+   * streamed to `onChunk`: `stored` once the messages are stored (the list's title and count are current
+   * from then on), text pieces, maybe `retrying`, then `done` or `error`. Each field of `params` that is
+   * set is sent and used exactly; a null one is not sent (the model's default applies).
    */
   chatSend(
     conversationId: string,
@@ -72,6 +75,11 @@ export interface Transport {
   ): Promise<void>;
   /** Stops the reply being streamed in that conversation. */
   chatCancel(conversationId: string): Promise<void>;
+
+  /** The chat preferences (reply limit, values saved per model); the defaults until some are saved. */
+  getPreferences(): Promise<ChatPreferences>;
+  /** Checks and keeps the chat preferences (replacing what was kept); resolves with them. */
+  savePreferences(preferences: ChatPreferences): Promise<ChatPreferences>;
 
   listConversations(): Promise<ConversationSummary[]>;
   getConversation(id: string): Promise<Conversation>;

@@ -1,13 +1,14 @@
 // The Transport of a browser talking to `strata serve` on the page's own origin: the OpenAI chat endpoint
 // (streamed over SSE), the Strata API (/health, /strata/*), and conversations kept in localStorage. The
 // server serves one model with the flags it was started with, so loading other models is refused and
-// settings are only checked (POST /strata/plan), never applied.
+// settings are only checked (POST /strata/plan), never applied. Chat preferences live in localStorage too.
 import { downloadText, fileNameFor } from "../../util/download";
 import type {
   CacheView,
   ChatChunk,
   ChatMessage,
   ChatParams,
+  ChatPreferences,
   Conversation,
   ConversationSummary,
   DevicesView,
@@ -23,6 +24,7 @@ import type {
 import { TransportError, type Transport, type Unsubscribe } from "../types";
 import { ApiClient, isAbort, type AskKey, type ClientOptions } from "./client";
 import { LocalConversations } from "./conversations";
+import { LocalPreferences } from "./preferences";
 import { exportDocument } from "./export";
 import { chatRequestBody, healthToStatus, streamChat, toModelFacts } from "./openai";
 import { readSse } from "./sse";
@@ -42,6 +44,7 @@ export class HttpTransport implements Transport {
   readonly caps = { loadModels: false, applySettings: false, fileDrop: false };
   readonly client: ApiClient;
   private readonly store: LocalConversations;
+  private readonly prefs: LocalPreferences;
   private readonly inflight = new Map<string, AbortController>();
   private readonly healthEveryMs: number;
   private readonly reconnectMinMs: number;
@@ -52,6 +55,7 @@ export class HttpTransport implements Transport {
   constructor(opts: HttpOptions = {}) {
     this.client = new ApiClient(opts);
     this.store = new LocalConversations(opts.storage ?? localStorage);
+    this.prefs = new LocalPreferences(opts.storage ?? localStorage);
     this.healthEveryMs = opts.healthEveryMs ?? 5000;
     this.reconnectMinMs = opts.reconnectMinMs ?? 1000;
     this.reconnectMaxMs = opts.reconnectMaxMs ?? 30000;
@@ -112,6 +116,7 @@ export class HttpTransport implements Transport {
   ): Promise<void> {
     this.store.setMessages(conversationId, messages);
     this.store.putReply(conversationId, { role: "assistant", content: "", figures: null, complete: false }, false);
+    onChunk({ kind: "stored" });
     this.inflight.get(conversationId)?.abort();
     const ctrl = new AbortController();
     this.inflight.set(conversationId, ctrl);
@@ -151,6 +156,14 @@ export class HttpTransport implements Transport {
 
   async chatCancel(conversationId: string): Promise<void> {
     this.inflight.get(conversationId)?.abort();
+  }
+
+  async getPreferences(): Promise<ChatPreferences> {
+    return this.prefs.get();
+  }
+
+  async savePreferences(preferences: ChatPreferences): Promise<ChatPreferences> {
+    return this.prefs.save(preferences);
   }
 
   async listConversations(): Promise<ConversationSummary[]> {

@@ -2,10 +2,15 @@
 // ChatChunks (text pieces, then done with the `strata` figures, or error), /health into EngineStatus, and
 // /strata/model into ModelFacts. Pure except `streamChat`, which reads one response body.
 import type { ChatChunk, ChatMessage, ChatParams, EngineStatus, ModelFacts, Summary } from "../../bindings";
+import { PARAM_FIELDS, strataDefaultSampling, toSampling } from "../../chat/params";
 import { streamError } from "./client";
 import { readSse } from "./sse";
 
-/** The body of POST /v1/chat/completions for a streamed reply; null parameters are left out. */
+/**
+ * The body of POST /v1/chat/completions for a streamed reply. Each parameter that is set is sent under its
+ * own name (the OpenAI fields, and llama.cpp's top_k, min_p, repeat_penalty); a null one is left out, never
+ * sent as null, so the server applies the model's default.
+ */
 export function chatRequestBody(model: string | null, messages: ChatMessage[], params: ChatParams): Record<string, unknown> {
   const body: Record<string, unknown> = {
     messages: messages.map((m) => ({ role: m.role, content: m.content })),
@@ -13,10 +18,10 @@ export function chatRequestBody(model: string | null, messages: ChatMessage[], p
     stream_options: { include_usage: true },
   };
   if (model) body.model = model;
-  if (params.temperature !== null) body.temperature = params.temperature;
-  if (params.top_p !== null) body.top_p = params.top_p;
-  if (params.max_tokens !== null) body.max_tokens = params.max_tokens;
-  if (params.seed !== null) body.seed = params.seed;
+  for (const f of PARAM_FIELDS) {
+    const v = params[f.key];
+    if (v !== null && v !== undefined) body[f.key] = v;
+  }
   return body;
 }
 
@@ -137,7 +142,10 @@ export function healthToStatus(httpStatus: number, body: unknown, model: ModelFa
   return { state, message: reason, restarts: 0, pid: null, model };
 }
 
-/** /strata/model's JSON as ModelFacts (it has every ModelFacts field but `name`, which is its `id`). */
+/**
+ * /strata/model's JSON as ModelFacts (it has every ModelFacts field but `name`, which is its `id`). A
+ * server that sends no `sampling` (one older than it) is taken to apply Strata's own defaults.
+ */
 export function toModelFacts(info: unknown): ModelFacts {
   const i = obj(info);
   const str = (v: unknown, d = "") => (typeof v === "string" ? v : d);
@@ -151,5 +159,6 @@ export function toModelFacts(info: unknown): ModelFacts {
     trained_context: num(i.trained_context),
     vocab: num(i.vocab),
     file_bytes: num(i.file_bytes),
+    sampling: toSampling(i.sampling) ?? strataDefaultSampling(),
   };
 }

@@ -3,6 +3,7 @@
 // conversation with its figures; its note (engine restarted, stopped) and error stay shown under it.
 import { useEffect, useRef, useState } from "preact/hooks";
 import type { ChatChunk, ChatMessage, ChatParams, Conversation, ConversationSummary, ExportFormat, StoredMessage } from "../../bindings";
+import { NO_PARAMS } from "../../chat/params";
 import { applyChunk, newReply, replyToMessage, stopReply, type ReplyState } from "../../chat/reply";
 import type { Transport } from "../../transport/types";
 import { messageOf } from "../../util/errors";
@@ -14,8 +15,6 @@ interface InFlight {
   convId: string;
   state: ReplyState;
 }
-
-const NO_PARAMS: ChatParams = { temperature: null, top_p: null, max_tokens: null, seed: null };
 
 /** The messages sent back to the engine: roles and text, leaving out empty ones (a failed reply). */
 export function historyOf(messages: readonly StoredMessage[]): ChatMessage[] {
