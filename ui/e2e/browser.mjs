@@ -159,6 +159,22 @@ try {
     const note = await page.getByTestId("reply-note").innerText();
     check("tauri: retrying discarded the partial reply", !reply.includes("Partial") && reply.includes("Fresh answer"), reply.replace(/\n/g, " | "));
     check("tauri: retry note shown", note === "engine restarted, retrying", note);
+    const sent = await page.evaluate(() => window.__simSent);
+    check(
+      "tauri: with no parameter set, chat_send gets the reply limit as max_tokens and no sampling field",
+      sent.length === 1 && sent[0].max_tokens === 2048 && ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed"].every((k) => sent[0][k] === null),
+      JSON.stringify(sent),
+    );
+    const item = page.locator('.conversation-item[aria-current="true"]');
+    const listed = `${await item.locator(".conversation-title").innerText()} | ${await item.locator(".conversation-meta").innerText()}`;
+    check("tauri: the list shows the backend's title and the count", listed === "hello | 2 messages", listed);
+    await page.locator("details.params summary").click();
+    const ph = await page.getByLabel("Temperature", { exact: true }).getAttribute("placeholder");
+    const src = await page.getByTestId("param-source-temperature").innerText();
+    check("tauri: the Parameters panel shows the model's temperature and its source", ph === "0.2" && src === "SmolLM2 (model card)", `${ph} (${src})`);
+    const over = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    check("tauri: the chat with the Parameters panel open has no horizontal overflow at 800x600", over <= 0, `${over}px`);
+    await page.screenshot({ path: `${SHOTS}/tauri-chat-parameters.png` });
     await page.screenshot({ path: `${SHOTS}/tauri-chat.png` });
 
     await page.getByRole("tab", { name: "Devices" }).click();

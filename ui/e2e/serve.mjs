@@ -1,7 +1,10 @@
 // The browser end-to-end check of the built UI against the REAL `strata serve` (scripts/e2e-browser starts
 // it: sim:200,sim:400, --layer-split 15, --vram-reserve-mib 32, and runs this with its address). In the
 // system's Chromium at 1280x800 it checks that:
-//   1. a chat reply streams (its text grows over time) and ends with its figures (tok/s, reused/read);
+//   1. the Parameters panel shows the served model's effective sampling (temperature 0.2 from "SmolLM2
+//      (model card)", as /strata/model says) as the placeholders of its empty fields; a chat reply streams
+//      (its text grows over time) and ends with its figures (tok/s, reused/read); while it streams, the
+//      conversation list already shows the conversation's title (not "New conversation") and its messages;
 //   2. switching conversations parks one and restores the other, and the device chart shows parked and
 //      restored markers that agree with GET /strata/telemetry;
 //   3. squeezing device 1 through POST /strata/sim makes the next restore fall back at the gate, and the
@@ -9,7 +12,8 @@
 //   4. invalid settings (layer split 45 of 30 layers; a reserve above sim:200's memory) show errors at
 //      their fields, which valid values clear;
 //   5. each view renders: screenshots to $E2E_SHOTS (default target/e2e/) of chat, models, settings and
-//      devices at 1280x800, devices at 800x600, and chat (and devices) in the dark theme.
+//      devices at 1280x800, devices at 800x600, and chat (and devices) in the dark theme;
+//   6. "Save for this model" keeps the panel's values across a reload of the page, and Reset clears them.
 // Prints one line per check (`ok - ...` / `not ok - ...`) and `e2e browser: N passed, M failed`; exits 1 on
 // any failure.
 //   node ui/e2e/serve.mjs http://127.0.0.1:PORT
@@ -150,17 +154,67 @@ try {
   await page.getByTestId("status-badge").filter({ hasText: "ready" }).waitFor({ timeout: 20_000 });
   check("the UI loads from strata serve and its status is ready", true);
 
-  // 1. A chat streams and ends with its figures.
+  // 1. The Parameters panel shows the model's effective values; a chat streams and ends with its figures,
+  // and the conversation list has its title and count while it streams.
   await group("1 chat", async () => {
     await chatPanel.locator("details.params summary").click();
-    await chatPanel.getByLabel("Max tokens").fill(MAX_TOKENS);
-    await chatPanel.getByLabel("Temperature").fill("0");
+    const served = (await api("/strata/model")).sampling;
+    const temperature = chatPanel.getByLabel("Temperature", { exact: true });
+    const placeholder = await temperature.getAttribute("placeholder");
+    const source = await chatPanel.getByTestId("param-source-temperature").innerText();
+    if (served) {
+      check("1 chat: /strata/model says temperature 0.2 from SmolLM2's model card", Math.abs(served.temperature.value - 0.2) < 1e-6 && served.preset === "SmolLM2 (model card)", JSON.stringify(served.temperature));
+      check("1 chat: the empty Temperature field shows 0.2 from SmolLM2 (model card)", placeholder === "0.2" && source === "SmolLM2 (model card)", `placeholder ${placeholder}, source ${source}`);
+      const topK = await chatPanel.getByLabel("Top k", { exact: true }).getAttribute("placeholder");
+      const topKSource = await chatPanel.getByTestId("param-source-top_k").innerText();
+      check("1 chat: the empty Top k field shows the server's value and Strata default", topK === String(served.top_k.value) && topKSource === "Strata default", `${topK} (${topKSource})`);
+    } else {
+      console.log("# SKIP 1 chat: the Parameters panel's effective values: this strata serve sends no `sampling` in /strata/model");
+    }
+    const maxTokens = await chatPanel.getByLabel("Max tokens", { exact: true }).getAttribute("placeholder");
+    check("1 chat: the empty Max tokens field shows the reply limit, 2048", maxTokens === "2048", maxTokens ?? "none");
+    await shot("chat-parameters");
+    await chatPanel.getByLabel("Max tokens", { exact: true }).fill(MAX_TOKENS);
+    await temperature.fill("0");
+    // Every change of the conversation list, with whether the reply was streaming then.
+    await chatPanel.evaluate((panel) => {
+      const seen = [];
+      window.__listSeen = seen;
+      const obs = new MutationObserver(() => {
+        const item = panel.querySelector('.conversation-item[aria-current="true"]');
+        const reply = [...panel.querySelectorAll('[data-testid="message-assistant"]')].pop();
+        if (!item) return;
+        seen.push({
+          title: item.querySelector(".conversation-title")?.textContent ?? "",
+          meta: item.querySelector(".conversation-meta")?.textContent ?? "",
+          streaming: reply?.getAttribute("aria-busy") === "true",
+        });
+      });
+      obs.observe(panel.querySelector(".conversation-list"), { subtree: true, childList: true, characterData: true });
+      window.__listObserver = obs;
+    });
     const r = await sendAndWait("Alpha: count from one to twenty in words.");
+    const listSeen = await page.evaluate(() => {
+      window.__listObserver?.disconnect();
+      return window.__listSeen;
+    });
     check("1 chat: the reply has no error", r.error === null, r.error ?? "");
     check("1 chat: the reply text grew while it streamed (2+ distinct lengths)", r.lengths.length >= 2, `lengths seen: ${r.lengths.join(", ")}`);
     check("1 chat: the reply is not empty", r.text.trim().length > 0, JSON.stringify(r.text.slice(0, 80)));
     check("1 chat: figures show tok/s", /\d+(\.\d+)? tok\/s/.test(r.figures.speed ?? ""), JSON.stringify(r.figures));
     check("1 chat: figures show reused and read", /\d+ reused · \d+ read/.test(r.figures.tokens ?? ""), JSON.stringify(r.figures));
+    const during = listSeen.filter((x) => x.streaming);
+    check(
+      "1 chat: while the reply streamed, the list showed the conversation's title and 2 messages",
+      during.some((x) => x.title.startsWith("Alpha: count") && x.meta === "2 messages"),
+      JSON.stringify(listSeen.slice(0, 4)),
+    );
+    check("1 chat: the list never showed it as \"New conversation\" while the reply streamed", during.every((x) => x.title !== "New conversation"), JSON.stringify(during.slice(0, 4)));
+    const item = chatPanel.locator('.conversation-item[aria-current="true"]');
+    const after = { title: await item.locator(".conversation-title").innerText(), meta: await item.locator(".conversation-meta").innerText() };
+    check("1 chat: after the reply, the list shows the title and 2 messages", after.title.startsWith("Alpha: count") && after.meta === "2 messages", JSON.stringify(after));
+    const heading = await chatPanel.locator(".conversation-heading").innerText();
+    check("1 chat: the heading is the conversation's title", heading.startsWith("Alpha: count"), heading);
   });
 
   // 2. Switching conversations parks one and restores the other; the chart shows both.
@@ -362,6 +416,36 @@ try {
     await tab("Devices").click();
     await shot("devices-dark");
     await page.emulateMedia({ colorScheme: "light" });
+  });
+
+  // 6. Values saved for the model come back after a reload; Reset clears them.
+  await group("6 saved parameters", async () => {
+    await tab("Chat").click();
+    const details = chatPanel.locator("details.params");
+    const open = async () => {
+      if ((await details.getAttribute("open")) === null) await details.locator("summary").click();
+    };
+    await open();
+    const temperature = chatPanel.getByLabel("Temperature", { exact: true });
+    await temperature.fill("0.3");
+    await chatPanel.getByRole("button", { name: "Save for this model", exact: true }).click();
+    await chatPanel.getByTestId("params-status").filter({ hasText: "Saved for this model." }).waitFor();
+    await page.reload();
+    await page.getByTestId("status-badge").filter({ hasText: "ready" }).waitFor({ timeout: 20_000 });
+    await open();
+    await page.waitForFunction(() => document.querySelector("#param-temperature")?.value === "0.3", null, { timeout: 10_000 }).catch(() => {});
+    const kept = { temperature: await temperature.inputValue(), maxTokens: await chatPanel.getByLabel("Max tokens", { exact: true }).inputValue() };
+    check("6 saved parameters: after a reload the saved values are back", kept.temperature === "0.3" && kept.maxTokens === MAX_TOKENS, JSON.stringify(kept));
+    const status = await chatPanel.getByTestId("params-status").innerText();
+    check("6 saved parameters: the panel says they are saved for the model", /^Saved for /.test(status), status);
+    await chatPanel.getByRole("button", { name: "Reset", exact: true }).click();
+    await chatPanel.getByTestId("params-status").filter({ hasText: "Reset to the model's defaults." }).waitFor();
+    await page.reload();
+    await page.getByTestId("status-badge").filter({ hasText: "ready" }).waitFor({ timeout: 20_000 });
+    await open();
+    const cleared = await temperature.inputValue();
+    const placeholder = await temperature.getAttribute("placeholder");
+    check("6 saved parameters: after Reset and a reload the field is empty, showing the model's value", cleared === "" && placeholder !== "" && placeholder !== null, `value ${JSON.stringify(cleared)}, placeholder ${placeholder}`);
   });
 
   check("no page errors or console errors", pageErrors.length === 0, pageErrors.slice(0, 5).join(" / "));

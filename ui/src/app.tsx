@@ -122,7 +122,7 @@ export function App({ transport, keys, store: given, initialTab = "chat" }: AppP
       <main class="app-main">
         {TABS.map((t) => (
           <section key={t} id={`panel-${t}`} role="tabpanel" aria-labelledby={`tab-${t}`} hidden={tab !== t} class={`panel panel-${t}`}>
-            {t === "chat" && <ChatView transport={transport} />}
+            {t === "chat" && <ChatView transport={transport} model={status?.model ?? null} />}
             {t === "models" && <ModelsView transport={transport} dropped={dropped} browserDrop={browserDrop} />}
             {t === "settings" && <SettingsView transport={transport} />}
             {t === "devices" && <DevicePanel transport={transport} store={store} />}

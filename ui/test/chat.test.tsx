@@ -40,7 +40,8 @@ describe("ChatView", () => {
     const [id, messages, params] = t.chatSend.mock.calls[0]!;
     expect(id).toBe("c1");
     expect(messages).toEqual([{ role: "user", content: "line one\nline two" }]);
-    expect(params).toEqual(NO_PARAMS);
+    // Nothing set in the panel: no sampling field, and the reply limit as max_tokens.
+    expect(params).toEqual({ ...NO_PARAMS, max_tokens: 2048 });
     expect(input.value).toBe("");
     expect(screen.getByTestId("message-user").textContent).toContain("line one\nline two");
   });

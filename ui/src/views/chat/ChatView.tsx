@@ -1,15 +1,20 @@
 // The chat view: the conversation list beside the open conversation, whose replies stream in as the
-// transport delivers chunks (applyChunk), with Stop while streaming. A finished reply joins the
-// conversation with its figures; its note (engine restarted, stopped) and error stay shown under it.
+// transport delivers chunks (applyChunk), with Stop while streaming. The list is read again as soon as the
+// backend has stored the user's message (the `stored` chunk), so its title and count are current while
+// the reply streams. A finished reply joins the conversation with its figures; its note (engine restarted,
+// stopped) and error stay shown under it. Replies are sent with the Parameters panel's values, and the
+// reply limit as max_tokens when Max tokens is empty.
 import { useEffect, useRef, useState } from "preact/hooks";
-import type { ChatChunk, ChatMessage, ChatParams, Conversation, ConversationSummary, ExportFormat, StoredMessage } from "../../bindings";
-import { NO_PARAMS } from "../../chat/params";
+import type { ChatChunk, ChatMessage, Conversation, ConversationSummary, ExportFormat, ModelFacts, StoredMessage } from "../../bindings";
+import { paramErrors, requestParams } from "../../chat/params";
 import { applyChunk, newReply, replyToMessage, stopReply, type ReplyState } from "../../chat/reply";
 import type { Transport } from "../../transport/types";
 import { messageOf } from "../../util/errors";
 import { Composer } from "./Composer";
 import { ConversationList } from "./ConversationList";
 import { MessageItem, type MessageExtras } from "./MessageItem";
+import { ParamsPanel } from "./ParamsPanel";
+import { useChatPreferences } from "./useChatPreferences";
 
 interface InFlight {
   convId: string;
@@ -23,17 +28,19 @@ export function historyOf(messages: readonly StoredMessage[]): ChatMessage[] {
 
 export interface ChatViewProps {
   transport: Transport;
+  /** The current model (its sampling defaults fill the Parameters panel); null when none is known. */
+  model?: ModelFacts | null;
   /** How long after chat_cancel a reply may take to end before the view ends it. */
   stopGraceMs?: number;
 }
 
-export function ChatView({ transport, stopGraceMs = 3000 }: ChatViewProps) {
+export function ChatView({ transport, model = null, stopGraceMs = 3000 }: ChatViewProps) {
   const [items, setItems] = useState<ConversationSummary[]>([]);
   const [conv, setConv] = useState<Conversation | null>(null);
   const [reply, setReply] = useState<InFlight | null>(null);
   const [extras, setExtras] = useState<Record<number, MessageExtras>>({});
   const [draft, setDraft] = useState("");
-  const [params, setParams] = useState<ChatParams>(NO_PARAMS);
+  const prefs = useChatPreferences(transport, model?.path || null);
   const [error, setError] = useState<string | null>(null);
   const listRef = useRef<HTMLOListElement>(null);
   const streaming = reply !== null && reply.state.status === "streaming";
@@ -90,6 +97,11 @@ export function ChatView({ transport, stopGraceMs = 3000 }: ChatViewProps) {
   const send = async () => {
     const text = draft.trim();
     if (text === "" || streaming) return;
+    const bad = Object.values(paramErrors(prefs.params));
+    if (bad.length > 0) {
+      setError(`Not sent: ${bad.join("; ")} (see Parameters).`);
+      return;
+    }
     let c = conv;
     try {
       if (!c) {
@@ -106,10 +118,13 @@ export function ChatView({ transport, stopGraceMs = 3000 }: ChatViewProps) {
     setDraft("");
     setError(null);
     setReply({ convId: id, state: newReply() });
-    const onChunk = (chunk: ChatChunk) =>
+    const onChunk = (chunk: ChatChunk) => {
+      // The backend has stored the message: the list's title and count are current now.
+      if (chunk.kind === "stored") void refreshList();
       setReply((r) => (r && r.convId === id ? { ...r, state: applyChunk(r.state, chunk) } : r));
+    };
     try {
-      await transport.chatSend(id, messages, params, onChunk);
+      await transport.chatSend(id, messages, requestParams(prefs.params, prefs.prefs.reply_limit_tokens), onChunk);
     } catch (e) {
       onChunk({ kind: "error", message: messageOf(e) });
     }
@@ -216,9 +231,22 @@ export function ChatView({ transport, stopGraceMs = 3000 }: ChatViewProps) {
           onSend={() => void send()}
           onStop={() => void stop()}
           streaming={streaming}
-          params={params}
-          onParams={setParams}
-        />
+        >
+          <ParamsPanel
+            params={prefs.params}
+            onParams={prefs.setParams}
+            sampling={model?.sampling ?? null}
+            modelName={model ? model.name || model.path : null}
+            saved={prefs.saved}
+            dirty={prefs.dirty}
+            onSave={() => void prefs.save()}
+            onReset={() => void prefs.reset()}
+            replyLimitTokens={prefs.prefs.reply_limit_tokens}
+            onReplyLimit={(n) => void prefs.setReplyLimit(n)}
+            note={prefs.note}
+            error={prefs.error}
+          />
+        </Composer>
       </section>
     </div>
   );

@@ -1,6 +1,6 @@
 // The message box: Enter sends, Shift+Enter inserts a newline; a Send button, or Stop while a reply
-// streams; and the sampling parameters (empty: the engine's defaults).
-import type { ChatParams } from "../../bindings";
+// streams; beside them its children (the Parameters panel).
+import type { ComponentChildren } from "preact";
 
 export interface ComposerProps {
   draft: string;
@@ -8,24 +8,8 @@ export interface ComposerProps {
   onSend: () => void;
   onStop: () => void;
   streaming: boolean;
-  params: ChatParams;
-  onParams: (p: ChatParams) => void;
+  children?: ComponentChildren;
 }
-
-function numberOrNull(v: string, integer: boolean): number | null {
-  const t = v.trim();
-  if (t === "") return null;
-  const n = Number(t);
-  if (!Number.isFinite(n)) return null;
-  return integer ? Math.trunc(n) : n;
-}
-
-const PARAMS: { key: keyof ChatParams; label: string; step: string; integer: boolean }[] = [
-  { key: "temperature", label: "Temperature", step: "0.1", integer: false },
-  { key: "top_p", label: "Top p", step: "0.05", integer: false },
-  { key: "max_tokens", label: "Max tokens", step: "1", integer: true },
-  { key: "seed", label: "Seed", step: "1", integer: true },
-];
 
 export function Composer(p: ComposerProps) {
   return (
@@ -63,25 +47,7 @@ export function Composer(p: ComposerProps) {
             Send
           </button>
         )}
-        <details class="params">
-          <summary>Parameters</summary>
-          <div class="params-grid">
-            {PARAMS.map((f) => (
-              <label key={f.key}>
-                {f.label}
-                <input
-                  type="number"
-                  step={f.step}
-                  value={p.params[f.key] === null ? "" : String(p.params[f.key])}
-                  placeholder="default"
-                  onInput={(e) =>
-                    p.onParams({ ...p.params, [f.key]: numberOrNull((e.target as HTMLInputElement).value, f.integer) })
-                  }
-                />
-              </label>
-            ))}
-          </div>
-        </details>
+        {p.children}
       </div>
     </form>
   );
