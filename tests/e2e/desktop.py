@@ -8,9 +8,12 @@ Checks, in order, each printed as `ok - ...` or `not ok - ...`:
  1. the app starts and its window shows the UI;
  2. with no model, the Models view inspects the GGUF whose path is typed in (architecture llama, 30
     layers), shows its plan per device, loads it with progress, and the badge says ready;
- 3. a short chat completes;
+ 3. the chat's Parameters panel shows the model's effective sampling (temperature 0.2 from "SmolLM2
+    (model card)") with Save for this model and Reset; a short chat completes, the conversation list shows
+    its title and count (target/e2e/desktop-chat-reply.png);
  4. killing the engine child (found in /proc: the app's child whose command line has `serve` and
-    `--exit-with-stdin`, the pid of EngineStatus) while a longer reply streams: the app starts a new engine
+    `--exit-with-stdin`, the pid of EngineStatus) while a longer reply streams (the list already counts
+    its messages then): the app starts a new engine
     (a new pid), the Devices view shows an engine_restarted marker, and the reply, retried, completes;
  5. the device panel's screenshots (target/e2e/desktop-devices.png from WebDriver,
     target/e2e/desktop-window.png of the whole Xvfb screen with ImageMagick's `import`);
@@ -206,13 +209,35 @@ def last_reply(driver):
     )
 
 
-def set_param(driver, label, value):
+def open_params(driver):
     details = driver.find_element(By.CSS_SELECTOR, "#panel-chat details.params")
     if details.get_attribute("open") is None:
         details.find_element(By.TAG_NAME, "summary").click()
-    inp = driver.find_element(By.XPATH, "//section[@id='panel-chat']//details//label[contains(., '%s')]/input" % label)
+    return details
+
+
+def param_input(driver, label):
+    """The Parameters panel's input labelled `label` (its <label for=...>)."""
+    details = open_params(driver)
+    lab = details.find_element(By.XPATH, ".//label[normalize-space()='%s']" % label)
+    return driver.find_element(By.ID, lab.get_attribute("for"))
+
+
+def set_param(driver, label, value):
+    inp = param_input(driver, label)
     inp.clear()
     inp.send_keys(str(value))
+
+
+def current_conversation(driver):
+    """The selected conversation in the list: (title, meta), or None."""
+    return driver.execute_script(
+        """
+        const it = document.querySelector('#panel-chat .conversation-item[aria-current="true"]');
+        return it ? [it.querySelector('.conversation-title').textContent,
+                     it.querySelector('.conversation-meta').textContent] : null;
+        """
+    )
 
 
 def send_chat(driver, text):
@@ -357,6 +382,30 @@ def check_load(driver):
     return bool(state)
 
 
+def check_params(driver):
+    tab(driver, "chat")
+    open_params(driver)
+    # "default" until the engine's status carries the model's facts.
+    temp = wait_for(
+        "temperature placeholder",
+        lambda: (lambda p: p if p != "default" else None)(param_input(driver, "Temperature").get_attribute("placeholder")),
+        20,
+    )
+    src = driver.find_element(By.CSS_SELECTOR, "[data-testid=param-source-temperature]").text
+    ok(
+        temp == "0.2" and src == "SmolLM2 (model card)",
+        "the Parameters panel shows the model's temperature 0.2 from SmolLM2 (model card) (%r, %r)" % (temp, src),
+    )
+    fields = driver.find_elements(By.CSS_SELECTOR, "#panel-chat details.params .params-grid input")
+    buttons = [b.text for b in driver.find_elements(By.CSS_SELECTOR, "#panel-chat .params-footer button")]
+    limit = param_input(driver, "Max tokens").get_attribute("placeholder")
+    ok(
+        len(fields) == 8 and buttons == ["Save for this model", "Reset"] and limit == "2048",
+        "the Parameters panel has its 7 fields, the reply limit (%s) and %s" % (limit, buttons),
+        "%d inputs" % len(fields),
+    )
+
+
 def check_chat(driver, app_pid):
     tab(driver, "chat")
     set_param(driver, "Temperature", 0)
@@ -376,6 +425,12 @@ def check_chat(driver, app_pid):
     )
     if r:
         log("figures: %s" % r["figuresText"])
+    cur = current_conversation(driver)
+    ok(
+        cur is not None and cur[0] == "Say hello in three words." and cur[1] == "2 messages",
+        "the conversation list shows the title and the count (%r)" % (cur,),
+    )
+    screenshot(driver, "chat-reply")
 
 
 def check_restart(driver, app_pid):
@@ -408,6 +463,8 @@ def check_restart(driver, app_pid):
     ok(bool(streaming), "a longer reply streams (%r…)" % ((streaming or {}).get("text", "")[:40],))
     if not streaming:
         return
+    cur = current_conversation(driver)
+    ok(cur is not None and cur[1] == "4 messages", "while it streams, the list counts its messages (%r)" % (cur,))
     t_kill = time.monotonic()
     os.kill(child, signal.SIGKILL)
     log("killed the engine %d (SIGKILL) while the reply streamed" % child)
@@ -535,6 +592,7 @@ def main():
         app_pid = check_start(driver)
         loaded = check_load(driver)
         if loaded:
+            check_params(driver)
             check_chat(driver, app_pid)
             check_restart(driver, app_pid)
         check_devices(driver)
