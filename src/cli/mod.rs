@@ -519,10 +519,10 @@ impl SamplingArgs {
     /// The sampler: each flag given as given, each one not given from the model's defaults (its file's
     /// `general.sampling.*` keys, its family's preset, else Strata's chain: `strata info` shows them).
     pub fn config(&self, defaults: &SamplingDefaults) -> anyhow::Result<strata::sample::SamplerConfig> {
-        let temp = self.temp.unwrap_or(defaults.temperature.value);
-        let top_p = self.top_p.unwrap_or(defaults.top_p.value);
-        let min_p = self.min_p.unwrap_or(defaults.min_p.value);
-        let repeat_penalty = self.repeat_penalty.unwrap_or(defaults.repeat_penalty.value);
+        let temp = self.temp.unwrap_or(defaults.temperature.value as f32);
+        let top_p = self.top_p.unwrap_or(defaults.top_p.value as f32);
+        let min_p = self.min_p.unwrap_or(defaults.min_p.value as f32);
+        let repeat_penalty = self.repeat_penalty.unwrap_or(defaults.repeat_penalty.value as f32);
         if !(temp.is_finite() && temp >= 0.0) {
             bail!("--temp must be a number >= 0, got {temp}");
         }

@@ -19,7 +19,7 @@ use crate::gguf::GgufFile;
 use super::SamplerConfig;
 
 /// Strata's temperature when neither the file nor a preset gives one (see the module comment).
-pub const DEFAULT_TEMPERATURE: f32 = 0.6;
+pub const DEFAULT_TEMPERATURE: f64 = 0.6;
 
 /// Where an effective value comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,11 +46,13 @@ pub struct Sourced<T> {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct SamplingDefaults {
-    pub temperature: Sourced<f32>,
+    // Floats as f64 holding the shortest decimal of the f32 the sampler uses, so that JSON shows 0.2, not
+    // 0.20000000298023224.
+    pub temperature: Sourced<f64>,
     pub top_k: Sourced<u32>,
-    pub top_p: Sourced<f32>,
-    pub min_p: Sourced<f32>,
-    pub repeat_penalty: Sourced<f32>,
+    pub top_p: Sourced<f64>,
+    pub min_p: Sourced<f64>,
+    pub repeat_penalty: Sourced<f64>,
     pub repeat_last_n: Sourced<u32>,
     /// The family preset that applied, with where its values come from ("SmolLM2 (model card)").
     pub preset: Option<String>,
@@ -66,11 +68,11 @@ pub struct Preset {
     /// Any of these in the model's normalized name (`general.basename` and `general.name`, lowercased,
     /// spaces and underscores as `-`) selects it; empty: the architecture alone does.
     pub names: &'static [&'static str],
-    pub temperature: Option<f32>,
+    pub temperature: Option<f64>,
     pub top_k: Option<u32>,
-    pub top_p: Option<f32>,
-    pub min_p: Option<f32>,
-    pub repeat_penalty: Option<f32>,
+    pub top_p: Option<f64>,
+    pub min_p: Option<f64>,
+    pub repeat_penalty: Option<f64>,
 }
 
 const NONE: Preset = Preset {
@@ -163,16 +165,22 @@ pub fn preset_for(arch: &str, name: &str) -> Option<&'static Preset> {
     PRESETS.iter().find(|p| p.matches(arch, name))
 }
 
-/// A `general.sampling.*` number within `range`; a key that is there but wrong is logged and skipped.
+/// A `general.sampling.*` number that `valid` accepts, as the shortest decimal of its f32 (the file's f32
+/// 0.2 is 0.2); a key that is there but wrong is logged and skipped.
 fn model_value(file: &GgufFile, key: &str, valid: impl Fn(f64) -> bool, what: &str) -> Option<f64> {
     let v = file.get(key)?;
-    match v.as_f64() {
+    match v.as_f64().map(|x| (x as f32).to_string().parse::<f64>().unwrap_or(x)) {
         Some(x) if x.is_finite() && valid(x) => Some(x),
         _ => {
             tracing::warn!("the model's {key} is {v:?}, not {what}: ignored");
             None
         }
     }
+}
+
+/// An f32 as the shortest decimal that reads back as it (0.95f32 is 0.95, not 0.949999988079071).
+fn short(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(x as f64)
 }
 
 fn pick<T: Copy>(model: Option<T>, preset: Option<T>, default: T) -> Sourced<T> {
@@ -199,11 +207,11 @@ impl SamplingDefaults {
         let last_n = model_value(file, "general.sampling.penalty_last_n", count, "a count >= 0");
         let chain = SamplerConfig::default();
         SamplingDefaults {
-            temperature: pick(temp.map(|x| x as f32), p.temperature, DEFAULT_TEMPERATURE),
+            temperature: pick(temp, p.temperature, DEFAULT_TEMPERATURE),
             top_k: pick(top_k.map(|x| x as u32), p.top_k, chain.top_k as u32),
-            top_p: pick(top_p.map(|x| x as f32), p.top_p, chain.top_p),
-            min_p: pick(min_p.map(|x| x as f32), p.min_p, chain.min_p),
-            repeat_penalty: pick(repeat.map(|x| x as f32), p.repeat_penalty, chain.repeat_penalty),
+            top_p: pick(top_p, p.top_p, short(chain.top_p)),
+            min_p: pick(min_p, p.min_p, short(chain.min_p)),
+            repeat_penalty: pick(repeat, p.repeat_penalty, short(chain.repeat_penalty)),
             repeat_last_n: pick(last_n.map(|x| x as u32), None, chain.repeat_last_n as u32),
             preset: preset.map(|p| p.name.to_owned()),
         }
@@ -216,9 +224,9 @@ impl SamplingDefaults {
         SamplingDefaults {
             temperature: d(DEFAULT_TEMPERATURE),
             top_k: Sourced { value: chain.top_k as u32, source: SamplingSource::Default },
-            top_p: d(chain.top_p),
-            min_p: d(chain.min_p),
-            repeat_penalty: d(chain.repeat_penalty),
+            top_p: d(short(chain.top_p)),
+            min_p: d(short(chain.min_p)),
+            repeat_penalty: d(short(chain.repeat_penalty)),
             repeat_last_n: Sourced { value: chain.repeat_last_n as u32, source: SamplingSource::Default },
             preset: None,
         }
@@ -227,11 +235,11 @@ impl SamplingDefaults {
     /// The sampler these defaults make (penalties other than repeat off), with `seed`.
     pub fn config(&self, seed: u64) -> SamplerConfig {
         SamplerConfig {
-            temperature: self.temperature.value,
+            temperature: self.temperature.value as f32,
             top_k: self.top_k.value as usize,
-            top_p: self.top_p.value,
-            min_p: self.min_p.value,
-            repeat_penalty: self.repeat_penalty.value,
+            top_p: self.top_p.value as f32,
+            min_p: self.min_p.value as f32,
+            repeat_penalty: self.repeat_penalty.value as f32,
             repeat_last_n: self.repeat_last_n.value as usize,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
@@ -300,6 +308,10 @@ mod tests {
         assert_eq!(d.top_k, Sourced { value: 30, source: SamplingSource::Model });
         assert_eq!(d.temperature, Sourced { value: 0.2, source: SamplingSource::Preset });
         assert_eq!(d.min_p, Sourced { value: 0.05, source: SamplingSource::Default });
+        // JSON shows the decimals people wrote, not the f32's widening.
+        let json = serde_json::to_string(&d).unwrap();
+        assert!(json.contains(r#""top_p":{"value":0.8,"source":"model"}"#), "{json}");
+        assert!(json.contains(r#""min_p":{"value":0.05,"source":"default"}"#), "{json}");
         let c = d.config(7);
         assert_eq!((c.temperature, c.top_k, c.top_p, c.min_p, c.seed), (0.2, 30, 0.8, 0.05, 7));
     }

@@ -501,16 +501,16 @@ pub fn check_common(
             ))
         }
     };
-    let temperature = in_range("temperature", c.temperature, 0.0, 2.0)?.unwrap_or(defaults.temperature.value as f64);
-    let top_p = in_range("top_p", c.top_p, 0.0, 1.0)?.unwrap_or(defaults.top_p.value as f64);
+    let temperature = in_range("temperature", c.temperature, 0.0, 2.0)?.unwrap_or(defaults.temperature.value);
+    let top_p = in_range("top_p", c.top_p, 0.0, 1.0)?.unwrap_or(defaults.top_p.value);
     let presence = in_range("presence_penalty", c.presence_penalty, -2.0, 2.0)?.unwrap_or(0.0);
     let frequency = in_range("frequency_penalty", c.frequency_penalty, -2.0, 2.0)?.unwrap_or(0.0);
-    let min_p = in_range("min_p", c.min_p, 0.0, 1.0)?.unwrap_or(defaults.min_p.value as f64);
+    let min_p = in_range("min_p", c.min_p, 0.0, 1.0)?.unwrap_or(defaults.min_p.value);
     let repeat_penalty = match c.repeat_penalty {
         Some(r) if !(r > 0.0 && r <= 100.0) => {
             return Err(ApiError::invalid("repeat_penalty", format!("repeat_penalty must be > 0 and <= 100, got {r}")))
         }
-        r => r.unwrap_or(defaults.repeat_penalty.value as f64),
+        r => r.unwrap_or(defaults.repeat_penalty.value),
     };
     let top_k = match c.top_k {
         Some(k) if k < 0 => return Err(ApiError::invalid("top_k", format!("top_k must be 0 (off) or more, got {k}"))),
