@@ -227,6 +227,7 @@ try {
     const a = await sendAndWait("Alpha again: and backwards?");
     check("2 park/restore: back in the first conversation, the reply ended", a.error === null && a.text.trim() !== "", a.error ?? a.text.slice(0, 60));
     check("2 park/restore: its figures say the conversation was restored", /^restored (live|checkpoint)/.test(a.figures.restore ?? ""), JSON.stringify(a.figures));
+    check("2 park/restore: the first reply went back as its generated tokens (N reply tokens kept)", /^[1-9]\d* reply tokens kept$/.test(a.figures.kept ?? ""), JSON.stringify(a.figures));
     const parked = await serverEvents("parked");
     const restored = await serverEvents("restored");
     check("2 park/restore: the server recorded parked events", parked.length >= 2, `${parked.length} parked`);

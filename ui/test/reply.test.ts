@@ -32,6 +32,11 @@ describe("replyFigures", () => {
     expect(f.map((x) => x.text)).toEqual(["106.6 tok/s", "36 reused · 4 read", "restored checkpoint (512 tokens)", "drafts 3/5 accepted"]);
   });
 
+  it("counts the earlier replies' tokens kept as generated, only when there are some", () => {
+    expect(replyFigures(summary({ kept_reply_tokens: 7 })).find((x) => x.key === "kept")?.text).toBe("7 reply tokens kept");
+    expect(replyFigures(summary({ kept_reply_tokens: 0 })).some((x) => x.key === "kept")).toBe(false);
+  });
+
   it("writes a gate fallback in MiB and an allocation failure", () => {
     const gate = replyFigures(
       summary({ fallback: { reason: "gate", device: 1, free_bytes: 40 * MIB, need_bytes: 120 * MIB, reserve_bytes: 64 * MIB, tokens: 800 } }),

@@ -1,12 +1,12 @@
 // The figures under an assistant reply, as short labelled strings: speed, where the prompt's state came
-// from (reused, read, restored live or from a checkpoint, or why a restore fell back) and speculative
-// drafts. Pure.
+// from (reused, read, earlier replies kept as generated, restored live or from a checkpoint, or why a
+// restore fell back) and speculative drafts. Pure.
 import type { Fallback, Summary } from "../bindings";
 import { mib } from "../util/format";
 
 export interface Figure {
   /** A stable name for tests and styling. */
-  key: "speed" | "tokens" | "restore" | "fallback" | "drafts";
+  key: "speed" | "tokens" | "kept" | "restore" | "fallback" | "drafts";
   text: string;
   /** A longer explanation (title attribute). */
   detail?: string;
@@ -32,6 +32,13 @@ export function replyFigures(s: Summary): Figure[] {
       detail: `prompt of ${s.prompt_tokens} tokens: ${s.reused} reused from the cache, ${s.read} read`,
     },
   ];
+  if (s.kept_reply_tokens > 0) {
+    out.push({
+      key: "kept",
+      text: `${s.kept_reply_tokens} reply tokens kept`,
+      detail: `${s.kept_reply_tokens} prompt tokens are earlier replies, taken as they were generated (not retokenized)`,
+    });
+  }
   if (s.restored) {
     const n = s.restored_tokens ?? 0;
     out.push({ key: "restore", text: `restored ${s.restored} (${n} tokens)` });
