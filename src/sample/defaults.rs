@@ -191,45 +191,52 @@ fn pick<T: Copy>(model: Option<T>, preset: Option<T>, default: T) -> Sourced<T> 
     }
 }
 
+/// The `general.sampling.*` values a file carries (valid ones only).
+#[derive(Default)]
+struct FileValues {
+    temperature: Option<f64>,
+    top_k: Option<f64>,
+    top_p: Option<f64>,
+    min_p: Option<f64>,
+    repeat_penalty: Option<f64>,
+    repeat_last_n: Option<f64>,
+}
+
+/// The rule: each field from the file, else the preset, else Strata's chain.
+fn resolve(keys: &FileValues, preset: Option<&'static Preset>) -> SamplingDefaults {
+    let p = preset.copied().unwrap_or(NONE);
+    let chain = SamplerConfig::default();
+    SamplingDefaults {
+        temperature: pick(keys.temperature, p.temperature, DEFAULT_TEMPERATURE),
+        top_k: pick(keys.top_k.map(|x| x as u32), p.top_k, chain.top_k as u32),
+        top_p: pick(keys.top_p, p.top_p, short(chain.top_p)),
+        min_p: pick(keys.min_p, p.min_p, short(chain.min_p)),
+        repeat_penalty: pick(keys.repeat_penalty, p.repeat_penalty, short(chain.repeat_penalty)),
+        repeat_last_n: pick(keys.repeat_last_n.map(|x| x as u32), None, chain.repeat_last_n as u32),
+        preset: preset.map(|p| p.name.to_owned()),
+    }
+}
+
 impl SamplingDefaults {
     /// The effective defaults of the model in `file`.
     pub fn of(file: &GgufFile) -> SamplingDefaults {
         let arch = file.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("");
-        let preset = preset_for(arch, &normalized_name(file));
-        let p = preset.copied().unwrap_or(NONE);
         let probability = |x: f64| (0.0..=1.0).contains(&x);
         let count = |x: f64| x >= 0.0 && x <= u32::MAX as f64 && x.fract() == 0.0;
-        let temp = model_value(file, "general.sampling.temp", |x| x >= 0.0, "a temperature >= 0");
-        let top_k = model_value(file, "general.sampling.top_k", count, "a count >= 0");
-        let top_p = model_value(file, "general.sampling.top_p", probability, "a probability");
-        let min_p = model_value(file, "general.sampling.min_p", probability, "a probability");
-        let repeat = model_value(file, "general.sampling.penalty_repeat", |x| x > 0.0, "a penalty > 0");
-        let last_n = model_value(file, "general.sampling.penalty_last_n", count, "a count >= 0");
-        let chain = SamplerConfig::default();
-        SamplingDefaults {
-            temperature: pick(temp, p.temperature, DEFAULT_TEMPERATURE),
-            top_k: pick(top_k.map(|x| x as u32), p.top_k, chain.top_k as u32),
-            top_p: pick(top_p, p.top_p, short(chain.top_p)),
-            min_p: pick(min_p, p.min_p, short(chain.min_p)),
-            repeat_penalty: pick(repeat, p.repeat_penalty, short(chain.repeat_penalty)),
-            repeat_last_n: pick(last_n.map(|x| x as u32), None, chain.repeat_last_n as u32),
-            preset: preset.map(|p| p.name.to_owned()),
-        }
+        let keys = FileValues {
+            temperature: model_value(file, "general.sampling.temp", |x| x >= 0.0, "a temperature >= 0"),
+            top_k: model_value(file, "general.sampling.top_k", count, "a count >= 0"),
+            top_p: model_value(file, "general.sampling.top_p", probability, "a probability"),
+            min_p: model_value(file, "general.sampling.min_p", probability, "a probability"),
+            repeat_penalty: model_value(file, "general.sampling.penalty_repeat", |x| x > 0.0, "a penalty > 0"),
+            repeat_last_n: model_value(file, "general.sampling.penalty_last_n", count, "a count >= 0"),
+        };
+        resolve(&keys, preset_for(arch, &normalized_name(file)))
     }
 
     /// Strata's defaults alone (no file, no preset).
     pub fn fallback() -> SamplingDefaults {
-        let chain = SamplerConfig::default();
-        let d = |value| Sourced { value, source: SamplingSource::Default };
-        SamplingDefaults {
-            temperature: d(DEFAULT_TEMPERATURE),
-            top_k: Sourced { value: chain.top_k as u32, source: SamplingSource::Default },
-            top_p: d(short(chain.top_p)),
-            min_p: d(short(chain.min_p)),
-            repeat_penalty: d(short(chain.repeat_penalty)),
-            repeat_last_n: Sourced { value: chain.repeat_last_n as u32, source: SamplingSource::Default },
-            preset: None,
-        }
+        resolve(&FileValues::default(), None)
     }
 
     /// The sampler these defaults make (penalties other than repeat off), with `seed`.
@@ -249,26 +256,23 @@ impl SamplingDefaults {
 
     /// One line for logs: `temperature 0.2 (preset), top_k 40 (default), ...`.
     pub fn describe(&self) -> String {
-        let s = |x: SamplingSource| match x {
-            SamplingSource::Model => "model",
-            SamplingSource::Preset => "preset",
-            SamplingSource::Default => "default",
-        };
-        let mut line = format!(
-            "temperature {} ({}), top_k {} ({}), top_p {} ({}), min_p {} ({}), repeat_penalty {} ({}), repeat_last_n {} ({})",
-            self.temperature.value,
-            s(self.temperature.source),
-            self.top_k.value,
-            s(self.top_k.source),
-            self.top_p.value,
-            s(self.top_p.source),
-            self.min_p.value,
-            s(self.min_p.source),
-            self.repeat_penalty.value,
-            s(self.repeat_penalty.source),
-            self.repeat_last_n.value,
-            s(self.repeat_last_n.source),
-        );
+        fn part(name: &str, value: impl std::fmt::Display, source: SamplingSource) -> String {
+            let source = match source {
+                SamplingSource::Model => "model",
+                SamplingSource::Preset => "preset",
+                SamplingSource::Default => "default",
+            };
+            format!("{name} {value} ({source})")
+        }
+        let mut line = [
+            part("temperature", self.temperature.value, self.temperature.source),
+            part("top_k", self.top_k.value, self.top_k.source),
+            part("top_p", self.top_p.value, self.top_p.source),
+            part("min_p", self.min_p.value, self.min_p.source),
+            part("repeat_penalty", self.repeat_penalty.value, self.repeat_penalty.source),
+            part("repeat_last_n", self.repeat_last_n.value, self.repeat_last_n.source),
+        ]
+        .join(", ");
         if let Some(p) = &self.preset {
             line.push_str(&format!("; preset: {p}"));
         }

@@ -95,13 +95,15 @@ pub fn tokens_of_text<'a>(tok: &Tokenizer, generated: &'a [u32], text: &str) -> 
         return None;
     }
     let mut stream = StreamDecoder::new();
-    let mut so_far = String::new();
+    // Bytes of `text` matched so far: each piece is compared once, where it falls.
+    let mut matched = 0;
     for (i, &id) in generated.iter().enumerate() {
-        so_far.push_str(&stream.push(tok, id));
-        if !text.starts_with(so_far.as_str()) {
+        let piece = stream.push(tok, id);
+        if !text[matched..].starts_with(piece.as_str()) {
             return None;
         }
-        if so_far.len() == text.len() && !stream.has_pending() {
+        matched += piece.len();
+        if matched == text.len() && !stream.has_pending() {
             return Some(&generated[..=i]);
         }
     }
