@@ -292,7 +292,7 @@ fn the_reported_scenario_over_http_parks_falls_back_and_restores_exactly_as_repl
     // The same over HTTP, with the event stream open the whole time.
     let s = Server::start(&[SPLIT, &["--conversation-cache-slots", "2"]].concat());
     let mut events_conn = s.connect();
-    events_conn.write_all(b"GET /strata/events HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    events_conn.write_all(b"GET /strata/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
     let served = replay_over_http(&s, &ops);
     assert_eq!(served.len(), replayed.len());
     for (http, (_, rep)) in served.iter().zip(&replayed) {

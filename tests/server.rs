@@ -1,14 +1,17 @@
 //! `strata serve` end to end over loopback, on the default model: the OpenAI endpoints (streamed and not,
-//! choices, log-probabilities, completions), the API key, CORS, the official Python client. Hostile requests,
+//! choices, log-probabilities, completions), the API key, CORS, the guard against web pages (Host, Origin,
+//! body type, the page's headers), the limits, the official Python client. Hostile requests,
 //! load, disconnects, signals and a faulted GPU are in tests/server_hostile.rs; the conversation cache
 //! through the API against `strata replay` (the reported scenario with a squeezed device) is in
 //! tests/replay.rs, which shares replay's run of the scenario with it.
 
 mod common;
 
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use common::server::{chat_body, streamed_text, Server};
 use serde_json::{json, Value};
@@ -239,8 +242,12 @@ fn cors_is_off_unless_an_origin_is_allowed() {
     assert_eq!(pre.status, 200, "{pre:?}");
     assert_eq!(pre.header("access-control-allow-origin"), Some("http://localhost:5173"));
     assert!(pre.header("access-control-allow-headers").unwrap().contains("authorization"));
+    let allowed = s.request("GET", "/v1/models", &[("Origin", "http://localhost:5173")], b"");
+    assert_eq!(allowed.status, 200);
+    assert_eq!(allowed.header("access-control-allow-origin"), Some("http://localhost:5173"));
+    // An origin not named is refused outright (not only left without CORS headers).
     let other = s.request("GET", "/v1/models", &[("Origin", "http://evil.example")], b"");
-    assert_eq!(other.status, 200);
+    assert_eq!(other.expect_error(403)["code"], "origin_not_allowed");
     assert!(other.header("access-control-allow-origin").is_none());
     let bad = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["serve", "--port", "0", "--cors-origin", "localhost"])
@@ -424,4 +431,187 @@ fn speculative_decoding_counts_its_drafts_in_the_reply_the_telemetry_and_the_log
     let line = format!("drafts accepted {accepted} of {proposed}");
     assert!(s.stderr().contains(&line), "the stats line says {line:?}: {}", s.stderr());
     no_panic(&s);
+}
+
+#[test]
+fn a_rebinding_host_is_refused_on_every_path_and_loopback_names_are_answered() {
+    let _g = one_at_a_time();
+    let s = Server::start(&["-c", "128", "--allowed-host", "strata.lan"]);
+    let port = s.port;
+    let chat = chat_body("Hi", 2).to_string();
+    for (method, path) in [
+        ("GET", "/strata/model"),
+        ("GET", "/health"),
+        ("GET", "/"),
+        ("GET", "/metrics"),
+        ("POST", "/v1/chat/completions"),
+    ] {
+        let body = (method == "POST").then_some(("application/json", chat.as_bytes()));
+        let r = s.send(method, path, &format!("attacker.example:{port}"), &[], body);
+        let e = r.expect_error(403);
+        assert_eq!(e["code"], "host_not_allowed", "{method} {path}");
+        assert!(e["message"].as_str().unwrap().contains("--allowed-host attacker.example"), "{e}");
+        // The refusal is framed like every answer.
+        assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
+    }
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}"), format!("[::1]:{port}"), "strata.lan".into()]
+    {
+        assert_eq!(s.send("GET", "/strata/model", &host, &[], None).status, 200, "{host}");
+    }
+    assert_eq!(s.send("GET", "/health", "evil.strata.lan", &[], None).status, 403);
+    no_panic(&s);
+}
+
+#[test]
+fn cross_site_requests_get_415_for_a_body_that_is_not_json_and_403_for_a_foreign_origin() {
+    let _g = one_at_a_time();
+    let s = Server::start(&["-c", "128"]);
+    let host = format!("127.0.0.1:{}", s.port);
+    let chat = chat_body("Hi", 2).to_string();
+    // What a page can send without a CORS preflight: text/plain, a form, no type at all (a Blob).
+    for ct in ["text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ""] {
+        let r = s.send("POST", "/v1/chat/completions", &host, &[], Some((ct, chat.as_bytes())));
+        let e = r.expect_error(415);
+        assert_eq!(e["code"], "unsupported_media_type", "{ct:?}");
+        assert!(e["message"].as_str().unwrap().contains("Content-Type: application/json"), "{e}");
+    }
+    let r = s.send("POST", "/strata/sim", &host, &[], Some(("text/plain", b"{}")));
+    assert_eq!(r.status, 415);
+    // A foreign page, even with a JSON body (its preflight would fail, but the request is refused too).
+    for origin in ["https://attacker.example", "null", "http://127.0.0.1:1"] {
+        let r = s.send(
+            "POST",
+            "/v1/chat/completions",
+            &host,
+            &[("Origin", origin)],
+            Some(("application/json", chat.as_bytes())),
+        );
+        assert_eq!(r.expect_error(403)["code"], "origin_not_allowed", "{origin}");
+        let r = s.send("GET", "/strata/model", &host, &[("Origin", origin)], None);
+        assert_eq!(r.status, 403, "{origin}");
+    }
+    // The server's own page, and clients that send no Origin, are served.
+    let own = format!("http://{host}");
+    let r = s.send(
+        "POST",
+        "/v1/chat/completions",
+        &host,
+        &[("Origin", &own)],
+        Some(("application/json; charset=utf-8", chat.as_bytes())),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.json()["choices"][0]["message"]["content"].is_string());
+    assert_eq!(s.post("/v1/chat/completions", &chat_body("Hi", 2)).status, 200);
+    no_panic(&s);
+}
+
+#[test]
+fn the_ui_is_sent_with_a_content_security_policy_and_may_not_be_framed() {
+    let _g = one_at_a_time();
+    let s = Server::start(&["-c", "128"]);
+    let page = s.get("/");
+    assert_eq!(page.status, 200);
+    let csp = page.header("content-security-policy").expect("a CSP on the page");
+    for part in
+        ["default-src 'self'", "script-src 'self'", "connect-src 'self'", "frame-ancestors 'none'", "object-src 'none'"]
+    {
+        assert!(csp.contains(part), "{csp}");
+    }
+    assert_eq!(page.header("x-frame-options"), Some("DENY"));
+    assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
+    assert_eq!(page.header("referrer-policy"), Some("no-referrer"));
+    let api = s.get("/v1/models");
+    assert_eq!(api.header("content-security-policy"), Some("default-src 'none'; frame-ancestors 'none'"));
+    assert_eq!(api.header("x-frame-options"), Some("DENY"));
+    no_panic(&s);
+}
+
+#[cfg(unix)]
+#[test]
+fn a_ui_dir_does_not_serve_a_symlink_that_leads_out_of_it() {
+    let _g = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let ui = dir.path().join("ui");
+    std::fs::create_dir(&ui).unwrap();
+    std::fs::write(ui.join("index.html"), "<!doctype html><p>dev ui</p>").unwrap();
+    std::fs::write(dir.path().join("secret.txt"), "the secret").unwrap();
+    std::os::unix::fs::symlink(dir.path().join("secret.txt"), ui.join("secret.txt")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", ui.join("passwd")).unwrap();
+    let s = Server::start(&["-c", "128", "--ui-dir", ui.to_str().unwrap()]);
+    let page = s.get("/");
+    assert_eq!(page.status, 200);
+    assert!(page.text().contains("dev ui"));
+    assert!(page.header("content-security-policy").unwrap().contains("frame-ancestors 'none'"));
+    for path in ["/secret.txt", "/passwd", "/../secret.txt", "/%2e%2e/secret.txt"] {
+        let r = s.get(path);
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+        assert!(!r.text().contains("the secret") && !r.text().contains("root:"), "{path}");
+    }
+    no_panic(&s);
+}
+
+#[test]
+fn connections_event_streams_and_request_time_are_limited_with_clear_errors() {
+    let _g = one_at_a_time();
+    let s = Server::start(&[
+        "-c",
+        "4096",
+        "--max-connections",
+        "3",
+        "--max-event-streams",
+        "1",
+        "--request-timeout-s",
+        "1",
+    ]);
+    // One event stream is held open; the second is refused.
+    let mut events = s.connect();
+    events.write_all(format!("GET /strata/events HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n", s.port).as_bytes()).unwrap();
+    let mut head = [0u8; 12];
+    events.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let e = s.get("/strata/events").expect_error(503);
+    assert_eq!(e["code"], "too_many_event_streams");
+    assert!(e["message"].as_str().unwrap().contains("--max-event-streams 1"), "{e}");
+    // Two more idle connections fill the three allowed: the next is answered 503 and closed.
+    let idle: Vec<_> = (0..2).map(|_| s.connect()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let r = s.get("/health");
+    assert_eq!(r.expect_error(503)["code"], "too_many_connections");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    drop(idle);
+    drop(events);
+    std::thread::sleep(Duration::from_millis(500));
+    // A generation that would run for many seconds ends at the limit with 504.
+    let t0 = std::time::Instant::now();
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": true, "temperature": 0});
+    let e = s.post("/v1/completions", &body).expect_error(504);
+    assert_eq!(e["code"], "request_timeout");
+    assert!(e["message"].as_str().unwrap().contains("--request-timeout-s"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    // The server goes on.
+    assert_eq!(s.post("/v1/chat/completions", &chat_body("Hi", 2)).status, 200);
+    no_panic(&s);
+}
+
+#[test]
+fn reuse_figures_are_hidden_on_a_network_address_unless_asked_for() {
+    let _g = one_at_a_time();
+    let body = chat_body("Tell me about the sea.", 4);
+    let cached = |s: &Server| {
+        let r = s.post_auth("/v1/chat/completions", "k", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        (u(&v["usage"]["prompt_tokens_details"]["cached_tokens"]), u(&v["strata"]["reused"]), u(&v["strata"]["read"]))
+    };
+    // On 0.0.0.0 (a key is required there): the second identical prompt is reused but not said to be.
+    let s = Server::start(&["-c", "256", "--host", "0.0.0.0", "--api-key", "k"]);
+    cached(&s);
+    let (c, reused, read) = cached(&s);
+    assert_eq!((c, reused), (0, 0));
+    assert!(read > 0);
+    drop(s);
+    let s = Server::start(&["-c", "256", "--host", "0.0.0.0", "--api-key", "k", "--reuse-figures", "show"]);
+    cached(&s);
+    let (c, reused, _) = cached(&s);
+    assert!(c > 0 && c == reused, "{c} {reused}");
 }

@@ -32,7 +32,7 @@ fn still_serves(s: &Server) {
 
 fn raw_post(body: &[u8]) -> Vec<u8> {
     let mut req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     )
     .into_bytes();
@@ -189,7 +189,7 @@ fn hostile_requests_get_the_right_status_and_error_json_and_the_server_stays_up(
     count += 5;
     // A 20 MB body: refused on its Content-Length, and when sent chunked without one.
     let mut c = s.connect();
-    c.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 20000000\r\n\r\n{\"messages\":").unwrap();
+    c.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 20000000\r\n\r\n{\"messages\":").unwrap();
     let mut v = Vec::new();
     let _ = c.read_to_end(&mut v);
     assert_eq!(parse_response(&v).unwrap().expect_error(413)["code"], "request_too_large");
@@ -197,7 +197,7 @@ fn hostile_requests_get_the_right_status_and_error_json_and_the_server_stays_up(
     let mut w = c.try_clone().unwrap();
     let writer = std::thread::spawn(move || {
         let _ = w.write_all(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
         );
         let chunk = vec![b' '; 1 << 20];
         for _ in 0..20 {
@@ -244,7 +244,7 @@ fn slow_clients_are_bounded_by_timeouts() {
     // Headers that never end: the connection is closed after the header timeout.
     let t0 = Instant::now();
     let mut c = s.connect();
-    c.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
+    c.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n").unwrap();
     let mut v = Vec::new();
     let _ = c.read_to_end(&mut v);
     let waited = t0.elapsed();
@@ -253,7 +253,7 @@ fn slow_clients_are_bounded_by_timeouts() {
     let t0 = Instant::now();
     let mut c = s.connect();
     c.write_all(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 100\r\n\r\n{\"mess",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"mess",
     )
     .unwrap();
     let mut v = Vec::new();

@@ -52,9 +52,29 @@ pub struct ServeArgs {
     /// Requests that may wait while the engine serves another; more get 503 with Retry-After
     #[arg(long = "queue", value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub queue: u32,
-    /// Allow browser clients from this origin (repeatable; * for any). CORS is off without it
+    /// Allow browser pages of this origin (repeatable; * for any). Without it, a request that carries a
+    /// foreign Origin is refused with 403 (the server's own page is not foreign)
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origin: Vec<String>,
+    /// Answer requests whose Host is this name (repeatable; .example.com: the domain and its subdomains;
+    /// * for any). localhost and IP addresses are always answered; other names get 403 (DNS rebinding)
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    pub allowed_host: Vec<String>,
+    /// Connections held at once; one more is answered 503 and closed
+    #[arg(long = "max-connections", value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+    /// /strata/events streams open at once; one more is a 503
+    #[arg(long = "max-event-streams", value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_event_streams: u32,
+    /// Seconds a request may take from its arrival in the queue to its last token; then it ends with 504
+    /// (0: no limit)
+    #[arg(long = "request-timeout-s", value_name = "S", default_value_t = 3600)]
+    pub request_timeout_s: u64,
+    /// Whether answers say how much of the prompt the cache reused (usage.cached_tokens, the "strata"
+    /// figures), which tells a client how much another client's conversation shares with its prompt.
+    /// auto: show on a loopback address, hide on any other
+    #[arg(long = "reuse-figures", value_enum, default_value_t = ReuseFigures::Auto)]
+    pub reuse_figures: ReuseFigures,
     /// Seconds a client may take to send its request line and headers; then the connection is closed
     #[arg(long = "header-timeout-s", value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub header_timeout_s: u64,
@@ -75,6 +95,14 @@ pub struct ServeArgs {
     pub cache: super::CacheArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+/// `--reuse-figures`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReuseFigures {
+    Auto,
+    Show,
+    Hide,
 }
 
 /// The address to bind: an IP address or `localhost`.
@@ -133,6 +161,16 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
             .with_context(|| format!("--cors-origin {o:?} is not an origin (e.g. http://localhost:5173, or *)"))?;
         cors.push(v);
     }
+    let allowed_hosts = strata::server::guard::HostPolicy::parse(&a.allowed_host).map_err(anyhow::Error::msg)?;
+    if allowed_hosts.allows_any() {
+        tracing::warn!(
+            "--allowed-host '*': every Host is answered, so a web page can reach this server by DNS rebinding"
+        );
+    }
+    let ui_dir = match &a.ui_dir {
+        Some(d) => Some(d.canonicalize().with_context(|| format!("--ui-dir {}: cannot open it", d.display()))?),
+        None => None,
+    };
     let cache_budget_bytes = a.cache.budget_bytes()?;
     raise_fd_limit();
 
@@ -151,7 +189,6 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
     let settings = settings_of(&a, &loaded.path);
     tracing::info!("{} loaded: {}, context {max_context}", loaded.path.display(), stages_summary(&loaded.model));
     let threads = super::thread_count(a.engine.threads);
-    let ui_dir = a.ui_dir.clone();
     match &ui_dir {
         Some(d) => tracing::info!("web UI at /: {} (--ui-dir)", d.display()),
         None if strata::server::ui::embedded() => {
@@ -169,6 +206,15 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         max_body_bytes: a.max_body_mib * MIB,
         queue: a.queue as usize,
         cors_origins: cors,
+        allowed_hosts,
+        max_connections: a.max_connections as usize,
+        max_event_streams: a.max_event_streams as usize,
+        request_timeout: (a.request_timeout_s > 0).then(|| std::time::Duration::from_secs(a.request_timeout_s)),
+        reuse_figures: match a.reuse_figures {
+            ReuseFigures::Show => true,
+            ReuseFigures::Hide => false,
+            ReuseFigures::Auto => ip.is_loopback(),
+        },
         ui_dir,
         header_timeout: std::time::Duration::from_secs(a.header_timeout_s),
         body_timeout: std::time::Duration::from_secs(a.body_timeout_s),

@@ -139,6 +139,25 @@ fn request_id(prefix: &str) -> String {
     format!("{prefix}-{:x}{n:06x}", unix_now())
 }
 
+/// The figures a client is shown: all of them, or (`--reuse-figures hide`) none that say how much of the
+/// prompt the cache or the live sequence already held: those would tell a client how much of another
+/// client's conversation its prompt shares. The prompt then counts as read whole.
+fn shown(reuse_figures: bool, s: &Summary) -> Summary {
+    if reuse_figures {
+        return s.clone();
+    }
+    Summary {
+        reused: 0,
+        read: s.prompt_tokens,
+        kept_reply_tokens: 0,
+        prompt_tok_s: s.prompt_tokens as f64 / (s.prompt_ms / 1e3).max(1e-9),
+        restored: None,
+        restored_tokens: None,
+        fallback: None,
+        ..s.clone()
+    }
+}
+
 fn usage_json(s: &Summary) -> Value {
     json!({
         "prompt_tokens": s.prompt_tokens,
@@ -316,6 +335,7 @@ async fn run(
         top_logprobs,
         tx,
         queued_at: Instant::now(),
+        time_limit: app.opts.request_timeout,
         endpoint,
         ticket: ticket.clone(),
     };
@@ -328,7 +348,7 @@ async fn run(
             Some(m) => m,
             None => return Err(ApiError::internal("the engine ended the request without a reply")),
         };
-        return Ok(stream(reply, first, rx, guard).into_response());
+        return Ok(stream(reply, first, rx, guard, app.opts.reuse_figures).into_response());
     }
     let _guard = guard;
     let n = reply.checked.choices;
@@ -341,7 +361,7 @@ async fn run(
                     *c = Some((finish_reason, text, tokens));
                 }
             }
-            Some(Msg::Done(s)) => break s,
+            Some(Msg::Done(s)) => break shown(app.opts.reuse_figures, &s),
             Some(Msg::Error(e)) => return Err(e),
             None => return Err(ApiError::internal("the engine ended the request without a reply")),
         }
@@ -397,6 +417,8 @@ struct Chunks {
     /// Bytes of each choice's text so far (completion logprobs' text_offset).
     offsets: Vec<usize>,
     done: bool,
+    /// `--reuse-figures`: see [`shown`].
+    reuse_figures: bool,
 }
 
 impl Chunks {
@@ -480,6 +502,7 @@ impl Chunks {
                 self.pending.push_back(e);
             }
             Msg::Done(s) => {
+                let s = shown(self.reuse_figures, &s);
                 if self.reply.checked.include_usage {
                     let mut e = json!({
                         "id": self.reply.id,
@@ -509,6 +532,7 @@ fn stream(
     first: Msg,
     rx: Receiver<Msg>,
     guard: TicketGuard,
+    reuse_figures: bool,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let n = reply.checked.choices;
     let state = Chunks {
@@ -521,6 +545,7 @@ fn stream(
         role_sent: vec![false; n],
         offsets: vec![0; n],
         done: false,
+        reuse_figures,
     };
     let s = futures_util::stream::unfold(state, |mut st| async move {
         loop {

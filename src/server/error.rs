@@ -108,6 +108,99 @@ impl ApiError {
         }
     }
 
+    /// 403 for a `Host` this server does not answer (a DNS-rebinding page sends its own name).
+    pub fn host_not_allowed(host: &str) -> ApiError {
+        ApiError {
+            code: Some("host_not_allowed"),
+            ..ApiError::new(
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                format!(
+                    "this server does not answer the host name {:?}: it answers localhost and IP addresses; to reach \
+                     it by that name, start it with --allowed-host {}",
+                    super::openai::truncate(host, 100),
+                    super::openai::truncate(host.rsplit_once(':').map_or(host, |(h, _)| h), 100)
+                ),
+            )
+        }
+    }
+
+    /// 403 for a browser request from another site's page.
+    pub fn origin_not_allowed(origin: &str) -> ApiError {
+        ApiError {
+            code: Some("origin_not_allowed"),
+            ..ApiError::new(
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                format!(
+                    "requests from pages of {:?} are not allowed: start the server with --cors-origin {} to allow them",
+                    super::openai::truncate(origin, 100),
+                    super::openai::truncate(origin, 100)
+                ),
+            )
+        }
+    }
+
+    /// 415 for a body that is not declared as JSON (a page's `text/plain` POST needs no CORS preflight).
+    pub fn not_json(content_type: Option<&str>) -> ApiError {
+        let given = match content_type {
+            Some(t) => format!("is {:?}", super::openai::truncate(t, 100)),
+            None => "is missing".to_owned(),
+        };
+        ApiError {
+            code: Some("unsupported_media_type"),
+            ..ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                format!(
+                    "the request body must be JSON sent with 'Content-Type: application/json'; the Content-Type {given} \
+                     (curl: -H 'Content-Type: application/json')"
+                ),
+            )
+        }
+    }
+
+    /// 504 for a request that ran past `--request-timeout-s` (in the queue and in the engine together).
+    pub fn request_timeout(limit_s: u64) -> ApiError {
+        ApiError {
+            code: Some("request_timeout"),
+            ..ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "server_error",
+                format!(
+                    "the request took longer than the server's limit of {limit_s} s (--request-timeout-s) and was \
+                     ended: ask for fewer tokens (max_tokens), or start the server with a higher limit"
+                ),
+            )
+        }
+    }
+
+    /// 503 when as many event streams are open as `--max-event-streams` allows.
+    pub fn too_many_streams(limit: usize) -> ApiError {
+        ApiError {
+            code: Some("too_many_event_streams"),
+            retry_after_s: Some(5),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_busy",
+                format!("{limit} event streams are already open (--max-event-streams {limit}): close one and retry"),
+            )
+        }
+    }
+
+    /// 503 when as many connections are open as `--max-connections` allows.
+    pub fn too_many_connections(limit: usize) -> ApiError {
+        ApiError {
+            code: Some("too_many_connections"),
+            retry_after_s: Some(1),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_busy",
+                format!("{limit} connections are already open (--max-connections {limit}): try again shortly"),
+            )
+        }
+    }
+
     pub fn queue_full(queue: usize) -> ApiError {
         ApiError {
             code: Some("queue_full"),

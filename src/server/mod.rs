@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod error;
+pub mod guard;
 pub mod openai;
 pub mod state;
 pub mod status;
@@ -71,8 +72,23 @@ pub struct ServeOptions {
     pub max_body_bytes: u64,
     pub queue: usize,
     pub cors_origins: Vec<HeaderValue>,
-    /// A built web UI on disk to serve at `/` instead of the one embedded in the binary (`--ui-dir`); a
-    /// directory without an index.html serves the page that lists the API.
+    /// The `Host` names answered besides localhost and IP addresses (`--allowed-host`).
+    pub allowed_hosts: guard::HostPolicy,
+    /// Connections held at once; one more is answered 503 and closed (`--max-connections`).
+    pub max_connections: usize,
+    /// `/strata/events` streams open at once; one more is a 503 (`--max-event-streams`).
+    pub max_event_streams: usize,
+    /// How long a request may take from its arrival to its last token, queue included; then it ends with
+    /// 504 (`--request-timeout-s`; None: no limit).
+    pub request_timeout: Option<Duration>,
+    /// Whether answers say how much of the prompt was reused from the cache (`usage.cached_tokens`, the
+    /// `strata` figures): a client could learn from them how much another client's conversation shares
+    /// with its prompt. On for a loopback server (one user's), off for one on the network unless
+    /// `--reuse-figures show` (`--reuse-figures`).
+    pub reuse_figures: bool,
+    /// A built web UI on disk to serve at `/` instead of the one embedded in the binary (`--ui-dir`, made
+    /// canonical: files whose real path leads out of it are not served); a directory without an
+    /// index.html serves the page that lists the API.
     pub ui_dir: Option<PathBuf>,
     /// How long a client may take to send its request line and headers (then the connection is closed),
     /// and its body (then 408).
@@ -99,7 +115,8 @@ pub struct App {
     pub jobs: std::sync::mpsc::Sender<Job>,
 }
 
-/// The router: every path, the API key check, CORS when asked for, JSON 404 and 405.
+/// The router: every path, the Host/Origin/body-type guard ([`guard`]), the API key check, CORS when asked
+/// for, JSON 404 and 405.
 pub fn router(app: App) -> Router {
     let protected = Router::new()
         .route("/v1/chat/completions", post(api::chat))
@@ -122,11 +139,14 @@ pub fn router(app: App) -> Router {
         .route("/metrics", get(status::metrics))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), require_key));
     let mut r = Router::new().route("/health", get(status::health)).merge(protected);
-    match app.opts.ui_dir.as_ref() {
+    match app.opts.ui_dir.clone() {
         Some(dir) if dir.join("index.html").is_file() => {
-            r = r.fallback_service(tower_http::services::ServeDir::new(dir).fallback(tower::service_fn(
-                |_req: Request| async { Ok::<_, std::convert::Infallible>(not_found().await) },
-            )))
+            r = r.fallback(move |req: Request| async move {
+                match ui::serve_dir(&dir, &req) {
+                    Some(resp) => resp,
+                    None => not_found().await,
+                }
+            })
         }
         None if ui::embedded() => {
             r = r.fallback(|req: Request| async move {
@@ -153,7 +173,8 @@ pub fn router(app: App) -> Router {
             .max_age(Duration::from_secs(600));
         r = r.layer(cors);
     }
-    r
+    // Outermost: a foreign Host or Origin, or a body that is not JSON, is refused before CORS and the key.
+    r.layer(axum::middleware::from_fn_with_state(app, guard::check))
 }
 
 async fn not_found() -> Response {
@@ -241,6 +262,9 @@ async fn accept_loop(app: App, on_listening: impl FnOnce(SocketAddr)) -> anyhow:
     let mut shutdown = shared.shutdown.subscribe();
     tokio::spawn(signals(shared.clone()));
     let header_timeout = app.opts.header_timeout;
+    let max_connections = app.opts.max_connections;
+    let connections = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let metrics_shared = app.shared.clone();
     let router = router(app);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     while !*shutdown.borrow() {
@@ -257,6 +281,11 @@ async fn accept_loop(app: App, on_listening: impl FnOnce(SocketAddr)) -> anyhow:
             _ = shutdown.changed() => break,
         };
         let _ = stream.set_nodelay(true);
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            metrics_shared.metrics.reject("too_many_connections");
+            tokio::spawn(refuse_connection(stream, max_connections));
+            continue;
+        };
         let svc = hyper_util::service::TowerToHyperService::new(router.clone());
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
@@ -266,6 +295,7 @@ async fn accept_loop(app: App, on_listening: impl FnOnce(SocketAddr)) -> anyhow:
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _ = conn.await;
+            drop(permit);
         });
     }
     drop(listener);
@@ -284,6 +314,27 @@ async fn accept_loop(app: App, on_listening: impl FnOnce(SocketAddr)) -> anyhow:
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Answers a connection over `--max-connections` with a 503 that says so, and closes it. The request is
+/// read first (briefly) so that the client sees the answer rather than a reset.
+async fn refuse_connection(mut stream: tokio::net::TcpStream, limit: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let e = ApiError::too_many_connections(limit);
+    let body = e.body().to_string();
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(200), stream.read(&mut sink)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await;
 }
 
 /// First SIGINT/SIGTERM: shut down gracefully; a second one: end the request in flight now.

@@ -204,17 +204,23 @@ fn start_sampler(shared: Arc<Shared>) {
 }
 
 /// `GET /strata/events`: SSE with `event: sample` (a device's free memory, about twice a second per device)
-/// and `event: engine` (every engine event as it happens). It ends when the server shuts down.
+/// and `event: engine` (every engine event as it happens). It ends when the server shuts down. At most
+/// `--max-event-streams` are open at once; one more is a 503.
 pub async fn events(State(app): State<App>) -> Response {
     let shared = app.shared.clone();
+    let limit = app.opts.max_event_streams;
+    if shared.listeners.fetch_add(1, Ordering::AcqRel) >= limit {
+        shared.listeners.fetch_sub(1, Ordering::AcqRel);
+        shared.metrics.reject("too_many_event_streams");
+        return ApiError::too_many_streams(limit).into_response();
+    }
+    let guard = Listener(shared.clone());
     // Bounded: a client that stops reading loses entries (the ring still has them), never the server's memory.
     let (tx, rx) = tokio::sync::mpsc::channel::<Entry>(EVENTS_BACKLOG);
     shared.telemetry.subscribe_with(Box::new(move |e| {
         !matches!(tx.try_send(e.clone()), Err(tokio::sync::mpsc::error::TrySendError::Closed(_)))
     }));
-    shared.listeners.fetch_add(1, Ordering::AcqRel);
     start_sampler(shared.clone());
-    let guard = Listener(shared.clone());
     let shutdown = shared.shutdown.subscribe();
     let s = futures_util::stream::unfold((rx, shutdown, guard), |(mut rx, mut shutdown, guard)| async move {
         if *shutdown.borrow() {

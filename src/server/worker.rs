@@ -39,6 +39,8 @@ pub struct Job {
     pub top_logprobs: usize,
     pub tx: Sender<Msg>,
     pub queued_at: Instant,
+    /// How long it may take from `queued_at` to its last token (`--request-timeout-s`), or no limit.
+    pub time_limit: Option<Duration>,
     pub endpoint: &'static str,
     pub ticket: Arc<Ticket>,
 }
@@ -196,6 +198,12 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
             send(&job.tx, Msg::Error(ApiError::shutting_down()));
             continue;
         }
+        if let Some(limit) = job.time_limit.filter(|&l| job.queued_at.elapsed() >= l) {
+            tracing::info!("a queued request waited past --request-timeout-s {}: it ends", limit.as_secs());
+            shared.metrics.reject("request_timeout");
+            send(&job.tx, Msg::Error(ApiError::request_timeout(limit.as_secs())));
+            continue;
+        }
         shared.busy.store(true, Ordering::Release);
         serial += 1;
         let tx = job.tx.clone();
@@ -215,11 +223,14 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
 }
 
 /// Sends the text of one choice as it comes, with its tokens when log-probabilities are asked for, and
-/// stops the generation when the client is gone or the server must stop now.
+/// stops the generation when the client is gone, the request's time is up or the server must stop now.
 struct JobObserver<'a> {
     tx: &'a Sender<Msg>,
     /// The client went away or stopped reading.
     gone: bool,
+    /// When the request's time is up (`--request-timeout-s`), and whether it was.
+    deadline: Option<Instant>,
+    timed_out: bool,
     shared: &'a Shared,
     tokenizer: &'a Tokenizer,
     choice: usize,
@@ -253,7 +264,10 @@ impl Observer for JobObserver<'_> {
     }
 
     fn cancelled(&mut self) -> bool {
-        self.gone || self.tx.is_closed() || self.shared.cancel_in_flight.load(Ordering::Acquire)
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            self.timed_out = true;
+        }
+        self.gone || self.timed_out || self.tx.is_closed() || self.shared.cancel_in_flight.load(Ordering::Acquire)
     }
 }
 
@@ -278,14 +292,32 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
     let logprobs = params.logprobs || params.top_logprobs > 0;
     let base_seed = params.sampler.seed;
     let mut summary: Option<Summary> = None;
+    let deadline = job.time_limit.map(|l| job.queued_at + l);
     for choice in 0..job.checked.choices {
         params.sampler.seed = base_seed.wrapping_add(choice as u64);
-        let mut obs = JobObserver { tx: &job.tx, gone: false, shared, tokenizer, choice, logprobs, sent_tokens: 0 };
+        let mut obs = JobObserver {
+            tx: &job.tx,
+            gone: false,
+            deadline,
+            timed_out: false,
+            shared,
+            tokenizer,
+            choice,
+            logprobs,
+            sent_tokens: 0,
+        };
         let served = if choice == 0 {
             session.serve_observed(&job.prompt, &params, &mut obs)
         } else {
             session.serve_again(&job.prompt, &params, &mut obs)
         };
+        if obs.timed_out && !job.tx.is_closed() {
+            let limit = job.time_limit.unwrap_or_default().as_secs();
+            tracing::info!("a request ran past --request-timeout-s {limit}: it ends");
+            shared.metrics.reject("request_timeout");
+            send(&job.tx, Msg::Error(ApiError::request_timeout(limit)));
+            return;
+        }
         let served = match served {
             Ok(s) => s,
             Err(EngineError::Cancelled) => break,

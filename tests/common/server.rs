@@ -146,16 +146,33 @@ impl Server {
     }
 
     pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
-        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+        let json = (!body.is_empty() || method == "POST").then_some(("application/json", body));
+        self.send(method, path, &format!("127.0.0.1:{}", self.port), headers, json)
+    }
+
+    /// A request as a browser page or another host would send it: this `Host`, these headers, and a body
+    /// with its Content-Type (an empty type sends none).
+    pub fn send(
+        &self,
+        method: &str,
+        path: &str,
+        host: &str,
+        headers: &[(&str, &str)],
+        body: Option<(&str, &[u8])>,
+    ) -> Resp {
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
         for (k, v) in headers {
             req.push_str(&format!("{k}: {v}\r\n"));
         }
-        if !body.is_empty() || method == "POST" {
-            req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
+        if let Some((content_type, body)) = body {
+            if !content_type.is_empty() {
+                req.push_str(&format!("Content-Type: {content_type}\r\n"));
+            }
+            req.push_str(&format!("Content-Length: {}\r\n", body.len()));
         }
         req.push_str("\r\n");
         let mut bytes = req.into_bytes();
-        bytes.extend_from_slice(body);
+        bytes.extend_from_slice(body.map_or(&[][..], |(_, b)| b));
         self.raw(&bytes)
     }
 
