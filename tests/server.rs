@@ -249,8 +249,24 @@ fn cors_is_off_unless_an_origin_is_allowed() {
     let other = s.request("GET", "/v1/models", &[("Origin", "http://evil.example")], b"");
     assert_eq!(other.expect_error(403)["code"], "origin_not_allowed");
     assert!(other.header("access-control-allow-origin").is_none());
+    // A foreign page's preflight runs nothing and is answered without the header, so the browser stops.
+    let foreign_pre = s.request(
+        "OPTIONS",
+        "/v1/chat/completions",
+        &[("Origin", "http://evil.example"), ("Access-Control-Request-Method", "POST")],
+        b"",
+    );
+    assert!(foreign_pre.header("access-control-allow-origin").is_none(), "{foreign_pre:?}");
+    drop(s);
+    // `localhost`: every loopback origin, whatever its port (llama-server's --cors-origins localhost).
+    let s = Server::start(&["-c", "128", "--cors-origin", "localhost"]);
+    for (origin, status) in
+        [("http://localhost:3000", 200), ("http://[::1]:5173", 200), ("http://localhost.evil.com", 403)]
+    {
+        assert_eq!(s.request("GET", "/v1/models", &[("Origin", origin)], b"").status, status, "{origin}");
+    }
     let bad = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["serve", "--port", "0", "--cors-origin", "localhost"])
+        .args(["serve", "--port", "0", "--cors-origin", "example.com"])
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&bad.stderr).contains("is not an origin"));

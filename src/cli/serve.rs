@@ -52,8 +52,9 @@ pub struct ServeArgs {
     /// Requests that may wait while the engine serves another; more get 503 with Retry-After
     #[arg(long = "queue", value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub queue: u32,
-    /// Allow browser pages of this origin (repeatable; * for any). Without it, a request that carries a
-    /// foreign Origin is refused with 403 (the server's own page is not foreign)
+    /// Allow browser pages of this origin (repeatable; localhost: any origin on a loopback name or address;
+    /// * for any). Without it, a request that carries a foreign Origin is refused with 403 (the server's own
+    /// page is not foreign)
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origin: Vec<String>,
     /// Answer requests whose Host is this name (repeatable; .example.com: the domain and its subdomains;
@@ -157,8 +158,10 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
     for o in &a.cors_origin {
         let v = axum::http::HeaderValue::from_str(o.trim())
             .ok()
-            .filter(|_| o == "*" || o.starts_with("http://") || o.starts_with("https://"))
-            .with_context(|| format!("--cors-origin {o:?} is not an origin (e.g. http://localhost:5173, or *)"))?;
+            .filter(|_| o == "*" || o == "localhost" || o.starts_with("http://") || o.starts_with("https://"))
+            .with_context(|| {
+                format!("--cors-origin {o:?} is not an origin (e.g. http://localhost:5173, localhost for any loopback one, or *)")
+            })?;
         cors.push(v);
     }
     let allowed_hosts = strata::server::guard::HostPolicy::parse(&a.allowed_host).map_err(anyhow::Error::msg)?;

@@ -121,13 +121,34 @@ fn is_port(s: &str) -> bool {
 }
 
 /// Whether `origin` may make requests: this server's own origin (its `host:port` is the request's
-/// `Host`), or one `--cors-origin` names (`*`: any). `null` (a sandboxed frame, a file) is foreign.
+/// `Host`), or one `--cors-origin` names ([`cors_allows`]). `null` (a sandboxed frame, a file) is foreign.
 pub fn origin_allowed(origin: &str, host: Option<&str>, cors: &[HeaderValue]) -> bool {
-    if cors.iter().any(|c| c == "*" || c.as_bytes().eq_ignore_ascii_case(origin.as_bytes())) {
+    if cors_allows(cors, origin) {
         return true;
     }
     let Some((_scheme, authority)) = origin.split_once("://") else { return false };
     host.is_some_and(|h| !authority.is_empty() && authority.eq_ignore_ascii_case(h.trim()))
+}
+
+/// Whether the `--cors-origin` values name `origin`: `*` any, `localhost` any http(s) origin on a loopback
+/// name or address (`http://localhost:5173`, `http://127.0.0.1`, `http://[::1]:3000`, as llama-server's
+/// `--cors-origins localhost`), else the exact origin.
+pub fn cors_allows(cors: &[HeaderValue], origin: &str) -> bool {
+    cors.iter().any(|c| {
+        c == "*"
+            || (c == "localhost" && is_loopback_origin(origin))
+            || c.as_bytes().eq_ignore_ascii_case(origin.as_bytes())
+    })
+}
+
+fn is_loopback_origin(origin: &str) -> bool {
+    let Some(authority) = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) else {
+        return false;
+    };
+    let Some(host) = host_name(authority) else { return false };
+    let host = host.to_ascii_lowercase();
+    host == "localhost"
+        || host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// True when a `Content-Type` says JSON (`application/json`, any parameters).
@@ -158,7 +179,9 @@ fn admit(app: &App, method: &Method, headers: &HeaderMap) -> Result<(), ApiError
             return Err(ApiError::host_not_allowed(h));
         }
     }
-    if let Some(origin) = headers.get(header::ORIGIN) {
+    // A preflight runs nothing: the CORS layer answers it, without Access-Control-Allow-Origin for an
+    // origin not allowed, so the browser does not send the request (and if it is sent, it is refused here).
+    if let Some(origin) = headers.get(header::ORIGIN).filter(|_| method != Method::OPTIONS) {
         let o = origin.to_str().unwrap_or("\u{fffd}");
         if !origin_allowed(o, host, &app.opts.cors_origins) {
             return Err(ApiError::origin_not_allowed(o));
@@ -241,6 +264,17 @@ mod tests {
         let named = vec![HeaderValue::from_static("http://localhost:5173")];
         assert!(origin_allowed("http://localhost:5173", Some("127.0.0.1:8080"), &named));
         assert!(origin_allowed("null", None, &[HeaderValue::from_static("*")]));
+        let local = vec![HeaderValue::from_static("localhost")];
+        for ok in
+            ["http://localhost", "http://localhost:8080", "http://127.0.0.1:3000", "http://[::1]", "https://[::1]:3000"]
+        {
+            assert!(origin_allowed(ok, Some("127.0.0.1:8080"), &local), "{ok}");
+        }
+        for bad in
+            ["http://web.mydomain.fr", "http://notlocalhost", "http://localhost.evil.com", "null", "file://localhost"]
+        {
+            assert!(!origin_allowed(bad, Some("127.0.0.1:8080"), &local), "{bad}");
+        }
     }
 
     #[test]

@@ -160,11 +160,13 @@ pub fn router(app: App) -> Router {
     }
     let mut r = r.method_not_allowed_fallback(|| async { ApiError::method_not_allowed() }).with_state(app.clone());
     if !app.opts.cors_origins.is_empty() {
-        let origins = &app.opts.cors_origins;
+        let origins = app.opts.cors_origins.clone();
         let allow: tower_http::cors::AllowOrigin = if origins.iter().any(|o| o == "*") {
             tower_http::cors::AllowOrigin::any()
         } else {
-            origins.clone().into()
+            tower_http::cors::AllowOrigin::predicate(move |origin, _| {
+                origin.to_str().is_ok_and(|o| guard::cors_allows(&origins, o))
+            })
         };
         let cors = tower_http::cors::CorsLayer::new()
             .allow_origin(allow)
