@@ -63,10 +63,34 @@ describe("App", () => {
     const form = await screen.findByTestId("api-key-form");
     expect(form.textContent).toContain("missing or incorrect API key");
     fireEvent.input(screen.getByLabelText("API key of strata serve"), { target: { value: "k-123" } });
+    // Not remembered unless ticked: kept for this tab only.
+    expect((screen.getByLabelText("Remember on this browser") as HTMLInputElement).checked).toBe(false);
     fireEvent.click(screen.getByRole("button", { name: "Use this key" }));
     await waitFor(() => expect(screen.queryByTestId("api-key-form")).toBeNull());
     await waitFor(() => expect(auths.filter((a) => a === "Bearer k-123").length).toBeGreaterThan(2));
-    expect(localStorage.getItem("strata.apiKey")).toBe("k-123");
+    expect(sessionStorage.getItem("strata.apiKey")).toBe("k-123");
+    expect(localStorage.getItem("strata.apiKey")).toBeNull();
+    expect(localStorage.getItem("strata.apiKey.remembered")).toBeNull();
+  });
+
+  it("keeps the key on this browser when Remember is ticked", async () => {
+    const keys = new KeyRequests();
+    const fetchFn = vi.fn(async (url: RequestInfo | URL, init?: RequestInit) => {
+      const auth = new Headers(init?.headers).get("Authorization");
+      if (String(url) === "/health") return new Response(JSON.stringify({ status: "ok", busy: false, queue: 0 }));
+      if (auth !== "Bearer k-456") return new Response(JSON.stringify({ error: { message: "missing or incorrect API key" } }), { status: 401 });
+      if (String(url) === "/strata/events") return new Response(new ReadableStream({ start() {} }));
+      return new Response(JSON.stringify({ error: { message: "no such path" } }), { status: 404 });
+    });
+    const t = new HttpTransport({ fetch: fetchFn as unknown as typeof fetch, askKey: keys.ask });
+    render(<App transport={t} keys={keys} />);
+    await screen.findByTestId("api-key-form");
+    fireEvent.input(screen.getByLabelText("API key of strata serve"), { target: { value: " k-456 " } });
+    fireEvent.click(screen.getByLabelText("Remember on this browser"));
+    fireEvent.click(screen.getByRole("button", { name: "Use this key" }));
+    await waitFor(() => expect(screen.queryByTestId("api-key-form")).toBeNull());
+    await waitFor(() => expect(localStorage.getItem("strata.apiKey.remembered")).toBe("k-456"));
+    expect(sessionStorage.getItem("strata.apiKey")).toBeNull();
   });
 });
 

@@ -3,7 +3,7 @@
 // error's field, /health as EngineStatus, 404s as "no data", and the event stream.
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import type { ChatChunk, TelemetryEntry } from "../src/bindings";
-import { KEY_STORAGE } from "../src/transport/http/client";
+import { KEY_STORAGE, REMEMBERED_KEY_STORAGE, type AskKey } from "../src/transport/http/client";
 import { HttpTransport } from "../src/transport/http";
 import { TransportError } from "../src/transport/types";
 import { NO_PARAMS } from "../src/chat/params";
@@ -57,13 +57,14 @@ let transport: HttpTransport;
 
 beforeEach(() => {
   localStorage.clear();
+  sessionStorage.clear();
 });
 
 afterEach(() => {
   vi.useRealTimers();
 });
 
-function setup(handler: Handler, askKey?: (why: string) => Promise<string | null>) {
+function setup(handler: Handler, askKey?: AskKey) {
   const f = mockFetch(handler);
   transport = new HttpTransport({ fetch: f as unknown as typeof fetch, askKey, reconnectMinMs: 5, reconnectMaxMs: 20 });
   return f;
@@ -173,7 +174,7 @@ describe("HttpTransport chat", () => {
 describe("HttpTransport API key", () => {
   it("asks for the key on a 401, keeps it, and sends it on every request after", async () => {
     const seen: (string | null)[] = [];
-    const ask = vi.fn(async () => "sekrit");
+    const ask = vi.fn(async () => ({ key: "sekrit", remember: false }));
     setup((url, init) => {
       const auth = headerOf(init, "Authorization");
       seen.push(auth);
@@ -185,10 +186,45 @@ describe("HttpTransport API key", () => {
     expect(await transport.devices()).toEqual({ devices: [] });
     expect(ask).toHaveBeenCalledTimes(1);
     expect(ask.mock.calls[0]).toEqual(["missing or incorrect API key"]);
-    expect(localStorage.getItem(KEY_STORAGE)).toBe("sekrit");
+    // Kept for this tab only: nothing in localStorage.
+    expect(sessionStorage.getItem(KEY_STORAGE)).toBe("sekrit");
+    expect(localStorage.length).toBe(0);
     await transport.cache();
     expect(seen).toEqual([null, "Bearer sekrit", "Bearer sekrit"]);
     expect(ask).toHaveBeenCalledTimes(1);
+  });
+
+  it("keeps the key on this browser only when asked to remember it, in one place", async () => {
+    let answer = { key: "first", remember: true };
+    let want = "first";
+    setup((_url, init) =>
+      headerOf(init, "Authorization") === `Bearer ${want}` ? json(200, { devices: [] }) : json(401, { error: { message: "missing or incorrect API key" } }),
+      async () => answer,
+    );
+    await transport.devices();
+    expect(localStorage.getItem(REMEMBERED_KEY_STORAGE)).toBe("first");
+    expect(sessionStorage.getItem(KEY_STORAGE)).toBeNull();
+    // A new page of this browser (a new tab: its sessionStorage empty) sends it from the start.
+    const next = mockFetch(() => json(200, { devices: [] }));
+    await new HttpTransport({ fetch: next as unknown as typeof fetch }).devices();
+    expect(headerOf(next.mock.calls[0]![1]!, "Authorization")).toBe("Bearer first");
+    // The key is refused later, and the new one is not to be remembered: the remembered one goes.
+    answer = { key: "second", remember: false };
+    want = "second";
+    await transport.devices();
+    expect(localStorage.getItem(REMEMBERED_KEY_STORAGE)).toBeNull();
+    expect(sessionStorage.getItem(KEY_STORAGE)).toBe("second");
+    transport.client.clearKey();
+    expect([sessionStorage.length, localStorage.length]).toEqual([0, 0]);
+  });
+
+  it("moves a key an older UI left in localStorage to this tab's storage", async () => {
+    localStorage.setItem(KEY_STORAGE, "from-before");
+    const f = setup(() => json(200, { devices: [] }));
+    await transport.devices();
+    expect(headerOf(f.mock.calls[0]![1]!, "Authorization")).toBe("Bearer from-before");
+    expect(localStorage.getItem(KEY_STORAGE)).toBeNull();
+    expect(sessionStorage.getItem(KEY_STORAGE)).toBe("from-before");
   });
 
   it("rejects with the server's message when the user declines", async () => {
@@ -196,11 +232,15 @@ describe("HttpTransport API key", () => {
     await expect(transport.devices()).rejects.toMatchObject({ message: "missing or incorrect API key" });
   });
 
-  it("uses a key kept from an earlier visit", async () => {
-    localStorage.setItem(KEY_STORAGE, "old");
+  it("uses a key remembered on an earlier visit, or kept earlier in this tab", async () => {
+    localStorage.setItem(REMEMBERED_KEY_STORAGE, "old");
     const f = setup(() => json(200, { devices: [] }));
     await transport.devices();
     expect(headerOf(f.mock.calls[0]![1]!, "Authorization")).toBe("Bearer old");
+    sessionStorage.setItem(KEY_STORAGE, "this-tab");
+    const g = setup(() => json(200, { devices: [] }));
+    await transport.devices();
+    expect(headerOf(g.mock.calls[0]![1]!, "Authorization")).toBe("Bearer this-tab");
   });
 });
 

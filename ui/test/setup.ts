@@ -1,5 +1,5 @@
-// Test setup: uPlot replaced by FakeUPlot (jsdom has no canvas), DOM cleanup and a clean localStorage after
-// each test.
+// Test setup: uPlot replaced by FakeUPlot (jsdom has no canvas), DOM cleanup and a clean localStorage and
+// sessionStorage after each test.
 import { cleanup } from "@testing-library/preact";
 import { afterEach, vi } from "vitest";
 
@@ -11,4 +11,5 @@ vi.mock("uplot", async () => {
 afterEach(() => {
   cleanup();
   localStorage.clear();
+  sessionStorage.clear();
 });

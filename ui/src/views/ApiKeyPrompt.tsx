@@ -1,9 +1,12 @@
-// The small form that asks for the API key of `strata serve` after a 401. The key is kept in localStorage
-// by the transport and sent as `Authorization: Bearer KEY`.
+// The small form that asks for the API key of `strata serve` after a 401. The transport sends it as
+// `Authorization: Bearer KEY` and keeps it for this tab only (sessionStorage), unless "Remember on this
+// browser" is ticked (localStorage: any script of this origin, and anyone at this browser, can read it).
 import { useEffect, useRef, useState } from "preact/hooks";
+import type { KeyAnswer } from "../transport/http/client";
 
-export function ApiKeyPrompt({ why, onAnswer }: { why: string; onAnswer: (key: string | null) => void }) {
+export function ApiKeyPrompt({ why, onAnswer }: { why: string; onAnswer: (answer: KeyAnswer | null) => void }) {
   const [key, setKey] = useState("");
+  const [remember, setRemember] = useState(false);
   const input = useRef<HTMLInputElement>(null);
   useEffect(() => input.current?.focus(), []);
   return (
@@ -13,7 +16,7 @@ export function ApiKeyPrompt({ why, onAnswer }: { why: string; onAnswer: (key: s
         data-testid="api-key-form"
         onSubmit={(e) => {
           e.preventDefault();
-          if (key.trim()) onAnswer(key.trim());
+          if (key.trim()) onAnswer({ key: key.trim(), remember });
         }}
         onKeyDown={(e) => {
           if (e.key === "Escape") onAnswer(null);
@@ -30,6 +33,15 @@ export function ApiKeyPrompt({ why, onAnswer }: { why: string; onAnswer: (key: s
           value={key}
           onInput={(e) => setKey((e.target as HTMLInputElement).value)}
         />
+        <label class="check-row">
+          <input
+            type="checkbox"
+            checked={remember}
+            onChange={(e) => setRemember((e.target as HTMLInputElement).checked)}
+          />
+          Remember on this browser
+        </label>
+        <p class="hint">Otherwise the key is forgotten when this tab closes.</p>
         <div class="button-row">
           <button type="submit" class="primary" disabled={key.trim() === ""}>
             Use this key

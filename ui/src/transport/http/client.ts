@@ -1,19 +1,34 @@
-// HTTP requests to `strata serve` on the page's own origin: the optional API key (asked for on a 401, kept
-// in localStorage, sent as `Authorization: Bearer KEY` on every request) and the mapping of OpenAI error
-// JSON and HTTP statuses to TransportError. It owns no endpoint's meaning: http/index.ts does.
+// HTTP requests to `strata serve` on the page's own origin: the optional API key (asked for on a 401, sent
+// as `Authorization: Bearer KEY` on every request) and the mapping of OpenAI error JSON and HTTP statuses
+// to TransportError. It owns no endpoint's meaning: http/index.ts does.
+// The key is kept in sessionStorage (gone when the tab closes) unless the user chose "Remember on this
+// browser", which keeps it in localStorage under its own name. A key an older UI left in localStorage
+// (it never asked) is moved to sessionStorage when read.
 import type { ErrorCode } from "../../bindings";
 import { TransportError } from "../types";
 
-/** Asks the user for the API key (`why`: the server's message); null when the user declines. */
-export type AskKey = (why: string) => Promise<string | null>;
+/** The user's answer to the key form: the key, and whether to keep it past this tab. */
+export interface KeyAnswer {
+  key: string;
+  remember: boolean;
+}
 
+/** Asks the user for the API key (`why`: the server's message); null when the user declines. */
+export type AskKey = (why: string) => Promise<KeyAnswer | null>;
+
+/** The key's name in sessionStorage (this tab), and where an older UI kept it in localStorage. */
 export const KEY_STORAGE = "strata.apiKey";
+/** The key's name in localStorage when the user chose to remember it on this browser. */
+export const REMEMBERED_KEY_STORAGE = "strata.apiKey.remembered";
 
 export interface ClientOptions {
   /** Origin and path prefix; "" is the page's own origin. */
   baseUrl?: string;
   fetch?: typeof fetch;
+  /** The browser's lasting storage (localStorage): a remembered key, and the transport's conversations. */
   storage?: Storage;
+  /** This tab's storage (sessionStorage): the key by default. */
+  session?: Storage;
   askKey?: AskKey;
 }
 
@@ -65,14 +80,16 @@ export class ApiClient {
   private readonly baseUrl: string;
   private readonly fetchFn: typeof fetch;
   private readonly storage: Storage | null;
+  private readonly session: Storage | null;
   private askKey: AskKey | null;
   private key: string | null;
-  private asking: Promise<string | null> | null = null;
+  private asking: Promise<KeyAnswer | null> | null = null;
 
   constructor(opts: ClientOptions = {}) {
     this.baseUrl = (opts.baseUrl ?? "").replace(/\/+$/, "");
     this.fetchFn = opts.fetch ?? ((input, init) => fetch(input, init));
     this.storage = opts.storage ?? (typeof localStorage === "undefined" ? null : localStorage);
+    this.session = opts.session ?? (typeof sessionStorage === "undefined" ? null : sessionStorage);
     this.askKey = opts.askKey ?? null;
     this.key = this.readKey();
   }
@@ -82,14 +99,10 @@ export class ApiClient {
     this.askKey = ask;
   }
 
-  /** Forgets the stored key. */
+  /** Forgets the key, in this tab and on this browser. */
   clearKey(): void {
     this.key = null;
-    try {
-      this.storage?.removeItem(KEY_STORAGE);
-    } catch {
-      // storage unavailable: the key was only in memory
-    }
+    for (const [store, name] of this.places()) remove(store, name);
   }
 
   /** Sends a request; an error status rejects with a TransportError, a 401 asks for the key and retries. */
@@ -122,9 +135,9 @@ export class ApiClient {
         // Another request may have got a new key while this one was on its way: try that one first.
         if (this.key !== keyUsed && this.key) continue;
         const refused = httpError(401, parsed);
-        const key = await this.promptKey(keyUsed ? `The key was refused: ${refused.message}` : refused.message);
-        if (!key) throw refused;
-        this.storeKey(key);
+        const answer = await this.promptKey(keyUsed ? `The key was refused: ${refused.message}` : refused.message);
+        if (!answer) throw refused;
+        this.storeKey(answer);
         continue;
       }
       throw httpError(res.status, parsed);
@@ -141,7 +154,7 @@ export class ApiClient {
     return (await res.json()) as T;
   }
 
-  private promptKey(why: string): Promise<string | null> {
+  private promptKey(why: string): Promise<KeyAnswer | null> {
     if (!this.askKey) return Promise.resolve(null);
     // One form for every request that got a 401 at the same time.
     if (!this.asking) {
@@ -149,24 +162,61 @@ export class ApiClient {
         this.asking = null;
       });
     }
-    return this.asking.then((k) => (k && k.trim() ? k.trim() : null));
+    return this.asking.then((a) => (a && a.key.trim() ? { key: a.key.trim(), remember: a.remember } : null));
   }
 
-  private storeKey(key: string): void {
+  /** Every place a key may be: this tab's, the remembered one, and where an older UI left it. */
+  private places(): [Storage | null, string][] {
+    return [
+      [this.session, KEY_STORAGE],
+      [this.storage, REMEMBERED_KEY_STORAGE],
+      [this.storage, KEY_STORAGE],
+    ];
+  }
+
+  /** Keeps the key in one place only: this browser's storage when remembered, else this tab's. */
+  private storeKey({ key, remember }: KeyAnswer): void {
     this.key = key;
-    try {
-      this.storage?.setItem(KEY_STORAGE, key);
-    } catch {
-      // storage unavailable: keep it for this page only
-    }
+    for (const [store, name] of this.places()) remove(store, name);
+    // Storage unavailable: the key is kept for this page only.
+    if (remember) set(this.storage, REMEMBERED_KEY_STORAGE, key);
+    else set(this.session, KEY_STORAGE, key);
   }
 
   private readKey(): string | null {
-    try {
-      return this.storage?.getItem(KEY_STORAGE) ?? null;
-    } catch {
-      return null;
+    const here = get(this.session, KEY_STORAGE) ?? get(this.storage, REMEMBERED_KEY_STORAGE);
+    if (here) return here;
+    // An older UI kept the key in localStorage without asking: it moves to this tab's storage.
+    const old = get(this.storage, KEY_STORAGE);
+    if (old) {
+      remove(this.storage, KEY_STORAGE);
+      set(this.session, KEY_STORAGE, old);
     }
+    return old;
+  }
+}
+
+function get(store: Storage | null, name: string): string | null {
+  try {
+    return store?.getItem(name) ?? null;
+  } catch {
+    return null;
+  }
+}
+
+function set(store: Storage | null, name: string, value: string): void {
+  try {
+    store?.setItem(name, value);
+  } catch {
+    // storage unavailable (private mode, quota): the key stays in memory
+  }
+}
+
+function remove(store: Storage | null, name: string): void {
+  try {
+    store?.removeItem(name);
+  } catch {
+    // storage unavailable: nothing was kept there
   }
 }
 
