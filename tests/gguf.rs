@@ -227,11 +227,15 @@ fn bad_magic() {
     let mut bytes = GgufWriter::new().to_bytes(3);
     bytes[3] = b'X';
     let e = parse_err(bytes);
-    assert!(matches!(e.kind, GgufErrorKind::BadMagic { found } if &found == b"GGUX"), "{e}");
-    // The message shows the bytes found as text, escaped where they are not printable.
-    check_message(&e, 0, &["not a GGUF file", "magic is \"GGUX\"", "expected \"GGUF\""]);
-    let e = parse_err(b"\x00\xffG\n\x03\x00\x00\x00".to_vec());
-    check_message(&e, 0, &[r#"magic is "\x00\xffG\n""#]);
+    assert!(matches!(e.kind, GgufErrorKind::BadMagic), "{e}");
+    check_message(&e, 0, &["not a GGUF file", "GGUF signature"]);
+    // The message quotes none of the file's bytes: a path to a file the user cannot read (/etc/shadow
+    // begins with "root") must not tell them how it begins.
+    let e = parse_err(b"root:$6$secret\n\x03\x00\x00\x00".to_vec());
+    let msg = e.to_string();
+    assert!(matches!(e.kind, GgufErrorKind::BadMagic), "{msg}");
+    assert!(!msg.contains("root") && !msg.contains("secret"), "{msg}");
+    assert!(!format!("{e:?}").contains("root"), "{e:?}");
 }
 
 #[test]

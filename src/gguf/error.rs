@@ -20,8 +20,10 @@ pub enum GgufErrorKind {
         #[source]
         source: std::io::Error,
     },
-    #[error("not a GGUF file: magic is \"{}\", expected \"GGUF\"", found.escape_ascii())]
-    BadMagic { found: [u8; 4] },
+    /// The file's first bytes are not kept: the message may reach whoever named the file (the app's model
+    /// picker takes any path), and must not show them what a file they cannot read begins with.
+    #[error("not a GGUF file: it does not begin with the GGUF signature (is it a model file, fully downloaded?)")]
+    BadMagic,
     #[error("unsupported GGUF version {0} (supported: 2 and 3)")]
     UnsupportedVersion(u32),
     #[error(

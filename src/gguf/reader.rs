@@ -131,9 +131,8 @@ impl GgufFile {
         };
         let mut r = Cursor { buf, pos: 0 };
         let magic_bytes = r.take(4, "magic")?;
-        let magic: [u8; 4] = [magic_bytes[0], magic_bytes[1], magic_bytes[2], magic_bytes[3]];
-        if magic != GGUF_MAGIC {
-            return Err(GgufError::new(GgufErrorKind::BadMagic { found: magic }, 0));
+        if magic_bytes != GGUF_MAGIC {
+            return Err(GgufError::new(GgufErrorKind::BadMagic, 0));
         }
         let version = r.u32("version")?;
         if version != 2 && version != 3 {
