@@ -12,11 +12,18 @@ use rand_chacha::ChaCha8Rng;
 
 use strata::device::cuda::driver::CudaGpu;
 use strata::device::cuda::emu::{self, EmuGpu};
-use strata::device::cuda::gpu::{launch, Arg, Buffer, Dims, Gpu};
+use strata::device::cuda::gpu::{Arg, Buffer, Dims, Gpu, GpuError};
 use strata::device::cuda::kernels::{self, KERNEL_FILES};
 use strata::model::ops;
 use strata::model::RopeKind;
 use strata::quant::{self, GgmlType};
+
+/// Launches a kernel on buffers a test made for it.
+fn run(gpu: &dyn Gpu, kernel: &'static str, dims: Dims, args: &[Arg]) -> Result<(), GpuError> {
+    // SAFETY: each test allocates its buffers right before the launch, sized for the kernel at these
+    // dimensions (the sizes the forward pass uses), and keeps them until it has read the results.
+    unsafe { strata::device::cuda::gpu::launch(gpu, kernel, dims, args) }
+}
 
 /// The emulated GPU, or with `STRATA_TEST_GPU=cuda:N` (scripts/gpu-check) that CUDA device.
 fn gpu() -> Arc<dyn Gpu> {
@@ -93,17 +100,17 @@ fn products_and_row_lookups_match_the_cpu_for_every_weight_type() {
         ];
         let with = |extra: &[Arg]| -> Vec<Arg> { args.iter().chain(extra).copied().collect() };
         let matvec_dims = Dims::linear((rows as u32).div_ceil(4), 128);
-        launch(&*gpu, kernel_name("matvec", ty), matvec_dims, &with(&[Arg::I32(0)])).unwrap();
+        run(&*gpu, kernel_name("matvec", ty), matvec_dims, &with(&[Arg::I32(0)])).unwrap();
         assert_close(&format!("matvec {}", ty.name()), &y.read_f32(rows).unwrap(), &want[..rows], 1e-4);
         // Accumulating (y += W x): twice the product.
-        launch(&*gpu, kernel_name("matvec", ty), matvec_dims, &with(&[Arg::I32(1)])).unwrap();
+        run(&*gpu, kernel_name("matvec", ty), matvec_dims, &with(&[Arg::I32(1)])).unwrap();
         let twice: Vec<f32> = want[..rows].iter().map(|v| 2.0 * v).collect();
         assert_close(&format!("matvec {} accumulating", ty.name()), &y.read_f32(rows).unwrap(), &twice, 1e-4);
 
         let dims = Dims { grid: [(rows as u32).div_ceil(32), (tokens as u32).div_ceil(32), 1], block: [256, 1, 1] };
-        launch(&*gpu, kernel_name("gemm", ty), dims, &with(&[Arg::I32(tokens as i32), Arg::I32(0)])).unwrap();
+        run(&*gpu, kernel_name("gemm", ty), dims, &with(&[Arg::I32(tokens as i32), Arg::I32(0)])).unwrap();
         assert_close(&format!("gemm {}", ty.name()), &y.read_f32(tokens * rows).unwrap(), &want, 1e-4);
-        launch(&*gpu, kernel_name("gemm", ty), dims, &with(&[Arg::I32(tokens as i32), Arg::I32(1)])).unwrap();
+        run(&*gpu, kernel_name("gemm", ty), dims, &with(&[Arg::I32(tokens as i32), Arg::I32(1)])).unwrap();
         let twice: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
         assert_close(&format!("gemm {} accumulating", ty.name()), &y.read_f32(tokens * rows).unwrap(), &twice, 1e-4);
 
@@ -117,7 +124,7 @@ fn products_and_row_lookups_match_the_cpu_for_every_weight_type() {
             Arg::I32(cols as i32),
             Arg::I64(row_bytes as i64),
         ];
-        launch(&*gpu, kernel_name("rows", ty), Dims::linear(ids.len() as u32, 64), &args).unwrap();
+        run(&*gpu, kernel_name("rows", ty), Dims::linear(ids.len() as u32, 64), &args).unwrap();
         let got = out.read_f32(ids.len() * cols).unwrap();
         let want_rows: Vec<f32> =
             ids.iter().flat_map(|&r| deq[r as usize * cols..(r as usize + 1) * cols].to_vec()).collect();
@@ -135,7 +142,7 @@ fn norm_rope_swiglu_and_adds_match_the_cpu() {
     let (xb, wb) = (upload_f32(&gpu, &x), upload_f32(&gpu, &w));
     let out = Buffer::device(&gpu, (t * n * 4) as u64).unwrap();
     let args = [Arg::Ptr(xb.ptr()), Arg::Ptr(wb.ptr()), Arg::Ptr(out.ptr()), Arg::I32(n as i32), Arg::F32(1e-5)];
-    launch(&*gpu, "rms_norm_f32", Dims::linear(t as u32, 256), &args).unwrap();
+    run(&*gpu, "rms_norm_f32", Dims::linear(t as u32, 256), &args).unwrap();
     let mut want = vec![0f32; t * n];
     for r in 0..t {
         ops::rms_norm(&x[r * n..(r + 1) * n], &w, 1e-5, &mut want[r * n..(r + 1) * n]);
@@ -162,7 +169,7 @@ fn norm_rope_swiglu_and_adds_match_the_cpu() {
             Arg::F32(theta_scale),
             Arg::I32(neox),
         ];
-        launch(&*gpu, "rope_f32", Dims::over(t * (n_head + n_head_kv) * rope_dims / 2, 128), &args).unwrap();
+        run(&*gpu, "rope_f32", Dims::over(t * (n_head + n_head_kv) * rope_dims / 2, 128), &args).unwrap();
         for (name, x, xb, heads) in [("q", &q, &qb, n_head), ("k", &k, &kb, n_head_kv)] {
             let mut want = x.clone();
             for tt in 0..t {
@@ -178,15 +185,14 @@ fn norm_rope_swiglu_and_adds_match_the_cpu() {
 
     let (g, u) = (randn(&mut rng, 1000, 4.0), randn(&mut rng, 1000, 1.0));
     let (gb, ub) = (upload_f32(&gpu, &g), upload_f32(&gpu, &u));
-    launch(&*gpu, "swiglu_f32", Dims::over(1000, 256), &[Arg::Ptr(gb.ptr()), Arg::Ptr(ub.ptr()), Arg::I32(1000)])
-        .unwrap();
+    run(&*gpu, "swiglu_f32", Dims::over(1000, 256), &[Arg::Ptr(gb.ptr()), Arg::Ptr(ub.ptr()), Arg::I32(1000)]).unwrap();
     let mut want = g.clone();
     ops::swiglu(&mut want, &u);
     assert_close("swiglu", &gb.read_f32(1000).unwrap(), &want, 1e-6);
 
     let bias = randn(&mut rng, 100, 1.0);
     let bb = upload_f32(&gpu, &bias);
-    launch(
+    run(
         &*gpu,
         "add_bias_f32",
         Dims::over(1000, 256),
@@ -199,7 +205,7 @@ fn norm_rope_swiglu_and_adds_match_the_cpu() {
     let idx: Vec<i32> = vec![4, 1];
     let ib = upload(&gpu, bytemuck::cast_slice(&idx));
     let picked = Buffer::device(&gpu, (2 * n * 4) as u64).unwrap();
-    launch(
+    run(
         &*gpu,
         "gather_rows_f32",
         Dims::linear(2, 128),
@@ -260,7 +266,7 @@ fn kv_rows_are_stored_as_the_cpu_stores_them_and_attention_matches() {
                 Arg::I32(from as i32),
                 Arg::I32(kv_dim as i32),
             ];
-            launch(&*gpu, store, Dims::over(2 * count * per_thread, 128), &args).unwrap();
+            run(&*gpu, store, Dims::over(2 * count * per_thread, 128), &args).unwrap();
         }
         // Stored bytes equal the CPU cache's.
         let mut stored_k = vec![0u8; n * row_bytes];
@@ -338,7 +344,7 @@ fn kv_rows_are_stored_as_the_cpu_stores_them_and_attention_matches() {
             Arg::I32(head_dim as i32),
             Arg::F32(scale),
         ];
-        launch(&*gpu, kernel, Dims::linear((tokens * n_head) as u32, 128), &args).unwrap();
+        run(&*gpu, kernel, Dims::linear((tokens * n_head) as u32, 128), &args).unwrap();
         assert_close(kernel, &out.read_f32(q.len()).unwrap(), &want, 1e-5);
     }
 }
@@ -346,11 +352,11 @@ fn kv_rows_are_stored_as_the_cpu_stores_them_and_attention_matches() {
 #[test]
 fn launches_with_wrong_arguments_are_refused_before_running() {
     let gpu = gpu();
-    let e = launch(&*gpu, "swiglu_f32", Dims::over(10, 32), &[Arg::Ptr(0), Arg::I32(1)]).unwrap_err();
+    let e = run(&*gpu, "swiglu_f32", Dims::over(10, 32), &[Arg::Ptr(0), Arg::I32(1)]).unwrap_err();
     assert!(e.to_string().contains("do not match its parameters \"ppi\""), "{e}");
-    let e = launch(&*gpu, "no_such_kernel", Dims::over(10, 32), &[]).unwrap_err();
+    let e = run(&*gpu, "no_such_kernel", Dims::over(10, 32), &[]).unwrap_err();
     assert!(e.to_string().contains("no such kernel"), "{e}");
-    let e = launch(&*gpu, "swiglu_f32", Dims::linear(1, 2048), &[Arg::Ptr(0), Arg::Ptr(0), Arg::I32(0)]).unwrap_err();
+    let e = run(&*gpu, "swiglu_f32", Dims::linear(1, 2048), &[Arg::Ptr(0), Arg::Ptr(0), Arg::I32(0)]).unwrap_err();
     assert!(e.to_string().contains("bad launch dimensions"), "{e}");
 }
 

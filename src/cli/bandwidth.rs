@@ -51,14 +51,16 @@ pub fn measure_gpu(device: &Arc<Device>, max_bytes: u64) -> anyhow::Result<GpuBa
     let pinned_slice = unsafe { std::slice::from_raw_parts_mut(pinned.ptr() as *mut u8, bytes as usize) };
     pinned_slice.fill(1);
     let pageable = vec![1u8; bytes as usize];
-    gpu.dtod(b.ptr(), a.ptr(), bytes)?;
+    // SAFETY: `a` and `b` are live device buffers of `bytes` bytes each.
+    let copy_once = || unsafe { gpu.dtod(b.ptr(), a.ptr(), bytes) };
+    copy_once()?;
     gpu.synchronize()?;
     let copy = best(5, || {
-        gpu.dtod(b.ptr(), a.ptr(), bytes)?;
+        copy_once()?;
         Ok(gpu.synchronize()?)
     })?;
-    let h2d_pinned = best(5, || Ok(gpu.htod(a.ptr(), pinned_slice)?))?;
-    let h2d_pageable = best(5, || Ok(gpu.htod(a.ptr(), &pageable)?))?;
+    let h2d_pinned = best(5, || Ok(a.write_at(0, pinned_slice)?))?;
+    let h2d_pageable = best(5, || Ok(a.write_at(0, &pageable)?))?;
     Ok(GpuBandwidth {
         device: device.name(),
         name: gpu.describe(),

@@ -217,7 +217,10 @@ impl GpuStage {
     }
 
     fn run(&self, kernel: &'static str, dims: Dims, args: &[Arg]) -> Result<(), DeviceError> {
-        launch(&*self.gpu, kernel, dims, args).map_err(|e| self.err(e))
+        // SAFETY: every caller passes addresses of this stage's own memory (its scratch, sized for `batch`
+        // tokens, its weights, the KV pages of its layers), held by `self` or the cache while the stream's
+        // work runs, with the sizes and dimensions the kernel's contract in kernels/ expects.
+        unsafe { launch(&*self.gpu, kernel, dims, args) }.map_err(|e| self.err(e))
     }
 
     /// `y (t, m.rows) = x (t, m.cols) . W^T`.
@@ -321,7 +324,8 @@ impl GpuStage {
     pub fn receive_x(&self, prev: &GpuStage, t: usize, n_embd: usize) -> Result<(), DeviceError> {
         prev.gpu.synchronize().map_err(|e| prev.err(e))?;
         let bytes = (t * n_embd * 4) as u64;
-        self.gpu.dtod(ptr(&self.scratch.x), ptr(&prev.scratch.x), bytes).map_err(|e| self.err(e))?;
+        // SAFETY: both hidden-state buffers hold `batch * n_embd` f32s and `t <= batch` (the caller's chunk).
+        unsafe { self.gpu.dtod(ptr(&self.scratch.x), ptr(&prev.scratch.x), bytes) }.map_err(|e| self.err(e))?;
         self.device.count_copy_in(bytes);
         Ok(())
     }
@@ -427,7 +431,8 @@ impl GpuStage {
         self.rms_norm(hn, &head.norm, hn, n_out, d, cfg.rms_eps)?;
         self.matmul(&head.output, hn, logits, n_out)?;
         let mut out = vec![0f32; n_out * n_vocab];
-        self.gpu.dtoh(bytemuck::cast_slice_mut(&mut out), logits).map_err(|e| self.err(e))?;
+        // SAFETY: `logits` is the head's buffer of `batch * n_vocab` f32s and `n_out <= batch`.
+        unsafe { self.gpu.dtoh(bytemuck::cast_slice_mut(&mut out), logits) }.map_err(|e| self.err(e))?;
         Ok(out)
     }
 }

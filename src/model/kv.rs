@@ -381,8 +381,12 @@ impl KvCache {
                 let to = self.host.alloc_pinned(g, Purpose::Kv, bytes)?;
                 let dst = to.mem().expect("pinned memory").ptr();
                 let (k, v) = page.gpu_addrs().expect("a GPU page has memory");
-                g.dtod(dst, k, bytes / 2).map_err(|e| gpu_error(&device, e))?;
-                g.dtod(dst + bytes / 2, v, bytes / 2).map_err(|e| gpu_error(&device, e))?;
+                // SAFETY: `to` was just allocated with `bytes`; the page's K and V halves hold `bytes / 2`
+                // each and the page is live (it is freed only after the synchronize below).
+                unsafe {
+                    g.dtod(dst, k, bytes / 2).map_err(|e| gpu_error(&device, e))?;
+                    g.dtod(dst + bytes / 2, v, bytes / 2).map_err(|e| gpu_error(&device, e))?;
+                }
                 g.synchronize().map_err(|e| gpu_error(&device, e))?; // before the device page is freed
                 to
             }
@@ -469,7 +473,9 @@ impl KvCache {
                 for (first, count, addr) in adjacent_runs(&layer.pages[..pages], v_half, (KV_PAGE_TOKENS * row) as u64)
                 {
                     let (from, to) = (first * KV_PAGE_TOKENS * row, ((first + count) * KV_PAGE_TOKENS).min(n) * row);
-                    gpu.dtoh(&mut dst[from..to], addr).map_err(|e| gpu_error(&layer.device, e))?;
+                    // SAFETY: `addr` starts a run of `count` adjacent live pages of this layer, each holding
+                    // KV_PAGE_TOKENS rows of `row` bytes, and `to - from` is at most that run's bytes.
+                    unsafe { gpu.dtoh(&mut dst[from..to], addr) }.map_err(|e| gpu_error(&layer.device, e))?;
                 }
                 return Ok(out);
             }
@@ -529,7 +535,9 @@ impl KvCache {
                         if from >= to {
                             continue;
                         }
-                        if let Err(e) = gpu.htod(addr, &bytes[from..to]) {
+                        // SAFETY: as in the snapshot's copies: a run of `count` adjacent live pages holds at
+                        // least `to - from` bytes from `addr`.
+                        if let Err(e) = unsafe { gpu.htod(addr, &bytes[from..to]) } {
                             let e = gpu_error(&layer.device, e);
                             self.clear();
                             return Err(e);

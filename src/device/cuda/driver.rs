@@ -153,7 +153,7 @@ impl Gpu for CudaGpu {
         }
     }
 
-    fn free(&self, ptr: u64) {
+    unsafe fn free(&self, ptr: u64) {
         // Work queued on the stream may still use it: wait for that first (frees are rare).
         if self.bind().is_ok() && self.sync_stream().is_ok() {
             // SAFETY: `ptr` came from `alloc` and is freed once (the owner's drop), after the stream's work.
@@ -193,7 +193,7 @@ impl Gpu for CudaGpu {
         Ok(dptr)
     }
 
-    fn free_host(&self, ptr: u64) {
+    unsafe fn free_host(&self, ptr: u64) {
         if self.bind().is_ok() && self.sync_stream().is_ok() {
             // SAFETY: `ptr` came from `alloc_host` (host and device addresses are equal) and is freed once.
             if let Err(e) = unsafe { result::free_host(ptr as *mut c_void) } {
@@ -202,22 +202,22 @@ impl Gpu for CudaGpu {
         }
     }
 
-    fn htod(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
+    unsafe fn htod(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
         self.bind()?;
-        // SAFETY: `dst` holds at least src.len() bytes (the callers' buffers carry their sizes); the
-        // stream is synchronized before `src` may be reused.
+        // SAFETY: the caller's contract (`Gpu::htod`): `dst` holds at least src.len() bytes of one live
+        // allocation; the stream is synchronized before `src` may be reused.
         unsafe { result::memcpy_htod_async(dst, src, self.stream) }.map_err(|e| self.error("cuMemcpyHtoDAsync", e))?;
         self.sync_stream()
     }
 
-    fn dtoh(&self, dst: &mut [u8], src: u64) -> Result<(), GpuError> {
+    unsafe fn dtoh(&self, dst: &mut [u8], src: u64) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: as in `htod`, in the other direction.
         unsafe { result::memcpy_dtoh_async(dst, src, self.stream) }.map_err(|e| self.error("cuMemcpyDtoHAsync", e))?;
         self.sync_stream()
     }
 
-    fn dtod(&self, dst: u64, src: u64, bytes: u64) -> Result<(), GpuError> {
+    unsafe fn dtod(&self, dst: u64, src: u64, bytes: u64) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: both ranges hold `bytes` bytes; unified addressing lets the driver find where each
         // lives (this device, another one, pinned host memory).
@@ -226,7 +226,7 @@ impl Gpu for CudaGpu {
             .map_err(|e| self.error("cuMemcpyAsync", e))
     }
 
-    fn launch_unchecked(&self, kernel: &'static str, dims: Dims, args: &mut [Arg]) -> Result<(), GpuError> {
+    unsafe fn launch_unchecked(&self, kernel: &'static str, dims: Dims, args: &mut [Arg]) -> Result<(), GpuError> {
         self.bind()?;
         let f = *self
             .functions

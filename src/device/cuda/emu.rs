@@ -97,7 +97,8 @@ impl Drop for EmuGpu {
         }
         let ptrs: Vec<u64> = self.host.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
         for p in ptrs {
-            self.free_host(p);
+            // SAFETY: the emulator is gone with this drop: nothing can use its host memory after it.
+            unsafe { self.free_host(p) };
         }
     }
 }
@@ -117,7 +118,7 @@ impl Gpu for EmuGpu {
         self.take(bytes)
     }
 
-    fn free(&self, ptr: u64) {
+    unsafe fn free(&self, ptr: u64) {
         self.give(ptr);
     }
 
@@ -135,7 +136,7 @@ impl Gpu for EmuGpu {
         Ok(p as u64)
     }
 
-    fn free_host(&self, ptr: u64) {
+    unsafe fn free_host(&self, ptr: u64) {
         if let Some(size) = self.host.lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr) {
             let layout = std::alloc::Layout::from_size_align(size, ALIGN).expect("checked at allocation");
             // SAFETY: allocated by `alloc_host` with this layout, freed once.
@@ -143,29 +144,29 @@ impl Gpu for EmuGpu {
         }
     }
 
-    fn htod(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
+    unsafe fn htod(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
         self.check()?;
-        // SAFETY: `dst` is an address this emulator (or alloc_host) handed out, holding at least
-        // `src.len()` bytes: the callers' buffers carry their sizes.
+        // SAFETY: the caller's contract (`Gpu::htod`): `dst` lies in an allocation of this emulator (or
+        // alloc_host) holding at least `src.len()` bytes from there.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
         Ok(())
     }
 
-    fn dtoh(&self, dst: &mut [u8], src: u64) -> Result<(), GpuError> {
+    unsafe fn dtoh(&self, dst: &mut [u8], src: u64) -> Result<(), GpuError> {
         self.check()?;
         // SAFETY: as in `htod`.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
-    fn dtod(&self, dst: u64, src: u64, bytes: u64) -> Result<(), GpuError> {
+    unsafe fn dtod(&self, dst: u64, src: u64, bytes: u64) -> Result<(), GpuError> {
         self.check()?;
         // SAFETY: as in `htod`; `copy` allows overlap.
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes as usize) };
         Ok(())
     }
 
-    fn launch_unchecked(&self, kernel: &'static str, dims: Dims, args: &mut [Arg]) -> Result<(), GpuError> {
+    unsafe fn launch_unchecked(&self, kernel: &'static str, dims: Dims, args: &mut [Arg]) -> Result<(), GpuError> {
         self.check()?;
         let name = CString::new(kernel)
             .map_err(|_| GpuError::BadLaunch { kernel: kernel.to_owned(), why: "a NUL in the name".into() })?;

@@ -90,19 +90,38 @@ pub trait Gpu: Send + Sync + fmt::Debug {
     /// `bytes` of device memory (not zeroed).
     fn alloc(&self, bytes: u64) -> Result<u64, GpuError>;
     /// Frees what `alloc` returned.
-    fn free(&self, ptr: u64);
+    ///
+    /// # Safety
+    /// `ptr` came from this GPU's `alloc`, is freed once, and nothing uses it afterwards (no queued
+    /// kernel or copy, no other handle).
+    unsafe fn free(&self, ptr: u64);
     /// `bytes` of pinned host memory mapped into the device's address space: kernels read it through the
     /// returned address, the host through the same address as a pointer.
     fn alloc_host(&self, bytes: u64) -> Result<u64, GpuError>;
-    fn free_host(&self, ptr: u64);
+    /// # Safety
+    /// As [`Gpu::free`], for what `alloc_host` returned.
+    unsafe fn free_host(&self, ptr: u64);
     /// Copies host bytes to device address `dst`; returns when `src` may be reused.
-    fn htod(&self, dst: u64, src: &[u8]) -> Result<(), GpuError>;
+    ///
+    /// # Safety
+    /// `[dst, dst + src.len())` lies inside one live allocation of this GPU (`alloc` or `alloc_host`):
+    /// the copy writes there, and for pinned host memory that is this process's memory.
+    unsafe fn htod(&self, dst: u64, src: &[u8]) -> Result<(), GpuError>;
     /// Copies device bytes at `src` into `dst` once the work before it is done.
-    fn dtoh(&self, dst: &mut [u8], src: u64) -> Result<(), GpuError>;
+    ///
+    /// # Safety
+    /// `[src, src + dst.len())` lies inside one live allocation of this GPU.
+    unsafe fn dtoh(&self, dst: &mut [u8], src: u64) -> Result<(), GpuError>;
     /// Copies `bytes` between device addresses (on this device, or from pinned host memory).
-    fn dtod(&self, dst: u64, src: u64, bytes: u64) -> Result<(), GpuError>;
+    ///
+    /// # Safety
+    /// `[dst, dst + bytes)` and `[src, src + bytes)` each lie inside one live allocation of this GPU.
+    unsafe fn dtod(&self, dst: u64, src: u64, bytes: u64) -> Result<(), GpuError>;
     /// Launches a kernel; `args` were checked against its parameters by [`launch`].
-    fn launch_unchecked(&self, kernel: &'static str, dims: Dims, args: &mut [Arg]) -> Result<(), GpuError>;
+    ///
+    /// # Safety
+    /// As [`launch`], and the argument kinds match the kernel's parameters.
+    unsafe fn launch_unchecked(&self, kernel: &'static str, dims: Dims, args: &mut [Arg]) -> Result<(), GpuError>;
     /// Waits for all work queued so far.
     fn synchronize(&self) -> Result<(), GpuError>;
     /// Faults the context on purpose (tests of the sticky-error path); false where that is not possible.
@@ -112,7 +131,12 @@ pub trait Gpu: Send + Sync + fmt::Debug {
 }
 
 /// Launches `kernel` with `args` after checking them against its parameter kinds.
-pub fn launch(gpu: &dyn Gpu, kernel: &'static str, dims: Dims, args: &[Arg]) -> Result<(), GpuError> {
+///
+/// # Safety
+/// Every `Arg::Ptr` is an address inside a live allocation of this GPU, large enough for what the kernel
+/// reads and writes there at these dimensions (the kernel's own contract, in kernels/), and stays live
+/// until the work is done (a later synchronizing call).
+pub unsafe fn launch(gpu: &dyn Gpu, kernel: &'static str, dims: Dims, args: &[Arg]) -> Result<(), GpuError> {
     let bad = |why: String| GpuError::BadLaunch { kernel: kernel.to_owned(), why };
     let entry = kernels::entry(kernel).ok_or_else(|| bad("no such kernel".into()))?;
     let kinds: String = args.iter().map(Arg::kind).collect();
@@ -123,7 +147,8 @@ pub fn launch(gpu: &dyn Gpu, kernel: &'static str, dims: Dims, args: &[Arg]) -> 
         return Err(bad(format!("bad launch dimensions {dims:?}")));
     }
     let mut args = args.to_vec();
-    gpu.launch_unchecked(kernel, dims, &mut args)
+    // SAFETY: the kinds were checked above; the addresses are the caller's promise.
+    unsafe { gpu.launch_unchecked(kernel, dims, &mut args) }
 }
 
 /// Memory on a GPU (or pinned host memory mapped for it), freed on drop.
@@ -177,13 +202,15 @@ impl Buffer {
     /// Writes `src` at byte offset `at`.
     pub fn write_at(&self, at: u64, src: &[u8]) -> Result<(), GpuError> {
         self.check(at, src.len())?;
-        self.gpu.htod(self.ptr + at, src)
+        // SAFETY: the range was checked to lie inside this buffer, which is live while `self` is.
+        unsafe { self.gpu.htod(self.ptr + at, src) }
     }
 
     /// Reads `dst.len()` bytes from byte offset `at`.
     pub fn read_at(&self, at: u64, dst: &mut [u8]) -> Result<(), GpuError> {
         self.check(at, dst.len())?;
-        self.gpu.dtoh(dst, self.ptr + at)
+        // SAFETY: as in `write_at`.
+        unsafe { self.gpu.dtoh(dst, self.ptr + at) }
     }
 
     pub fn write_f32(&self, src: &[f32]) -> Result<(), GpuError> {
@@ -199,10 +226,14 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        if self.pinned_host {
-            self.gpu.free_host(self.ptr);
-        } else {
-            self.gpu.free(self.ptr);
+        // SAFETY: the buffer owns its allocation (made by this GPU, never handed out to be freed) and
+        // frees it once, here.
+        unsafe {
+            if self.pinned_host {
+                self.gpu.free_host(self.ptr);
+            } else {
+                self.gpu.free(self.ptr);
+            }
         }
     }
 }
