@@ -52,13 +52,13 @@ pub struct ServeArgs {
     /// Requests that may wait while the engine serves another; more get 503 with Retry-After
     #[arg(long = "queue", value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub queue: u32,
-    /// Allow browser pages of this origin (repeatable; localhost: any origin on a loopback name or address;
-    /// * for any). Without it, a request that carries a foreign Origin is refused with 403 (the server's own
-    /// page is not foreign)
+    /// Allow browser pages of this origin (repeatable; localhost: any origin on a loopback name or
+    /// address; '*' for any). Without it, a request that carries a foreign Origin is refused with 403 (the
+    /// server's own page is not foreign)
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origin: Vec<String>,
     /// Answer requests whose Host is this name (repeatable; .example.com: the domain and its subdomains;
-    /// * for any). localhost and IP addresses are always answered; other names get 403 (DNS rebinding)
+    /// '*' for any). localhost and IP addresses are always answered; other names get 403 (DNS rebinding)
     #[arg(long = "allowed-host", value_name = "NAME")]
     pub allowed_host: Vec<String>,
     /// Connections held at once; one more is answered 503 and closed
