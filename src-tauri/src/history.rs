@@ -277,7 +277,9 @@ mod tests {
         let mut a = h.create(None).unwrap();
         a.messages.push(msg(ChatRole::User, "Hello", true));
         a.messages.push(msg(ChatRole::Assistant, "Hi! ```rust\nfn main() {}\n```", true));
-        a.updated_ms += 10;
+        // An hour ahead, so that `a` lists first however long the save and the next create take (10 ms
+        // ahead failed on a loaded machine, where an fsync can take longer).
+        a.updated_ms += 3_600_000;
         h.save(&a).unwrap();
         let b = h.create(Some("second\nline".into())).unwrap();
         assert_eq!(b.title, "second line");
