@@ -1,7 +1,9 @@
 //! The app's HTTP client of an engine: a local `strata serve` child (its port and per-launch key) or a
 //! remote OpenAI-compatible endpoint. Streams chat replies (SSE), reads the Strata API (devices, cache,
 //! telemetry) and follows `/strata/events`. A remote engine that is not Strata answers the Strata paths with
-//! 404: those reads are then `None`.
+//! 404: those reads are then `None`. Nothing an engine sends is buffered without bound: one event of a
+//! stream is at most [`MAX_EVENT_BYTES`], a JSON reply [`MAX_JSON_BYTES`], an error body is cut at
+//! [`MAX_ERROR_BODY_BYTES`].
 
 use std::time::Duration;
 
@@ -41,6 +43,14 @@ pub enum ChatFailure {
     Refused(String),
 }
 
+/// The most one server-sent event may hold, in bytes (with its field names and line ends): past this the
+/// stream fails, whether the event is complete or still arriving (a line that never ends).
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+/// The most a JSON reply of the Strata API may hold, in bytes.
+pub const MAX_JSON_BYTES: usize = 16 << 20;
+/// How much of an error reply's body is read, in bytes (its message is in the first few hundred).
+pub const MAX_ERROR_BODY_BYTES: usize = 64 << 10;
+
 /// One server-sent event: its `event:` name (empty for none) and its `data:` lines joined.
 #[derive(Debug, PartialEq, Eq)]
 pub struct SseEvent {
@@ -48,41 +58,103 @@ pub struct SseEvent {
     pub data: String,
 }
 
-/// Splits a byte stream into server-sent events, across chunk boundaries.
-#[derive(Default)]
+/// Why an event stream was given up.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SseError {
+    /// One event (or the part of it received so far) is larger than the parser's limit.
+    #[error("the engine sent an event of over {}", size_text(*.limit_bytes))]
+    EventTooLarge { limit_bytes: usize },
+}
+
+/// `1 MiB` for a whole number of MiB, else bytes.
+fn size_text(bytes: usize) -> String {
+    if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// Splits a byte stream into server-sent events, across chunk boundaries, holding at most one event of
+/// `limit_bytes` (plus the chunk that arrived) at a time. After an error it keeps failing.
 pub struct SseParser {
     buf: Vec<u8>,
+    /// Bytes at the start of `buf` already searched for an event's end (none there).
+    searched: usize,
+    limit_bytes: usize,
+    failed: Option<SseError>,
+}
+
+impl Default for SseParser {
+    fn default() -> Self {
+        SseParser::with_limit(MAX_EVENT_BYTES)
+    }
 }
 
 impl SseParser {
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+    /// A parser that refuses an event of over `limit_bytes`.
+    pub fn with_limit(limit_bytes: usize) -> SseParser {
+        SseParser { buf: Vec::new(), searched: 0, limit_bytes, failed: None }
+    }
+
+    /// The events completed by `bytes`; an error once an event is past the limit (what was buffered is
+    /// dropped, and every later push fails the same way).
+    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<SseEvent>, SseError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
         self.buf.extend_from_slice(bytes);
         let mut out = Vec::new();
         loop {
-            let text = &self.buf;
-            let end = text.windows(2).position(|w| w == b"\n\n");
-            let Some(end) = end else { break };
-            let block: Vec<u8> = self.buf.drain(..end + 2).collect();
-            let block = String::from_utf8_lossy(&block);
-            let mut ev = SseEvent { event: String::new(), data: String::new() };
-            let mut any = false;
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("event:") {
-                    ev.event = v.trim().to_owned();
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    if any {
-                        ev.data.push('\n');
-                    }
-                    ev.data.push_str(v.strip_prefix(' ').unwrap_or(v));
-                    any = true;
+            // The end may straddle the last search's edge: look again from one byte before it.
+            let from = self.searched.saturating_sub(1);
+            let Some(at) = self.buf[from..].windows(2).position(|w| w == b"\n\n") else {
+                self.searched = self.buf.len();
+                // (Its last byte may be the first of the end: an event of the limit exactly is kept.)
+                if self.buf.len() > self.limit_bytes + 1 {
+                    return Err(self.fail());
                 }
+                break;
+            };
+            let end = from + at;
+            if end > self.limit_bytes {
+                return Err(self.fail());
             }
-            if any {
+            let block: Vec<u8> = self.buf.drain(..end + 2).collect();
+            self.searched = 0;
+            if let Some(ev) = parse_event(&block) {
                 out.push(ev);
             }
         }
-        out
+        Ok(out)
     }
+
+    fn fail(&mut self) -> SseError {
+        let e = SseError::EventTooLarge { limit_bytes: self.limit_bytes };
+        self.buf = Vec::new();
+        self.searched = 0;
+        self.failed = Some(e.clone());
+        e
+    }
+}
+
+/// One event's block (its lines); None when it has no `data:` (a comment, a keep-alive).
+fn parse_event(block: &[u8]) -> Option<SseEvent> {
+    let block = String::from_utf8_lossy(block);
+    let mut ev = SseEvent { event: String::new(), data: String::new() };
+    let mut any = false;
+    for line in block.lines() {
+        if let Some(v) = line.strip_prefix("event:") {
+            ev.event = v.trim().to_owned();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            if any {
+                ev.data.push('\n');
+            }
+            ev.data.push_str(v.strip_prefix(' ').unwrap_or(v));
+            any = true;
+        }
+    }
+    any.then_some(ev)
 }
 
 #[derive(Clone)]
@@ -117,7 +189,13 @@ impl EngineClient {
         if !r.status().is_success() {
             return Err(error_message(r).await);
         }
-        r.json::<T>().await.map(Some).map_err(|e| format!("the engine's reply to {path} is not what was expected: {e}"))
+        let body = read_capped(r, MAX_JSON_BYTES).await.map_err(|e| format!("the engine's reply to {path}: {e}"))?;
+        if body.len() > MAX_JSON_BYTES {
+            return Err(format!("the engine's reply to {path} is over {} MiB", MAX_JSON_BYTES >> 20));
+        }
+        serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| format!("the engine's reply to {path} is not what was expected: {e}"))
     }
 
     /// 200 from `/health`.
@@ -174,7 +252,8 @@ impl EngineClient {
                 return Err(ChatFailure::Gone("the reply stopped before its end".into()));
             };
             let bytes = chunk.map_err(|e| ChatFailure::Gone(e.to_string()))?;
-            for ev in sse.push(&bytes) {
+            // Too large an event is the engine's fault, not a lost connection: no retry.
+            for ev in sse.push(&bytes).map_err(|e| ChatFailure::Refused(e.to_string()))? {
                 if ev.data == "[DONE]" {
                     return Ok(ChatEnd::Done {
                         finish_reason: finish_reason.unwrap_or_else(|| "stop".into()),
@@ -218,7 +297,7 @@ impl EngineClient {
         let mut sse = SseParser::default();
         while let Some(chunk) = stream.next().await {
             let bytes = chunk.map_err(|e| e.to_string())?;
-            for ev in sse.push(&bytes) {
+            for ev in sse.push(&bytes).map_err(|e| e.to_string())? {
                 if !f(ev) {
                     return Ok(());
                 }
@@ -259,10 +338,27 @@ fn f32_json(v: f32) -> Value {
     v.to_string().parse::<f64>().map_or_else(|_| json!(v), |f| json!(f))
 }
 
-/// The message of an error reply (OpenAI's `{"error": {"message"}}`, else the status and body).
+/// A reply's body, read until its end or until more than `max_bytes` arrived (then the first chunks past
+/// it are all that is kept beyond: the caller tells by the length).
+async fn read_capped(r: reqwest::Response, max_bytes: usize) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    let mut stream = r.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        body.extend_from_slice(&chunk.map_err(|e| e.to_string())?);
+        if body.len() > max_bytes {
+            break;
+        }
+    }
+    Ok(body)
+}
+
+/// The message of an error reply (OpenAI's `{"error": {"message"}}`, else the status and the start of the
+/// body); at most [`MAX_ERROR_BODY_BYTES`] of the body are read.
 async fn error_message(r: reqwest::Response) -> String {
     let status = r.status();
-    let text = r.text().await.unwrap_or_default();
+    let mut body = read_capped(r, MAX_ERROR_BODY_BYTES).await.unwrap_or_default();
+    body.truncate(MAX_ERROR_BODY_BYTES);
+    let text = String::from_utf8_lossy(&body);
     serde_json::from_str::<Value>(&text)
         .ok()
         .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
@@ -301,8 +397,8 @@ mod tests {
     #[test]
     fn sse_events_split_across_chunks() {
         let mut p = SseParser::default();
-        assert!(p.push(b"event: sample\ndata: {\"a\"").is_empty());
-        let evs = p.push(b":1}\n\ndata: [DONE]\n\n");
+        assert!(p.push(b"event: sample\ndata: {\"a\"").unwrap().is_empty());
+        let evs = p.push(b":1}\n\ndata: [DONE]\n\n").unwrap();
         assert_eq!(
             evs,
             vec![
@@ -310,6 +406,46 @@ mod tests {
                 SseEvent { event: String::new(), data: "[DONE]".into() }
             ]
         );
-        assert!(p.push(b": keep-alive\n\n").is_empty());
+        assert!(p.push(b": keep-alive\n\n").unwrap().is_empty());
+        // An event's end split between two chunks, one byte each side.
+        assert!(p.push(b"data: x\n").unwrap().is_empty());
+        assert_eq!(p.push(b"\ndata: y\n\n").unwrap().iter().map(|e| e.data.as_str()).collect::<Vec<_>>(), ["x", "y"]);
+    }
+
+    #[test]
+    fn an_event_past_the_limit_fails_the_stream_and_frees_the_buffer() {
+        // A line that never ends, fed in small chunks: refused once it passes the limit, not buffered on.
+        let mut p = SseParser::with_limit(1000);
+        let mut fed = 0;
+        let err = loop {
+            match p.push(&[b'a'; 64]) {
+                Ok(evs) => assert!(evs.is_empty()),
+                Err(e) => break e,
+            }
+            fed += 64;
+            assert!(fed <= 1000, "still buffering after {fed} bytes");
+        };
+        assert_eq!(err, SseError::EventTooLarge { limit_bytes: 1000 });
+        assert_eq!(err.to_string(), "the engine sent an event of over 1000 bytes");
+        assert_eq!(p.buf.capacity(), 0, "the buffer is freed");
+        // It stays failed: no event of what follows is taken as a fresh start.
+        assert_eq!(p.push(b"\n\ndata: [DONE]\n\n"), Err(SseError::EventTooLarge { limit_bytes: 1000 }));
+        // A whole event over the limit in one chunk is refused too; events that fit before it are not lost.
+        let mut p = SseParser::with_limit(1000);
+        let mut chunk = b"data: ok\n\n".to_vec();
+        assert_eq!(p.push(&chunk).unwrap().len(), 1);
+        chunk = format!("data: {}\n\n", "b".repeat(1200)).into_bytes();
+        assert!(p.push(&chunk).is_err());
+        // At the limit exactly is fine.
+        let mut p = SseParser::with_limit(1000);
+        let exact = format!("data: {}", "c".repeat(994));
+        assert_eq!(exact.len(), 1000);
+        assert!(p.push(format!("{exact}\n").as_bytes()).unwrap().is_empty());
+        assert_eq!(p.push(b"\n").unwrap()[0].data.len(), 994);
+        // The default limit is 1 MiB, and its message says so.
+        let mut p = SseParser::default();
+        let big = vec![b'd'; MAX_EVENT_BYTES + 2];
+        let e = p.push(&big).unwrap_err();
+        assert_eq!(e.to_string(), "the engine sent an event of over 1 MiB");
     }
 }
