@@ -97,7 +97,7 @@ pub async fn load_model<R: Runtime>(
             return Err(e);
         }
     };
-    state.store_settings(&app, &settings)?;
+    let settings = state.store_settings(&app, &settings)?;
     progress(LoadStage::Starting, 0.1, None);
     state.start_engine(&settings)?;
     // The engine pages the file in as it loads: the fraction is estimated from the file's size (at about
@@ -129,15 +129,17 @@ pub async fn unload_model<R: Runtime>(app: AppHandle<R>, state: State<'_, AppSta
     state.supervisor.stop(Duration::from_secs(5)).await;
     let mut s = state.settings();
     s.model_path = None;
-    state.store_settings(&app, &s)
+    state.store_settings(&app, &s).map(|_| ())
 }
 
+/// The settings, a remote key masked (`kept` with its hint, or `none`): the key never reaches the page.
 #[tauri::command]
 pub fn get_settings(state: State<'_, AppState>) -> EngineSettings {
     state.settings()
 }
 
-/// Checks and keeps `settings`; when what the engine runs with changed, restarts it with them.
+/// Checks and keeps `settings`; when what the engine runs with changed, restarts it with them. A remote
+/// key sent as it was read (`kept`) stays, `new` replaces it, `none` clears it; the answer is masked.
 #[tauri::command]
 pub async fn save_settings<R: Runtime>(
     app: AppHandle<R>,
@@ -160,11 +162,11 @@ pub async fn save_settings<R: Runtime>(
     .await
     .map_err(|e| CommandError::io(e.to_string()))??;
     let old = state.settings();
-    state.store_settings(&app, &settings)?;
-    if old != settings {
-        state.start_engine(&settings)?;
+    let kept = state.store_settings(&app, &settings)?;
+    if old != kept {
+        state.start_engine(&kept)?;
     }
-    Ok(settings)
+    Ok(kept)
 }
 
 fn check_messages(messages: &[ChatMessage]) -> CmdResult<()> {
@@ -423,22 +425,21 @@ pub fn engine_status(state: State<'_, AppState>) -> EngineStatus {
 }
 
 impl AppState {
-    /// Where chats go: the remote endpoint, or the local engine once ready.
+    /// Where chats go: the remote endpoint (with the key from the key file), or the local engine once ready.
     async fn chat_endpoint(&self) -> CmdResult<Endpoint> {
-        match self.settings().engine {
-            EngineLocation::Remote { url, api_key, model } => {
-                Ok(Endpoint { url: url.trim_end_matches('/').to_owned(), api_key: Some(api_key), model })
-            }
-            EngineLocation::Local => self.supervisor.ready(RETRY_WAIT).await.map_err(CommandError::engine),
+        match self.remote_endpoint() {
+            Some(e) => Ok(e),
+            None => self.supervisor.ready(RETRY_WAIT).await.map_err(CommandError::engine),
         }
     }
 
     fn read_endpoint(&self) -> Option<Endpoint> {
-        match self.settings().engine {
-            EngineLocation::Remote { url, api_key, model } => {
-                Some(Endpoint { url: url.trim_end_matches('/').to_owned(), api_key: Some(api_key), model })
-            }
-            EngineLocation::Local => self.supervisor.endpoint(),
-        }
+        self.remote_endpoint().or_else(|| self.supervisor.endpoint())
+    }
+
+    /// The remote endpoint, when the settings name one; None for the local engine.
+    fn remote_endpoint(&self) -> Option<Endpoint> {
+        let EngineLocation::Remote { url, model, .. } = self.settings().engine else { return None };
+        Some(Endpoint { url: url.trim_end_matches('/').to_owned(), api_key: self.remote_key.key(), model })
     }
 }

@@ -2,12 +2,14 @@
 //! the Tauri builder with its plugins and commands, and the app's lifecycle (the engine starts with the
 //! app's model and stops when the app quits). Module map: `commands` (what the UI calls), `supervisor` (the
 //! engine child process), `engine` (HTTP to an engine), `history` (conversations on disk), `preferences`
-//! (the chat preferences file), `types` (what crosses to TypeScript).
+//! (the chat preferences file), `remote_key` (the remote endpoint's API key, in a 0600 file of its own,
+//! never in settings.json nor sent to the page), `types` (what crosses to TypeScript).
 
 pub mod commands;
 pub mod engine;
 pub mod history;
 pub mod preferences;
+pub mod remote_key;
 pub mod supervisor;
 pub mod types;
 
@@ -25,6 +27,7 @@ use strata::telemetry::Telemetry;
 
 use history::History;
 use preferences::Preferences;
+use remote_key::KeyFile;
 use supervisor::{EngineSpec, Supervisor};
 use types::{CmdResult, CommandError};
 
@@ -40,12 +43,15 @@ pub struct AppState {
     pub preferences: Preferences,
     pub telemetry: Arc<Telemetry>,
     pub supervisor: Supervisor,
+    /// The remote endpoint's API key (the settings hold only whether one is kept).
+    pub remote_key: KeyFile,
+    /// Always masked: the key is in `remote_key`, never here.
     settings: Mutex<EngineSettings>,
     cancels: Mutex<HashMap<String, tokio::sync::watch::Sender<bool>>>,
 }
 
 impl AppState {
-    pub fn new(data_dir: PathBuf, settings: EngineSettings) -> CmdResult<AppState> {
+    pub fn new(data_dir: PathBuf, remote_key: KeyFile, settings: EngineSettings) -> CmdResult<AppState> {
         let telemetry = Arc::new(Telemetry::with_capacity(TELEMETRY_ENTRIES));
         let supervisor = Supervisor::new(telemetry.clone(), tauri::async_runtime::handle().inner().clone());
         Ok(AppState {
@@ -54,6 +60,7 @@ impl AppState {
             data_dir,
             telemetry,
             supervisor,
+            remote_key,
             settings: Mutex::new(settings),
             cancels: Mutex::new(HashMap::new()),
         })
@@ -63,15 +70,18 @@ impl AppState {
         self.settings.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Keeps `s` (in memory and in the store, saved at once).
-    pub fn store_settings<R: Runtime>(&self, app: &tauri::AppHandle<R>, s: &EngineSettings) -> CmdResult<()> {
-        let store = app
-            .store(self.data_dir.join(SETTINGS_FILE))
-            .map_err(|e| CommandError::io(format!("cannot open the settings store: {e}")))?;
-        store.set(SETTINGS_KEY, serde_json::to_value(s).map_err(|e| CommandError::io(e.to_string()))?);
-        store.save().map_err(|e| CommandError::io(format!("cannot save the settings: {e}")))?;
-        *self.settings.lock().unwrap_or_else(|e| e.into_inner()) = s.clone();
-        Ok(())
+    /// Keeps `s`: a new remote key in the key file first, then the rest, the key masked, in memory and in
+    /// the store (saved at once). Returns what is kept, as the page may see it.
+    pub fn store_settings<R: Runtime>(
+        &self,
+        app: &tauri::AppHandle<R>,
+        s: &EngineSettings,
+    ) -> CmdResult<EngineSettings> {
+        let mut masked = s.clone();
+        self.remote_key.absorb(&mut masked).map_err(|e| CommandError::io(e.to_string()))?;
+        write_settings(app, &self.data_dir, &masked)?;
+        *self.settings.lock().unwrap_or_else(|e| e.into_inner()) = masked.clone();
+        Ok(masked)
     }
 
     /// (Re)starts the local engine for `s`; stops it for a remote engine or no model. (`STRATA_NO_ENGINE`
@@ -132,12 +142,35 @@ fn data_dir<R: Runtime>(app: &tauri::AppHandle<R>) -> CmdResult<PathBuf> {
     app.path().app_data_dir().map_err(|e| CommandError::io(format!("no data folder: {e}")))
 }
 
+/// Writes `s` (masked: `store_settings` and the migration are the callers) to the settings store.
+fn write_settings<R: Runtime>(app: &tauri::AppHandle<R>, dir: &Path, s: &EngineSettings) -> CmdResult<()> {
+    let store = app
+        .store(dir.join(SETTINGS_FILE))
+        .map_err(|e| CommandError::io(format!("cannot open the settings store: {e}")))?;
+    store.set(SETTINGS_KEY, serde_json::to_value(s).map_err(|e| CommandError::io(e.to_string()))?);
+    store.save().map_err(|e| CommandError::io(format!("cannot save the settings: {e}")))
+}
+
 /// Settings as stored, else defaults with the model from `$STRATA_MODEL` (the quick start's default model).
-fn initial_settings<R: Runtime>(app: &tauri::AppHandle<R>, dir: &Path) -> EngineSettings {
+/// A key that an older settings.json still holds is moved to the key file and the settings file written
+/// again without it; what is returned is masked either way.
+fn initial_settings<R: Runtime>(app: &tauri::AppHandle<R>, dir: &Path, key: &KeyFile) -> EngineSettings {
     let stored = app.store(dir.join(SETTINGS_FILE)).ok().and_then(|s| s.get(SETTINGS_KEY)).and_then(|v| {
         serde_json::from_value::<EngineSettings>(v).map_err(|e| tracing::warn!("stored settings ignored: {e}")).ok()
     });
     let mut s = stored.unwrap_or_default();
+    match key.migrate(&mut s) {
+        Ok(true) => match write_settings(app, dir, &s) {
+            Ok(()) => tracing::info!("the remote API key moved from {SETTINGS_FILE} to {}", key.path().display()),
+            Err(e) => tracing::warn!(
+                "the remote API key is in {}, but {SETTINGS_FILE} still holds it: {}",
+                key.path().display(),
+                e.message
+            ),
+        },
+        Ok(false) => {}
+        Err(e) => tracing::warn!("{e}; {SETTINGS_FILE} keeps the key until the settings are saved"),
+    }
     if s.model_path.is_none() {
         s.model_path = std::env::var("STRATA_MODEL").ok().filter(|p| Path::new(p).is_file());
     }
@@ -150,8 +183,12 @@ fn initial_settings<R: Runtime>(app: &tauri::AppHandle<R>, dir: &Path) -> Engine
 pub fn init<R: Runtime>(handle: &tauri::AppHandle<R>) -> CmdResult<()> {
     let dir = data_dir(handle)?;
     std::fs::create_dir_all(&dir).map_err(|e| CommandError::io(format!("{}: {e}", dir.display())))?;
-    let settings = initial_settings(handle, &dir);
-    let state = AppState::new(dir, settings.clone())?;
+    let remote_key = KeyFile::open(&dir).unwrap_or_else(|e| {
+        tracing::warn!("{e}: the remote endpoint has no key until one is saved");
+        KeyFile::unread(&dir)
+    });
+    let settings = initial_settings(handle, &dir, &remote_key);
+    let state = AppState::new(dir, remote_key, settings.clone())?;
     // Telemetry and the engine's status reach the UI as events.
     let h = handle.clone();
     state.telemetry.subscribe_with(Box::new(move |e| {

@@ -2,6 +2,9 @@
 //! `strata serve` (devices, split, KV, context, reserve, conversation cache, threads, speculative decoding)
 //! plus where the engine runs (local, or a remote OpenAI-compatible endpoint). Validation names the field
 //! at fault, so a form can show the message beside it; `serve_flags` is the command line that applies them.
+//! A remote endpoint's API key is never a plain value of these settings once kept: [`RemoteKey`] says only
+//! whether one is kept (the desktop app holds the key in a file of its own), and an `http://` endpoint is
+//! refused unless it is loopback or the user allowed it (`allow_insecure`).
 
 use std::sync::Arc;
 
@@ -55,12 +58,103 @@ pub enum EngineLocation {
     Local,
     /// An OpenAI-compatible endpoint elsewhere (vLLM, llama.cpp's server, another Strata).
     Remote {
-        /// Base URL, e.g. `http://gpu-box:8000` (the `/v1` paths are added).
+        /// Base URL, e.g. `https://gpu-box:8000` (the `/v1` paths are added). `http://` only to a loopback
+        /// host or with `allow_insecure`.
         url: String,
-        api_key: String,
+        /// Whether a key is kept, or a new one to keep (settings stored before keys were kept apart held
+        /// the key itself as a string: it reads as a new key, which the app then moves out).
+        api_key: RemoteKey,
         /// The model to ask for (empty: the first the endpoint lists).
         model: String,
+        /// Accept an `http://` URL to a host that is not loopback: the key and the chats then cross the
+        /// network in clear text. Off in settings stored before it existed.
+        #[serde(default)]
+        allow_insecure: bool,
     },
+}
+
+/// The characters of a kept key shown as its hint (its last ones).
+pub const KEY_HINT_CHARS: usize = 4;
+/// A key shorter than this shows no hint (4 characters of a short key would give away too much of it).
+pub const KEY_HINT_MIN_CHARS: usize = 12;
+
+/// A remote endpoint's API key as the settings carry it. The key itself is in the settings only on its way
+/// in (`New`, from the form); what is stored and what the page reads back is `Kept` with a hint, or `None`.
+/// The page sends back what it read to keep the key, `New` to replace it, `None` to clear it.
+#[derive(Clone, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RemoteKey {
+    /// No key: requests carry no `Authorization` header.
+    #[default]
+    None,
+    /// A key is kept, not here; `hint` is its last [`KEY_HINT_CHARS`] characters (empty for a key shorter
+    /// than [`KEY_HINT_MIN_CHARS`]).
+    Kept { hint: String },
+    /// A key typed in the form, to keep in place of any other. Never written to the settings file, never
+    /// sent to the page.
+    New { key: String },
+}
+
+impl RemoteKey {
+    /// What the settings say of a kept `key`: `Kept` with its hint, or `None` for an empty one.
+    pub fn kept_of(key: &str) -> RemoteKey {
+        let chars = key.chars().count();
+        if chars == 0 {
+            return RemoteKey::None;
+        }
+        let hint = if chars >= KEY_HINT_MIN_CHARS {
+            key.chars().skip(chars - KEY_HINT_CHARS).collect()
+        } else {
+            String::new()
+        };
+        RemoteKey::Kept { hint }
+    }
+}
+
+/// Never the key itself, so that a settings value in a log or an error gives nothing away.
+impl std::fmt::Debug for RemoteKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RemoteKey::None => f.write_str("None"),
+            RemoteKey::Kept { hint } => f.debug_struct("Kept").field("hint", hint).finish(),
+            RemoteKey::New { key } => write!(f, "New {{ key: <{} characters> }}", key.chars().count()),
+        }
+    }
+}
+
+/// The tagged form (`{"kind": "none" | "kept" | "new", ...}`), or a string: how settings and pages before
+/// keys were kept apart said the key itself (`""`: none).
+impl<'de> Deserialize<'de> for RemoteKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+        enum Tagged {
+            None,
+            Kept { hint: String },
+            New { key: String },
+        }
+        struct KeyVisitor;
+        impl<'de> serde::de::Visitor<'de> for KeyVisitor {
+            type Value = RemoteKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    r#"{"kind": "none"}, {"kind": "kept", "hint"}, {"kind": "new", "key"} or the key as a string"#,
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RemoteKey, E> {
+                Ok(if v.is_empty() { RemoteKey::None } else { RemoteKey::New { key: v.to_owned() } })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RemoteKey, A::Error> {
+                Ok(match Tagged::deserialize(serde::de::value::MapAccessDeserializer::new(map))? {
+                    Tagged::None => RemoteKey::None,
+                    Tagged::Kept { hint } => RemoteKey::Kept { hint },
+                    Tagged::New { key } => RemoteKey::New { key },
+                })
+            }
+        }
+        d.deserialize_any(KeyVisitor)
+    }
 }
 
 /// The settings of the engine.
@@ -181,10 +275,15 @@ impl EngineSettings {
             }
         }
         self.check_speculative()?;
-        if let EngineLocation::Remote { url, api_key, model } = &self.engine {
-            check_url(url)?;
-            if api_key.chars().any(|c| c.is_control()) {
-                return Err(FieldError::new("engine.api_key", "the key has a control character"));
+        if let EngineLocation::Remote { url, api_key, model, allow_insecure } = &self.engine {
+            check_url(url, *allow_insecure)?;
+            if let RemoteKey::New { key } = api_key {
+                if key.trim().is_empty() {
+                    return Err(FieldError::new("engine.api_key", "the new key is empty: type one, or clear the key"));
+                }
+                if key.chars().any(|c| c.is_control()) {
+                    return Err(FieldError::new("engine.api_key", "the key has a control character"));
+                }
             }
             if model.chars().any(|c| c.is_control()) {
                 return Err(FieldError::new("engine.model", "the model name has a control character"));
@@ -344,16 +443,41 @@ fn model_field_error(e: ModelError) -> FieldError {
     FieldError::new(field, e.to_string())
 }
 
-fn check_url(url: &str) -> Result<(), FieldError> {
-    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
-    let Some(rest) = rest else {
-        return Err(FieldError::new("engine.url", "the URL starts with http:// or https://"));
+/// The error of an `http://` endpoint that is not loopback, without `allow_insecure`.
+pub const INSECURE_URL_MESSAGE: &str =
+    "an http:// endpoint sends the key in clear text: use https:// or tick Allow insecure";
+
+/// A URL with a host, `https://`, or `http://` to a loopback host (no network crossed, e.g. a local
+/// llama-server) or with `allow_insecure`.
+fn check_url(url: &str, allow_insecure: bool) -> Result<(), FieldError> {
+    let (secure, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
+        (Some(rest), _) => (true, rest),
+        (None, Some(rest)) => (false, rest),
+        (None, None) => return Err(FieldError::new("engine.url", "the URL starts with https:// (or http://)")),
     };
-    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = url_host(authority);
     if host.is_empty() || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(FieldError::new("engine.url", format!("{url:?} is not a URL with a host")));
     }
+    if !secure && !allow_insecure && !is_loopback_host(host) {
+        return Err(FieldError::new("engine.url", INSECURE_URL_MESSAGE));
+    }
     Ok(())
+}
+
+/// The host of a URL's authority (`user@host:port`): `[::1]` as `::1`, the port and user left out.
+fn url_host(authority: &str) -> &str {
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if let Some(v6) = hostport.strip_prefix('[') {
+        return v6.split_once(']').map_or("", |(h, _)| h);
+    }
+    hostport.split(':').next().unwrap_or("")
+}
+
+/// `localhost`, or an address of the loopback ranges (127.0.0.0/8, ::1): requests to it stay on this machine.
+pub fn is_loopback_host(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -393,8 +517,9 @@ mod tests {
                 EngineSettings {
                     engine: EngineLocation::Remote {
                         url: "ftp://x".into(),
-                        api_key: String::new(),
+                        api_key: RemoteKey::None,
                         model: String::new(),
+                        allow_insecure: false,
                     },
                     ..ok.clone()
                 },
@@ -406,6 +531,93 @@ mod tests {
             assert_eq!(e.field, field, "{e}");
             assert!(!e.message.is_empty());
         }
+    }
+
+    fn remote(url: &str, allow_insecure: bool) -> EngineSettings {
+        EngineSettings {
+            engine: EngineLocation::Remote {
+                url: url.into(),
+                api_key: RemoteKey::New { key: "sk-remote-0123456789".into() },
+                model: String::new(),
+                allow_insecure,
+            },
+            ..EngineSettings::default()
+        }
+    }
+
+    #[test]
+    fn an_http_endpoint_needs_a_loopback_host_or_allow_insecure() {
+        for url in [
+            "https://gpu-box:8000/v1",
+            "https://10.0.0.2",
+            "http://127.0.0.1:8080/v1",
+            "http://127.3.2.1",
+            "http://localhost:8080",
+            "http://LOCALHOST",
+            "http://[::1]:8080/v1",
+            "http://user@127.0.0.1:9000",
+        ] {
+            assert_eq!(remote(url, false).check(), Ok(()), "{url}");
+        }
+        for url in [
+            "http://gpu-box:8000/v1",
+            "http://10.0.0.2:8080",
+            "http://[::2]:8080",
+            "http://localhost.example.com",
+            "http://127.0.0.1.example.com",
+            "http://127.0.0.1@gpu-box",
+        ] {
+            let e = remote(url, false).check().expect_err(url);
+            assert_eq!((e.field.as_str(), e.message.as_str()), ("engine.url", INSECURE_URL_MESSAGE), "{url}");
+            assert_eq!(remote(url, true).check(), Ok(()), "{url} with allow_insecure");
+        }
+        for url in ["ftp://x", "gpu-box:8000", "https://", "http://:80", "https://a b", "http://[::1"] {
+            assert_eq!(remote(url, true).check().expect_err(url).field, "engine.url", "{url}");
+        }
+    }
+
+    #[test]
+    fn a_key_reads_from_old_strings_and_tagged_values_and_never_shows_in_debug() {
+        // Settings stored before keys were kept apart: the key itself (moved out by the app), or "" for none.
+        let old = r#"{"kind":"remote","url":"https://h","api_key":"sk-old-secret","model":"m"}"#;
+        let read: EngineLocation = serde_json::from_str(old).expect("old remote settings read");
+        assert_eq!(
+            read,
+            EngineLocation::Remote {
+                url: "https://h".into(),
+                api_key: RemoteKey::New { key: "sk-old-secret".into() },
+                model: "m".into(),
+                allow_insecure: false,
+            }
+        );
+        let none: RemoteKey = serde_json::from_str(r#""""#).unwrap();
+        assert_eq!(none, RemoteKey::None);
+        for key in [RemoteKey::None, RemoteKey::Kept { hint: "wxyz".into() }, RemoteKey::New { key: "k".into() }] {
+            let json = serde_json::to_string(&key).unwrap();
+            assert_eq!(serde_json::from_str::<RemoteKey>(&json).unwrap(), key, "{json}");
+        }
+        assert_eq!(serde_json::to_value(RemoteKey::Kept { hint: "wxyz".into() }).unwrap()["kind"], "kept");
+        let e = serde_json::from_str::<RemoteKey>(r#"{"kind":"kept","hint":"","key":"x"}"#).unwrap_err();
+        assert!(e.to_string().contains("key"), "{e}");
+        assert!(serde_json::from_str::<RemoteKey>("7").is_err());
+        let shown = format!("{:?}", remote("https://h", false));
+        assert!(!shown.contains("sk-remote") && shown.contains("20 characters"), "{shown}");
+        // The hint: the last 4 characters of a long key, nothing of a short one.
+        assert_eq!(RemoteKey::kept_of("sk-0123456789abcd"), RemoteKey::Kept { hint: "abcd".into() });
+        assert_eq!(RemoteKey::kept_of("short-key"), RemoteKey::Kept { hint: String::new() });
+        assert_eq!(RemoteKey::kept_of(""), RemoteKey::None);
+        // A new key is checked; a kept one is not the settings' to judge.
+        let with_key = |key: &str| EngineSettings {
+            engine: EngineLocation::Remote {
+                url: "https://h".into(),
+                api_key: RemoteKey::New { key: key.into() },
+                model: String::new(),
+                allow_insecure: false,
+            },
+            ..EngineSettings::default()
+        };
+        assert_eq!(with_key("  ").check().unwrap_err().field, "engine.api_key");
+        assert_eq!(with_key("a\nb").check().unwrap_err().field, "engine.api_key");
     }
 
     #[test]

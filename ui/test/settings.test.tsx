@@ -134,7 +134,7 @@ describe("SettingsView", () => {
     fireEvent.input(input("threads"), { target: { value: "8" } });
     fireEvent.change(document.getElementById("settings-kv") as HTMLSelectElement, { target: { value: "int8" } });
     fireEvent.click(screen.getByLabelText("Remote OpenAI-compatible endpoint"));
-    fireEvent.input(input("engine_url"), { target: { value: "http://10.0.0.2:8080/v1" } });
+    fireEvent.input(input("engine_url"), { target: { value: "https://10.0.0.2:8080/v1" } });
     fireEvent.input(input("engine_model"), { target: { value: "llama" } });
     fireEvent.click(screen.getByRole("button", { name: "Apply" }));
     await waitFor(() => expect(t.saveSettings).toHaveBeenCalled());
@@ -142,9 +142,86 @@ describe("SettingsView", () => {
       ...settings(),
       threads: 8,
       kv: "int8",
-      engine: { kind: "remote", url: "http://10.0.0.2:8080/v1", api_key: "", model: "llama" },
+      engine: { kind: "remote", url: "https://10.0.0.2:8080/v1", api_key: { kind: "none" }, model: "llama", allow_insecure: false },
     });
     expect(await screen.findByText(/Saved\./)).toBeTruthy();
+  });
+
+  it("shows a kept key masked, replaces it with a typed one, and never puts the key in the page", async () => {
+    const t = new FakeTransport();
+    const kept = { kind: "remote" as const, url: "https://gpu-box:8000/v1", api_key: { kind: "kept" as const, hint: "wxyz" }, model: "", allow_insecure: false };
+    t.getSettings.mockResolvedValue(settings({ engine: kept }));
+    // The backend answers masked, as the app's does.
+    t.saveSettings.mockImplementation(async (s) => {
+      if (s.engine.kind !== "remote") return s;
+      const api_key = s.engine.api_key.kind === "new" ? { kind: "kept" as const, hint: s.engine.api_key.key.slice(-4) } : s.engine.api_key;
+      return { ...s, engine: { ...s.engine, api_key } };
+    });
+    render(<SettingsView transport={t} planDelayMs={5} />);
+    await waitFor(() => expect(screen.getByTestId("key-status").textContent).toBe("A key is kept (ending in …wxyz)."));
+    expect(input("engine_api_key").value).toBe("");
+    expect(input("engine_api_key").type).toBe("password");
+    // Applied untouched: the key is kept.
+    fireEvent.click(screen.getByRole("button", { name: "Apply" }));
+    await waitFor(() => expect(t.saveSettings).toHaveBeenCalledTimes(1));
+    expect(t.saveSettings.mock.calls[0]![0].engine).toEqual(kept);
+    // A typed key replaces it; it is not planned with, and once saved the form forgets it.
+    fireEvent.input(input("engine_api_key"), { target: { value: "sk-new-key-abcd" } });
+    await waitFor(() => expect(screen.getByTestId("key-status").textContent).toContain("replaces the kept one"));
+    await new Promise((r) => setTimeout(r, 20));
+    for (const [planned] of t.plan.mock.calls) expect(JSON.stringify(planned)).not.toContain("sk-new-key-abcd");
+    fireEvent.click(screen.getByRole("button", { name: "Apply" }));
+    await waitFor(() => expect(t.saveSettings).toHaveBeenCalledTimes(2));
+    expect(t.saveSettings.mock.calls[1]![0].engine).toMatchObject({ api_key: { kind: "new", key: "sk-new-key-abcd" } });
+    await waitFor(() => expect(screen.getByTestId("key-status").textContent).toBe("A key is kept (ending in …abcd)."));
+    expect(input("engine_api_key").value).toBe("");
+    expect(document.body.innerHTML).not.toContain("sk-new-key-abcd");
+    // Cleared (and undone, then cleared again): none is sent.
+    fireEvent.click(screen.getByRole("button", { name: "Clear key" }));
+    expect(screen.getByTestId("key-status").textContent).toBe("The kept key is removed when you apply.");
+    fireEvent.click(screen.getByRole("button", { name: "Keep the key" }));
+    expect(screen.getByTestId("key-status").textContent).toBe("A key is kept (ending in …abcd).");
+    fireEvent.click(screen.getByRole("button", { name: "Clear key" }));
+    fireEvent.click(screen.getByRole("button", { name: "Apply" }));
+    await waitFor(() => expect(t.saveSettings).toHaveBeenCalledTimes(3));
+    expect(t.saveSettings.mock.calls[2]![0].engine).toMatchObject({ api_key: { kind: "none" } });
+    await waitFor(() => expect(screen.queryByTestId("key-status")).toBeNull());
+  });
+
+  it("marks an http:// URL to another machine at the URL until Allow insecure is ticked", async () => {
+    const t = new FakeTransport();
+    render(<SettingsView transport={t} planDelayMs={5} />);
+    await waitFor(() => expect(t.plan).toHaveBeenCalledTimes(1));
+    fireEvent.click(screen.getByLabelText("Remote OpenAI-compatible endpoint"));
+    fireEvent.input(input("engine_url"), { target: { value: "http://gpu-box:8000/v1" } });
+    await waitFor(() => expectErrorAt("engine_url", "an http:// endpoint sends the key in clear text: use https:// or tick Allow insecure"));
+    fireEvent.click(screen.getByRole("button", { name: "Apply" }));
+    await new Promise((r) => setTimeout(r, 20));
+    expect(t.saveSettings).not.toHaveBeenCalled();
+    // Loopback crosses no network: no error.
+    fireEvent.input(input("engine_url"), { target: { value: "http://127.0.0.1:8080/v1" } });
+    await waitFor(() => expect(input("engine_url").getAttribute("aria-invalid")).toBe("false"));
+    fireEvent.input(input("engine_url"), { target: { value: "http://gpu-box:8000/v1" } });
+    await waitFor(() => expect(input("engine_url").getAttribute("aria-invalid")).toBe("true"));
+    const box = screen.getByLabelText("Allow insecure (http)") as HTMLInputElement;
+    expect(box.checked).toBe(false);
+    fireEvent.click(box);
+    await waitFor(() => expect(input("engine_url").getAttribute("aria-invalid")).toBe("false"));
+    fireEvent.click(screen.getByRole("button", { name: "Apply" }));
+    await waitFor(() => expect(t.saveSettings).toHaveBeenCalled());
+    expect(t.saveSettings.mock.calls[0]![0].engine).toMatchObject({ url: "http://gpu-box:8000/v1", allow_insecure: true });
+  });
+
+  it("shows the backend's http refusal at the URL", async () => {
+    const t = new FakeTransport();
+    t.getSettings.mockResolvedValue(
+      settings({ engine: { kind: "remote", url: "https://gpu-box", api_key: { kind: "none" }, model: "", allow_insecure: false } }),
+    );
+    t.saveSettings.mockRejectedValue({ code: "invalid", field: "engine.url", message: "an http:// endpoint sends the key in clear text: use https:// or tick Allow insecure" });
+    render(<SettingsView transport={t} planDelayMs={5} />);
+    await waitFor(() => expect(input("engine_url").value).toBe("https://gpu-box"));
+    fireEvent.click(screen.getByRole("button", { name: "Apply" }));
+    await waitFor(() => expectErrorAt("engine_url", "an http:// endpoint sends the key in clear text: use https:// or tick Allow insecure"));
   });
 
   it("shows the drafting fields of the kind chosen and applies them", async () => {

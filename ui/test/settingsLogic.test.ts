@@ -1,15 +1,88 @@
 // The settings form's conversions, the field names of backend errors, and plan bars / fit messages.
 import { describe, expect, it } from "vitest";
 import { fitMessage, planBar, planBars } from "../src/settings/bars";
-import { fieldOf, formFromSettings, settingsFromForm } from "../src/settings/form";
+import {
+  fieldOf,
+  forPlanning,
+  formFromSettings,
+  INSECURE_URL_MESSAGE,
+  isInsecureUrl,
+  remoteKeyOf,
+  settingsFromForm,
+  urlHost,
+} from "../src/settings/form";
+import { keyStatus } from "../src/views/settings/RemoteKeyField";
 import { deviceOf, MIB, plan, row, settings } from "./fakes";
 
 describe("settings form", () => {
   it("round-trips settings, optional numbers as empty fields", () => {
-    const s = settings({ engine: { kind: "remote", url: "http://h:1/v1", api_key: "k", model: "m" } });
+    const s = settings({
+      engine: { kind: "remote", url: "https://h:1/v1", api_key: { kind: "kept", hint: "wxyz" }, model: "m", allow_insecure: false },
+    });
     const f = formFromSettings(s);
     expect(f.kv_resident).toBe("");
     expect(settingsFromForm(f)).toEqual({ ok: true, settings: s });
+  });
+
+  it("keeps a kept key unless a new one is typed or it is cleared, and never shows it", () => {
+    const remote = (api_key: string | null) =>
+      formFromSettings(
+        settings({
+          engine: {
+            kind: "remote",
+            url: "https://h",
+            api_key: api_key === null ? { kind: "none" } : { kind: "kept", hint: api_key },
+            model: "",
+            allow_insecure: false,
+          },
+        }),
+      );
+    const kept = remote("wxyz");
+    expect([kept.engine_api_key, kept.engine_key_kept, kept.engine_key_clear]).toEqual(["", "wxyz", false]);
+    expect(keyStatus(kept)).toBe("A key is kept (ending in …wxyz).");
+    expect(keyStatus(remote(""))).toBe("A key is kept.");
+    expect(keyStatus(remote(null))).toBeNull();
+    // Untouched: sent back as kept, so the backend keeps it.
+    expect(remoteKeyOf(kept)).toEqual({ kind: "kept", hint: "wxyz" });
+    // A typed key replaces it (trimmed); cleared, none is sent; with none kept and none typed, none.
+    const typed = { ...kept, engine_api_key: " sk-new \n" };
+    expect(remoteKeyOf(typed)).toEqual({ kind: "new", key: "sk-new" });
+    expect(keyStatus(typed)).toBe("The key typed below replaces the kept one when you apply.");
+    const cleared = { ...kept, engine_key_clear: true };
+    expect(remoteKeyOf(cleared)).toEqual({ kind: "none" });
+    expect(keyStatus(cleared)).toBe("The kept key is removed when you apply.");
+    expect(remoteKeyOf(remote(null))).toEqual({ kind: "none" });
+    // A typed key is never sent to be planned.
+    const parsed = settingsFromForm(typed);
+    expect(parsed.ok).toBe(true);
+    if (parsed.ok) {
+      expect(parsed.settings.engine).toMatchObject({ api_key: { kind: "new", key: "sk-new" } });
+      expect(JSON.stringify(forPlanning(parsed.settings))).not.toContain("sk-new");
+      expect(forPlanning(settings())).toEqual(settings());
+    }
+  });
+
+  it("refuses an http:// URL to another machine unless Allow insecure is ticked", () => {
+    for (const url of ["https://gpu-box:8000/v1", "http://127.0.0.1:8080/v1", "http://127.9.0.1", "http://localhost:8080", "http://[::1]:8080/v1", "http://LocalHost"]) {
+      expect(isInsecureUrl(url, false)).toBe(false);
+    }
+    for (const url of ["http://gpu-box:8000/v1", "http://10.0.0.2", "http://[::2]:1", "http://localhost.example.com", "http://127.0.0.1@gpu-box", "http://127.0.0.256"]) {
+      expect(isInsecureUrl(url, false)).toBe(true);
+      expect(isInsecureUrl(url, true)).toBe(false);
+    }
+    expect([urlHost("http://u@h:1/p"), urlHost("https://[::1]:80"), urlHost("http://"), urlHost("ftp://x")]).toEqual(["h", "::1", null, null]);
+    const f = formFromSettings(settings());
+    const remote = { ...f, engine_kind: "remote" as const, engine_url: "http://10.0.0.2:8080/v1" };
+    expect(settingsFromForm(remote)).toEqual({ ok: false, errors: { engine_url: INSECURE_URL_MESSAGE } });
+    expect(INSECURE_URL_MESSAGE).toBe("an http:// endpoint sends the key in clear text: use https:// or tick Allow insecure");
+    const allowed = settingsFromForm({ ...remote, engine_allow_insecure: true });
+    expect(allowed.ok && allowed.settings.engine).toEqual({
+      kind: "remote",
+      url: "http://10.0.0.2:8080/v1",
+      api_key: { kind: "none" },
+      model: "",
+      allow_insecure: true,
+    });
   });
 
   it("names the field that is not a whole number", () => {
@@ -46,6 +119,7 @@ describe("settings form", () => {
     expect(fieldOf("layer_split")).toBe("layer_split");
     expect(fieldOf("settings.vram_reserve_mib")).toBe("vram_reserve_mib");
     expect(fieldOf("engine.url")).toBe("engine_url");
+    expect(fieldOf("engine.api_key")).toBe("engine_api_key");
     expect(fieldOf("devices")).toBe("devices");
     expect(fieldOf("speculative.model_path")).toBe("draft_model_path");
     expect(fieldOf("settings.draft_devices[1]")).toBe("draft_devices");

@@ -1,7 +1,9 @@
 //! The app's commands through Tauri's IPC on a mock runtime (no window, no engine): every command the UI
 //! calls is registered and granted, settings that cannot work are refused naming their field, the chat
-//! history survives a crash between writes, chat preferences are kept and checked, and a chat's user
-//! message is stored (with its title) before the reply streams.
+//! history survives a crash between writes, chat preferences are kept and checked, a chat's user
+//! message is stored (with its title) before the reply streams, and a remote endpoint's key is kept in a
+//! 0600 file of its own (moved out of an older settings.json), never sent to the page, and sent to the
+//! endpoint; an http:// endpoint that is not loopback needs Allow insecure.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -141,6 +143,12 @@ fn invalid_settings_are_refused_naming_the_field() {
         (json!({"threads": 0}), "threads"),
         (json!({"kv_resident": 0}), "kv_resident"),
         (json!({"engine": {"kind": "remote", "url": "gpu-box:8000", "api_key": "", "model": ""}}), "engine.url"),
+        (json!({"engine": {"kind": "remote", "url": "http://gpu-box:8000", "api_key": "", "model": ""}}), "engine.url"),
+        (
+            json!({"engine": {"kind": "remote", "url": "https://gpu-box", "api_key": {"kind": "new", "key": " "},
+                              "model": ""}}),
+            "engine.api_key",
+        ),
     ];
     if model.is_some() {
         // Needs the model's layer count (30).
@@ -284,20 +292,33 @@ fn chat_preferences_are_kept_across_launches_and_checked() {
     assert_eq!(call(&a, "get_preferences", json!({})).unwrap(), prefs, "kept across launches");
 }
 
+/// What the stand-in engine saw of the chat request: its body, what the conversations' files held when it
+/// arrived, and its Authorization header.
+struct Seen {
+    body: Value,
+    stored: Vec<Value>,
+    authorization: Option<String>,
+}
+
 /// A one-request stand-in for a remote engine: when the chat request arrives it records the request's
-/// body and what the conversation's file holds at that moment, then streams a short reply.
-fn stub_engine(conversations: PathBuf) -> (String, std::thread::JoinHandle<(Value, Vec<Value>)>) {
+/// body, its Authorization header and what the conversation's file holds at that moment, then streams a
+/// short reply.
+fn stub_engine(conversations: PathBuf) -> (String, std::thread::JoinHandle<Seen>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let handle = std::thread::spawn(move || {
         let (stream, _) = listener.accept().unwrap();
         let mut reader = BufReader::new(stream.try_clone().unwrap());
         let mut length = 0usize;
+        let mut authorization = None;
         loop {
             let mut line = String::new();
             reader.read_line(&mut line).unwrap();
             if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
                 length = v.trim().parse().unwrap();
+            }
+            if line.to_ascii_lowercase().starts_with("authorization:") {
+                authorization = Some(line["authorization:".len()..].trim().to_owned());
             }
             if line == "\r\n" {
                 break;
@@ -319,7 +340,7 @@ fn stub_engine(conversations: PathBuf) -> (String, std::thread::JoinHandle<(Valu
             delta(json!({}), json!("stop")),
         );
         out.write_all(reply.as_bytes()).unwrap();
-        (serde_json::from_slice(&body).unwrap(), stored)
+        Seen { body: serde_json::from_slice(&body).unwrap(), stored, authorization }
     });
     (url, handle)
 }
@@ -344,8 +365,9 @@ fn a_chat_stores_the_user_message_and_title_before_the_reply_streams() {
         json!({"conversationId": id, "messages": [{"role": "user", "content": "Plan a trip to Lisbon and Porto"}],
                "params": params, "onChunk": "__CHANNEL__:7"}),
     );
-    let (body, stored) = engine.join().expect("the stub engine got the chat request");
+    let Seen { body, stored, authorization } = engine.join().expect("the stub engine got the chat request");
     sent.expect("chat_send");
+    assert_eq!(authorization, None, "no key is kept: none is sent");
     // When the request reached the engine, the conversation was already stored with its title, the user's
     // message and the reply to come.
     assert_eq!(stored.len(), 1, "{stored:?}");
@@ -378,4 +400,116 @@ fn a_chat_stores_the_user_message_and_title_before_the_reply_streams() {
     .unwrap_err();
     assert_eq!((e["code"].as_str(), e["field"].as_str()), (Some("invalid"), Some("min_p")), "{e}");
     assert_eq!(call(&a, "conversation_get", json!({"id": id})).unwrap(), conv);
+}
+
+#[cfg(unix)]
+fn mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn the_remote_key_is_kept_in_a_0600_file_and_never_sent_to_the_page() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    const OLD_KEY: &str = "sk-old-key-from-settings-1234";
+    const NEW_KEY: &str = "sk-new-key-typed-in-the-form-wxyz";
+    let dir = tempfile::tempdir().unwrap();
+    let settings_file = dir.path().join(strata_desktop::SETTINGS_FILE);
+    let key_file = dir.path().join(strata_desktop::remote_key::KEY_FILE);
+    // A settings.json of an older app, the key in it in plain text.
+    let old = json!({"engine": {"model_path": null, "devices": "cpu", "layer_split": "", "kv": "f16",
+        "kv_resident": null, "max_context": null, "vram_reserve_mib": 0, "cache_slots": 4, "cache_mib": 4096,
+        "threads": null, "engine": {"kind": "remote", "url": "https://gpu-box:8000", "api_key": OLD_KEY, "model": "m"}}});
+    std::fs::write(&settings_file, serde_json::to_vec_pretty(&old).unwrap()).unwrap();
+
+    // Migrated on load: the key moved to its file, settings.json written again without it.
+    let a = app(dir.path());
+    let got = call(&a, "get_settings", json!({})).expect("get_settings");
+    assert_eq!(got["engine"]["api_key"], json!({"kind": "kept", "hint": "1234"}), "{got}");
+    assert_eq!(got["engine"]["allow_insecure"], false);
+    assert!(!got.to_string().contains(OLD_KEY), "the page got the key: {got}");
+    let on_disk = std::fs::read_to_string(&settings_file).unwrap();
+    assert!(!on_disk.contains(OLD_KEY) && on_disk.contains("\"kept\""), "{on_disk}");
+    assert_eq!(std::fs::read_to_string(&key_file).unwrap(), OLD_KEY);
+    #[cfg(unix)]
+    assert_eq!(mode(&key_file), 0o600);
+
+    // Saved as the page read it (the key untouched): the key stays.
+    let saved = call(&a, "save_settings", json!({ "settings": got })).expect("save, key kept");
+    assert_eq!(saved["engine"]["api_key"], json!({"kind": "kept", "hint": "1234"}));
+    assert_eq!(std::fs::read_to_string(&key_file).unwrap(), OLD_KEY);
+
+    // A new key from the page replaces it; the answer and settings.json are masked.
+    let (url, engine) = stub_engine(dir.path().join("conversations"));
+    let mut with_new = got.clone();
+    with_new["engine"] = json!({"kind": "remote", "url": url, "api_key": {"kind": "new", "key": NEW_KEY}, "model": "m",
+                                "allow_insecure": false});
+    let saved = call(&a, "save_settings", json!({ "settings": with_new })).expect("save, new key");
+    assert_eq!(saved["engine"]["api_key"], json!({"kind": "kept", "hint": "wxyz"}));
+    assert!(!saved.to_string().contains(NEW_KEY));
+    assert_eq!(std::fs::read_to_string(&key_file).unwrap(), NEW_KEY);
+    #[cfg(unix)]
+    assert_eq!(mode(&key_file), 0o600);
+    let on_disk = std::fs::read_to_string(&settings_file).unwrap();
+    assert!(!on_disk.contains(NEW_KEY) && !on_disk.contains(OLD_KEY), "{on_disk}");
+    assert!(!call(&a, "get_settings", json!({})).unwrap().to_string().contains(NEW_KEY));
+
+    // The engine client sends the real key, read from the file.
+    let c = call(&a, "conversation_create", json!({"title": null})).unwrap();
+    let params = json!({"temperature": null, "top_k": null, "top_p": null, "min_p": null, "repeat_penalty": null,
+                        "max_tokens": null, "seed": null});
+    let sent = call(
+        &a,
+        "chat_send",
+        json!({"conversationId": c["id"], "messages": [{"role": "user", "content": "hi"}], "params": params,
+               "onChunk": "__CHANNEL__:9"}),
+    );
+    let seen = engine.join().expect("the stub engine got the chat request");
+    sent.expect("chat_send");
+    assert_eq!(seen.authorization.as_deref(), Some(format!("Bearer {NEW_KEY}").as_str()));
+
+    // Kept across launches, still masked.
+    drop(a);
+    let a = app(dir.path());
+    let got = call(&a, "get_settings", json!({})).unwrap();
+    assert_eq!(got["engine"]["api_key"], json!({"kind": "kept", "hint": "wxyz"}));
+
+    // Cleared explicitly: the file goes.
+    let mut cleared = got.clone();
+    cleared["engine"]["api_key"] = json!({"kind": "none"});
+    let saved = call(&a, "save_settings", json!({ "settings": cleared })).expect("save, key cleared");
+    assert_eq!(saved["engine"]["api_key"], json!({"kind": "none"}));
+    assert!(!key_file.exists());
+}
+
+#[test]
+fn an_http_endpoint_needs_loopback_or_allow_insecure() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let a = app(dir.path());
+    let base = call(&a, "get_settings", json!({})).unwrap();
+    let remote = |url: &str, allow_insecure: bool| {
+        settings_with(
+            &base,
+            json!({"engine": {"kind": "remote", "url": url, "api_key": {"kind": "new", "key": "sk-0123456789abcdef"},
+                              "model": "", "allow_insecure": allow_insecure}}),
+        )
+    };
+    let e = call(&a, "save_settings", json!({ "settings": remote("http://gpu-box:8000/v1", false) })).unwrap_err();
+    assert_eq!((e["code"].as_str(), e["field"].as_str()), (Some("invalid"), Some("engine.url")), "{e}");
+    assert_eq!(e["message"], "an http:// endpoint sends the key in clear text: use https:// or tick Allow insecure");
+    // Nothing was kept of the refused settings, the key neither.
+    assert!(!dir.path().join(strata_desktop::remote_key::KEY_FILE).exists());
+    assert_eq!(call(&a, "get_settings", json!({})).unwrap()["engine"], json!({"kind": "local"}));
+    for (url, allow) in [
+        ("http://gpu-box:8000/v1", true),
+        ("http://127.0.0.1:8080/v1", false),
+        ("http://localhost:8080", false),
+        ("http://[::1]:8080", false),
+        ("https://gpu-box", false),
+    ] {
+        let saved = call(&a, "save_settings", json!({ "settings": remote(url, allow) }))
+            .unwrap_or_else(|e| panic!("{url} (allow_insecure {allow}): {e}"));
+        assert_eq!(saved["engine"]["url"], url);
+    }
 }

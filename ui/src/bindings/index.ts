@@ -29,6 +29,7 @@ export type { Plan } from "./Plan";
 export type { PlanDevice } from "./PlanDevice";
 export type { PlanReply } from "./PlanReply";
 export type { PlanRow } from "./PlanRow";
+export type { RemoteKey } from "./RemoteKey";
 export type { RestoreKind } from "./RestoreKind";
 export type { SamplingDefaults } from "./SamplingDefaults";
 export type { SamplingSource } from "./SamplingSource";

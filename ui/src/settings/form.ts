@@ -4,7 +4,11 @@
 // (CommandError.field, or error.param of POST /strata/plan) and are mapped onto the form by `fieldOf`.
 // The drafting values (speculative decoding) are checked only while drafting is on: off, they are kept as
 // they were but hidden, so they can never hold an error the user cannot see.
-import type { EngineSettings, KvChoice, Speculative } from "../bindings";
+// A remote endpoint's API key is never in the form as read: the backend says only whether one is kept (and
+// its last characters); the form sends that back to keep it, a typed key to replace it, or none to clear
+// it. An http:// URL to a host that is not this machine is an error at the URL unless Allow insecure is
+// ticked (the backend applies the same rule).
+import type { EngineSettings, KvChoice, RemoteKey, Speculative } from "../bindings";
 
 export type SpeculativeKind = Speculative["kind"];
 
@@ -21,8 +25,15 @@ export interface SettingsForm {
   threads: string;
   engine_kind: "local" | "remote";
   engine_url: string;
+  /** A new key typed in the form; empty: the kept one (if any) stays. */
   engine_api_key: string;
+  /** The hint of the key the backend keeps ("" when too short to show any); null when none is kept. */
+  engine_key_kept: string | null;
+  /** The user asked to clear the kept key. */
+  engine_key_clear: boolean;
   engine_model: string;
+  /** Accept an http:// URL to a host that is not loopback. */
+  engine_allow_insecure: boolean;
   speculative_kind: SpeculativeKind;
   draft_model_path: string;
   draft_max: string;
@@ -32,12 +43,15 @@ export interface SettingsForm {
 }
 
 /** The form's fields that can carry an error message. */
-export type FieldName = Exclude<keyof SettingsForm, "model_path" | "engine_kind"> | "engine";
+export type FieldName =
+  | Exclude<keyof SettingsForm, "model_path" | "engine_kind" | "engine_key_kept" | "engine_key_clear">
+  | "engine";
 
 export type FieldErrors = Partial<Record<FieldName, string>>;
 
 export function formFromSettings(s: EngineSettings): SettingsForm {
   const opt = (n: number | null) => (n === null ? "" : String(n));
+  const key: RemoteKey = s.engine.kind === "remote" ? s.engine.api_key : { kind: "none" };
   return {
     model_path: s.model_path,
     devices: s.devices,
@@ -51,8 +65,12 @@ export function formFromSettings(s: EngineSettings): SettingsForm {
     threads: opt(s.threads),
     engine_kind: s.engine.kind,
     engine_url: s.engine.kind === "remote" ? s.engine.url : "",
-    engine_api_key: s.engine.kind === "remote" ? s.engine.api_key : "",
+    // (A backend never sends a key; a new one still on its way in is the form's typed key.)
+    engine_api_key: key.kind === "new" ? key.key : "",
+    engine_key_kept: key.kind === "kept" ? key.hint : null,
+    engine_key_clear: false,
     engine_model: s.engine.kind === "remote" ? s.engine.model : "",
+    engine_allow_insecure: s.engine.kind === "remote" ? s.engine.allow_insecure : false,
     speculative_kind: s.speculative.kind,
     draft_model_path: s.speculative.kind === "draft" ? s.speculative.model_path : "",
     draft_max: String(s.draft_max),
@@ -106,6 +124,51 @@ function speculativeOf(f: SettingsForm, errors: FieldErrors): Speculative {
   }
 }
 
+/** What the form says of the key: a typed one is new, else the kept one stays unless cleared. */
+export function remoteKeyOf(f: SettingsForm): RemoteKey {
+  const typed = f.engine_api_key.trim();
+  if (typed !== "") return { kind: "new", key: typed };
+  if (f.engine_key_kept !== null && !f.engine_key_clear) return { kind: "kept", hint: f.engine_key_kept };
+  return { kind: "none" };
+}
+
+/** The error at the URL of an http:// endpoint that is not loopback, without Allow insecure. */
+export const INSECURE_URL_MESSAGE = "an http:// endpoint sends the key in clear text: use https:// or tick Allow insecure";
+
+/** The host of an http(s) URL ("[::1]" as "::1", no port or user); null when it has none. */
+export function urlHost(url: string): string | null {
+  const m = /^https?:\/\/([^/?#]*)/.exec(url);
+  if (!m) return null;
+  const authority = m[1] ?? "";
+  const hostport = authority.slice(authority.lastIndexOf("@") + 1);
+  if (hostport.startsWith("[")) {
+    const end = hostport.indexOf("]");
+    return end > 1 ? hostport.slice(1, end) : null;
+  }
+  const host = hostport.split(":")[0] ?? "";
+  return host === "" ? null : host;
+}
+
+/** localhost, 127.0.0.0/8 or ::1: a request to it stays on this machine. */
+export function isLoopbackHost(host: string): boolean {
+  if (host.toLowerCase() === "localhost" || host === "::1") return true;
+  const v4 = /^127\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$/.exec(host);
+  return v4 !== null && v4.slice(1).every((o) => Number(o) <= 255);
+}
+
+/** True when `url` would send the key in clear text across a network: http://, not loopback, not allowed. */
+export function isInsecureUrl(url: string, allowInsecure: boolean): boolean {
+  if (allowInsecure || !url.startsWith("http://")) return false;
+  const host = urlHost(url);
+  return host !== null && !isLoopbackHost(host);
+}
+
+/** The settings to plan with: a typed key is not sent (a plan needs none), only whether one is kept. */
+export function forPlanning(s: EngineSettings): EngineSettings {
+  if (s.engine.kind !== "remote" || s.engine.api_key.kind !== "new") return s;
+  return { ...s, engine: { ...s.engine, api_key: { kind: "none" } } };
+}
+
 export type Parsed = { ok: true; settings: EngineSettings } | { ok: false; errors: FieldErrors };
 
 /** The settings the form says, or the errors of the fields that cannot be read. */
@@ -127,14 +190,21 @@ export function settingsFromForm(f: SettingsForm): Parsed {
     engine:
       f.engine_kind === "local"
         ? { kind: "local" }
-        : { kind: "remote", url: f.engine_url.trim(), api_key: f.engine_api_key, model: f.engine_model.trim() },
+        : {
+            kind: "remote",
+            url: f.engine_url.trim(),
+            api_key: remoteKeyOf(f),
+            model: f.engine_model.trim(),
+            allow_insecure: f.engine_allow_insecure,
+          },
     speculative: speculativeOf(f, errors),
     draft_max: drafting ? whole(f.draft_max, "draft_max", errors, "Most drafts") : kept(f.draft_max, 16),
     draft_min: drafting ? whole(f.draft_min, "draft_min", errors, "Fewest drafts") : kept(f.draft_min, 1),
     draft_devices: indices(f.draft_devices, "draft_devices", draftModel ? errors : null),
   };
-  if (f.engine_kind === "remote" && settings.engine.kind === "remote" && settings.engine.url === "") {
-    errors.engine_url = "A remote engine needs its URL (e.g. http://127.0.0.1:8080/v1)";
+  if (f.engine_kind === "remote" && settings.engine.kind === "remote") {
+    if (settings.engine.url === "") errors.engine_url = "A remote engine needs its URL (e.g. https://gpu-box:8000/v1)";
+    else if (isInsecureUrl(settings.engine.url, settings.engine.allow_insecure)) errors.engine_url = INSECURE_URL_MESSAGE;
   }
   return Object.keys(errors).length > 0 ? { ok: false, errors } : { ok: true, settings };
 }
@@ -153,6 +223,7 @@ const SERVER_FIELDS: Record<string, FieldName> = {
   "engine.url": "engine_url",
   "engine.api_key": "engine_api_key",
   "engine.model": "engine_model",
+  "engine.allow_insecure": "engine_allow_insecure",
   url: "engine_url",
   api_key: "engine_api_key",
   speculative: "speculative_kind",

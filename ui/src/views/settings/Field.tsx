@@ -100,3 +100,46 @@ export function SelectField<T extends string>(p: SelectFieldProps<T>) {
     </div>
   );
 }
+
+export interface CheckFieldProps {
+  name: string;
+  label: string;
+  checked: boolean;
+  onChange: (checked: boolean) => void;
+  error?: string | undefined;
+  hint?: string;
+}
+
+/** A labelled checkbox, with a hint and its error as the other fields have them. */
+export function CheckField(p: CheckFieldProps) {
+  const id = `settings-${p.name}`;
+  const errorId = `${id}-error`;
+  const hintId = `${id}-hint`;
+  const described = [p.hint ? hintId : null, p.error ? errorId : null].filter(Boolean).join(" ") || undefined;
+  return (
+    <div class={`field field-check${p.error ? " field-invalid" : ""}`}>
+      <label for={id}>
+        <input
+          id={id}
+          name={p.name}
+          type="checkbox"
+          checked={p.checked}
+          aria-invalid={p.error ? "true" : "false"}
+          aria-describedby={described}
+          onChange={(e) => p.onChange((e.target as HTMLInputElement).checked)}
+        />
+        {p.label}
+      </label>
+      {p.hint && (
+        <p id={hintId} class="hint">
+          {p.hint}
+        </p>
+      )}
+      {p.error && (
+        <p id={errorId} class="field-error" data-testid={`error-${p.name}`}>
+          {p.error}
+        </p>
+      )}
+    </div>
+  );
+}

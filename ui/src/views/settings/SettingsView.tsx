@@ -2,11 +2,13 @@
 // show what the load would take per device, and applied with save_settings in the desktop app. A browser
 // cannot restart `strata serve`: there the settings are checked with POST /strata/plan and the flags to
 // restart it with are shown. Errors are shown at the field they name. Speculative decoding has its own
-// card: where drafts come from (off, n-gram lookup, a draft model and its devices) and how many.
+// card: where drafts come from (off, n-gram lookup, a draft model and its devices) and how many. A remote
+// endpoint's key is shown masked (RemoteKeyField); a typed key is never sent to be planned.
 import { useEffect, useRef, useState } from "preact/hooks";
 import type { PlanReply } from "../../bindings";
 import {
   fieldOf,
+  forPlanning,
   formFromSettings,
   settingsFromForm,
   type FieldErrors,
@@ -15,8 +17,9 @@ import {
 } from "../../settings/form";
 import { TransportError, type Transport } from "../../transport/types";
 import { messageOf } from "../../util/errors";
-import { Field, SelectField } from "./Field";
+import { CheckField, Field, SelectField } from "./Field";
 import { PlanBars } from "./PlanBars";
+import { RemoteKeyField } from "./RemoteKeyField";
 
 /**
  * The command line to restart `strata serve` with: PlanReply.flags leaves the model out, so it is added
@@ -89,7 +92,7 @@ export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps
     const timer = setTimeout(() => {
       setPlanning(true);
       transport
-        .plan(parsed.settings)
+        .plan(forPlanning(parsed.settings))
         .then((reply) => {
           if (mine !== seq.current) return;
           setPlan(reply);
@@ -141,7 +144,7 @@ export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps
         setFormError(null);
         setResult("Saved. The engine restarts if its flags changed.");
       } else {
-        const reply = await transport.plan(parsed.settings);
+        const reply = await transport.plan(forPlanning(parsed.settings));
         setPlan(reply);
         setErrors({});
         setFormError(null);
@@ -362,16 +365,18 @@ export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps
               value={form.engine_url}
               onInput={(v) => set({ engine_url: v })}
               error={errors.engine_url}
-              placeholder="http://127.0.0.1:8080/v1"
+              placeholder="https://gpu-box:8000/v1"
+              hint="https://, or http:// to this machine (127.0.0.1, localhost)"
             />
-            <Field
-              name="engine_api_key"
-              label="API key"
-              type="password"
-              value={form.engine_api_key}
-              onInput={(v) => set({ engine_api_key: v })}
-              error={errors.engine_api_key}
+            <CheckField
+              name="engine_allow_insecure"
+              label="Allow insecure (http)"
+              checked={form.engine_allow_insecure}
+              onChange={(v) => set({ engine_allow_insecure: v })}
+              error={errors.engine_allow_insecure}
+              hint="Sends the key and the chats unencrypted to another machine."
             />
+            <RemoteKeyField form={form} set={set} errors={errors} />
             <Field
               name="engine_model"
               label="Model name"
