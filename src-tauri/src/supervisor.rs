@@ -129,12 +129,15 @@ impl Supervisor {
     }
 
     /// Stops the engine (no restart) and waits up to `timeout` for the child to be gone.
+    /// A start that comes while it waits wins: the status is then that engine's, not Stopped.
     pub async fn stop(&self, timeout: Duration) {
-        self.bump();
+        let generation = self.bump();
         self.shared.endpoint.send_replace(None);
         let mut st = self.shared.status.subscribe();
         let _ = tokio::time::timeout(timeout, st.wait_for(|s| s.pid.is_none())).await;
-        self.set_status(EngineState::Stopped, None, None, None);
+        if self.current(generation) {
+            self.set_status(EngineState::Stopped, None, None, None);
+        }
     }
 
     /// For the app's exit: stops the engine from a thread that is not the runtime's.
@@ -341,14 +344,15 @@ impl Supervisor {
             _ = superseded(&mut gen_rx, generation) => self.end(child).await,
         };
         follower.abort();
-        self.shared.status.send_modify(|s| s.pid = None);
+        self.clear_pid(pid);
         result
     }
 
     /// Ends a child this generation no longer wants: SIGTERM, then a kill after 3 s.
     async fn end(&self, mut child: Child) -> Result<String, String> {
+        let ended = child.id();
         #[cfg(unix)]
-        if let Some(pid) = child.id() {
+        if let Some(pid) = ended {
             // SAFETY: signalling our own child by its pid.
             unsafe {
                 libc::kill(pid as i32, libc::SIGTERM);
@@ -361,8 +365,20 @@ impl Supervisor {
                 describe(child.wait().await)
             }
         };
-        self.shared.status.send_modify(|s| s.pid = None);
+        self.clear_pid(ended);
         Ok(st)
+    }
+
+    /// The status no longer names `pid` as running; only that pid: a newer engine may already be running
+    /// and reported.
+    fn clear_pid(&self, pid: Option<u32>) {
+        self.shared.status.send_if_modified(|s| {
+            let mine = s.pid.is_some() && s.pid == pid;
+            if mine {
+                s.pid = None;
+            }
+            mine
+        });
     }
 }
 

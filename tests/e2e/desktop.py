@@ -551,6 +551,48 @@ def check_devices(driver):
     ok(r.returncode == 0 and os.path.exists(wpath), "screenshot %s (import -window root on %s)" % (wpath, os.environ.get("DISPLAY")), r.stderr.strip())
 
 
+def check_remote_key(driver):
+    """The remote endpoint's key, as a user enters it in Settings: an http:// URL to another machine is refused at
+    its field; allowed, the key is kept in a 0600 file and never in settings.json or the page; back to the
+    local engine, the file goes."""
+    tab(driver, "settings")
+    panel = driver.find_element(By.ID, "panel-settings")
+    panel.find_element(By.CSS_SELECTOR, "input[name=engine_kind][value=remote]").click()
+    url = wait_for("url field", lambda: panel.find_elements(By.ID, "settings-engine_url"), 5)
+    url[0].clear()
+    url[0].send_keys("http://gpu-box.invalid:8000")
+    key = "sk-e2e-secret-0123456789abcd"
+    panel.find_element(By.ID, "settings-engine_api_key").send_keys(key)
+    panel.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    err = wait_for("url error", lambda: panel.find_elements(By.CSS_SELECTOR, "[data-testid=error-engine_url]"), 10)
+    ok(bool(err) and "https://" in err[0].text, "an http:// URL to another machine is refused at its field: %r" % (err[0].text if err else None))
+    screenshot(driver, "settings-remote-refused")
+    panel.find_element(By.ID, "settings-engine_allow_insecure").click()
+    panel.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    data = os.environ["STRATA_APP_DATA"]
+    key_file = os.path.join(data, "remote-api-key")
+    kept = wait_for("key file", lambda: os.path.exists(key_file) or None, 20)
+    mode = oct(os.stat(key_file).st_mode & 0o777) if kept else None
+    ok(bool(kept) and mode == "0o600", "ticked Allow insecure and applied: the key is kept in remote-api-key, mode %s" % mode)
+    with open(os.path.join(data, "settings.json")) as f:
+        stored = f.read()
+    ok(key not in stored and '"kept"' in stored, "settings.json has no key, only that one is kept", stored)
+    shown = invoke(driver, "get_settings")
+    ok(key not in json.dumps(shown) and "abcd" in json.dumps(shown), "the page reads the key masked, with its hint", json.dumps(shown))
+    status = wait_for("key status", lambda: panel.find_elements(By.CSS_SELECTOR, "[data-testid=key-status]"), 10)
+    ok(bool(status) and "abcd" in status[0].text, "the form says a key is kept: %r" % (status[0].text if status else None))
+    screenshot(driver, "settings-remote-kept")
+    panel.find_element(By.CSS_SELECTOR, "input[name=engine_kind][value=local]").click()
+    panel.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    gone = wait_for("key file removed", lambda: (not os.path.exists(key_file)) or None, 20)
+    ok(bool(gone), "back to the local engine, the key file is removed")
+    with open(os.path.join(data, "settings.json")) as f:
+        back = json.load(f)["engine"]
+    ok(back["model_path"] == MODEL, "and it keeps the model loaded in Models (%r)" % back["model_path"])
+    ready = wait_for("ready again", lambda: badge_state(driver) == "ready" or None, 60)
+    ok(bool(ready), "the local engine is ready again (%r)" % (badge(driver)[1].replace("\n", " "),))
+
+
 def check_quit(driver, app_pid):
     engines = [p for p, _ in engine_pids()]
     t0 = time.monotonic()
@@ -596,6 +638,8 @@ def main():
             check_chat(driver, app_pid)
             check_restart(driver, app_pid)
         check_devices(driver)
+        if loaded:
+            check_remote_key(driver)
         screenshot(driver, "final")
     except Exception:  # noqa: BLE001 - any failure is a failed check, with its traceback
         ok(False, "the test ran to its end", traceback.format_exc())

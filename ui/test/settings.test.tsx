@@ -147,6 +147,19 @@ describe("SettingsView", () => {
     expect(await screen.findByText(/Saved\./)).toBeTruthy();
   });
 
+  it("applies with the model loaded since the form was read, not the one it was read with", async () => {
+    const t = new FakeTransport();
+    t.getSettings.mockResolvedValueOnce(settings({ model_path: null }));
+    render(<SettingsView transport={t} planDelayMs={5} />);
+    await waitFor(() => expect(input("threads")).toBeTruthy());
+    // The Models view loads a model meanwhile.
+    t.getSettings.mockResolvedValue(settings({ model_path: "/models/loaded-since.gguf" }));
+    fireEvent.input(input("threads"), { target: { value: "4" } });
+    fireEvent.click(screen.getByRole("button", { name: "Apply" }));
+    await waitFor(() => expect(t.saveSettings).toHaveBeenCalled());
+    expect(t.saveSettings.mock.calls[0]![0]).toMatchObject({ threads: 4, model_path: "/models/loaded-since.gguf" });
+  });
+
   it("shows a kept key masked, replaces it with a typed one, and never puts the key in the page", async () => {
     const t = new FakeTransport();
     const kept = { kind: "remote" as const, url: "https://gpu-box:8000/v1", api_key: { kind: "kept" as const, hint: "wxyz" }, model: "", allow_insecure: false };

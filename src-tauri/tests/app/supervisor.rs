@@ -72,3 +72,35 @@ fn an_engine_that_prints_no_address_is_an_error_not_a_hang() {
     assert_eq!(sup.status().state, EngineState::Stopped);
     assert_eq!(sup.status().pid, None);
 }
+
+#[test]
+fn a_start_while_a_stop_waits_is_not_reported_stopped() {
+    // What Settings does when switching to a remote engine and straight back: stop (in the background, up
+    // to its timeout), then start. Neither the stop nor the old engine's end may overwrite the new engine's
+    // status. The stand-in ignores SIGTERM, so the old one takes 3 s to go (then it is killed).
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_engine(dir.path(), "trap '' TERM\necho 'strata serve: listening on http://127.0.0.1:9'\nsleep 30");
+    let sup = Supervisor::new(Arc::new(Telemetry::new()), rt.handle().clone());
+    let spec = || EngineSpec { binary: bin.clone(), model: "/m.gguf".into(), flags: vec![], facts: None };
+    sup.start(spec());
+    std::thread::sleep(Duration::from_millis(300));
+    let old = sup.status().pid;
+    assert!(old.is_some(), "{:?}", sup.status());
+    let stopping = {
+        let sup = sup.clone();
+        rt.spawn(async move { sup.stop(Duration::from_millis(1500)).await })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    sup.start(spec());
+    rt.block_on(stopping).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let s = sup.status();
+    assert_ne!(s.state, EngineState::Stopped, "the stop that timed out said Stopped over the new engine: {s:?}");
+    assert!(s.pid.is_some() && s.pid != old, "the new engine runs: {s:?}");
+    // The old engine is gone by now (killed after 3 s): its end leaves the new engine's pid.
+    std::thread::sleep(Duration::from_millis(3000));
+    assert_eq!(sup.status().pid, s.pid, "{:?}", sup.status());
+    rt.block_on(sup.stop(Duration::from_secs(5)));
+    assert_eq!(sup.status().state, EngineState::Stopped);
+}

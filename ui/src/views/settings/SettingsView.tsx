@@ -137,7 +137,10 @@ export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps
     setFlags(null);
     try {
       if (apply) {
-        const saved = await transport.saveSettings(parsed.settings);
+        // The model is the Models view's to choose: this form was read when the app opened, so the model in
+        // use now is read again (otherwise a model loaded since would be unloaded by this Apply).
+        const now = await transport.getSettings();
+        const saved = await transport.saveSettings({ ...parsed.settings, model_path: now.model_path });
         seq.current++; // a plan still on its way is for the old values
         setForm(formFromSettings(saved));
         setErrors({});
