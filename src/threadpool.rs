@@ -1,5 +1,6 @@
 //! A small fixed thread pool for the forward pass: `run(n_chunks, |chunk| ..)` runs a closure once for every
-//! chunk index, on all threads at once, and returns when every chunk is done.
+//! chunk index, on all threads at once, and returns when every chunk is done; and `SharedMut`, the view
+//! through which a region's chunks write disjoint parts of one slice.
 //!
 //! Why not rayon: one generated token makes about 200 parallel regions of a few microseconds each, and a
 //! work-stealing pool's wake-up cost is of the same order. Here workers spin briefly on an epoch counter
@@ -226,6 +227,41 @@ fn worker(s: Arc<Shared>) {
             claim_chunks(&s, job);
         }
         s.entered.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A raw view of a mutable slice shared by threads that write disjoint elements.
+/// It borrows the slice for `'a`, so it cannot outlive it.
+pub struct SharedMut<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
+}
+
+impl<T> Clone for SharedMut<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<'_, T> {}
+
+// SAFETY: it only hands out `&mut T` to disjoint parts (the contract of `slice`), which is what `&mut [T]`
+// split across threads allows when `T: Send`.
+unsafe impl<T: Send> Send for SharedMut<'_, T> {}
+unsafe impl<T: Send> Sync for SharedMut<'_, T> {}
+
+impl<'a, T> SharedMut<'a, T> {
+    pub fn new(s: &'a mut [T]) -> Self {
+        SharedMut { ptr: s.as_mut_ptr(), len: s.len(), _borrow: std::marker::PhantomData }
+    }
+    /// The sub-slice `start..start + len`.
+    ///
+    /// # Safety
+    /// No two threads may hold overlapping sub-slices at the same time.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
+        assert!(start.checked_add(len).is_some_and(|end| end <= self.len), "SharedMut::slice out of bounds");
+        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
     }
 }
 

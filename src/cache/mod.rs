@@ -10,6 +10,8 @@ pub mod gate;
 
 use crate::device::Allocation;
 use crate::model::kv::KvSnapshot;
+/// How much of a snapshot a restore brings back (its schema is telemetry's: events carry it).
+pub use crate::telemetry::RestoreKind;
 
 /// What the engine runs with: KV element type and layout. A snapshot only restores into the same.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,26 +59,6 @@ impl Snapshot {
     /// Host bytes of the snapshot: the target's KV and the draft's.
     pub fn bytes(&self) -> u64 {
         self.kv.bytes() + self.draft.as_ref().map_or(0, KvSnapshot::bytes)
-    }
-}
-
-/// How much of a snapshot a restore brings back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
-#[serde(rename_all = "snake_case")]
-pub enum RestoreKind {
-    /// The whole snapshot (the prompt extends it).
-    Live,
-    /// A prefix, at a checkpoint; the rest of the prompt is read.
-    Checkpoint,
-}
-
-impl std::fmt::Display for RestoreKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str(match self {
-            RestoreKind::Live => "live",
-            RestoreKind::Checkpoint => "checkpoint",
-        })
     }
 }
 

@@ -12,6 +12,8 @@ use crate::cache::gate::{self, GateDecision};
 use crate::cache::{ConversationCache, KvIdentity, ParkOutcome, RestoreKind, Snapshot};
 use crate::device::Purpose;
 use crate::model::{KvType, Model, ModelError};
+/// Why a cache hit was reread instead of restored (its schema is telemetry's).
+pub use crate::telemetry::Fallback;
 use crate::telemetry::{EngineEvent, Telemetry};
 use crate::threadpool::ThreadPool;
 use crate::tokenizer::Tokenizer;
@@ -46,26 +48,6 @@ pub struct Served {
     pub fallback: Option<Fallback>,
     /// Prompt tokens the draft model read (the rest came back with the snapshot or its live sequence).
     pub draft_read: Option<usize>,
-}
-
-/// Why a cache hit was reread instead of restored.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
-#[serde(tag = "reason", rename_all = "snake_case")]
-pub enum Fallback {
-    /// The restore gate refused: restoring would leave `device` under its reserve.
-    Gate {
-        device: usize,
-        #[cfg_attr(feature = "ts", ts(type = "number"))]
-        free_bytes: u64,
-        #[cfg_attr(feature = "ts", ts(type = "number"))]
-        need_bytes: u64,
-        #[cfg_attr(feature = "ts", ts(type = "number"))]
-        reserve_bytes: u64,
-        tokens: usize,
-    },
-    /// An allocation of the restore failed; everything it took was released.
-    AllocFailed { error: String, tokens: usize },
 }
 
 pub struct Session<'a> {

@@ -11,9 +11,7 @@
 //! the token's own activations and is summed in channel order, so batch invariance holds.
 
 use crate::quant::{self, GgmlType};
-use crate::threadpool::{split_range, ThreadPool};
-
-use super::ops::SharedMut;
+use crate::threadpool::{split_range, SharedMut, ThreadPool};
 
 /// A value whose magnitude exceeds this multiple of its row's RMS is kept exact (see above).
 pub const OUTLIER_RATIO: f32 = 8.0;

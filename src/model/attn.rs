@@ -34,10 +34,10 @@ use std::ops::Range;
 use half::slice::HalfFloatSliceExt;
 
 use crate::quant::{self, GgmlType, QK};
-use crate::threadpool::{split_range, ThreadPool};
+use crate::threadpool::{split_range, SharedMut, ThreadPool};
 
 use super::kv::{KvCache, KvPage, KvRows, KV_PAGE_TOKENS};
-use super::ops::{AttnShape, SharedMut};
+use super::ops::AttnShape;
 
 /// Keys per tile.
 pub const KEY_TILE: usize = 32;

@@ -8,12 +8,12 @@
 use std::sync::Arc;
 
 use crate::device::Device;
-use crate::threadpool::ThreadPool;
+use crate::threadpool::{SharedMut, ThreadPool};
 
 use super::acts::QuantActs;
 use super::attn;
 use super::kv::KvCache;
-use super::ops::{self, AttnShape, MatJob, SharedMut};
+use super::ops::{self, AttnShape, MatJob};
 use super::{Model, ModelError};
 
 /// Logits of the requested positions of a batch: `rows` rows of `n_vocab` values.

@@ -11,20 +11,22 @@ mod forward;
 pub mod gpu;
 pub mod kv;
 pub mod ops;
+pub mod placement;
 pub mod synthetic;
 pub mod weights;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::device::{Allocation, DeviceError, DeviceSet, Purpose};
+use crate::device::{DeviceError, DeviceSet, Purpose};
 use crate::gguf::{GgufError, GgufFile};
 use crate::quant::GgmlType;
-use crate::split::{self, PlanOptions, SplitError, StagePlan};
+use crate::split::SplitError;
 
 pub use config::{Arch, ModelConfig, RopeKind};
 pub use forward::Logits;
 pub use kv::{KvCache, KvType};
+pub use placement::{Placement, PlanOptions, StagePlan};
 pub use weights::Weights;
 
 #[derive(Debug, thiserror::Error)]
@@ -90,41 +92,6 @@ impl Default for LoadOptions {
     }
 }
 
-/// Where a loaded model lives: its stages and the device memory they hold.
-pub struct Placement {
-    pub devices: DeviceSet,
-    pub stages: Vec<StagePlan>,
-    /// The stage of each layer.
-    pub layer_stage: Vec<usize>,
-    pub batch: usize,
-    pub kv_resident: Option<usize>,
-    /// The weights and scratch of each stage on a GPU (`None` for stages that compute on the CPU).
-    pub gpu: Vec<Option<gpu::GpuStage>>,
-    /// Weights, scratch and staging of every CPU-computed stage, held while the model lives.
-    _held: Vec<Allocation>,
-}
-
-impl Placement {
-    /// Takes extra scratch on each stage for a forward pass larger than the scratch was sized for
-    /// (`t_count` tokens, `n_out` output rows); the allocations last as long as the returned vector.
-    pub(crate) fn extra_scratch(
-        &self,
-        cfg: &ModelConfig,
-        t_count: usize,
-        n_out: usize,
-    ) -> Result<Vec<Allocation>, DeviceError> {
-        let mut held = Vec::new();
-        let n = self.stages.len();
-        for (i, s) in self.stages.iter().enumerate().filter(|(i, _)| self.gpu[*i].is_none()) {
-            let need = split::scratch_bytes(cfg, t_count, n_out, i + 1 == n);
-            if need > s.scratch_bytes {
-                held.push(s.device.alloc(Purpose::Scratch, need - s.scratch_bytes)?);
-            }
-        }
-        Ok(held)
-    }
-}
-
 pub struct Model {
     pub cfg: ModelConfig,
     pub weights: Weights,
@@ -154,7 +121,7 @@ impl Model {
         let cfg = ModelConfig::from_gguf(&file)?;
         let weights = Weights::load(&file, &cfg)?;
         let stages = Self::plan_stages(&cfg, &weights, opts)?;
-        split::check_fits(&stages)?;
+        placement::check_fits(&stages)?;
         let mut held = Vec::new();
         let mut gpu_stages = Vec::new();
         let n_stages = stages.len();
@@ -211,7 +178,7 @@ impl Model {
             return Err(ModelError::KvLayout(cfg.head_dim));
         }
         let popts = PlanOptions { kv_type: opts.kv_type, batch: opts.batch.max(1) };
-        Ok(split::plan(cfg, weights, &opts.devices, opts.split.as_deref(), &popts)?)
+        Ok(placement::plan(cfg, weights, &opts.devices, opts.split.as_deref(), &popts)?)
     }
 
     /// A new empty KV cache for this model holding up to `max_tokens` positions, each layer's pages on its

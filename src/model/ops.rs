@@ -8,46 +8,12 @@
 use std::sync::Arc;
 
 use crate::quant;
+pub use crate::threadpool::SharedMut;
 use crate::threadpool::{split_range, ThreadPool};
 
 use super::acts::QuantActs;
 use super::config::RopeKind;
 use super::weights::QTensor;
-
-/// A raw view of a mutable slice shared by threads that write disjoint elements.
-/// It borrows the slice for `'a`, so it cannot outlive it.
-pub struct SharedMut<'a, T> {
-    ptr: *mut T,
-    len: usize,
-    _borrow: std::marker::PhantomData<&'a mut [T]>,
-}
-
-impl<T> Clone for SharedMut<'_, T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SharedMut<'_, T> {}
-
-// SAFETY: it only hands out `&mut T` to disjoint parts (the contract of `slice`), which is what `&mut [T]`
-// split across threads allows when `T: Send`.
-unsafe impl<T: Send> Send for SharedMut<'_, T> {}
-unsafe impl<T: Send> Sync for SharedMut<'_, T> {}
-
-impl<'a, T> SharedMut<'a, T> {
-    pub fn new(s: &'a mut [T]) -> Self {
-        SharedMut { ptr: s.as_mut_ptr(), len: s.len(), _borrow: std::marker::PhantomData }
-    }
-    /// The sub-slice `start..start + len`.
-    ///
-    /// # Safety
-    /// No two threads may hold overlapping sub-slices at the same time.
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
-        assert!(start.checked_add(len).is_some_and(|end| end <= self.len), "SharedMut::slice out of bounds");
-        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
-    }
-}
 
 /// `out = x / rms(x) * w`, with the mean of squares summed in f64 as ggml does.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {

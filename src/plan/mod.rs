@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::{mib, Device, HOST_MARGIN_BYTES};
 use crate::gguf::GgufFile;
+use crate::model::placement::{self, StagePlan};
 use crate::model::{KvType, LoadOptions, Model, ModelError};
-use crate::split::{self, StagePlan};
 
 use draft::{DraftInput, SharedShortfall};
 
@@ -189,7 +189,7 @@ pub fn plan_with_draft(
         }
     }
     let draft_rows: &[PlanRow] = draft_plan.as_ref().map_or(&[], |d| &d.rows);
-    let problem = match split::check_fits(&stages) {
+    let problem = match placement::check_fits(&stages) {
         Err(e) => Some(e.to_string()),
         Ok(()) => check_shared(&rows, draft_rows, &devices)
             .map_err(|e| e.to_string())
@@ -252,7 +252,7 @@ fn device_totals(rows: &[PlanRow], draft_rows: &[PlanRow]) -> Vec<PlanDevice> {
 }
 
 /// The first device whose loads of both models do not fit together above its reserve (each model's stage
-/// alone was checked by `split::check_fits`).
+/// alone was checked by `placement::check_fits`).
 fn check_shared(rows: &[PlanRow], draft_rows: &[PlanRow], devices: &[PlanDevice]) -> Result<(), SharedShortfall> {
     let Some(d) = devices.iter().find(|d| !d.host && !d.fits && d.draft_bytes > 0) else { return Ok(()) };
     let on = |r: &&PlanRow| r.index == d.index;

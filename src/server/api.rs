@@ -18,11 +18,12 @@ use axum::Json;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{channel, Receiver};
 
+use crate::telemetry::Summary;
 use crate::tokenizer::turns;
 
 use super::error::ApiError;
 use super::openai::{self, ChatRequest, Checked, CompletionRequest, PromptInput};
-use super::worker::{Job, Msg, Summary, Ticket, TicketGuard, TokenInfo, REPLY_BACKLOG};
+use super::worker::{Job, Msg, Ticket, TicketGuard, TokenInfo, REPLY_BACKLOG};
 use super::App;
 
 /// Reads the body: at most `limit` bytes (413 beyond, checked on Content-Length first) within

@@ -12,9 +12,7 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceSet;
-use crate::telemetry::{Entry, Telemetry};
-
-use super::worker::Summary;
+use crate::telemetry::{Entry, Summary, Telemetry};
 
 /// The engine events `/metrics` counts.
 pub const CACHE_EVENTS: &[&str] =

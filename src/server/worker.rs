@@ -15,7 +15,7 @@ use crate::engine::session::{Session, SessionConfig};
 use crate::engine::spec::SpecSetup;
 use crate::engine::{EngineError, Generation, Observer, StopReason};
 use crate::model::{Model, ModelError};
-use crate::telemetry::EngineEvent;
+use crate::telemetry::{EngineEvent, Summary};
 use crate::threadpool::ThreadPool;
 use crate::tokenizer::turns::tokens_of_text;
 use crate::tokenizer::Tokenizer;
@@ -126,8 +126,6 @@ pub enum Msg {
     Done(Box<Summary>),
     Error(ApiError),
 }
-
-pub use crate::telemetry::Summary;
 
 /// OpenAI's finish_reason for an engine stop.
 pub fn finish_reason(r: StopReason) -> &'static str {

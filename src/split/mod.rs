@@ -1,19 +1,12 @@
-//! The split plan: which device runs which layers (the stages), and what each stage needs on its device
-//! (weights, KV bytes per token, scratch, staging), computed before anything is allocated.
-//!
-//! `--layer-split 15` puts layers 0..15 on device 0 and the rest on device 1; `--layer-split 10,20` makes
-//! three stages. Embeddings go with the first stage, the output norm and head with the last; a head tied to
-//! the embeddings is placed where it is used as the head (the last stage), and the first stage gathers its
-//! embedding rows from there by a counted copy. The same numbers drive `strata plan` and the loader's
-//! allocations, so what the plan prints is what the ledger will show.
+//! The layer split: which device runs which layers (the stages). `--layer-split 15` puts layers 0..15 on
+//! device 0 and the rest on device 1; `--layer-split 10,20` makes three stages; without points, each device
+//! takes layers in proportion to its memory. What each stage then needs on its device is sized by
+//! `model::placement`; this module knows devices and layer counts, nothing of a model's tensors.
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::device::{mib, Device, DeviceError, DeviceSet};
-use crate::model::gpu;
-use crate::model::kv::KV_PAGE_TOKENS;
-use crate::model::{KvType, ModelConfig, Weights};
+use crate::device::{mib, Device, DeviceError};
 
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -106,144 +99,6 @@ pub fn stage_layers(
     Ok(ranges)
 }
 
-/// What the plan depends on besides the model and the devices.
-#[derive(Clone, Debug)]
-pub struct PlanOptions {
-    pub kv_type: KvType,
-    /// Tokens per forward batch the scratch is sized for.
-    pub batch: usize,
-}
-
-/// One stage: a device, its layers, and what it needs there.
-#[derive(Clone, Debug)]
-pub struct StagePlan {
-    pub device: Arc<Device>,
-    pub layers: Range<usize>,
-    pub weights_bytes: u64,
-    pub scratch_bytes: u64,
-    pub staging_bytes: u64,
-    /// KV bytes per position for this stage's layers (K and V).
-    pub kv_bytes_per_token: u64,
-}
-
-impl StagePlan {
-    /// Bytes allocated when the model loads.
-    pub fn load_bytes(&self) -> u64 {
-        self.weights_bytes + self.scratch_bytes + self.staging_bytes
-    }
-
-    /// KV bytes on the device when a sequence holds `tokens` positions (whole pages; pages older than the
-    /// resident window are on the host).
-    pub fn kv_device_bytes(&self, tokens: usize, kv_resident: Option<usize>) -> u64 {
-        let (device_pages, _) = kv_pages(tokens, kv_resident);
-        device_pages as u64 * KV_PAGE_TOKENS as u64 * self.kv_bytes_per_token
-    }
-
-    /// KV bytes of this stage's layers on the host at `tokens` positions (the pages out of the window).
-    pub fn kv_host_bytes(&self, tokens: usize, kv_resident: Option<usize>) -> u64 {
-        let (_, host_pages) = kv_pages(tokens, kv_resident);
-        host_pages as u64 * KV_PAGE_TOKENS as u64 * self.kv_bytes_per_token
-    }
-}
-
-/// (device pages, host pages) per layer when a sequence holds `tokens` positions.
-pub fn kv_pages(tokens: usize, kv_resident: Option<usize>) -> (usize, usize) {
-    let pages = tokens.div_ceil(KV_PAGE_TOKENS);
-    let host = kv_resident.map_or(0, |r| tokens.saturating_sub(r) / KV_PAGE_TOKENS);
-    (pages - host, host)
-}
-
-/// Scratch bytes of a forward pass of `t_count` tokens on a stage: the activations of one layer at a time
-/// (`n_out` output rows on the last stage).
-pub fn scratch_bytes(cfg: &ModelConfig, t_count: usize, n_out: usize, last: bool) -> u64 {
-    let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
-    let f32s_per_token = 3 * d + 2 * q + 2 * kv + 2 * ff + cfg.rope_dims;
-    let quantized_per_token = d.max(q).max(ff) * 9 / 8 + 64;
-    let mut bytes = t_count * (f32s_per_token * 4 + quantized_per_token);
-    if last {
-        bytes += n_out * (d + cfg.n_vocab) * 4;
-    }
-    bytes as u64
-}
-
-/// The stages of a model over `devices`: layer ranges from `points` (or memory proportions), and what each
-/// stage needs on its device.
-pub fn plan(
-    cfg: &ModelConfig,
-    weights: &Weights,
-    devices: &DeviceSet,
-    points: Option<&[usize]>,
-    opts: &PlanOptions,
-) -> Result<Vec<StagePlan>, SplitError> {
-    let devs = &devices.devices;
-    let free: Vec<u64> = devs.iter().map(|d| d.sample_free().unwrap_or_else(|_| d.total_bytes())).collect();
-    let ranges = stage_layers(cfg.n_layer, devs, points, &free)?;
-    let n_stages = ranges.len();
-    let row_bytes = opts.kv_type.row_bytes(cfg.kv_dim()) as u64;
-    let hidden_bytes = (opts.batch * cfg.n_embd * 4) as u64;
-    let stages = ranges
-        .into_iter()
-        .enumerate()
-        .map(|(s, layers)| {
-            let (first, last) = (s == 0, s + 1 == n_stages);
-            if devs[s].kind.is_gpu() {
-                // The CUDA backend's own layout (see model::gpu): weights as stored, f32 scratch; hidden
-                // states pass through host memory.
-                return StagePlan {
-                    device: devs[s].clone(),
-                    kv_bytes_per_token: 2 * row_bytes * layers.len() as u64,
-                    weights_bytes: gpu::weight_bytes(weights, layers.clone(), last),
-                    scratch_bytes: gpu::scratch_bytes(cfg, opts.batch, last),
-                    staging_bytes: 0,
-                    layers,
-                };
-            }
-            let mut weights_bytes: u64 = weights.layers[layers.clone()].iter().map(|l| l.device_bytes()).sum();
-            if first && !weights.tied_output {
-                weights_bytes += weights.token_embd.device_bytes();
-            }
-            if last {
-                weights_bytes += weights.output.device_bytes() + weights.output_norm.len() as u64 * 4;
-            }
-            // Hidden states arrive from the previous stage; a tied head's embedding rows from the last.
-            let staging_bytes = if !first || (weights.tied_output && n_stages > 1) { hidden_bytes } else { 0 };
-            StagePlan {
-                device: devs[s].clone(),
-                kv_bytes_per_token: 2 * row_bytes * layers.len() as u64,
-                layers,
-                weights_bytes,
-                scratch_bytes: scratch_bytes(cfg, opts.batch, 1, last),
-                staging_bytes,
-            }
-        })
-        .collect();
-    Ok(stages)
-}
-
-/// Checks that every stage's load fits its device's sampled free memory above the reserve.
-/// The host is not checked: its weights are mapped from the file, which the OS pages in and out.
-pub fn check_fits(stages: &[StagePlan]) -> Result<(), SplitError> {
-    for s in stages.iter().filter(|s| !s.device.is_host()) {
-        let free = s.device.sample_free().unwrap_or_else(|_| s.device.total_bytes());
-        let need = s.load_bytes();
-        let reserve = s.device.reserve_bytes;
-        if free < need.saturating_add(reserve) {
-            return Err(SplitError::DoesNotFit {
-                device: s.device.name(),
-                layers: s.layers.clone(),
-                need_bytes: need,
-                weights_bytes: s.weights_bytes,
-                scratch_bytes: s.scratch_bytes,
-                staging_bytes: s.staging_bytes,
-                free_bytes: free,
-                reserve_bytes: reserve,
-                shortfall_bytes: need.saturating_add(reserve) - free,
-            });
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,14 +128,5 @@ mod tests {
         assert!(e(stage_layers(30, &d, Some(&[20, 10]), &[])).contains("stage 1"));
         assert!(parse_points("10,x").is_err() && parse_points("").is_err());
         assert_eq!(parse_points("10, 20").unwrap(), vec![10, 20]);
-    }
-
-    #[test]
-    fn kv_pages_follow_the_resident_window() {
-        assert_eq!(kv_pages(0, None), (0, 0));
-        assert_eq!(kv_pages(4000, None), (63, 0));
-        assert_eq!(kv_pages(4000, Some(64)), (2, 61));
-        assert_eq!(kv_pages(100, Some(64)), (2, 0));
-        assert_eq!(kv_pages(128, Some(64)), (1, 1));
     }
 }
