@@ -2,11 +2,13 @@
 // dashed reserve line per device and the engine's events as markers over it. uPlot draws the lines on a
 // canvas; the markers are DOM elements placed with u.valToPos (MarkerLayer). The chart is rebuilt when the
 // devices or the OS theme change, fed new columns in place otherwise, and follows its container's width.
+// The markers are placed after each of uPlot's draws (its scale is only current then), and the chart
+// renders again only when the plot's box or a marker moved: a draw that changes nothing renders nothing.
 import { useEffect, useRef, useState } from "preact/hooks";
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 import type { DeviceView } from "../../bindings";
-import { placeMarkers } from "../../telemetry/markers";
+import { placeMarkers, type PlacedMarker } from "../../telemetry/markers";
 import type { TelemetryWindow } from "../../telemetry/window";
 import { MIB } from "../../util/format";
 import { chartColors, onSchemeChange, prefersDark } from "./chartColors";
@@ -52,8 +54,12 @@ export function MemoryChart({ win, version, devices, heightPx = 260 }: MemoryCha
   const wrap = useRef<HTMLDivElement>(null);
   const host = useRef<HTMLDivElement>(null);
   const plot = useRef<uPlot | null>(null);
-  const [box, setBox] = useState<PlotBox>(NO_BOX);
-  const [tick, setTick] = useState(0);
+  const [layout, setLayout] = useState<{ box: PlotBox; markers: PlacedMarker[] }>({ box: NO_BOX, markers: [] });
+  // What the last layout showed, to skip a render that would show the same.
+  const shown = useRef("");
+  // The window as of the last render, for the draw hook (which the chart kept from its creation).
+  const latest = useRef(win);
+  latest.current = win;
   const [dark, setDark] = useState(prefersDark());
   const charted = chartedDevices(devices);
   const shape = charted.map((d) => `${d.index}:${d.name}:${d.reserve_bytes}`).join(",") + (dark ? ":dark" : ":light");
@@ -64,8 +70,12 @@ export function MemoryChart({ win, version, devices, heightPx = 260 }: MemoryCha
     if (!u || !w) return;
     const o = u.over.getBoundingClientRect();
     const r = w.getBoundingClientRect();
-    setBox({ left: o.left - r.left, top: o.top - r.top, width: u.over.clientWidth || o.width, height: u.over.clientHeight || o.height });
-    setTick((t) => t + 1);
+    const box = { left: o.left - r.left, top: o.top - r.top, width: u.over.clientWidth || o.width, height: u.over.clientHeight || o.height };
+    const markers = placeMarkers(latest.current.events, (s) => u.valToPos(s, "x"), box.width);
+    const key = JSON.stringify([box, markers]);
+    if (key === shown.current) return;
+    shown.current = key;
+    setLayout({ box, markers });
   };
 
   useEffect(() => onSchemeChange(() => setDark(prefersDark())), []);
@@ -115,6 +125,7 @@ export function MemoryChart({ win, version, devices, heightPx = 260 }: MemoryCha
     return () => {
       u.destroy();
       plot.current = null;
+      shown.current = "";
     };
   }, [shape, heightPx]);
 
@@ -141,13 +152,11 @@ export function MemoryChart({ win, version, devices, heightPx = 260 }: MemoryCha
     return () => window.removeEventListener("resize", resize);
   }, [heightPx]);
 
-  const u = plot.current;
-  const markers = u && tick >= 0 ? placeMarkers(win.events, (s) => u.valToPos(s, "x"), box.width) : [];
   return (
     <div class="chart" ref={wrap} data-testid="memory-chart">
       <div class="chart-plot" ref={host} />
       {charted.length === 0 && <p class="muted">No devices to chart yet.</p>}
-      <MarkerLayer markers={markers} box={box} />
+      <MarkerLayer markers={plot.current ? layout.markers : []} box={layout.box} />
     </div>
   );
 }
