@@ -14,6 +14,7 @@ pub mod quant;
 pub mod sample;
 pub mod server;
 pub mod split;
+pub mod sync;
 pub mod telemetry;
 pub mod threadpool;
 pub mod tokenizer;

@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+use crate::sync::{LockUnpoisoned, WaitUnpoisoned};
+
 /// Iterations a worker spins waiting for the next region before it sleeps (about 50-200 us).
 const SPIN_ITERS: u32 = 20_000;
 /// Set in `entered` when a region is closed to newcomers.
@@ -130,7 +132,7 @@ impl ThreadPool {
         s.entered.fetch_and(!CLOSED, Ordering::SeqCst);
         s.epoch.fetch_add(1, Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
-            let _guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _guard = s.lock.lock_unpoisoned();
             s.wake.notify_all();
         }
         let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| claim_chunks(s, job)));
@@ -206,10 +208,10 @@ fn worker(s: Arc<Shared>) {
                 std::hint::spin_loop();
                 continue;
             }
-            let guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            let guard = s.lock.lock_unpoisoned();
             s.sleepers.fetch_add(1, Ordering::SeqCst);
             let guard = if s.epoch.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
-                s.wake.wait(guard).unwrap_or_else(|e| e.into_inner())
+                s.wake.wait_unpoisoned(guard)
             } else {
                 guard
             };
@@ -269,7 +271,7 @@ impl Drop for ThreadPool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
         {
-            let _guard = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _guard = self.shared.lock.lock_unpoisoned();
             self.shared.wake.notify_all();
         }
         for h in self.handles.drain(..) {

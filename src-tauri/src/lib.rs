@@ -23,6 +23,7 @@ use tauri_plugin_store::StoreExt;
 
 use strata::plan::facts::ModelFacts;
 use strata::plan::settings::{EngineLocation, EngineSettings};
+use strata::sync::LockUnpoisoned;
 use strata::telemetry::Telemetry;
 
 use history::History;
@@ -67,7 +68,7 @@ impl AppState {
     }
 
     pub fn settings(&self) -> EngineSettings {
-        self.settings.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.settings.lock_unpoisoned().clone()
     }
 
     /// Keeps `s`: a new remote key in the key file first, then the rest, the key masked, in memory and in
@@ -80,7 +81,7 @@ impl AppState {
         let mut masked = s.clone();
         self.remote_key.absorb(&mut masked).map_err(|e| CommandError::io(e.to_string()))?;
         write_settings(app, &self.data_dir, &masked)?;
-        *self.settings.lock().unwrap_or_else(|e| e.into_inner()) = masked.clone();
+        *self.settings.lock_unpoisoned() = masked.clone();
         Ok(masked)
     }
 
@@ -107,16 +108,16 @@ impl AppState {
 
     pub(crate) fn cancel_token(&self, id: &str) -> tokio::sync::watch::Receiver<bool> {
         let (tx, rx) = tokio::sync::watch::channel(false);
-        self.cancels.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_owned(), tx);
+        self.cancels.lock_unpoisoned().insert(id.to_owned(), tx);
         rx
     }
 
     pub(crate) fn drop_cancel(&self, id: &str) {
-        self.cancels.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        self.cancels.lock_unpoisoned().remove(id);
     }
 
     pub(crate) fn cancel(&self, id: &str) {
-        if let Some(tx) = self.cancels.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+        if let Some(tx) = self.cancels.lock_unpoisoned().get(id) {
             let _ = tx.send(true);
         }
     }

@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use strata::sync::LockUnpoisoned;
+
 use crate::types::{ChatParams, ChatPreferences, CmdResult, CommandError, ErrorCode};
 
 /// The file's name in the data folder.
@@ -79,14 +81,14 @@ impl Preferences {
 
     /// The preferences as stored; the defaults when nothing was saved yet.
     pub fn get(&self) -> CmdResult<ChatPreferences> {
-        let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = self.lock.lock_unpoisoned();
         self.read()
     }
 
     /// Checks `p` and keeps it (replacing what was stored); returns what is stored now.
     pub fn save(&self, p: &ChatPreferences) -> CmdResult<ChatPreferences> {
         check_preferences(p)?;
-        let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = self.lock.lock_unpoisoned();
         let bytes = serde_json::to_vec_pretty(p).map_err(|e| CommandError::io(e.to_string()))?;
         crate::history::write_file_atomic(&self.path, &bytes).map_err(|e| {
             CommandError::io(format!("cannot save the chat preferences to {}: {e}", self.path.display()))

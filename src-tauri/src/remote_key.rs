@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use strata::plan::settings::{EngineLocation, EngineSettings, RemoteKey};
+use strata::sync::LockUnpoisoned;
 
 /// The key file's name in the data folder.
 pub const KEY_FILE: &str = "remote-api-key";
@@ -61,7 +62,7 @@ impl KeyFile {
 
     /// The key itself, for the engine client only.
     pub fn key(&self) -> Option<String> {
-        self.key.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.key.lock_unpoisoned().clone()
     }
 
     /// What the settings may say of the key: kept (with its hint) or none.
@@ -100,7 +101,7 @@ impl KeyFile {
         };
         let key = key.trim().to_owned();
         let written = self.write(Some(key.as_str()).filter(|k| !k.is_empty()));
-        *self.key.lock().unwrap_or_else(|e| e.into_inner()) = Some(key).filter(|k| !k.is_empty());
+        *self.key.lock_unpoisoned() = Some(key).filter(|k| !k.is_empty());
         *api_key = self.masked();
         written.map(|()| true)
     }
@@ -109,7 +110,7 @@ impl KeyFile {
     fn set(&self, key: Option<&str>) -> Result<(), KeyFileError> {
         let key = key.filter(|k| !k.is_empty());
         self.write(key)?;
-        *self.key.lock().unwrap_or_else(|e| e.into_inner()) = key.map(str::to_owned);
+        *self.key.lock_unpoisoned() = key.map(str::to_owned);
         Ok(())
     }
 

@@ -16,6 +16,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
 use strata::plan::facts::ModelFacts;
+use strata::sync::LockUnpoisoned;
 use strata::telemetry::{EngineEvent, Telemetry};
 
 use crate::engine::{Endpoint, EngineClient};
@@ -160,7 +161,7 @@ impl Supervisor {
     }
 
     fn set_status(&self, state: EngineState, message: Option<String>, pid: Option<u32>, model: Option<ModelFacts>) {
-        let restarts = *self.shared.restarts.lock().unwrap_or_else(|e| e.into_inner());
+        let restarts = *self.shared.restarts.lock_unpoisoned();
         self.shared.status.send_modify(|s| {
             s.state = state;
             s.message = message;
@@ -175,7 +176,7 @@ impl Supervisor {
     /// The engine's last error line since it was last ready (empty when it printed none: a kill leaves
     /// only ordinary log lines, which say nothing about why it went).
     fn stderr_tail(&self) -> String {
-        let lines = self.shared.stderr.lock().unwrap_or_else(|e| e.into_inner());
+        let lines = self.shared.stderr.lock_unpoisoned();
         lines.iter().rev().find(|l| l.contains("error")).cloned().unwrap_or_default()
     }
 
@@ -206,7 +207,7 @@ impl Supervisor {
                 return;
             }
             let restarts = {
-                let mut r = self.shared.restarts.lock().unwrap_or_else(|e| e.into_inner());
+                let mut r = self.shared.restarts.lock_unpoisoned();
                 *r += 1;
                 *r
             };
@@ -226,53 +227,18 @@ impl Supervisor {
         let key = per_launch_key();
         let key_file = tempfile::Builder::new().prefix("strata-key-").tempfile().map_err(|e| e.to_string())?;
         std::fs::write(key_file.path(), format!("{key}\n")).map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(&spec.binary);
-        cmd.arg("serve")
-            .args(["--host", "127.0.0.1", "--port", "0", "--exit-with-stdin", "--api-key-file"])
-            .arg(key_file.path())
-            .arg("-m")
-            .arg(&spec.model)
-            .args(&spec.flags)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        #[cfg(target_os = "linux")]
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
-        }
+        let mut cmd = engine_command(spec, key_file.path());
         let mut child: Child =
             cmd.spawn().map_err(|e| format!("cannot start the engine {}: {e}", spec.binary.display()))?;
         let pid = child.id();
         tracing::info!("engine started: pid {pid:?}, {} {}", spec.binary.display(), spec.flags.join(" "));
-        let state = if *self.shared.restarts.lock().unwrap_or_else(|e| e.into_inner()) > 0 {
-            EngineState::Restarting
-        } else {
-            EngineState::Starting
-        };
+        let state =
+            if *self.shared.restarts.lock_unpoisoned() > 0 { EngineState::Restarting } else { EngineState::Starting };
         self.set_status(state, Some("loading the model".into()), pid, spec.facts.clone());
         // Its stdin stays open as long as this child handle lives.
         let _stdin = child.stdin.take();
         let stderr = child.stderr.take();
-        let shared = self.shared.clone();
-        let stderr_task = stderr.map(|stderr| {
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(stderr).lines();
-                while let Ok(Some(l)) = lines.next_line().await {
-                    tracing::info!(target: "engine", "{l}");
-                    let mut q = shared.stderr.lock().unwrap_or_else(|e| e.into_inner());
-                    if q.len() >= STDERR_LINES {
-                        q.pop_front();
-                    }
-                    q.push_back(l);
-                }
-            })
-        });
+        let stderr_task = stderr.map(|stderr| self.keep_stderr(stderr));
         // An engine that exits has its last words read before they are quoted.
         let last_words = |task: Option<tokio::task::JoinHandle<()>>| async move {
             if let Some(t) = task {
@@ -311,17 +277,8 @@ impl Supervisor {
         // Drain the rest of stdout so the child never blocks on it.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         let client = EngineClient::new(Endpoint { url: url.clone(), api_key: Some(key), model: String::new() });
-        let healthy = async {
-            for _ in 0..300 {
-                if client.healthy().await {
-                    return true;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            false
-        };
         tokio::select! {
-            ok = healthy => if !ok {
+            ok = wait_healthy(&client) => if !ok {
                 let _ = child.start_kill();
                 return Err("the engine never reported healthy (/health)".into());
             },
@@ -331,7 +288,7 @@ impl Supervisor {
             }
             _ = superseded(&mut gen_rx, generation) => return self.end(child).await,
         }
-        self.shared.stderr.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.shared.stderr.lock_unpoisoned().clear();
         self.shared.endpoint.send_replace(Some(client.endpoint.clone()));
         self.set_status(EngineState::Ready, None, pid, spec.facts.clone());
         tracing::info!("engine ready at {url}");
@@ -346,6 +303,22 @@ impl Supervisor {
         follower.abort();
         self.clear_pid(pid);
         result
+    }
+
+    /// Reads the engine's stderr into the log and the last `STDERR_LINES` lines kept for error messages.
+    fn keep_stderr(&self, stderr: tokio::process::ChildStderr) -> tokio::task::JoinHandle<()> {
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(l)) = lines.next_line().await {
+                tracing::info!(target: "engine", "{l}");
+                let mut q = shared.stderr.lock_unpoisoned();
+                if q.len() >= STDERR_LINES {
+                    q.pop_front();
+                }
+                q.push_back(l);
+            }
+        })
     }
 
     /// Ends a child this generation no longer wants: SIGTERM, then a kill after 3 s.
@@ -380,6 +353,43 @@ impl Supervisor {
             mine
         });
     }
+}
+
+/// `strata serve` for `spec` on a free loopback port, with the per-launch key in `key_path`, ending with the
+/// app: it exits when its stdin closes and, on Linux, when the app dies.
+fn engine_command(spec: &EngineSpec, key_path: &std::path::Path) -> Command {
+    let mut cmd = Command::new(&spec.binary);
+    cmd.arg("serve")
+        .args(["--host", "127.0.0.1", "--port", "0", "--exit-with-stdin", "--api-key-file"])
+        .arg(key_path)
+        .arg("-m")
+        .arg(&spec.model)
+        .args(&spec.flags)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// Polls the engine's /health for up to 30 s; true once it answers healthy.
+async fn wait_healthy(client: &EngineClient) -> bool {
+    for _ in 0..300 {
+        if client.healthy().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
 }
 
 /// Returns once a newer start or a stop has superseded `generation`.

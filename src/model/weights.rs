@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType};
+use crate::sync::LockUnpoisoned;
 
 use super::config::ModelConfig;
 use super::ModelError;
@@ -31,7 +32,7 @@ impl QTensor {
     /// uncached when `compute` (a batch amortizes it), or `None` (a single token reads its few values
     /// from the weights instead).
     pub fn column(&self, c: usize, compute: bool) -> Option<Arc<[f32]>> {
-        let mut cache = self.columns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.columns.lock_unpoisoned();
         if let Some((_, col)) = cache.iter().find(|(i, _)| *i == c) {
             return Some(col.clone());
         }

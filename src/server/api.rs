@@ -18,6 +18,7 @@ use axum::Json;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{channel, Receiver};
 
+use crate::sync::LockUnpoisoned;
 use crate::telemetry::Summary;
 use crate::tokenizer::turns;
 
@@ -265,7 +266,7 @@ async fn chat_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Respon
     // Earlier replies the engine generated go in as their tokens (taken out now: the engine thread adds
     // to the store while this renders).
     let known: HashMap<String, Arc<[u32]>> = {
-        let replies = app.shared.replies.lock().unwrap_or_else(|e| e.into_inner());
+        let replies = app.shared.replies.lock_unpoisoned();
         messages
             .iter()
             .filter(|m| m.role == "assistant")

@@ -12,6 +12,7 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceSet;
+use crate::sync::LockUnpoisoned;
 use crate::telemetry::{Entry, Summary, Telemetry};
 
 /// The engine events `/metrics` counts.
@@ -236,14 +237,14 @@ impl Shared {
 
     /// Why the engine cannot serve, if it cannot.
     pub fn unhealthy(&self) -> Option<String> {
-        self.health.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.health.lock_unpoisoned().clone()
     }
 
     /// Marks the engine unhealthy for good (a sticky GPU fault) and starts the shutdown that exits with
     /// [`EXIT_DEVICE_FAULT`].
     pub fn set_unhealthy(&self, why: String) {
         tracing::error!("{why}");
-        *self.health.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+        *self.health.lock_unpoisoned() = Some(why);
         self.exit_code.store(EXIT_DEVICE_FAULT, Ordering::Release);
         self.begin_shutdown();
     }

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use crate::device::{Device, DeviceKind, Fault, Purpose};
 use crate::plan::settings::{EngineLocation, EngineSettings, PlanReply};
+use crate::sync::LockUnpoisoned;
 use crate::telemetry::{DeviceSample, EngineEvent, Entry};
 
 use super::error::ApiError;
@@ -241,7 +242,7 @@ pub async fn events(State(app): State<App>) -> Response {
 
 /// `GET /strata/cache`: the parked conversations and the cache's limits, as of the last request.
 pub async fn cache(State(app): State<App>) -> Response {
-    let v = app.shared.cache.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let v = app.shared.cache.lock_unpoisoned().clone();
     Json(v).into_response()
 }
 

@@ -7,6 +7,8 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use crate::sync::LockUnpoisoned;
+
 mod events;
 
 pub use events::{DeviceSample, EngineEvent, Entry, Event, Fallback, RestoreKind, Summary};
@@ -58,7 +60,7 @@ impl Telemetry {
 
     pub fn sample(&self, device: usize, free_bytes: Option<u64>, total_bytes: u64) {
         let s = DeviceSample { t_ms: self.now_ms(), device, free_bytes, total_bytes };
-        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ring = self.ring.lock_unpoisoned();
         if ring.samples.len() >= self.capacity {
             ring.samples.pop_front();
         }
@@ -86,7 +88,7 @@ impl Telemetry {
             v => serde_json::Map::from_iter([("value".to_owned(), v)]),
         };
         let e = Event { t_ms: self.now_ms(), event: kind.to_owned(), fields };
-        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ring = self.ring.lock_unpoisoned();
         if ring.events.len() >= self.capacity {
             ring.events.pop_front();
         }
@@ -104,17 +106,17 @@ impl Telemetry {
     /// Calls `f` with every new entry from now on, under the ring's lock (it must not block), until it
     /// returns false.
     pub fn subscribe_with(&self, f: Subscriber) {
-        self.ring.lock().unwrap_or_else(|e| e.into_inner()).subscribers.push(f);
+        self.ring.lock_unpoisoned().subscribers.push(f);
     }
 
     /// Subscribers now.
     pub fn subscribers(&self) -> usize {
-        self.ring.lock().unwrap_or_else(|e| e.into_inner()).subscribers.len()
+        self.ring.lock_unpoisoned().subscribers.len()
     }
 
     /// Samples and events recorded after `since_ms`, oldest first.
     pub fn since(&self, since_ms: f64) -> (Vec<DeviceSample>, Vec<Event>) {
-        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let ring = self.ring.lock_unpoisoned();
         (
             ring.samples.iter().filter(|s| s.t_ms > since_ms).cloned().collect(),
             ring.events.iter().filter(|e| e.t_ms > since_ms).cloned().collect(),

@@ -13,6 +13,8 @@ use std::sync::Mutex;
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 
+use crate::sync::LockUnpoisoned;
+
 use super::gpu::{Arg, Dims, Gpu, GpuError};
 use super::kernels::{self, KERNEL_FILES};
 
@@ -99,7 +101,7 @@ impl CudaGpu {
 
     /// The sticky error that poisoned this device, if one did.
     pub fn faulted(&self) -> Option<String> {
-        self.faulted.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.faulted.lock_unpoisoned().clone()
     }
 
     /// Makes the context current on this thread; fails fast on a poisoned device.
@@ -118,7 +120,7 @@ impl CudaGpu {
         let sticky = is_sticky(&e);
         let msg = e.to_string();
         if sticky {
-            let mut f = self.faulted.lock().unwrap_or_else(|e| e.into_inner());
+            let mut f = self.faulted.lock_unpoisoned();
             f.get_or_insert_with(|| format!("{what}: {msg}"));
         }
         GpuError::Driver { what: what.to_owned(), msg, sticky }

@@ -8,6 +8,8 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use crate::sync::LockUnpoisoned;
+
 use super::gpu::{Arg, Dims, Gpu, GpuError};
 
 extern "C" {
@@ -62,7 +64,7 @@ impl EmuGpu {
     }
 
     fn held_bytes(&self) -> u64 {
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).values().map(|&b| b as u64).sum()
+        self.live.lock_unpoisoned().values().map(|&b| b as u64).sum()
     }
 
     fn take(&self, bytes: u64) -> Result<u64, GpuError> {
@@ -76,12 +78,12 @@ impl EmuGpu {
         if p.is_null() {
             return Err(GpuError::OutOfMemory { bytes });
         }
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).insert(p as u64, size);
+        self.live.lock_unpoisoned().insert(p as u64, size);
         Ok(p as u64)
     }
 
     fn give(&self, ptr: u64) {
-        if let Some(size) = self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr) {
+        if let Some(size) = self.live.lock_unpoisoned().remove(&ptr) {
             let layout = std::alloc::Layout::from_size_align(size, ALIGN).expect("checked at allocation");
             // SAFETY: allocated by `take` with this layout, and removed from `live` so freed once.
             unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
@@ -91,11 +93,11 @@ impl EmuGpu {
 
 impl Drop for EmuGpu {
     fn drop(&mut self) {
-        let ptrs: Vec<u64> = self.live.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
+        let ptrs: Vec<u64> = self.live.lock_unpoisoned().keys().copied().collect();
         for p in ptrs {
             self.give(p);
         }
-        let ptrs: Vec<u64> = self.host.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
+        let ptrs: Vec<u64> = self.host.lock_unpoisoned().keys().copied().collect();
         for p in ptrs {
             // SAFETY: the emulator is gone with this drop: nothing can use its host memory after it.
             unsafe { self.free_host(p) };
@@ -132,12 +134,12 @@ impl Gpu for EmuGpu {
         if p.is_null() {
             return Err(GpuError::OutOfMemory { bytes });
         }
-        self.host.lock().unwrap_or_else(|e| e.into_inner()).insert(p as u64, size);
+        self.host.lock_unpoisoned().insert(p as u64, size);
         Ok(p as u64)
     }
 
     unsafe fn free_host(&self, ptr: u64) {
-        if let Some(size) = self.host.lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr) {
+        if let Some(size) = self.host.lock_unpoisoned().remove(&ptr) {
             let layout = std::alloc::Layout::from_size_align(size, ALIGN).expect("checked at allocation");
             // SAFETY: allocated by `alloc_host` with this layout, freed once.
             unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
