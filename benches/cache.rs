@@ -12,7 +12,7 @@ use std::time::Instant;
 use strata::cache::gate;
 use strata::device::{DeviceKind, DeviceSet};
 use strata::engine::session::{Session, SessionConfig};
-use strata::engine::{prefill, GenerateParams, Sequence};
+use strata::engine::{prefill, GenerateParams, Quiet, Sequence};
 use strata::gguf::GgufFile;
 use strata::model::{KvType, LoadOptions, Model};
 use strata::sample::SamplerConfig;
@@ -110,16 +110,16 @@ fn main() {
     let mut rereads = Vec::new();
     for _ in 0..3 {
         let mut s = Session::new(&model, &tok, &pool, &cfg).expect("session");
-        s.serve(&conv, &params, |_| {}).expect("conversation a");
-        s.serve(&other, &params, |_| {}).expect("conversation b parks a");
+        s.serve(&conv, &params, &mut Quiet).expect("conversation a");
+        s.serve(&other, &params, &mut Quiet).expect("conversation b parks a");
         let t = Instant::now();
-        let served = s.serve(&turn, &params, |_| {}).expect("back to a");
+        let served = s.serve(&turn, &params, &mut Quiet).expect("back to a");
         returns.push(t.elapsed().as_secs_f64());
         assert!(served.restored.is_some() && served.reused >= 4000, "{:?}", served.restored);
 
         let mut cold = Session::new(&model, &tok, &pool, &cfg).expect("session");
         let t = Instant::now();
-        cold.serve(&turn, &params, |_| {}).expect("reread");
+        cold.serve(&turn, &params, &mut Quiet).expect("reread");
         rereads.push(t.elapsed().as_secs_f64());
     }
     let (ret, reread) = (median(returns), median(rereads));

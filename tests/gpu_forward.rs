@@ -14,7 +14,7 @@ use std::sync::Arc;
 use strata::cache::RestoreKind;
 use strata::device::{DeviceKind, DeviceSet, Fault, Purpose};
 use strata::engine::session::{Session, SessionConfig};
-use strata::engine::{generate, prefill, GenerateParams, Sequence};
+use strata::engine::{generate, prefill, GenerateParams, Quiet, Request, Sequence};
 use strata::gguf::GgufFile;
 use strata::model::kv::KV_PAGE_TOKENS;
 use strata::model::synthetic::SyntheticSpec;
@@ -114,8 +114,12 @@ fn default_model_on_the_gpu_follows_float64_and_gives_the_cpus_tokens() {
         assert_eq!(argmax(&g), argmax(&c), "the same first token as the cpu");
         // 32 tokens on a real GPU; 12 in the (slow) emulator.
         let n = if real_gpu().is_some() { 32 } else { 12 };
-        let tg = generate(&gpu, &tok, &pool, &mut seq_g, p, &greedy(n), |_| {}).expect("gpu generates").tokens;
-        let tc = generate(&cpu, &tok, &pool, &mut seq_c, p, &greedy(n), |_| {}).expect("cpu generates").tokens;
+        let tg = generate(&gpu, &tok, &pool, &mut seq_g, Request::new(p, &greedy(n)), &mut Quiet)
+            .expect("gpu generates")
+            .tokens;
+        let tc = generate(&cpu, &tok, &pool, &mut seq_c, Request::new(p, &greedy(n)), &mut Quiet)
+            .expect("cpu generates")
+            .tokens;
         println!("  greedy {n}: gpu {tg:?} cpu {tc:?}");
         same_tokens += usize::from(tg == tc);
     }
@@ -292,16 +296,16 @@ fn a_conversation_parks_and_restores_through_the_gpu() {
     let mut session = Session::new(&model, &tok, &pool, &cfg).expect("session");
     let a: Vec<u32> = common::tokens(150, model.cfg.n_vocab, 1);
     let b: Vec<u32> = common::tokens(90, model.cfg.n_vocab, 2);
-    let reply_a = session.serve(&a, &greedy(6), |_| {}).expect("a").generation.tokens;
-    session.serve(&b, &greedy(6), |_| {}).expect("b");
+    let reply_a = session.serve(&a, &greedy(6), &mut Quiet).expect("a").generation.tokens;
+    session.serve(&b, &greedy(6), &mut Quiet).expect("b");
     let mut a2 = a.clone();
     a2.extend_from_slice(&reply_a);
     a2.extend(common::tokens(10, model.cfg.n_vocab, 3));
-    let served = session.serve(&a2, &greedy(6), |_| {}).expect("back to a");
+    let served = session.serve(&a2, &greedy(6), &mut Quiet).expect("back to a");
     assert_eq!(served.restored.map(|r| r.0), Some(RestoreKind::Live), "{:?}", served.restored);
     // The same tokens as reading the whole conversation afresh on the same GPUs.
     let mut fresh = Sequence::new(&model, KvType::F16, 2048).expect("sequence");
-    let want = generate(&model, &tok, &pool, &mut fresh, &a2, &greedy(6), |_| {}).expect("reread");
+    let want = generate(&model, &tok, &pool, &mut fresh, Request::new(&a2, &greedy(6)), &mut Quiet).expect("reread");
     assert_eq!(served.generation.tokens, want.tokens);
 }
 
@@ -348,8 +352,8 @@ fn a_squeezed_gpu_falls_back_to_rereading_and_restores_once_there_is_room() {
     let mut session = Session::new(&model, &tok, &pool, &cfg).expect("session");
     let a: Vec<u32> = common::tokens(100, model.cfg.n_vocab, 1);
     let b: Vec<u32> = common::tokens(30, model.cfg.n_vocab, 2);
-    let reply = session.serve(&a, &greedy(4), |_| {}).expect("a").generation.tokens;
-    session.serve(&b, &greedy(4), |_| {}).expect("b");
+    let reply = session.serve(&a, &greedy(4), &mut Quiet).expect("a").generation.tokens;
+    session.serve(&b, &greedy(4), &mut Quiet).expect("b");
     let mut a2 = a.clone();
     a2.extend_from_slice(&reply);
     a2.extend(common::tokens(5, model.cfg.n_vocab, 3));
@@ -357,22 +361,22 @@ fn a_squeezed_gpu_falls_back_to_rereading_and_restores_once_there_is_room() {
     // Another process leaves GPU 1 less than its reserve (counting the pages the live b holds there as
     // free, since a restore releases them first): restoring a would break it, so a is reread.
     squeezed.inject(Fault::LeaveFreeBytes(7 * MIB)).expect("squeeze");
-    let served = session.serve(&a2, &greedy(4), |_| {}).expect("a, squeezed");
+    let served = session.serve(&a2, &greedy(4), &mut Quiet).expect("a, squeezed");
     assert_eq!(served.restored, None, "no restore under the squeeze");
     let (_, events) = session.telemetry.since(0.0);
     let fallback = events.iter().find(|e| e.event == "restore_fallback").expect("a restore_fallback event");
     assert_eq!(fallback.fields["device"], 1, "{fallback:?}");
     assert!(squeezed.sample_free().expect("sample") >= 7 * MIB, "the reread took nothing more from GPU 1");
     let mut fresh = Sequence::new(&model, KvType::F16, 2048).expect("sequence");
-    let want = generate(&model, &tok, &pool, &mut fresh, &a2, &greedy(4), |_| {}).expect("reread");
+    let want = generate(&model, &tok, &pool, &mut fresh, Request::new(&a2, &greedy(4)), &mut Quiet).expect("reread");
     assert_eq!(served.generation.tokens, want.tokens, "the fallback's answer");
 
     // The squeeze lifts; after b again, a restores whole.
     squeezed.inject(Fault::PressureBytes(0)).expect("lift");
-    session.serve(&b, &greedy(4), |_| {}).expect("b again");
+    session.serve(&b, &greedy(4), &mut Quiet).expect("b again");
     let mut a3 = a2.clone();
     a3.extend_from_slice(&served.generation.tokens);
     a3.extend(common::tokens(5, model.cfg.n_vocab, 4));
-    let again = session.serve(&a3, &greedy(4), |_| {}).expect("a, room again");
+    let again = session.serve(&a3, &greedy(4), &mut Quiet).expect("a, room again");
     assert_eq!(again.restored.map(|r| r.0), Some(RestoreKind::Live), "{:?}", again.restored);
 }

@@ -1,4 +1,4 @@
-"""The official `openai` Python package against a running `strata serve` (tests/server.rs starts it).
+"""The official `openai` Python package against a running `strata serve` (tests/it/server.rs starts it).
 
 Usage: openai_client.py BASE_URL API_KEY. Exits 0 when every check passes, printing how many; an assertion
 or an unexpected exception fails it.

@@ -40,7 +40,7 @@ use serde_json::json;
 
 use strata::device::{DeviceSet, Fault};
 use strata::engine::session::{Session, SessionConfig};
-use strata::engine::GenerateParams;
+use strata::engine::{GenerateParams, Quiet};
 use strata::sample::SamplerConfig;
 use strata::telemetry::Entry;
 use strata::tokenizer::{ChatMessage, ChatTemplate};
@@ -261,7 +261,7 @@ pub fn main(a: ReplayArgs) -> anyhow::Result<()> {
                     logprobs: false,
                     batch: a.engine.batch as usize,
                 };
-                let served = session.serve(&prompt, &params, |_| {});
+                let served = session.serve(&prompt, &params, &mut Quiet);
                 drain(&events, line);
                 match served {
                     Ok(s) => {

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Args;
 
 use strata::device::{DeviceSet, Purpose};
-use strata::engine::{generate_with, GenerateParams, Sequence, StopReason, TextOnly};
+use strata::engine::{generate, GenerateParams, Request, Sequence, StopReason, TextOnly};
 use strata::sample::defaults::SamplingDefaults;
 
 use super::{load, load_spec, tokenize_prompt, EngineArgs, ModelArgs, SamplingArgs};
@@ -65,9 +65,8 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
             let _ = out.flush();
         }
     });
-    let g =
-        generate_with(&loaded.model, &loaded.tokenizer, &pool, &mut seq, &prompt, &params, &mut show, drafter.as_mut())
-            .context("generation failed")?;
+    let req = Request::new(&prompt, &params).drafting(drafter.as_mut());
+    let g = generate(&loaded.model, &loaded.tokenizer, &pool, &mut seq, req, &mut show).context("generation failed")?;
     if json {
         let obj = serde_json::json!({
             "text": g.text,

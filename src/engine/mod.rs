@@ -8,7 +8,7 @@ pub mod spec;
 
 use std::time::Instant;
 
-use crate::model::{KvCache, KvType, Model, ModelError};
+use crate::model::{KvCache, KvType, Logits, Model, ModelError};
 use crate::sample::{
     log_prob_of, log_softmax_top_k, prob_in, residual, Sampler, SamplerConfig, StopCheck, StopStrings,
 };
@@ -117,18 +117,17 @@ pub fn prefill(
     prompt: &[u32],
     batch: usize,
 ) -> Result<(Vec<f32>, usize), EngineError> {
-    prefill_observed(model, pool, seq, prompt, batch, &mut |_| {}, &mut || false)
+    prefill_until(model, pool, seq, prompt, batch, &mut || false)
 }
 
-/// [`prefill`] that reports the tokens read so far after each chunk and stops between chunks (with
-/// [`EngineError::Cancelled`], the sequence holding the chunks read) when `cancelled` says so.
-pub fn prefill_observed(
+/// [`prefill`] that stops between chunks (with [`EngineError::Cancelled`], the sequence holding the chunks
+/// read) when `cancelled` says so.
+fn prefill_until(
     model: &Model,
     pool: &ThreadPool,
     seq: &mut Sequence,
     prompt: &[u32],
     batch: usize,
-    on_chunk: &mut dyn FnMut(usize),
     cancelled: &mut dyn FnMut() -> bool,
 ) -> Result<(Vec<f32>, usize), EngineError> {
     if prompt.is_empty() {
@@ -151,7 +150,6 @@ pub fn prefill_observed(
         let logits = model.forward(pool, &mut seq.kv, chunk, &[chunk.len() - 1]).inspect_err(|_| seq.rewind(reused))?;
         seq.tokens.extend_from_slice(chunk);
         last = logits.data;
-        on_chunk(seq.tokens.len());
     }
     Ok((last, reused))
 }
@@ -190,32 +188,31 @@ impl<F: FnMut(&str)> Observer for TextOnly<F> {
     }
 }
 
-/// Generates after `prompt`: prefill (reusing `seq`'s common prefix), then decode until a stop condition.
-/// `on_text` receives the text as it is produced (never a split UTF-8 character, never part of a stop
-/// string).
-pub fn generate(
-    model: &Model,
-    tokenizer: &Tokenizer,
-    pool: &ThreadPool,
-    seq: &mut Sequence,
-    prompt: &[u32],
-    params: &GenerateParams,
-    on_text: impl FnMut(&str),
-) -> Result<Generation, EngineError> {
-    generate_observed(model, tokenizer, pool, seq, prompt, params, &mut TextOnly(on_text))
+/// An [`Observer`] that wants nothing: it drops the text and never cancels.
+pub struct Quiet;
+
+impl Observer for Quiet {
+    fn on_text(&mut self, _: &str, _: &Generation) {}
 }
 
-/// [`generate`] with an [`Observer`]: text as it comes with the tokens so far, and cancellation.
-pub fn generate_observed(
-    model: &Model,
-    tokenizer: &Tokenizer,
-    pool: &ThreadPool,
-    seq: &mut Sequence,
-    prompt: &[u32],
-    params: &GenerateParams,
-    obs: &mut dyn Observer,
-) -> Result<Generation, EngineError> {
-    generate_with(model, tokenizer, pool, seq, prompt, params, obs, None)
+/// One generation asked of the engine: the prompt to continue, how, and the drafter that speculates for it
+/// (none: plain decoding).
+pub struct Request<'r, 'd> {
+    pub prompt: &'r [u32],
+    pub params: &'r GenerateParams,
+    pub drafter: Option<&'r mut Drafter<'d>>,
+}
+
+impl<'r, 'd> Request<'r, 'd> {
+    /// `prompt` continued as `params` say, decoding plainly.
+    pub fn new(prompt: &'r [u32], params: &'r GenerateParams) -> Request<'r, 'd> {
+        Request { prompt, params, drafter: None }
+    }
+
+    /// The same request with speculative decoding by `drafter`, when there is one.
+    pub fn drafting(self, drafter: Option<&'r mut Drafter<'d>>) -> Request<'r, 'd> {
+        Request { drafter, ..self }
+    }
 }
 
 /// The output side of a generation: tokens with their log-probabilities, text through the stream decoder
@@ -305,114 +302,205 @@ fn judge(
     sampler.draw_from(&residual(&p, q)).map(Verdict::Replace).ok_or(EngineError::NoToken)
 }
 
-/// [`generate_observed`] with speculative decoding when `drafter` is given: after each token the drafter
-/// proposes drafts, the target runs once over the token and its drafts, keeps the longest accepted prefix
-/// plus its own next token, and drops the rejected tail's KV (its pages are freed). A step whose batched
-/// pass cannot get device memory decodes plainly for the rest of the request.
-#[allow(clippy::too_many_arguments)]
-pub fn generate_with(
+/// Generates after `req.prompt` into `seq`: prefill (reusing `seq`'s common prefix, in chunks of
+/// `params.batch`), then decode until a stop condition, passing the text to `obs` as it is produced (never a
+/// split UTF-8 character, never part of a stop string) and asking it before every pass whether to stop.
+///
+/// With a drafter, after each token the drafter proposes drafts, the target runs once over the token and its
+/// drafts, keeps the longest accepted prefix plus its own next token, and drops the rejected tail's KV (its
+/// pages are freed). A step whose batched pass cannot get device memory decodes plainly for the rest of the
+/// request.
+pub fn generate(
     model: &Model,
     tokenizer: &Tokenizer,
     pool: &ThreadPool,
     seq: &mut Sequence,
-    prompt: &[u32],
-    params: &GenerateParams,
+    req: Request,
     obs: &mut dyn Observer,
-    mut drafter: Option<&mut Drafter>,
 ) -> Result<Generation, EngineError> {
+    let Request { prompt, params, mut drafter } = req;
     let t0 = Instant::now();
-    let (logits, reused) =
-        prefill_observed(model, pool, seq, prompt, params.batch, &mut |_| {}, &mut || obs.cancelled())?;
+    let (logits, reused) = prefill_until(model, pool, seq, prompt, params.batch, &mut || obs.cancelled())?;
     if let Some(d) = drafter.as_deref_mut() {
         d.begin(pool, prompt, &params.sampler);
     }
-    let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut out = Generation::empty(prompt.len(), reused, t0.elapsed().as_secs_f64() * 1e3);
 
     let t1 = Instant::now();
-    let mut sampler = Sampler::new(params.sampler.clone());
-    let eog = tokenizer.eog_ids();
-    let banned: Vec<u32> = if params.ignore_eos { eog.to_vec() } else { Vec::new() };
-    let mut emit = Emitter {
-        tokenizer,
-        eog,
-        ignore_eos: params.ignore_eos,
-        stream: StreamDecoder::new(),
-        stops: StopStrings::new(params.stop.iter().cloned()),
-        top_logprobs: params.top_logprobs,
-        logprobs: params.logprobs || params.top_logprobs > 0,
-        emitted: 0,
-    };
-    let mut out = Generation {
-        tokens: Vec::new(),
-        text: String::new(),
-        top_logprobs: Vec::new(),
-        token_logprobs: Vec::new(),
-        stop_reason: StopReason::Length,
-        prompt_tokens: prompt.len(),
-        reused_tokens: reused,
-        prompt_ms,
-        gen_ms: 0.0,
-        drafts_proposed: 0,
-        drafts_accepted: 0,
-    };
+    let mut dec = Decoder::new(model, tokenizer, pool, params, reused);
     // The token just chosen (not yet in the KV cache) and the logits it was chosen from.
-    let mut id = sampler.try_sample(&logits, &seq.tokens, &banned).ok_or(EngineError::NoToken)?;
+    let mut id = dec.sample(&logits, &seq.tokens)?;
     let mut id_logits = logits;
     'decode: loop {
-        if let Some(reason) = emit.push(&mut out, &id_logits, id, obs) {
+        if let Some(reason) = dec.emit.push(&mut out, &id_logits, id, obs) {
             out.stop_reason = reason;
             break;
         }
-        if out.tokens.len() >= params.max_tokens {
+        if let Some(reason) = dec.limit(&out, seq, obs) {
+            out.stop_reason = reason;
             break;
         }
-        if seq.kv.len() >= seq.kv.max_tokens {
-            out.stop_reason = StopReason::Context;
-            break;
+        let drafts = dec.propose(drafter.as_deref_mut(), seq, id, out.tokens.len());
+        if drafts.tokens.is_empty() {
+            (id, id_logits) = dec.plain_step(seq, id)?;
+            continue;
         }
-        if obs.cancelled() {
-            out.stop_reason = StopReason::Cancelled;
-            break;
+        let Some(step) = dec.verify(seq, id, &drafts)? else {
+            // Nothing was appended and the pass's pages are freed: decode this step plainly, and the rest of
+            // the request too.
+            drafter = None;
+            (id, id_logits) = dec.plain_step(seq, id)?;
+            continue;
+        };
+        let k = drafts.tokens.len();
+        out.drafts_proposed += k;
+        out.drafts_accepted += step.kept;
+        if let Some(d) = drafter.as_deref_mut() {
+            d.verified(k, step.kept);
+            d.kept(&seq.tokens);
         }
-        // Drafts fit in what is left of max_tokens and of the context, after `id` and the target's token.
-        let room = (params.max_tokens - out.tokens.len() - 1).min(seq.kv.max_tokens - seq.kv.len() - 1);
-        let drafts = match drafter.as_deref_mut() {
+        for i in 0..step.kept {
+            if let Some(reason) = dec.emit.push(&mut out, step.rows.row(i), drafts.tokens[i], obs) {
+                out.stop_reason = reason;
+                break 'decode;
+            }
+        }
+        id = step.next;
+        id_logits = step.rows.row(step.kept).to_vec();
+    }
+    // As without drafts, the sequence holds the prompt and every output token but the last.
+    let settled = prompt.len() + out.tokens.len().saturating_sub(1);
+    if seq.tokens.len() > settled {
+        seq.rewind(settled);
+        if let Some(d) = drafter {
+            d.kept(&seq.tokens);
+        }
+    }
+    dec.emit.finish(&mut out, obs);
+    out.gen_ms = t1.elapsed().as_secs_f64() * 1e3;
+    Ok(out)
+}
+
+impl Generation {
+    /// A generation that has read its prompt and produced nothing yet.
+    fn empty(prompt_tokens: usize, reused_tokens: usize, prompt_ms: f64) -> Generation {
+        Generation {
+            tokens: Vec::new(),
+            text: String::new(),
+            top_logprobs: Vec::new(),
+            token_logprobs: Vec::new(),
+            stop_reason: StopReason::Length,
+            prompt_tokens,
+            reused_tokens,
+            prompt_ms,
+            gen_ms: 0.0,
+            drafts_proposed: 0,
+            drafts_accepted: 0,
+        }
+    }
+}
+
+/// One speculative step the target verified: the drafts kept, the target's token after them, and the
+/// logits of every position of the pass (row i: after the i-th of the token and its drafts).
+struct Verified {
+    kept: usize,
+    next: u32,
+    rows: Logits,
+}
+
+/// The decoding side of one generation: the target's passes, the sampler, and the output it feeds.
+struct Decoder<'m> {
+    model: &'m Model,
+    pool: &'m ThreadPool,
+    params: &'m GenerateParams,
+    sampler: Sampler,
+    /// Tokens never sampled (end-of-generation ones under `ignore_eos`).
+    banned: Vec<u32>,
+    /// Prompt tokens the sequence held before: a failed pass rewinds to them.
+    reused: usize,
+    emit: Emitter<'m>,
+}
+
+impl<'m> Decoder<'m> {
+    fn new(
+        model: &'m Model,
+        tokenizer: &'m Tokenizer,
+        pool: &'m ThreadPool,
+        params: &'m GenerateParams,
+        reused: usize,
+    ) -> Decoder<'m> {
+        let eog = tokenizer.eog_ids();
+        let banned: Vec<u32> = if params.ignore_eos { eog.to_vec() } else { Vec::new() };
+        let emit = Emitter {
+            tokenizer,
+            eog,
+            ignore_eos: params.ignore_eos,
+            stream: StreamDecoder::new(),
+            stops: StopStrings::new(params.stop.iter().cloned()),
+            top_logprobs: params.top_logprobs,
+            logprobs: params.logprobs || params.top_logprobs > 0,
+            emitted: 0,
+        };
+        Decoder { model, pool, params, sampler: Sampler::new(params.sampler.clone()), banned, reused, emit }
+    }
+
+    fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, EngineError> {
+        self.sampler.try_sample(logits, history, &self.banned).ok_or(EngineError::NoToken)
+    }
+
+    /// Why decoding stops before the next pass, if it does: `max_tokens`, a full context, or the caller.
+    fn limit(&self, out: &Generation, seq: &Sequence, obs: &mut dyn Observer) -> Option<StopReason> {
+        if out.tokens.len() >= self.params.max_tokens {
+            Some(StopReason::Length)
+        } else if seq.kv.len() >= seq.kv.max_tokens {
+            Some(StopReason::Context)
+        } else if obs.cancelled() {
+            Some(StopReason::Cancelled)
+        } else {
+            None
+        }
+    }
+
+    /// The drafter's proposal after `id`, sized to fit what is left of `max_tokens` and of the context after
+    /// `id` and the target's own token (none without a drafter or room).
+    fn propose(&self, drafter: Option<&mut Drafter>, seq: &Sequence, id: u32, produced: usize) -> Drafts {
+        let room = (self.params.max_tokens - produced - 1).min(seq.kv.max_tokens - seq.kv.len() - 1);
+        match drafter {
             Some(d) if room > 0 => {
                 let mut context = Vec::with_capacity(seq.tokens.len() + 1);
                 context.extend_from_slice(&seq.tokens);
                 context.push(id);
-                d.propose(pool, &context, room, &banned)
+                d.propose(self.pool, &context, room, &self.banned)
             }
             _ => Drafts::default(),
-        };
-        if drafts.tokens.is_empty() {
-            let l = model.forward(pool, &mut seq.kv, &[id], &[0]).inspect_err(|_| seq.rewind(reused))?;
-            seq.tokens.push(id);
-            id_logits = l.data;
-            id = sampler.try_sample(&id_logits, &seq.tokens, &banned).ok_or(EngineError::NoToken)?;
-            continue;
         }
-        // One pass over `id` and the k drafts: row i holds the logits after the i-th of them.
+    }
+
+    /// One plain pass: `id` enters the sequence; the next token and the logits it was chosen from.
+    fn plain_step(&mut self, seq: &mut Sequence, id: u32) -> Result<(u32, Vec<f32>), EngineError> {
+        let l = self.model.forward(self.pool, &mut seq.kv, &[id], &[0]).inspect_err(|_| seq.rewind(self.reused))?;
+        seq.tokens.push(id);
+        let next = self.sample(&l.data, &seq.tokens)?;
+        Ok((next, l.data))
+    }
+
+    /// One pass over `id` and the drafts, judged position by position; the rejected tail leaves the sequence
+    /// and its KV (emptied pages are freed). None when the pass could not get device memory: then nothing
+    /// was appended.
+    fn verify(&mut self, seq: &mut Sequence, id: u32, drafts: &Drafts) -> Result<Option<Verified>, EngineError> {
         let k = drafts.tokens.len();
         let mut batch = Vec::with_capacity(k + 1);
         batch.push(id);
         batch.extend_from_slice(&drafts.tokens);
         let want: Vec<usize> = (0..=k).collect();
-        let rows = match model.forward(pool, &mut seq.kv, &batch, &want) {
+        let rows = match self.model.forward(self.pool, &mut seq.kv, &batch, &want) {
             Ok(l) => l,
             Err(ModelError::Device(e)) => {
-                // Nothing was appended and the pass's pages are freed: decode this step plainly, and the
-                // rest of the request too.
                 tracing::warn!("speculative decoding: the verification pass failed, plain decoding for the rest of this request: {e}");
-                drafter = None;
-                let l = model.forward(pool, &mut seq.kv, &[id], &[0]).inspect_err(|_| seq.rewind(reused))?;
-                seq.tokens.push(id);
-                id_logits = l.data;
-                id = sampler.try_sample(&id_logits, &seq.tokens, &banned).ok_or(EngineError::NoToken)?;
-                continue;
+                return Ok(None);
             }
             Err(e) => {
-                seq.rewind(reused);
+                seq.rewind(self.reused);
                 return Err(e.into());
             }
         };
@@ -422,7 +510,8 @@ pub fn generate_with(
         let mut next = None;
         for (i, &d) in drafts.tokens.iter().enumerate() {
             let history = &seq.tokens[..base + i];
-            match judge(&mut sampler, rows.row(i), history, &banned, d, drafts.q.get(i).map(Vec::as_slice))? {
+            let q = drafts.q.get(i).map(Vec::as_slice);
+            match judge(&mut self.sampler, rows.row(i), history, &self.banned, d, q)? {
                 Verdict::Keep => kept += 1,
                 Verdict::Replace(t) => {
                     next = Some(t);
@@ -433,36 +522,26 @@ pub fn generate_with(
         let next = match next {
             Some(t) => t,
             // Every draft kept: the target's own token after the last one.
-            None => sampler.try_sample(rows.row(k), &seq.tokens, &banned).ok_or(EngineError::NoToken)?,
+            None => self.sample(rows.row(k), &seq.tokens)?,
         };
-        out.drafts_proposed += k;
-        out.drafts_accepted += kept;
-        // The rejected tail leaves the sequence and its KV (emptied pages are freed).
         if kept < k {
             seq.rewind(base + kept);
         }
-        if let Some(d) = drafter.as_deref_mut() {
-            d.verified(k, kept);
-            d.kept(&seq.tokens);
-        }
-        for i in 0..kept {
-            if let Some(reason) = emit.push(&mut out, rows.row(i), drafts.tokens[i], obs) {
-                out.stop_reason = reason;
-                break 'decode;
-            }
-        }
-        id = next;
-        id_logits = rows.row(kept).to_vec();
+        Ok(Some(Verified { kept, next, rows }))
     }
-    // As without drafts, the sequence holds the prompt and every output token but the last.
-    let settled = prompt.len() + out.tokens.len().saturating_sub(1);
-    if seq.tokens.len() > settled {
-        seq.rewind(settled);
-        if let Some(d) = drafter {
-            d.kept(&seq.tokens);
-        }
-    }
-    emit.finish(&mut out, obs);
-    out.gen_ms = t1.elapsed().as_secs_f64() * 1e3;
-    Ok(out)
+}
+
+/// The old entry point, for the two callers that move to [`generate`] next.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_with(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    pool: &ThreadPool,
+    seq: &mut Sequence,
+    prompt: &[u32],
+    params: &GenerateParams,
+    obs: &mut dyn Observer,
+    drafter: Option<&mut Drafter>,
+) -> Result<Generation, EngineError> {
+    generate(model, tokenizer, pool, seq, Request::new(prompt, params).drafting(drafter), obs)
 }

@@ -19,7 +19,7 @@ use crate::threadpool::ThreadPool;
 use crate::tokenizer::Tokenizer;
 
 use super::spec::Drafter;
-use super::{generate_with, EngineError, GenerateParams, Generation, Observer, Sequence, TextOnly};
+use super::{generate, EngineError, GenerateParams, Generation, Observer, Request, Sequence};
 
 /// A checkpoint is recorded every this many prompt tokens (and at the end of every prompt).
 pub const CHECKPOINT_EVERY: usize = 4096;
@@ -121,16 +121,6 @@ impl<'a> Session<'a> {
         &self.live.tokens
     }
 
-    /// Generates after `prompt` from the best start state (see the module comment).
-    pub fn serve(
-        &mut self,
-        prompt: &[u32],
-        params: &GenerateParams,
-        on_text: impl FnMut(&str),
-    ) -> Result<Served, EngineError> {
-        self.serve_observed(prompt, params, &mut TextOnly(on_text))
-    }
-
     /// Another generation after the same `prompt` as the last [`Session::serve`] (one more of a request's n
     /// choices): the live sequence goes back to the end of the prompt, only its last token is read again,
     /// and nothing is parked.
@@ -143,11 +133,12 @@ impl<'a> Session<'a> {
         if self.live.tokens.starts_with(prompt) {
             self.live.rewind(prompt.len());
         }
-        self.serve_observed(prompt, params, obs)
+        self.serve(prompt, params, obs)
     }
 
-    /// [`Session::serve`] with an [`Observer`] (tokens as they come, cancellation).
-    pub fn serve_observed(
+    /// Generates after `prompt` from the best start state (see the module comment), passing the text to
+    /// `obs` as it comes and asking it whether to stop.
+    pub fn serve(
         &mut self,
         prompt: &[u32],
         params: &GenerateParams,
@@ -176,16 +167,8 @@ impl<'a> Session<'a> {
                 }
             }
         }
-        let generation = generate_with(
-            self.model,
-            self.tokenizer,
-            self.pool,
-            &mut self.live,
-            prompt,
-            params,
-            obs,
-            self.drafter.as_mut(),
-        )?;
+        let req = Request::new(prompt, params).drafting(self.drafter.as_mut());
+        let generation = generate(self.model, self.tokenizer, self.pool, &mut self.live, req, obs)?;
         let reused = generation.reused_tokens;
         let read = prompt.len() - reused;
         self.live_checkpoints.retain(|&c| c <= reused);

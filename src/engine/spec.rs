@@ -2,7 +2,7 @@
 //! model with its own KV), and the acceptance rule the target applies to them.
 //!
 //! It owns the draft side only: the draft model's live sequence and sampler, and the lookup. The target's
-//! batched verification lives in the decode loop (`engine::generate_with`), which asks a [`Drafter`] for
+//! batched verification lives in the decode loop (`engine::generate`), which asks a [`Drafter`] for
 //! drafts after each token and tells it how many the target kept. With greedy sampling a draft is kept
 //! when it is the target's own argmax, so the output is bit-identical to decoding without drafts (the
 //! forward pass is batch-invariant); with temperature the standard speculative sampling rule keeps the

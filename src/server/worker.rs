@@ -15,6 +15,7 @@ use crate::engine::session::{Session, SessionConfig};
 use crate::engine::spec::SpecSetup;
 use crate::engine::{EngineError, Generation, Observer, StopReason};
 use crate::model::{Model, ModelError};
+use crate::sync::LockUnpoisoned;
 use crate::telemetry::{EngineEvent, Summary};
 use crate::threadpool::ThreadPool;
 use crate::tokenizer::turns::tokens_of_text;
@@ -305,7 +306,7 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
             sent_tokens: 0,
         };
         let served = if choice == 0 {
-            session.serve_observed(&job.prompt, &params, &mut obs)
+            session.serve(&job.prompt, &params, &mut obs)
         } else {
             session.serve_again(&job.prompt, &params, &mut obs)
         };
@@ -352,7 +353,7 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
             });
         }
         if let Some(t) = tokens_of_text(tokenizer, &g.tokens, &g.text) {
-            shared.replies.lock().unwrap_or_else(|e| e.into_inner()).remember(&g.text, t);
+            shared.replies.lock_unpoisoned().remember(&g.text, t);
         }
         send(
             &job.tx,
@@ -420,5 +421,5 @@ fn publish_cache(session: &Session, shared: &Shared) {
             .collect(),
     };
     view.slots_used = view.parked.len();
-    *shared.cache.lock().unwrap_or_else(|e| e.into_inner()) = view;
+    *shared.cache.lock_unpoisoned() = view;
 }

@@ -3,6 +3,17 @@
 
 pub mod server;
 
+use strata::sync::LockUnpoisoned;
+
+/// Runs that compute with the model one at a time (a server, a replay: each uses both cores), across every
+/// topic of the test binary.
+static MODEL_RUNS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Holds the model-run lock until the guard drops.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    MODEL_RUNS.lock_unpoisoned()
+}
+
 use std::path::PathBuf;
 
 /// The default model: `STRATA_MODEL`, else `models/SmolLM2-135M-Instruct.Q4_1.gguf`. Panics (the test

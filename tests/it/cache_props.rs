@@ -9,7 +9,7 @@
 //!   checkpoint restore leaves its snapshot in the cache);
 //! - every byte is back once the session and the model are dropped.
 //!
-//! 2,000 cases per CI run. A longer soak: `STRATA_SOAK_CASES=50000 cargo test --release --test cache_props`.
+//! 2,000 cases per CI run. A longer soak: `STRATA_SOAK_CASES=50000 cargo test --release --test it -- cache_props::`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use proptest::prelude::*;
 
 use strata::device::{Device, DeviceError, DeviceSet, Fault};
 use strata::engine::session::{Session, SessionConfig};
-use strata::engine::{generate, EngineError, GenerateParams, Sequence};
+use strata::engine::{generate, EngineError, GenerateParams, Quiet, Request, Sequence};
 use strata::gguf::GgufFile;
 use strata::model::kv::KV_PAGE_TOKENS;
 use strata::model::synthetic::SyntheticSpec;
@@ -165,12 +165,18 @@ fn check(cfg: Config, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     next += 1;
                     3 + (next.wrapping_mul(2654435761) >> 11) % (n_vocab - 3)
                 }));
-                match session.serve(&prompt, &params(max_tokens), |_| {}) {
+                match session.serve(&prompt, &params(max_tokens), &mut Quiet) {
                     Ok(served) => {
                         let mut fresh = Sequence::new(cpu, cfg.kv_type, MAX_CONTEXT).expect("sequence");
-                        let want =
-                            generate(cpu, &fx.tokenizer, &fx.pool, &mut fresh, &prompt, &params(max_tokens), |_| {})
-                                .expect("cpu run");
+                        let want = generate(
+                            cpu,
+                            &fx.tokenizer,
+                            &fx.pool,
+                            &mut fresh,
+                            Request::new(&prompt, &params(max_tokens)),
+                            &mut Quiet,
+                        )
+                        .expect("cpu run");
                         prop_assert_eq!(
                             &served.generation.tokens,
                             &want.tokens,

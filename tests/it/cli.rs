@@ -1,7 +1,7 @@
 //! The `strata` binary end to end: every subcommand on the default model, and bad input of every kind
 //! (one clear line naming the cause, a non-zero exit, never a panic).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -2,7 +2,7 @@
 //! device" (what a machine with the NVIDIA driver but no GPU sees) it lists no CUDA device and says why; a
 //! driver library missing functions is reported, not a crash. The stubs are built with the system C compiler.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

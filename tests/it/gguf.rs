@@ -681,7 +681,7 @@ fn default_model_has_the_known_structure() {
 /// Rewrites the seed corpus of the `gguf_reader` fuzz target (`fuzz/seeds/gguf_reader`): small valid images
 /// that reach every part of the reader. Run with `--ignored` after changing the writer or the format.
 #[test]
-#[ignore = "a tool, not a check: regenerates fuzz/seeds (cargo test --test gguf -- --ignored write_fuzz_seeds)"]
+#[ignore = "a tool, not a check: regenerates fuzz/seeds (cargo test --test it -- --ignored gguf::write_fuzz_seeds)"]
 fn write_fuzz_seeds() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/gguf_reader");
     std::fs::create_dir_all(&dir).expect("create the seed directory");

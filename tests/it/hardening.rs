@@ -3,7 +3,7 @@
 //! file), runs the binary the way a user would, under an address-space limit where the input is about
 //! memory, and checks for one error line naming the cause and a non-zero exit, or for the right behaviour.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -516,7 +516,7 @@ fn a_prompt_that_fills_the_context_says_so() {
 
 /// Writes the seeds of the `model_load` fuzz target (fuzz/seeds/model_load): micro models of each
 /// tokenizer kind and architecture, and the hostile cases above made small. Run by hand:
-/// `cargo test --release --test hardening -- --ignored write_model_fuzz_seeds`.
+/// `cargo test --release --test it -- --ignored hardening::write_model_fuzz_seeds`.
 #[test]
 #[ignore = "writes fuzz seeds into the source tree"]
 fn write_model_fuzz_seeds() {

@@ -1,7 +1,7 @@
 //! The forward pass on tiny synthetic models (random weights, every weight type, both tokenizer kinds,
 //! llama and qwen2 shapes): agreement with a plain float64 reference, batch invariance, KV types, errors.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

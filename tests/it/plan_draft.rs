@@ -4,7 +4,7 @@
 //! loaded; and the app's settings (`EngineSettings`) validate the drafting values naming their field, plan
 //! the draft, and emit its `strata serve` flags.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -3,7 +3,7 @@
 //! llama-quantize's fallbacks for rows that are not whole blocks, and bad input (one line naming the
 //! problem, a non-zero exit, no file left behind).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

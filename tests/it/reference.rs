@@ -6,7 +6,7 @@
 //! the exact float64 pass), and, under teacher forcing along llama.cpp's tokens, the same argmax at every
 //! step whose top-1/top-2 margin exceeds 0.4 nat.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

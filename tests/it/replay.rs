@@ -5,21 +5,17 @@
 //! gives the same tokens as the same chats without it (for the reported scenario: reported_plain.jsonl, its
 //! chats one conversation at a time, so that the cache-less run reads the long conversation once).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::server::Server;
+use crate::common::server::Server;
 use serde_json::{json, Value};
-
-/// The model runs one at a time: each uses every core (a spinning pool), and two at once on a small machine
-/// would mostly wait for each other.
-static MODEL_RUNS: Mutex<()> = Mutex::new(());
 
 /// The split of the report, scaled to the default model: layers 0..15 on a 200 MiB GPU, 15..30 on a 400 MiB
 /// one, 32 MiB kept free on each, two cache slots of a 256 MiB budget.
@@ -47,7 +43,7 @@ fn script(name: &str) -> PathBuf {
 }
 
 fn replay(script: &Path, args: &[&str]) -> Output {
-    let _one = MODEL_RUNS.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = common::one_at_a_time();
     Command::new(env!("CARGO_BIN_EXE_strata"))
         .arg("replay")
         .arg(script)
@@ -287,7 +283,7 @@ fn the_reported_scenario_over_http_parks_falls_back_and_restores_exactly_as_repl
     let Reported { cached: story, plain, .. } = reported();
     let ops = script_ops(&script("reported.jsonl"));
     let replayed = turns(story);
-    let _one = MODEL_RUNS.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = common::one_at_a_time();
 
     // The same over HTTP, with the event stream open the whole time.
     let s = Server::start(&[SPLIT, &["--conversation-cache-slots", "2"]].concat());

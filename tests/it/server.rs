@@ -1,27 +1,19 @@
 //! `strata serve` end to end over loopback, on the default model: the OpenAI endpoints (streamed and not,
 //! choices, log-probabilities, completions), the API key, CORS, the guard against web pages (Host, Origin,
 //! body type, the page's headers), the limits, the official Python client. Hostile requests,
-//! load, disconnects, signals and a faulted GPU are in tests/server_hostile.rs; the conversation cache
+//! load, disconnects, signals and a faulted GPU are in tests/it/server_hostile.rs; the conversation cache
 //! through the API against `strata replay` (the reported scenario with a squeezed device) is in
-//! tests/replay.rs, which shares replay's run of the scenario with it.
+//! tests/it/replay.rs, which shares replay's run of the scenario with it.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
-use std::sync::Mutex;
 use std::time::Duration;
 
-use common::server::{chat_body, streamed_text, Server};
+use crate::common::server::{chat_body, streamed_text, Server};
 use serde_json::{json, Value};
-
-/// Servers that compute run one at a time: each uses both cores.
-static MODEL_RUNS: Mutex<()> = Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    MODEL_RUNS.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a whole number: {v}"))
@@ -34,7 +26,7 @@ fn no_panic(s: &Server) {
 
 #[test]
 fn starts_on_a_free_port_answers_health_and_models_and_stops_on_sigterm() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     // No web UI (serve takes ./ui/dist by default when it is built, as scripts/test builds it): / is the index.
     let no_ui = tempfile::tempdir().unwrap();
     let s = Server::start(&["-c", "512", "--alias", "gpt-4o-mini", "--ui-dir", no_ui.path().to_str().unwrap()]);
@@ -95,7 +87,7 @@ fn starts_on_a_free_port_answers_health_and_models_and_stops_on_sigterm() {
 
 #[test]
 fn strict_model_answers_only_the_served_id_and_its_aliases() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     let s = Server::start(&["-c", "256", "--model-alias", "gpt-4o-mini", "--strict-model"]);
     for model in [Some("SmolLM2-135M-Instruct.Q4_1"), Some("gpt-4o-mini"), None] {
         let mut body = chat_body("Hi", 1);
@@ -117,7 +109,7 @@ fn strict_model_answers_only_the_served_id_and_its_aliases() {
 
 #[test]
 fn a_server_started_in_an_empty_folder_serves_the_app_built_into_it() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     let empty = tempfile::tempdir().unwrap();
     let s = Server::start_in(Some(empty.path()), &["-c", "256"], &[]);
     assert!(
@@ -153,7 +145,7 @@ fn a_server_started_in_an_empty_folder_serves_the_app_built_into_it() {
 
 #[test]
 fn a_second_turn_rereads_no_token_of_the_first_reply() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     let s = Server::start(&["-c", "1024"]);
     let q = "What is the capital of France?";
     let first = s.post(
@@ -207,7 +199,7 @@ fn a_public_address_without_an_api_key_is_refused_at_start() {
 
 #[test]
 fn the_api_key_is_required_when_set() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("key");
     std::fs::write(&key_file, "sk-test-123\n").unwrap();
@@ -274,7 +266,7 @@ fn cors_is_off_unless_an_origin_is_allowed() {
 
 #[test]
 fn streamed_and_whole_replies_agree_and_choices_logprobs_and_completions_work() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     // 256 positions hold every request below; the last one runs to the end of the context.
     let s = Server::start(&["-c", "256"]);
     let q = "Name three colours.";
@@ -398,7 +390,7 @@ fn streamed_and_whole_replies_agree_and_choices_logprobs_and_completions_work() 
 
 #[test]
 fn the_official_openai_python_client_works_against_the_server() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let pylib = root.join(".cache/pylib");
     let s = Server::start(&["-c", "1024", "--api-key", "sk-local"]);
@@ -424,7 +416,7 @@ fn the_official_openai_python_client_works_against_the_server() {
 
 #[test]
 fn speculative_decoding_counts_its_drafts_in_the_reply_the_telemetry_and_the_log_and_changes_no_text() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     let code = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n\nprint(area(3, 4), perimeter(3, 4))\n";
     let q = format!("Repeat this code exactly:\n```python\n{code}```");
     let plain = Server::start(&["-c", "1024"]);
@@ -451,7 +443,7 @@ fn speculative_decoding_counts_its_drafts_in_the_reply_the_telemetry_and_the_log
 
 #[test]
 fn a_rebinding_host_is_refused_on_every_path_and_loopback_names_are_answered() {
-    let _g = one_at_a_time();
+    let _g = common::one_at_a_time();
     let s = Server::start(&["-c", "128", "--allowed-host", "strata.lan"]);
     let port = s.port;
     let chat = chat_body("Hi", 2).to_string();
@@ -480,7 +472,7 @@ fn a_rebinding_host_is_refused_on_every_path_and_loopback_names_are_answered() {
 
 #[test]
 fn cross_site_requests_get_415_for_a_body_that_is_not_json_and_403_for_a_foreign_origin() {
-    let _g = one_at_a_time();
+    let _g = common::one_at_a_time();
     let s = Server::start(&["-c", "128"]);
     let host = format!("127.0.0.1:{}", s.port);
     let chat = chat_body("Hi", 2).to_string();
@@ -523,7 +515,7 @@ fn cross_site_requests_get_415_for_a_body_that_is_not_json_and_403_for_a_foreign
 
 #[test]
 fn the_ui_is_sent_with_a_content_security_policy_and_may_not_be_framed() {
-    let _g = one_at_a_time();
+    let _g = common::one_at_a_time();
     let s = Server::start(&["-c", "128"]);
     let page = s.get("/");
     assert_eq!(page.status, 200);
@@ -545,7 +537,7 @@ fn the_ui_is_sent_with_a_content_security_policy_and_may_not_be_framed() {
 #[cfg(unix)]
 #[test]
 fn a_ui_dir_does_not_serve_a_symlink_that_leads_out_of_it() {
-    let _g = one_at_a_time();
+    let _g = common::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let ui = dir.path().join("ui");
     std::fs::create_dir(&ui).unwrap();
@@ -568,7 +560,7 @@ fn a_ui_dir_does_not_serve_a_symlink_that_leads_out_of_it() {
 
 #[test]
 fn connections_event_streams_and_request_time_are_limited_with_clear_errors() {
-    let _g = one_at_a_time();
+    let _g = common::one_at_a_time();
     let s = Server::start(&[
         "-c",
         "4096",
@@ -611,7 +603,7 @@ fn connections_event_streams_and_request_time_are_limited_with_clear_errors() {
 
 #[test]
 fn reuse_figures_are_hidden_on_a_network_address_unless_asked_for() {
-    let _g = one_at_a_time();
+    let _g = common::one_at_a_time();
     let body = chat_body("Tell me about the sea.", 4);
     let cached = |s: &Server| {
         let r = s.post_auth("/v1/chat/completions", "k", &body);

@@ -3,20 +3,14 @@
 //! that faults for good. Each time: the right status and error JSON, the server alive and serving, memory
 //! back near its baseline.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::server::{chat_body, parse_response, streamed_text, Server};
+use crate::common::server::{chat_body, parse_response, streamed_text, Server};
 use serde_json::{json, Value};
-
-static MODEL_RUNS: Mutex<()> = Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    MODEL_RUNS.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn no_panic(s: &Server) {
     let err = s.stderr();
@@ -42,7 +36,7 @@ fn raw_post(body: &[u8]) -> Vec<u8> {
 
 #[test]
 fn hostile_requests_get_the_right_status_and_error_json_and_the_server_stays_up() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     let s = Server::start(&["-c", "128", "--max-body-mib", "8"]);
     still_serves(&s);
     let baseline_kib = s.rss_kib();
@@ -260,14 +254,14 @@ fn slow_clients_are_bounded_by_timeouts() {
     let _ = c.read_to_end(&mut v);
     assert!(t0.elapsed() < Duration::from_secs(10));
     assert_eq!(parse_response(&v).unwrap().expect_error(408)["code"], "request_timeout");
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     still_serves(&s);
     no_panic(&s);
 }
 
 #[test]
 fn a_flood_against_a_full_queue_gets_503_with_retry_after_and_queued_clients_that_leave_are_dropped() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     let s = Arc::new(Server::start(&["-c", "4096", "--queue", "16"]));
     // A long reply keeps the engine busy.
     let mut long = s.connect();
@@ -338,7 +332,7 @@ fn a_flood_against_a_full_queue_gets_503_with_retry_after_and_queued_clients_tha
 
 #[test]
 fn sustained_and_concurrent_streaming_load_keeps_fifo_order_and_every_reply() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     let questions =
         ["What is rain?", "Name a fruit.", "Say hello.", "What is two plus two?", "Name a colour.", "What is a cat?"];
     let body = |q: &str| {
@@ -408,7 +402,7 @@ fn sustained_and_concurrent_streaming_load_keeps_fifo_order_and_every_reply() {
 
 #[test]
 fn sigterm_finishes_the_request_in_flight_refuses_the_queue_and_exits_0() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     let s = Server::start(&["-c", "1024"]);
     let mut c = s.connect();
     let body = json!({"messages": [{"role": "user", "content": "Count."}], "max_tokens": 60, "ignore_eos": true, "temperature": 0}).to_string();
@@ -435,7 +429,7 @@ fn sigterm_finishes_the_request_in_flight_refuses_the_queue_and_exits_0() {
 
 #[test]
 fn a_faulted_gpu_answers_503_unhealthy_and_exits_75() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let model = common::tiny_model_file(dir.path());
     let mut s = Server::start(&[
@@ -457,7 +451,7 @@ fn a_faulted_gpu_answers_503_unhealthy_and_exits_75() {
 
 #[test]
 fn a_request_that_runs_out_of_device_memory_gets_an_error_and_the_next_is_served() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     let s = Server::start(&["--devices", "sim:200,sim:400", "--layer-split", "15", "-c", "2048"]);
     still_serves(&s);
     assert_eq!(s.post("/strata/sim", &json!({"device": 1, "fail_alloc": 1000})).status, 200);

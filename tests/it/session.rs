@@ -1,16 +1,16 @@
 //! The conversation cache on the default model through `Session`: a checkpoint restore after an edited last
 //! message of a 300-token conversation, on a 2-way sim split. (The path does not depend on the length: a
-//! checkpoint is recorded at the end of every prompt. tests/replay.rs restores one of a 2,000-token
+//! checkpoint is recorded at the end of every prompt. tests/it/replay.rs restores one of a 2,000-token
 //! conversation through `strata replay`.)
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
 use strata::cache::RestoreKind;
 use strata::device::{DeviceKind, DeviceSet};
 use strata::engine::session::{Session, SessionConfig};
-use strata::engine::{generate, GenerateParams, Sequence};
+use strata::engine::{generate, GenerateParams, Quiet, Request, Sequence};
 use strata::gguf::GgufFile;
 use strata::model::{KvType, LoadOptions, Model};
 use strata::sample::SamplerConfig;
@@ -37,25 +37,25 @@ fn an_edited_last_message_restores_from_a_checkpoint_and_reads_only_the_rest() {
     // message (300+ tokens).
     let text = std::fs::read_to_string(common::reference_path("perplexity_GPL-3.txt")).expect("text");
     let first: Vec<u32> = tok.encode(&text, false)[..300].to_vec();
-    let reply = session.serve(&first, &params, |_| {}).expect("turn 1").generation.tokens;
+    let reply = session.serve(&first, &params, &mut Quiet).expect("turn 1").generation.tokens;
     let mut turn2 = first.clone();
     turn2.extend_from_slice(&reply);
     let history = turn2.clone();
     turn2.extend(tok.encode("\nSummarize the text above in one sentence.\n", false));
-    session.serve(&turn2, &params, |_| {}).expect("turn 2");
+    session.serve(&turn2, &params, &mut Quiet).expect("turn 2");
     assert!(turn2.len() >= 300, "{}", turn2.len());
 
     // The user switches to b (a is parked), then comes back having edited a's last message.
-    session.serve(&tok.encode("Write a haiku about rain.", false), &params, |_| {}).expect("conversation b");
+    session.serve(&tok.encode("Write a haiku about rain.", false), &params, &mut Quiet).expect("conversation b");
     let mut edited = history.clone();
     edited.extend(tok.encode("\nWho wrote this license?\n", false));
-    let served = session.serve(&edited, &params, |_| {}).expect("edited turn");
+    let served = session.serve(&edited, &params, &mut Quiet).expect("edited turn");
 
     // a's snapshot restores at the checkpoint recorded at the end of its first prompt; the rest is read.
     assert_eq!(served.restored, Some((RestoreKind::Checkpoint, first.len())), "{:?}", served.restored);
     assert_eq!((served.reused, served.read), (first.len(), edited.len() - first.len()));
     let cpu = Model::from_file(file).expect("cpu model");
     let mut fresh = Sequence::new(&cpu, KvType::F16, 8192).expect("sequence");
-    let want = generate(&cpu, &tok, &pool, &mut fresh, &edited, &params, |_| {}).expect("reread");
+    let want = generate(&cpu, &tok, &pool, &mut fresh, Request::new(&edited, &params), &mut Quiet).expect("reread");
     assert_eq!(served.generation.tokens, want.tokens, "a checkpoint restore gives the reread's tokens");
 }

@@ -3,7 +3,7 @@
 //! and a fallback; with temperature, the token distribution of the target (chi-square on a tiny synthetic
 //! model); a draft that cannot allocate falls back to plain decoding for that request.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 
@@ -11,7 +11,7 @@ use strata::cache::RestoreKind;
 use strata::device::{Device, DeviceKind, DeviceSet, Fault};
 use strata::engine::session::{Fallback, Session, SessionConfig};
 use strata::engine::spec::{check_vocab, Drafter, SpecConfig, VocabMismatch};
-use strata::engine::{generate_with, GenerateParams, Generation, Sequence, TextOnly};
+use strata::engine::{generate, GenerateParams, Generation, Quiet, Request, Sequence};
 use strata::gguf::GgufFile;
 use strata::model::synthetic::SyntheticSpec;
 use strata::model::{KvType, LoadOptions, Model};
@@ -46,7 +46,7 @@ fn run(
     drafter: Option<&mut Drafter>,
 ) -> Generation {
     let mut seq = Sequence::new(model, KvType::F16, 2048).expect("sequence");
-    generate_with(model, tok, pool, &mut seq, prompt, params, &mut TextOnly(|_: &str| {}), drafter).expect("generate")
+    generate(model, tok, pool, &mut seq, Request::new(prompt, params).drafting(drafter), &mut Quiet).expect("generate")
 }
 
 #[test]
@@ -149,19 +149,19 @@ fn replay_turns(session: &mut Session, tok: &Tokenizer, device0: &Arc<Device>) -
     let b1: Vec<u32> = long[400..520].to_vec();
     let params = greedy(24);
     let mut served = Vec::new();
-    let s = session.serve(&a1, &params, |_| {}).expect("a1");
+    let s = session.serve(&a1, &params, &mut Quiet).expect("a1");
     let mut a2 = a1.clone();
     a2.extend(&s.generation.tokens);
     a2.extend(&long[160..200]);
     served.push(s);
-    let s = session.serve(&b1, &params, |_| {}).expect("b1");
+    let s = session.serve(&b1, &params, &mut Quiet).expect("b1");
     let mut b2 = b1.clone();
     b2.extend(&s.generation.tokens);
     b2.extend(&long[520..560]);
     served.push(s);
-    served.push(session.serve(&a2, &params, |_| {}).expect("a2: restored"));
+    served.push(session.serve(&a2, &params, &mut Quiet).expect("a2: restored"));
     device0.inject(Fault::LeaveFreeBytes(MIB)).expect("pressure");
-    served.push(session.serve(&b2, &params, |_| {}).expect("b2: reread"));
+    served.push(session.serve(&b2, &params, &mut Quiet).expect("b2: reread"));
     device0.inject(Fault::PressureBytes(0)).expect("pressure ends");
     served
 }
@@ -258,7 +258,7 @@ fn a_draft_that_cannot_allocate_falls_back_to_plain_decoding_for_that_request() 
     };
     let subscriber = tracing_subscriber::fmt().with_writer(writer).with_ansi(false).finish();
     let failed = tracing::subscriber::with_default(subscriber, || {
-        generate_with(&model, &tok, &pool, &mut seq, &prompt, &greedy(24), &mut TextOnly(|_: &str| {}), Some(&mut d))
+        generate(&model, &tok, &pool, &mut seq, Request::new(&prompt, &greedy(24)).drafting(Some(&mut d)), &mut Quiet)
     })
     .expect("the request goes on without drafts");
     let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
@@ -274,7 +274,7 @@ fn a_draft_that_cannot_allocate_falls_back_to_plain_decoding_for_that_request() 
     // The next request drafts again.
     let mut seq = Sequence::new(&model, KvType::F16, 2048).expect("sequence");
     let next =
-        generate_with(&model, &tok, &pool, &mut seq, &prompt, &greedy(24), &mut TextOnly(|_: &str| {}), Some(&mut d))
+        generate(&model, &tok, &pool, &mut seq, Request::new(&prompt, &greedy(24)).drafting(Some(&mut d)), &mut Quiet)
             .expect("next request");
     assert_eq!(next.tokens, plain.tokens);
     assert!(next.drafts_proposed > 0, "drafting resumed on the next request");
@@ -307,15 +307,13 @@ fn joint_counts(
         let sampler =
             SamplerConfig { temperature: 1.0, top_k: 3, top_p: 1.0, min_p: 0.0, seed, ..SamplerConfig::greedy() };
         let params = GenerateParams { max_tokens: 3, sampler, ignore_eos: true, ..Default::default() };
-        let g = generate_with(
+        let g = generate(
             model,
             tok,
             pool,
             &mut seq,
-            prompt,
-            &params,
-            &mut TextOnly(|_: &str| {}),
-            drafter.as_deref_mut(),
+            Request::new(prompt, &params).drafting(drafter.as_deref_mut()),
+            &mut Quiet,
         )
         .expect("generate");
         *counts.entry(g.tokens).or_insert(0) += 1;

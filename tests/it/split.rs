@@ -2,12 +2,12 @@
 //! splits, KV residency with host spill, the plan against the ledger, pressure and allocation failures in
 //! the middle of a request.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
 use strata::device::{DeviceKind, DeviceSet, Fault, Purpose};
-use strata::engine::{generate, prefill, EngineError, GenerateParams, Sequence};
+use strata::engine::{generate, prefill, EngineError, GenerateParams, Quiet, Request, Sequence};
 use strata::gguf::GgufFile;
 use strata::model::{KvType, LoadOptions, Model, ModelError};
 use strata::sample::SamplerConfig;
@@ -58,7 +58,7 @@ fn run(
     n: usize,
 ) -> (Vec<u32>, Vec<u32>) {
     let mut seq = Sequence::new(model, kv, 4096).expect("sequence");
-    let g = generate(model, tok, pool, &mut seq, prompt, &greedy(n), |_| {}).expect("generate");
+    let g = generate(model, tok, pool, &mut seq, Request::new(prompt, &greedy(n)), &mut Quiet).expect("generate");
     let bits = g.top_logprobs.iter().flatten().flat_map(|&(id, lp)| [id, lp.to_bits()]).collect();
     (g.tokens, bits)
 }
@@ -109,7 +109,8 @@ fn kv_resident_64_matches_unlimited_residency_on_a_long_prompt() {
     let logits_and_tokens = |model: &Model| {
         let mut seq = Sequence::new(model, KvType::F16, 2048).expect("sequence");
         let (logits, _) = prefill(model, &pool, &mut seq, &prompt, 512).expect("prefill");
-        let g = generate(model, &tok, &pool, &mut seq, &prompt, &greedy(32), |_| {}).expect("generate");
+        let g =
+            generate(model, &tok, &pool, &mut seq, Request::new(&prompt, &greedy(32)), &mut Quiet).expect("generate");
         (logits, g.tokens, seq)
     };
     let (want_logits, want_tokens, _) = logits_and_tokens(&full);
@@ -181,7 +182,8 @@ fn pressure_mid_prefill_spills_to_the_host_and_changes_no_bit() {
     // Another process takes all but the reserve on device 1 when the prompt is half read.
     dev1.schedule(512, Fault::LeaveFreeBytes(reserve)).expect("schedule");
     let mut seq = Sequence::new(&model, KvType::F16, 4096).expect("sequence");
-    let g = generate(&model, &tok, &pool, &mut seq, &prompt, &greedy(8), |_| {}).expect("the request continues");
+    let g = generate(&model, &tok, &pool, &mut seq, Request::new(&prompt, &greedy(8)), &mut Quiet)
+        .expect("the request continues");
     let bits: Vec<u32> = g.top_logprobs.iter().flatten().flat_map(|&(id, lp)| [id, lp.to_bits()]).collect();
     assert_eq!((g.tokens, bits), want, "spilled KV gives the same bits");
     assert!(seq.kv.spilled_bytes() > 0, "device 1's KV went to the host");
@@ -190,7 +192,8 @@ fn pressure_mid_prefill_spills_to_the_host_and_changes_no_bit() {
 
     // The next request works, and still gives the same tokens.
     let mut next = Sequence::new(&model, KvType::F16, 4096).expect("sequence");
-    let again = generate(&model, &tok, &pool, &mut next, &prompt[..300], &greedy(8), |_| {}).expect("next request");
+    let again = generate(&model, &tok, &pool, &mut next, Request::new(&prompt[..300], &greedy(8)), &mut Quiet)
+        .expect("next request");
     assert_eq!(again.tokens, run(&cpu, &tok, &pool, KvType::F16, &prompt[..300], 8).0);
     assert!(dev1.sim_true_free().unwrap() >= reserve);
 }
@@ -208,7 +211,8 @@ fn an_allocation_failure_aborts_the_request_and_releases_its_memory() {
     let mut seq = Sequence::new(&model, KvType::F16, 4096).expect("sequence");
     let mut params = greedy(4);
     params.batch = 256;
-    let err = generate(&model, &tok, &pool, &mut seq, &prompt, &params, |_| {}).expect_err("the request fails");
+    let err = generate(&model, &tok, &pool, &mut seq, Request::new(&prompt, &params), &mut Quiet)
+        .expect_err("the request fails");
     let msg = err.to_string();
     assert!(matches!(err, EngineError::Model(ModelError::Device(_))), "{msg}");
     assert!(msg.contains("1 (sim:400)") && msg.contains("KV allocation"), "{msg}");
@@ -219,7 +223,7 @@ fn an_allocation_failure_aborts_the_request_and_releases_its_memory() {
         assert_eq!(d.usage().bytes(Purpose::Kv), 0, "{} still holds KV", d.name());
     }
     // The engine stays usable: the same request now succeeds.
-    let g = generate(&model, &tok, &pool, &mut seq, &prompt, &params, |_| {}).expect("next request");
+    let g = generate(&model, &tok, &pool, &mut seq, Request::new(&prompt, &params), &mut Quiet).expect("next request");
     let cpu = load(&file, DeviceSet::cpu(), None, KvType::F16);
     assert_eq!(g.tokens, run(&cpu, &tok, &pool, KvType::F16, &prompt, 4).0);
 
@@ -227,11 +231,13 @@ fn an_allocation_failure_aborts_the_request_and_releases_its_memory() {
     drop(seq);
     let mut seq = Sequence::new(&model, KvType::F16, 4096).expect("sequence");
     dev1.schedule(110, Fault::FailAllocs(1)).expect("schedule");
-    let err = generate(&model, &tok, &pool, &mut seq, &prompt[..100], &greedy(40), |_| {}).expect_err("decode fails");
+    let err = generate(&model, &tok, &pool, &mut seq, Request::new(&prompt[..100], &greedy(40)), &mut Quiet)
+        .expect_err("decode fails");
     assert!(err.to_string().contains("injected fault"), "{err}");
     assert_eq!((seq.tokens.len(), seq.kv.allocated_bytes()), (0, 0), "the failed request released its KV");
     assert_eq!(dev1.usage().bytes(Purpose::Kv), 0);
-    let g = generate(&model, &tok, &pool, &mut seq, &prompt[..100], &greedy(40), |_| {}).expect("next request");
+    let g = generate(&model, &tok, &pool, &mut seq, Request::new(&prompt[..100], &greedy(40)), &mut Quiet)
+        .expect("next request");
     assert_eq!(g.tokens, run(&cpu, &tok, &pool, KvType::F16, &prompt[..100], 40).0);
 }
 
