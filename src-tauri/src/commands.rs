@@ -185,35 +185,21 @@ fn check_messages(messages: &[ChatMessage]) -> CmdResult<()> {
 }
 
 /// Streams a reply to `messages` into conversation `conversation_id` (whose messages become `messages`
-/// plus the reply). If the engine dies mid-reply, the reply starts again once on the restarted engine.
+/// plus the reply, and whose title becomes `title` when the page sends one: the page names conversations,
+/// this side makes no title). If the engine dies mid-reply, the reply starts again once on the restarted
+/// engine.
 #[tauri::command]
 pub async fn chat_send(
     state: State<'_, AppState>,
     conversation_id: String,
     messages: Vec<ChatMessage>,
+    title: Option<String>,
     params: ChatParams,
     on_chunk: Channel<ChatChunk>,
 ) -> CmdResult<()> {
     check_messages(&messages)?;
     check_params(&params)?;
-    let mut conv = state.history.get(&conversation_id)?;
-    if conv.messages.is_empty() || conv.title == "New conversation" {
-        if let Some(first) = messages.iter().find(|m| m.role == ChatRole::User) {
-            conv.title = first.content.split_whitespace().take(8).collect::<Vec<_>>().join(" ");
-        }
-    }
-    conv.messages = messages
-        .iter()
-        .map(|m| StoredMessage { role: m.role, content: m.content.clone(), figures: None, complete: true })
-        .collect();
-    conv.messages.push(StoredMessage {
-        role: ChatRole::Assistant,
-        content: String::new(),
-        figures: None,
-        complete: false,
-    });
-    conv.updated_ms = now_ms();
-    state.history.save(&conv)?;
+    let mut conv = state.history.begin_reply(&conversation_id, &messages, title)?;
     // Stored before anything streams: the UI reads the list again (title, count) while the reply runs.
     let _ = on_chunk.send(ChatChunk::Stored);
     let mut cancel = state.cancel_token(&conversation_id);
@@ -350,33 +336,24 @@ pub fn conversation_delete(state: State<'_, AppState>, id: String) -> CmdResult<
     state.history.delete(&id)
 }
 
-#[tauri::command]
-pub fn conversation_export(state: State<'_, AppState>, id: String, format: ExportFormat) -> CmdResult<String> {
-    state.history.export(&id, format)
-}
-
-/// Exports conversation `id` to a file the user picks in the native save dialog (opened here, so the
-/// webview never names a path to write); the file's path, or None when the user cancelled.
+/// Writes `text` (an export the page made) to a file the user picks in the native save dialog, which
+/// offers `file_name` (opened here, so the webview never names a path to write); the file's path, or None
+/// when the user cancelled.
 #[tauri::command]
 pub async fn conversation_save<R: Runtime>(
     app: AppHandle<R>,
-    state: State<'_, AppState>,
-    id: String,
-    format: ExportFormat,
+    file_name: String,
+    text: String,
 ) -> CmdResult<Option<String>> {
     use tauri_plugin_dialog::DialogExt;
-    let text = state.history.export(&id, format)?;
-    let title = state.history.get(&id)?.title;
-    let (ext, kind) = match format {
-        ExportFormat::Markdown => ("md", "Markdown"),
-        ExportFormat::Json => ("json", "JSON"),
-    };
+    let mut dialog = app.dialog().file().set_file_name(&file_name);
+    if let Some(ext) = std::path::Path::new(&file_name).extension().and_then(|e| e.to_str()) {
+        dialog = dialog.add_filter(format!("{} document", ext.to_uppercase()), &[ext]);
+    }
     let (tx, rx) = tokio::sync::oneshot::channel();
-    app.dialog().file().set_file_name(crate::history::file_name_for(&title, ext)).add_filter(kind, &[ext]).save_file(
-        move |p| {
-            let _ = tx.send(p);
-        },
-    );
+    dialog.save_file(move |p| {
+        let _ = tx.send(p);
+    });
     let Some(picked) = rx.await.map_err(|_| CommandError::io("the save dialog closed"))? else { return Ok(None) };
     let path = picked.into_path().map_err(|e| CommandError::io(format!("cannot save there: {e}")))?;
     crate::history::write_file_atomic(&path, text.as_bytes())

@@ -2,16 +2,21 @@
 //! each written atomically (a temporary file in the same folder, fsync, rename over the old one, fsync of
 //! the folder). A crash at any moment leaves every file either as it was or as it became: never torn.
 //! Temporary files a crash left behind are ignored and swept on open.
+//!
+//! It stores titles as the page sends them and never makes one: what a conversation is called (from its
+//! first user message, cleaned, "New conversation" while it has none) and how it is exported are rules of
+//! the UI's `chat/conversation.ts`, the one implementation, which the browser without this backend runs too.
+//! A conversation created without a title is stored with an empty one.
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::types::{ChatRole, CmdResult, CommandError, Conversation, ConversationSummary, ErrorCode, ExportFormat};
+use crate::types::{
+    ChatMessage, ChatRole, CmdResult, CommandError, Conversation, ConversationSummary, ErrorCode, StoredMessage,
+};
 
-/// The longest title kept, in characters.
-pub const TITLE_CHARS: usize = 120;
 const TEMP_PREFIX: &str = ".tmp-";
 
 pub struct History {
@@ -61,12 +66,13 @@ impl History {
         Ok(self.dir.join(format!("{id}.json")))
     }
 
+    /// A new conversation with no messages; `title` as given, empty when None (untitled).
     pub fn create(&self, title: Option<String>) -> CmdResult<Conversation> {
         let id = format!("{:016x}{:08x}", now_ms(), rand::random::<u32>());
         let now = now_ms();
         let c = Conversation {
             id,
-            title: clean_title(title.as_deref().unwrap_or("New conversation")),
+            title: title.unwrap_or_default(),
             created_ms: now,
             updated_ms: now,
             messages: Vec::new(),
@@ -119,6 +125,7 @@ impl History {
         Ok(out)
     }
 
+    /// Renames `id` to `title` as given (the page cleaned it); a blank title is refused.
     pub fn rename(&self, id: &str, title: &str) -> CmdResult<()> {
         if title.trim().is_empty() {
             return Err(CommandError {
@@ -128,9 +135,31 @@ impl History {
             });
         }
         let mut c = self.get(id)?;
-        c.title = clean_title(title);
+        c.title = title.to_owned();
         c.updated_ms = now_ms();
         self.save(&c)
+    }
+
+    /// Stores `messages` as conversation `id`'s messages, followed by the reply to come (empty, incomplete),
+    /// and `title` as its title when one is given (None keeps the one it has). Returns what was stored.
+    pub fn begin_reply(&self, id: &str, messages: &[ChatMessage], title: Option<String>) -> CmdResult<Conversation> {
+        let mut c = self.get(id)?;
+        if let Some(t) = title {
+            c.title = t;
+        }
+        c.messages = messages
+            .iter()
+            .map(|m| StoredMessage { role: m.role, content: m.content.clone(), figures: None, complete: true })
+            .collect();
+        c.messages.push(StoredMessage {
+            role: ChatRole::Assistant,
+            content: String::new(),
+            figures: None,
+            complete: false,
+        });
+        c.updated_ms = now_ms();
+        self.save(&c)?;
+        Ok(c)
     }
 
     pub fn delete(&self, id: &str) -> CmdResult<()> {
@@ -142,62 +171,12 @@ impl History {
         sync_dir(&self.dir);
         Ok(())
     }
-
-    pub fn export(&self, id: &str, format: ExportFormat) -> CmdResult<String> {
-        let c = self.get(id)?;
-        Ok(match format {
-            ExportFormat::Json => serde_json::to_string_pretty(&c).map_err(|e| CommandError::io(e.to_string()))?,
-            ExportFormat::Markdown => markdown(&c),
-        })
-    }
-}
-
-/// The conversation as a Markdown document: a heading per message, figures under each reply.
-pub fn markdown(c: &Conversation) -> String {
-    let mut out = format!("# {}\n\n", c.title);
-    for m in &c.messages {
-        let who = match m.role {
-            ChatRole::System => "System",
-            ChatRole::User => "User",
-            ChatRole::Assistant => "Assistant",
-        };
-        out.push_str(&format!("## {who}\n\n{}\n\n", m.content.trim_end()));
-        if let Some(f) = &m.figures {
-            out.push_str(&format!(
-                "_{} tokens, {:.1} tok/s; prompt {} tokens ({} reused, {} read)_\n\n",
-                f.completion_tokens, f.gen_tok_s, f.prompt_tokens, f.reused, f.read
-            ));
-        }
-        if !m.complete {
-            out.push_str("_(interrupted)_\n\n");
-        }
-    }
-    out
-}
-
-/// A file name from a title: letters, digits, dashes and underscores, at most 60 characters.
-pub fn file_name_for(title: &str, ext: &str) -> String {
-    let mut base = String::new();
-    for c in title.trim().chars() {
-        if c.is_alphanumeric() || c == '_' || c == '-' {
-            base.push(c);
-        } else if !base.ends_with('-') {
-            base.push('-');
-        }
-    }
-    let base: String = base.trim_matches('-').chars().take(60).collect();
-    format!("{}.{ext}", if base.is_empty() { "conversation" } else { &base })
 }
 
 /// Writes `bytes` to `path` atomically (a temporary file beside it, fsync, rename).
 pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     write_atomic(dir, path, bytes, None)
-}
-
-fn clean_title(t: &str) -> String {
-    let one_line: String = t.split_whitespace().collect::<Vec<_>>().join(" ");
-    one_line.chars().take(TITLE_CHARS).collect()
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> CommandError {
@@ -271,7 +250,7 @@ mod tests {
     }
 
     #[test]
-    fn list_rename_delete_export() {
+    fn list_rename_delete() {
         let dir = tempfile::tempdir().unwrap();
         let h = History::open(dir.path().to_owned()).unwrap();
         let mut a = h.create(None).unwrap();
@@ -281,23 +260,60 @@ mod tests {
         // ahead failed on a loaded machine, where an fsync can take longer).
         a.updated_ms += 3_600_000;
         h.save(&a).unwrap();
-        let b = h.create(Some("second\nline".into())).unwrap();
-        assert_eq!(b.title, "second line");
+        let b = h.create(Some("second".into())).unwrap();
         let l = h.list().unwrap();
         assert_eq!(l.iter().map(|s| s.messages).collect::<Vec<_>>(), vec![2, 0]);
+        assert_eq!(l.iter().map(|s| s.title.as_str()).collect::<Vec<_>>(), vec!["", "second"]);
         h.rename(&a.id, "Greetings").unwrap();
         assert_eq!(h.get(&a.id).unwrap().title, "Greetings");
-        let md = h.export(&a.id, ExportFormat::Markdown).unwrap();
-        assert!(md.starts_with("# Greetings\n\n## User\n\nHello\n\n## Assistant\n\nHi! ```rust"), "{md}");
-        let json: Conversation = serde_json::from_str(&h.export(&a.id, ExportFormat::Json).unwrap()).unwrap();
-        assert_eq!(json.messages.len(), 2);
-        assert_eq!(file_name_for("Trip: Lisbon / Porto!", "md"), "Trip-Lisbon-Porto.md");
-        assert_eq!(file_name_for("???", "json"), "conversation.json");
+        assert_eq!(h.rename(&a.id, " \n").unwrap_err().field.as_deref(), Some("title"));
         let out = dir.path().join("out.md");
-        write_file_atomic(&out, md.as_bytes()).unwrap();
-        assert_eq!(fs::read_to_string(&out).unwrap(), md);
+        write_file_atomic(&out, b"# Greetings\n").unwrap();
+        assert_eq!(fs::read_to_string(&out).unwrap(), "# Greetings\n");
         h.delete(&b.id).unwrap();
         assert_eq!(h.delete(&b.id).unwrap_err().code, ErrorCode::NotFound);
         assert_eq!(h.get("../../etc/passwd").unwrap_err().field.as_deref(), Some("id"));
+    }
+
+    /// Titles are the page's (ui/src/chat/conversation.ts): stored exactly as sent, never made or changed here.
+    #[test]
+    fn titles_are_stored_as_the_page_sends_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = History::open(dir.path().to_owned()).unwrap();
+        // Untitled: empty, not a label of this side's (the page shows "New conversation").
+        let c = h.create(None).unwrap();
+        assert_eq!(c.title, "");
+        // Not cleaned, cut or put on one line here: that is the page's rule.
+        let odd = "  Two\nlines, and a title longer than any limit the page would keep: ".repeat(3);
+        assert_eq!(h.create(Some(odd.clone())).unwrap().title, odd);
+        h.rename(&c.id, &odd).unwrap();
+        assert_eq!(h.get(&c.id).unwrap().title, odd);
+        // A reply begins: the messages are stored with the reply to come, under the title the page sent,
+        // not one made from the messages.
+        let messages = [
+            ChatMessage { role: ChatRole::User, content: "Plan a trip to Lisbon and Porto".into() },
+            ChatMessage { role: ChatRole::Assistant, content: "Day 1: Lisbon".into() },
+            ChatMessage { role: ChatRole::User, content: "And day 2?".into() },
+        ];
+        let untitled = h.create(None).unwrap();
+        let stored = h.begin_reply(&untitled.id, &messages[..1], None).unwrap();
+        assert_eq!(stored.title, "", "no title sent: none made");
+        let stored = h.begin_reply(&untitled.id, &messages, Some("Trip (the page's title)".into())).unwrap();
+        assert_eq!(stored.title, "Trip (the page's title)");
+        assert_eq!(h.get(&untitled.id).unwrap(), stored);
+        let shape: Vec<(ChatRole, &str, bool)> =
+            stored.messages.iter().map(|m| (m.role, m.content.as_str(), m.complete)).collect();
+        assert_eq!(
+            shape,
+            [
+                (ChatRole::User, "Plan a trip to Lisbon and Porto", true),
+                (ChatRole::Assistant, "Day 1: Lisbon", true),
+                (ChatRole::User, "And day 2?", true),
+                (ChatRole::Assistant, "", false),
+            ]
+        );
+        // None keeps the title it has.
+        assert_eq!(h.begin_reply(&untitled.id, &messages, None).unwrap().title, "Trip (the page's title)");
+        assert_eq!(h.list().unwrap().iter().find(|s| s.id == untitled.id).unwrap().title, "Trip (the page's title)");
     }
 }

@@ -233,7 +233,6 @@ pub fn builder<R: Runtime>(b: tauri::Builder<R>) -> tauri::Builder<R> {
             commands::conversation_create,
             commands::conversation_rename,
             commands::conversation_delete,
-            commands::conversation_export,
             commands::conversation_save,
             commands::devices,
             commands::telemetry,

@@ -51,14 +51,15 @@ export const TAURI_SIM = String.raw`
         return facts(args.path);
       }
       case "conversations_list": return conv ? [{ id: conv.id, title: conv.title, updated_ms: 1, messages: conv.messages.length }] : [];
-      case "conversation_create": conv = { id: "c1", title: args.title ?? "New conversation", created_ms: 1, updated_ms: 1, messages: [] }; return conv;
+      case "conversation_create": conv = { id: "c1", title: args.title ?? "", created_ms: 1, updated_ms: 1, messages: [] }; return conv;
       case "conversation_get": return conv;
       case "get_preferences": return prefs;
       case "save_preferences": prefs = args.preferences; return prefs;
       case "chat_send": {
         window.__simSent.push(args.params);
         conv.messages = [...args.messages.map((m) => ({ ...m, figures: null, complete: true })), { role: "assistant", content: "", figures: null, complete: false }];
-        if (conv.title === "New conversation") conv.title = args.messages[0].content.split(/\s+/).slice(0, 8).join(" ");
+        // As the app's backend: the title is the one the page sent, if any (it makes none).
+        if (args.title != null) conv.title = args.title;
         (async () => {
           send(args.onChunk, 0, { kind: "stored" });
           let i = 1;

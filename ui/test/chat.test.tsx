@@ -46,6 +46,16 @@ describe("ChatView", () => {
     expect(screen.getByTestId("message-user").textContent).toContain("line one\nline two");
   });
 
+  it("shows an untitled conversation as New conversation in the list and the heading", async () => {
+    const t = new FakeTransport();
+    t.listConversations.mockResolvedValue([{ id: "c1", title: "", updated_ms: 2, messages: 0 }]);
+    t.getConversation.mockResolvedValue(conversation({ id: "c1", title: "" }));
+    render(<ChatView transport={t} />);
+    await screen.findByRole("heading", { name: "New conversation" });
+    const item = screen.getByRole("button", { name: /messages$/ });
+    expect(item.querySelector(".conversation-title")?.textContent).toBe("New conversation");
+  });
+
   it("creates a conversation when there is none", async () => {
     const { t, input } = await setup(false);
     await type(input, "hello");
@@ -186,11 +196,12 @@ describe("ChatView", () => {
     fireEvent.input(screen.getByLabelText("Title"), { target: { value: "Renamed" } });
     fireEvent.click(screen.getByRole("button", { name: "Save" }));
     await waitFor(() => expect(t.renameConversation).toHaveBeenCalledWith("c1", "Renamed"));
-    // The transport saves the file (the app's save dialog, or a browser download) under the new title.
+    // The transport saves the file (the app's save dialog, or a browser download), named from the stored
+    // title (tauri.test.ts and http.test.ts show the name).
     fireEvent.click(screen.getByRole("button", { name: "Export Markdown" }));
-    await waitFor(() => expect(t.saveExport).toHaveBeenCalledWith("c1", "markdown", "Renamed"));
+    await waitFor(() => expect(t.saveExport).toHaveBeenCalledWith("c1", "markdown"));
     fireEvent.click(screen.getByRole("button", { name: "Export JSON" }));
-    await waitFor(() => expect(t.saveExport).toHaveBeenCalledWith("c1", "json", "Renamed"));
+    await waitFor(() => expect(t.saveExport).toHaveBeenCalledWith("c1", "json"));
     fireEvent.click(screen.getByRole("button", { name: "Delete" }));
     expect(t.deleteConversation).not.toHaveBeenCalled();
     fireEvent.click(within(screen.getByRole("group", { name: "Delete this conversation?" })).getByRole("button", { name: "Delete" }));

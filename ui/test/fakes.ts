@@ -237,11 +237,10 @@ export class FakeTransport implements Transport {
   });
   listConversations = vi.fn(async () => [] as import("../src/bindings").ConversationSummary[]);
   getConversation = vi.fn(async (id: string) => conversation({ id }));
-  createConversation = vi.fn(async (title: string | null) => conversation({ id: "new", title: title ?? "New conversation" }));
+  createConversation = vi.fn(async (title: string | null) => conversation({ id: "new", title: title ?? "" }));
   renameConversation = vi.fn(async (_id: string, _t: string) => {});
   deleteConversation = vi.fn(async (_id: string) => {});
-  exportConversation = vi.fn(async (_id: string, _f: import("../src/bindings").ExportFormat) => "# doc");
-  saveExport = vi.fn(async (_id: string, _f: import("../src/bindings").ExportFormat, _t: string) => "doc.md");
+  saveExport = vi.fn(async (_id: string, _f: import("../src/bindings").ExportFormat) => "doc.md");
   devices = vi.fn(async () => ({ devices: [device()] }) as import("../src/bindings").DevicesView | null);
   telemetry = vi.fn(async (_since: number) => ({ now_ms: 0, samples: [], events: [] }) as import("../src/bindings").TelemetryView | null);
   cache = vi.fn(async () => cacheView() as CacheView | null);

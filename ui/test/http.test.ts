@@ -6,6 +6,7 @@ import type { ChatChunk, TelemetryEntry } from "../src/bindings";
 import { KEY_STORAGE, REMEMBERED_KEY_STORAGE, type AskKey } from "../src/transport/http/client";
 import { HttpTransport } from "../src/transport/http";
 import { TransportError } from "../src/transport/types";
+import { exportDocument, titleFrom } from "../src/chat/conversation";
 import { NO_PARAMS } from "../src/chat/params";
 import { MIB, plan, row, settings } from "./fakes";
 
@@ -330,10 +331,36 @@ describe("HttpTransport exports", () => {
     const click = vi.spyOn(HTMLAnchorElement.prototype, "click").mockImplementation(function (this: HTMLAnchorElement) {
       names.push(this.download);
     });
-    expect(await transport.saveExport(conv.id, "markdown", "Trip: Lisbon")).toBe("Trip-Lisbon.md");
-    expect(await transport.saveExport(conv.id, "json", "Trip: Lisbon")).toBe("Trip-Lisbon.json");
-    expect(names).toEqual(["Trip-Lisbon.md", "Trip-Lisbon.json"]);
-    expect(await create.mock.calls[0]![0].text()).toMatch(/^# Trip: Lisbon/);
+    expect(await transport.saveExport(conv.id, "markdown")).toBe("Trip-Lisbon.md");
+    expect(await transport.saveExport(conv.id, "json")).toBe("Trip-Lisbon.json");
+    // Renamed, it is exported under the new title; untitled, under the one it is shown with.
+    await transport.renameConversation(conv.id, "Trip:\n  Porto ");
+    expect(await transport.saveExport(conv.id, "markdown")).toBe("Trip-Porto.md");
+    const untitled = await transport.createConversation(null);
+    expect(await transport.saveExport(untitled.id, "markdown")).toBe("New-conversation.md");
+    expect(names).toEqual(["Trip-Lisbon.md", "Trip-Lisbon.json", "Trip-Porto.md", "New-conversation.md"]);
+    const texts = await Promise.all(create.mock.calls.map((c) => c[0].text()));
+    expect(texts[0]).toBe(exportDocument(conv, "markdown"));
+    expect(texts[0]).toBe("# Trip: Lisbon\n");
+    expect(JSON.parse(texts[1]!)).toMatchObject({ id: conv.id, title: "Trip: Lisbon", messages: [] });
+    expect(texts[2]).toMatch(/^# Trip: Porto\n/);
+    expect(texts[3]).toMatch(/^# New conversation\n/);
     click.mockRestore();
+  });
+});
+
+describe("HttpTransport titles", () => {
+  it("keeps a new conversation untitled until its first user message names it by chat/conversation.ts", async () => {
+    setup((url) => models(url) ?? streamed([`data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}]}\n\n`, "data: [DONE]\n\n"]));
+    const conv = await transport.createConversation(null);
+    expect(conv.title).toBe("");
+    const messages = [{ role: "user" as const, content: "\n  A question about   trains, buses and ferries in Portugal in the summer\nmore" }];
+    await transport.chatSend(conv.id, messages, NO_PARAMS, () => {});
+    const named = (await transport.getConversation(conv.id)).title;
+    expect(named).toBe(titleFrom(messages));
+    expect(named).toBe("A question about trains, buses and ferries in P…");
+    // A title it has is kept by the next messages.
+    await transport.chatSend(conv.id, [...messages, { role: "assistant", content: "ok" }, { role: "user", content: "Next" }], NO_PARAMS, () => {});
+    expect((await transport.getConversation(conv.id)).title).toBe(named);
   });
 });

@@ -10,7 +10,9 @@ import { COMMANDS } from "../src/transport/commands";
 import { isTauri } from "../src/transport/index";
 import { TauriTransport } from "../src/transport/tauri";
 import { TransportError } from "../src/transport/types";
-import { facts, preferences, settings, summary } from "./fakes";
+import { exportDocument, titleFrom } from "../src/chat/conversation";
+import { NO_PARAMS } from "../src/chat/params";
+import { conversation, facts, preferences, settings, summary } from "./fakes";
 
 interface Call {
   cmd: string;
@@ -44,14 +46,15 @@ describe("TauriTransport", () => {
   });
 
   it("invokes each command by its name with camelCase argument keys", async () => {
+    const trip = conversation({ id: "c1", title: "Trip: Lisbon", messages: [{ role: "user", content: "Plan it", figures: null, complete: true }] });
     const calls = record(({ cmd }) => {
       switch (cmd) {
         case "conversations_list":
           return [];
-        case "conversation_export":
-          return "# doc";
+        case "conversation_get":
+          return trip;
         case "conversation_save":
-          return "/home/u/Trip.md";
+          return "/home/u/Trip-Lisbon.md";
         case "engine_status":
           return { state: "ready", message: null, restarts: 0, pid: 1, model: facts() };
         default:
@@ -72,10 +75,10 @@ describe("TauriTransport", () => {
     await t.listConversations();
     await t.getConversation("c1");
     await t.createConversation(null);
+    await t.createConversation("  Two\n lines ");
     await t.renameConversation("c1", "New title");
     await t.deleteConversation("c1");
-    expect(await t.exportConversation("c1", "markdown")).toBe("# doc");
-    expect(await t.saveExport("c1", "markdown", "Trip")).toBe("/home/u/Trip.md");
+    expect(await t.saveExport("c1", "markdown")).toBe("/home/u/Trip-Lisbon.md");
     await t.devices();
     await t.telemetry(1500);
     await t.cache();
@@ -92,10 +95,13 @@ describe("TauriTransport", () => {
       { cmd: "conversations_list", args: {} },
       { cmd: "conversation_get", args: { id: "c1" } },
       { cmd: "conversation_create", args: { title: null } },
+      // Titles are cleaned here (chat/conversation.ts); the backend stores them as sent.
+      { cmd: "conversation_create", args: { title: "Two lines" } },
       { cmd: "conversation_rename", args: { id: "c1", title: "New title" } },
       { cmd: "conversation_delete", args: { id: "c1" } },
-      { cmd: "conversation_export", args: { id: "c1", format: "markdown" } },
-      { cmd: "conversation_save", args: { id: "c1", format: "markdown" } },
+      // The export is made here from the stored conversation; the backend only writes it where the user says.
+      { cmd: "conversation_get", args: { id: "c1" } },
+      { cmd: "conversation_save", args: { fileName: "Trip-Lisbon.md", text: exportDocument(trip, "markdown") } },
       { cmd: "devices", args: {} },
       { cmd: "telemetry", args: { sinceMs: 1500 } },
       { cmd: "cache", args: {} },
@@ -106,6 +112,7 @@ describe("TauriTransport", () => {
 
   it("streams chat chunks through the onChunk Channel, in order even when sent out of order", async () => {
     const calls = record(({ cmd, args }) => {
+      if (cmd === "conversation_get") return conversation({ id: "c9", title: "Kept" });
       if (cmd !== "chat_send") return null;
       const ch = args.onChunk;
       sendOnChannel(ch, 1, { kind: "text", text: " world" });
@@ -118,15 +125,33 @@ describe("TauriTransport", () => {
     const messages = [{ role: "user" as const, content: "Hi" }];
     const params = { temperature: 0.7, top_k: 20, top_p: null, min_p: 0.1, repeat_penalty: null, max_tokens: 64, seed: null };
     await new TauriTransport().chatSend("c9", messages, params, (c) => chunks.push(c));
-    expect(calls[0]?.cmd).toBe("chat_send");
-    expect(Object.keys(calls[0]!.args).sort()).toEqual(["conversationId", "messages", "onChunk", "params"]);
-    expect(calls[0]!.args).toMatchObject({ conversationId: "c9", messages, params });
-    expect(String((calls[0]!.args.onChunk as { toJSON(): string }).toJSON())).toMatch(/^__CHANNEL__:\d+$/);
+    expect(calls.map((c) => c.cmd)).toEqual(["conversation_get", "chat_send"]);
+    const send = calls[1]!;
+    expect(Object.keys(send.args).sort()).toEqual(["conversationId", "messages", "onChunk", "params", "title"]);
+    // A titled conversation keeps its title: none is sent.
+    expect(send.args).toMatchObject({ conversationId: "c9", messages, params, title: null });
+    expect(String((send.args.onChunk as { toJSON(): string }).toJSON())).toMatch(/^__CHANNEL__:\d+$/);
     expect(chunks.map((c) => c.kind)).toEqual(["text", "text", "retrying", "done"]);
     expect(chunks.slice(0, 2)).toEqual([
       { kind: "text", text: "Hello" },
       { kind: "text", text: " world" },
     ]);
+  });
+
+  it("sends the title chat/conversation.ts gives an untitled conversation; the backend decides none", async () => {
+    for (const stored of ["", "New conversation"]) {
+      const calls = record(({ cmd }) => (cmd === "conversation_get" ? conversation({ id: "c9", title: stored }) : null));
+      const long = "  Plan a trip to Lisbon and Porto, with the trains between them and a day in Sintra\nsecond line";
+      const messages = [
+        { role: "system" as const, content: "Be brief." },
+        { role: "user" as const, content: long },
+      ];
+      await new TauriTransport().chatSend("c9", messages, NO_PARAMS, () => {});
+      const title = calls.find((c) => c.cmd === "chat_send")?.args.title;
+      expect(title).toBe(titleFrom(messages));
+      expect(title).toBe("Plan a trip to Lisbon and Porto, with the train…");
+      clearMocks();
+    }
   });
 
   it("reports load progress through the onProgress Channel and resolves with the facts", async () => {

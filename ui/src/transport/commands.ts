@@ -18,7 +18,6 @@ export const COMMANDS = [
   "conversation_create",
   "conversation_rename",
   "conversation_delete",
-  "conversation_export",
   "conversation_save",
   "devices",
   "telemetry",

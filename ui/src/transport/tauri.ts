@@ -1,7 +1,9 @@
 // The Transport of the desktop app: Tauri commands (invoke), Channels for streamed replies and load
 // progress, events for telemetry and engine status, the webview's drag-and-drop and the dialog plugin.
 // Every invoke goes through `callCommand`, whose names come from COMMANDS (commands.ts). Argument keys are
-// camelCase: Tauri 2 maps them to the Rust commands' snake_case parameters.
+// camelCase: Tauri 2 maps them to the Rust commands' snake_case parameters. Titles and exports follow
+// chat/conversation.ts, here as in the browser: the backend stores the title it is sent and writes the
+// document it is given, deciding neither.
 import { Channel, invoke } from "@tauri-apps/api/core";
 import { listen } from "@tauri-apps/api/event";
 import { getCurrentWebview } from "@tauri-apps/api/webview";
@@ -24,6 +26,7 @@ import type {
   TelemetryEntry,
   TelemetryView,
 } from "../bindings";
+import { cleanTitle, exportFile, titleAfter } from "../chat/conversation";
 import type { CommandName, EventName } from "./commands";
 import { TransportError, type Transport, type Unsubscribe } from "./types";
 
@@ -134,8 +137,12 @@ export class TauriTransport implements Transport {
     params: ChatParams,
     onChunk: (chunk: ChatChunk) => void,
   ): Promise<void> {
+    // The title the messages give the conversation; null when it keeps the one it has.
+    const current = (await this.getConversation(conversationId)).title;
+    const next = titleAfter(current, messages);
+    const title = next !== current ? next : null;
     const channel = new Channel<ChatChunk>(onChunk);
-    await callCommand<null>("chat_send", { conversationId, messages, params, onChunk: channel });
+    await callCommand<null>("chat_send", { conversationId, messages, title, params, onChunk: channel });
   }
 
   async chatCancel(conversationId: string): Promise<void> {
@@ -159,23 +166,20 @@ export class TauriTransport implements Transport {
   }
 
   createConversation(title: string | null): Promise<Conversation> {
-    return callCommand("conversation_create", { title });
+    return callCommand("conversation_create", { title: title === null ? null : cleanTitle(title) });
   }
 
   async renameConversation(id: string, title: string): Promise<void> {
-    await callCommand<null>("conversation_rename", { id, title });
+    await callCommand<null>("conversation_rename", { id, title: cleanTitle(title) });
   }
 
   async deleteConversation(id: string): Promise<void> {
     await callCommand<null>("conversation_delete", { id });
   }
 
-  exportConversation(id: string, format: ExportFormat): Promise<string> {
-    return callCommand("conversation_export", { id, format });
-  }
-
-  saveExport(id: string, format: ExportFormat, _title: string): Promise<string | null> {
-    return callCommand("conversation_save", { id, format });
+  async saveExport(id: string, format: ExportFormat): Promise<string | null> {
+    const { fileName, text } = exportFile(await this.getConversation(id), format);
+    return callCommand("conversation_save", { fileName, text });
   }
 
   devices(): Promise<DevicesView | null> {

@@ -62,10 +62,11 @@ export interface Transport {
   saveSettings(settings: EngineSettings): Promise<EngineSettings>;
 
   /**
-   * Sends a conversation's messages; the backend stores them as the conversation and appends the reply,
-   * streamed to `onChunk`: `stored` once the messages are stored (the list's title and count are current
-   * from then on), text pieces, maybe `retrying`, then `done` or `error`. Each field of `params` that is
-   * set is sent and used exactly; a null one is not sent (the model's default applies).
+   * Sends a conversation's messages; the backend stores them as the conversation, with the title they give
+   * it (titleAfter in chat/conversation.ts), and appends the reply, streamed to `onChunk`: `stored` once
+   * the messages are stored (the list's title and count are current from then on), text pieces, maybe
+   * `retrying`, then `done` or `error`. Each field of `params` that is set is sent and used exactly; a null
+   * one is not sent (the model's default applies).
    */
   chatSend(
     conversationId: string,
@@ -83,17 +84,17 @@ export interface Transport {
 
   listConversations(): Promise<ConversationSummary[]>;
   getConversation(id: string): Promise<Conversation>;
-  /** Creates a conversation (title null: the backend names it). */
+  /** Creates a conversation (title null: untitled, shown as DEFAULT_TITLE until its first message names it). */
   createConversation(title: string | null): Promise<Conversation>;
+  /** Renames a conversation (the title cleaned by cleanTitle). */
   renameConversation(id: string, title: string): Promise<void>;
   deleteConversation(id: string): Promise<void>;
-  /** The conversation as a document (Markdown or JSON text). */
-  exportConversation(id: string, format: ExportFormat): Promise<string>;
   /**
-   * Saves the export as a file: in the app through the native save dialog (the backend writes the file the
-   * user picked), in a browser as a download. The file's path or name, or null when the user cancelled.
+   * Saves the conversation as a document (exportFile in chat/conversation.ts: the text and the file name
+   * from its title): in the app through the native save dialog (the backend writes the file the user
+   * picked), in a browser as a download. The file's path or name, or null when the user cancelled.
    */
-  saveExport(id: string, format: ExportFormat, title: string): Promise<string | null>;
+  saveExport(id: string, format: ExportFormat): Promise<string | null>;
 
   /** Every device's memory; null when the engine is a remote one that is not Strata. */
   devices(): Promise<DevicesView | null>;

@@ -1,10 +1,5 @@
-// Offers text as a file download (a Blob behind a temporary link): conversation exports.
-
-/** A file name from a title: letters, digits, dashes and underscores, at most 60 characters. */
-export function fileNameFor(title: string, ext: string): string {
-  const base = title.trim().replace(/[^\p{L}\p{N}_-]+/gu, "-").replace(/^-+|-+$/g, "").slice(0, 60) || "conversation";
-  return `${base}.${ext}`;
-}
+// Offers text as a file download (a Blob behind a temporary link): conversation exports, whose name and
+// text chat/conversation.ts makes.
 
 export function downloadText(fileName: string, text: string, mime: string): void {
   const blob = new Blob([text], { type: `${mime};charset=utf-8` });

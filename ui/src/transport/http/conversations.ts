@@ -1,24 +1,16 @@
 // Conversations kept in the browser's localStorage (the desktop app keeps them in its backend), in the same
-// Conversation shape. It owns that one storage key and never talks to the server.
+// Conversation shape. It owns that one storage key and never talks to the server. Titles follow
+// chat/conversation.ts: a new conversation is untitled ("") until its first user message names it.
 import type { ChatMessage, Conversation, ConversationSummary, StoredMessage } from "../../bindings";
+import { cleanTitle, titleAfter } from "../../chat/conversation";
 import { TransportError } from "../types";
 
 export const CONVERSATIONS_STORAGE = "strata.conversations.v1";
-export const DEFAULT_TITLE = "New conversation";
-const TITLE_CHARS = 48;
 
 function newId(): string {
   const c = globalThis.crypto;
   if (c && typeof c.randomUUID === "function") return c.randomUUID();
   return `c-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`;
-}
-
-/** A title from the first user message: its first line, cut at TITLE_CHARS. */
-export function titleFrom(messages: readonly { role: string; content: string }[]): string | null {
-  const first = messages.find((m) => m.role === "user" && m.content.trim() !== "");
-  if (!first) return null;
-  const line = first.content.trim().split("\n")[0] ?? "";
-  return line.length > TITLE_CHARS ? line.slice(0, TITLE_CHARS - 1) + "…" : line;
 }
 
 export class LocalConversations {
@@ -39,15 +31,17 @@ export class LocalConversations {
     return c;
   }
 
+  /** A new conversation; title null: untitled. */
   create(title: string | null): Conversation {
     const t = this.now();
-    const c: Conversation = { id: newId(), title: title?.trim() || DEFAULT_TITLE, created_ms: t, updated_ms: t, messages: [] };
+    const c: Conversation = { id: newId(), title: cleanTitle(title ?? ""), created_ms: t, updated_ms: t, messages: [] };
     this.write([...this.all(), c]);
     return c;
   }
 
+  /** Renames the conversation; a title that is empty once cleaned leaves it as it was. */
   rename(id: string, title: string): void {
-    this.update(id, (c) => ({ ...c, title: title.trim() || c.title }));
+    this.update(id, (c) => ({ ...c, title: cleanTitle(title) || c.title }));
   }
 
   delete(id: string): void {
@@ -57,8 +51,8 @@ export class LocalConversations {
   }
 
   /**
-   * Stores `messages` as the conversation. A message equal to the stored one at the same place keeps its
-   * figures (the UI sends only roles and text back).
+   * Stores `messages` as the conversation, and the title they give it (titleAfter). A message equal to the
+   * stored one at the same place keeps its figures (the UI sends only roles and text back).
    */
   setMessages(id: string, messages: ChatMessage[]): Conversation {
     return this.update(id, (c) => {
@@ -67,8 +61,7 @@ export class LocalConversations {
         if (old && old.role === m.role && old.content === m.content) return old;
         return { role: m.role, content: m.content, figures: null, complete: true };
       });
-      const title = c.title === DEFAULT_TITLE ? (titleFrom(messages) ?? c.title) : c.title;
-      return { ...c, title, messages: kept };
+      return { ...c, title: titleAfter(c.title, messages), messages: kept };
     });
   }
 

@@ -2,7 +2,8 @@
 // (streamed over SSE), the Strata API (/health, /strata/*), and conversations kept in localStorage. The
 // server serves one model with the flags it was started with, so loading other models is refused and
 // settings are only checked (POST /strata/plan), never applied. Chat preferences live in localStorage too.
-import { downloadText, fileNameFor } from "../../util/download";
+import { exportFile } from "../../chat/conversation";
+import { downloadText } from "../../util/download";
 import type {
   CacheView,
   ChatChunk,
@@ -25,7 +26,6 @@ import { TransportError, type Transport, type Unsubscribe } from "../types";
 import { ApiClient, isAbort, type AskKey, type ClientOptions } from "./client";
 import { LocalConversations } from "./conversations";
 import { LocalPreferences } from "./preferences";
-import { exportDocument } from "./export";
 import { chatRequestBody, healthToStatus, streamChat, toModelFacts } from "./openai";
 import { readSse } from "./sse";
 
@@ -186,15 +186,10 @@ export class HttpTransport implements Transport {
     this.store.delete(id);
   }
 
-  async exportConversation(id: string, format: ExportFormat): Promise<string> {
-    return exportDocument(this.store.get(id), format);
-  }
-
-  async saveExport(id: string, format: ExportFormat, title: string): Promise<string | null> {
-    const text = await this.exportConversation(id, format);
-    const name = fileNameFor(title, format === "json" ? "json" : "md");
-    downloadText(name, text, format === "json" ? "application/json" : "text/markdown");
-    return name;
+  async saveExport(id: string, format: ExportFormat): Promise<string | null> {
+    const f = exportFile(this.store.get(id), format);
+    downloadText(f.fileName, f.text, f.mime);
+    return f.fileName;
   }
 
   devices(): Promise<DevicesView | null> {

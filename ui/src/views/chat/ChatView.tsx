@@ -6,6 +6,7 @@
 // reply limit as max_tokens when Max tokens is empty.
 import { useEffect, useRef, useState } from "preact/hooks";
 import type { ChatChunk, ChatMessage, Conversation, ConversationSummary, ExportFormat, ModelFacts, StoredMessage } from "../../bindings";
+import { shownTitle } from "../../chat/conversation";
 import { paramErrors, requestParams } from "../../chat/params";
 import { applyChunk, newReply, replyToMessage, stopReply, type ReplyState } from "../../chat/reply";
 import type { Transport } from "../../transport/types";
@@ -183,14 +184,13 @@ export function ChatView({ transport, model = null, stopGraceMs = 3000 }: ChatVi
 
   const exportDoc = async (id: string, format: ExportFormat) => {
     try {
-      const title = items.find((c) => c.id === id)?.title ?? conv?.title ?? "conversation";
-      await transport.saveExport(id, format, title);
+      await transport.saveExport(id, format);
     } catch (e) {
       setError(messageOf(e));
     }
   };
 
-  const title = conv ? (items.find((c) => c.id === conv.id)?.title ?? conv.title) : "New conversation";
+  const title = shownTitle(conv ? (items.find((c) => c.id === conv.id)?.title ?? conv.title) : "");
   const live = reply && conv && reply.convId === conv.id ? reply.state : null;
 
   return (

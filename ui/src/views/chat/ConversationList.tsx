@@ -1,7 +1,8 @@
 // The list of conversations: new, select, and for the selected one rename (inline), delete (asked twice)
-// and export as Markdown or JSON.
+// and export as Markdown or JSON. Titles are shown by shownTitle (an untitled one as "New conversation").
 import { useState } from "preact/hooks";
 import type { ConversationSummary, ExportFormat } from "../../bindings";
+import { DEFAULT_TITLE, shownTitle } from "../../chat/conversation";
 
 export interface ConversationListProps {
   items: ConversationSummary[];
@@ -22,7 +23,7 @@ export function ConversationList(p: ConversationListProps) {
   return (
     <aside class="conversations" aria-label="Conversations">
       <button type="button" class="primary" onClick={p.onNew} disabled={p.busy}>
-        New conversation
+        {DEFAULT_TITLE}
       </button>
       <ul class="conversation-list">
         {p.items.map((c) => (
@@ -34,7 +35,7 @@ export function ConversationList(p: ConversationListProps) {
               onClick={() => p.onSelect(c.id)}
               disabled={p.busy && c.id !== p.selected}
             >
-              <span class="conversation-title">{c.title}</span>
+              <span class="conversation-title">{shownTitle(c.title)}</span>
               <span class="conversation-meta">{c.messages} messages</span>
             </button>
           </li>
@@ -61,7 +62,7 @@ export function ConversationList(p: ConversationListProps) {
             </form>
           ) : confirming === current.id ? (
             <div class="confirm" role="group" aria-label="Delete this conversation?">
-              <span>Delete “{current.title}”?</span>
+              <span>Delete “{shownTitle(current.title)}”?</span>
               <button
                 type="button"
                 class="danger"
