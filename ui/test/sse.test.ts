@@ -1,6 +1,6 @@
 // The SSE parser: events split anywhere across chunks, CRLF split in two, multi-line data, comments.
 import { describe, expect, it } from "vitest";
-import { readSse, SseParser, type SseEvent } from "../src/transport/http/sse";
+import { MAX_EVENT_CHARS, readSse, SseParser, type SseEvent } from "../src/transport/http/sse";
 
 function feedAll(pieces: string[]): SseEvent[] {
   const p = new SseParser();
@@ -49,6 +49,23 @@ describe("SseParser", () => {
   it("does not strip more than one space after the colon", () => {
     expect(feedAll(["data:  two\n\n"])[0]?.data).toBe(" two");
   });
+
+  it("fails an event that grows past the limit, in one line or in many, and frees what it held", () => {
+    const chunk = "x".repeat(64 * 1024);
+    const p = new SseParser();
+    expect(() => {
+      for (let fed = 0; fed <= MAX_EVENT_CHARS; fed += chunk.length) p.feed(fed === 0 ? "data: " + chunk : chunk);
+    }).toThrow(/event of over 1 MiB/);
+    // What it held is gone: the next event reads alone.
+    expect(p.feed("data: next\n\n")).toEqual([{ event: "message", data: "next", id: null }]);
+    const lines = new SseParser();
+    expect(() => {
+      for (let fed = 0; fed <= MAX_EVENT_CHARS; fed += chunk.length) lines.feed(`data: ${chunk}\n`);
+    }).toThrow(/event of over 1 MiB/);
+    // An event just under the limit is read.
+    const under = "y".repeat(MAX_EVENT_CHARS - 16);
+    expect(feedAll([`data: ${under.slice(0, 1000)}`, `${under.slice(1000)}\n\n`])[0]?.data).toBe(under);
+  });
 });
 
 describe("readSse", () => {
@@ -58,5 +75,20 @@ describe("readSse", () => {
     const got: string[] = [];
     await readSse(bytesStream([bytes.slice(0, 8), bytes.slice(8, cut), bytes.slice(cut)]), (e) => got.push(e.data));
     expect(got).toEqual(["héllo ✓"]);
+  });
+
+  it("rejects a stream whose event passes the limit and cancels the stream", async () => {
+    let cancelled = false;
+    const big = new TextEncoder().encode("data: " + "z".repeat(MAX_EVENT_CHARS));
+    const body = new ReadableStream<Uint8Array>({
+      pull(c) {
+        c.enqueue(big);
+      },
+      cancel() {
+        cancelled = true;
+      },
+    });
+    await expect(readSse(body, () => {})).rejects.toThrow(/event of over 1 MiB/);
+    expect(cancelled).toBe(true);
   });
 });

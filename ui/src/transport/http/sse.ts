@@ -2,7 +2,13 @@
 // `SseParser` is the pure part: text in, events out, lines and events split anywhere across chunks; `readSse`
 // feeds it from a byte stream (UTF-8 decoded in streaming mode, so a character split across chunks
 // survives). Follows the WHATWG event-stream rules: data lines joined by "\n", comments ignored, an event
-// ends at a blank line, and an unfinished event at the end of the stream is dropped.
+// ends at a blank line, and an unfinished event at the end of the stream is dropped. It holds at most one
+// event of MAX_EVENT_CHARS (a complete event, or a line still arriving): past that the stream fails and what
+// it held is freed, so a server cannot make the page buffer without end.
+import { TransportError } from "../types";
+
+/** The most one event (or one line still arriving) may hold, in characters. */
+export const MAX_EVENT_CHARS = 1 << 20;
 
 export interface SseEvent {
   /** The `event:` field; "message" when none was given. */
@@ -17,13 +23,19 @@ export class SseParser {
   private hasData = false;
   private event = "";
   private id: string | null = null;
+  /** Characters of the event being read (its data lines so far). */
+  private dataChars = 0;
 
-  /** Takes the next piece of the stream; returns the events it completed. */
+  /**
+   * Takes the next piece of the stream; returns the events it completed. Throws (a TransportError, and
+   * forgets what it held) when an event grows past MAX_EVENT_CHARS.
+   */
   feed(text: string): SseEvent[] {
     const out: SseEvent[] = [];
     const buf = this.buf + text;
     let start = 0;
-    for (let i = 0; i < buf.length; i++) {
+    // What was held is one unfinished line (perhaps ending in a CR): only the new text can end it.
+    for (let i = Math.max(0, this.buf.length - 1); i < buf.length; i++) {
       const c = buf.charCodeAt(i);
       if (c !== 10 && c !== 13) continue;
       // A CR at the very end may be the first half of a CRLF that the next chunk completes.
@@ -34,6 +46,11 @@ export class SseParser {
       this.line(line, out);
     }
     this.buf = buf.slice(start);
+    if (this.buf.length + this.dataChars > MAX_EVENT_CHARS) {
+      this.buf = "";
+      this.reset();
+      throw new TransportError("engine", `the server sent an event of over ${MAX_EVENT_CHARS >> 20} MiB`);
+    }
     return out;
   }
 
@@ -60,6 +77,7 @@ export class SseParser {
     switch (field) {
       case "data":
         this.data.push(value);
+        this.dataChars += value.length + 1;
         this.hasData = true;
         break;
       case "event":
@@ -75,6 +93,7 @@ export class SseParser {
 
   private reset(): void {
     this.data = [];
+    this.dataChars = 0;
     this.hasData = false;
     this.event = "";
   }
@@ -103,6 +122,9 @@ export async function readSse(
     }
     for (const e of parser.feed(decoder.decode())) onEvent(e);
     for (const e of parser.end()) onEvent(e);
+  } catch (e) {
+    reader.cancel().catch(() => {});
+    throw e;
   } finally {
     signal?.removeEventListener("abort", onAbort);
     reader.releaseLock();
