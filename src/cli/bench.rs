@@ -19,14 +19,17 @@ use clap::Args;
 use rand::{Rng, SeedableRng};
 
 use strata::device::mib;
-use strata::engine::spec::Drafter;
-use strata::engine::{generate_with, GenerateParams, Sequence, TextOnly};
+use strata::engine::spec::{Drafter, SpecSetup};
+use strata::engine::{generate, GenerateParams, Quiet, Request, Sequence};
 use strata::model::{KvCache, KvType, Model};
 use strata::sample::SamplerConfig;
 use strata::threadpool::ThreadPool;
 use strata::tokenizer::Tokenizer;
 
-use super::{load, load_spec, stages_summary, tokenize_prompt, EngineArgs, ModelArgs};
+use super::{load, load_spec, tokenize_prompt, EngineArgs, Loaded, ModelArgs};
+
+mod report;
+use report::{Memory, Report};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -102,10 +105,12 @@ impl Measured {
         format!("{base}{spec}{depth}")
     }
 
+    /// The mean rate over the timed runs and its standard deviation.
     fn mean_sd(&self) -> (f64, f64) {
         mean_sd(&self.samples_tok_s)
     }
 
+    /// The test as one entry of the JSON object's `tests`.
     fn json(&self) -> serde_json::Value {
         let (mean, sd) = self.mean_sd();
         let (n_prompt, n_gen) = match self.kind {
@@ -125,197 +130,178 @@ impl Measured {
     }
 }
 
+/// Runs the tests the flags ask for, after refusing any that cannot fit, and prints what they measured.
 pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     let loaded = load(&a.model, &a.engine)?;
     let model = &loaded.model;
     let pool = a.engine.pool();
-    let context = a.engine.context(model);
-    let kv_tokens = a.kv_tokens as usize;
-    let pps: Vec<usize> = a.n_prompt.iter().copied().filter(|&n| n > 0).collect();
-    let tgs: Vec<usize> = a.n_gen.iter().copied().filter(|&n| n > 0).collect();
-    let max_test = pps.iter().chain(&tgs).copied().max().unwrap_or(0);
-    let depths = &a.n_depth;
-    for &d in depths {
-        for (flag, n) in pps.iter().map(|&n| ("-p", n)).chain(tgs.iter().map(|&n| ("-n", n))) {
-            let need = d.saturating_add(n);
-            if need > context {
-                let at = if d > 0 { format!(" at -d {d}") } else { String::new() };
-                bail!("bench {flag} {n}{at}: the test needs {need} positions but the context holds {context} (-c)");
-            }
-        }
-        if d > context {
-            bail!("bench -d {d}: the depth needs {d} positions but the context holds {context} (-c)");
-        }
-    }
-    if a.bandwidth && kv_tokens > context {
-        bail!(
-            "bench --kv-tokens {kv_tokens}: the test needs {kv_tokens} positions but the context holds {context} (-c)"
-        );
-    }
-    let max_depth = depths.iter().copied().max().unwrap_or(0);
+    let plan = Plan::new(&a, a.engine.context(model))?;
     let spec = load_spec(&a.engine, &loaded)?;
-    if max_depth > 0 && (spec.is_some() || a.prompt_file.is_some()) {
-        bail!(
-            "bench -d {max_depth}: the tg test after a real prompt (--prompt-file, speculative decoding) has its \
-             prompt for context; -d is for the random-token tests"
-        );
-    }
-    let ctx = (max_depth + max_test).max(1);
-    check_kv_fits(model, a.engine.kv, ctx.max(if a.bandwidth { kv_tokens } else { 0 }))?;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-    // The depth's tokens, then the pp tests' (each test reads from the start of its part).
-    let tokens: Vec<u32> = (0..max_depth + pps.iter().copied().max().unwrap_or(0))
-        .map(|_| rng.gen_range(0..model.cfg.n_vocab as u32))
-        .collect();
-
-    let text_prompt = match &a.prompt_file {
-        Some(p) => {
-            let text = super::input::read_text_capped(p, super::input::PROMPT_FILE_CAP_BYTES, "--prompt-file")?;
-            Some(tokenize_prompt(&loaded.tokenizer, &text))
-        }
-        None => spec.is_some().then(|| tokens[..pps.first().copied().unwrap_or(0)].to_vec()).filter(|p| !p.is_empty()),
-    };
+    plan.check_depth_without_prompt(spec.is_some() || a.prompt_file.is_some())?;
+    check_kv_fits(model, a.engine.kv, plan.kv_positions(&a))?;
+    let tokens = random_tokens(model.cfg.n_vocab, plan.max_depth + plan.pps.iter().copied().max().unwrap_or(0));
+    let text_prompt = text_prompt(&a, &loaded.tokenizer, spec.is_some(), plan.pps.first().copied(), &tokens)?;
     let random = RandomRun { model, pool: &pool, e: &a.engine, tokens: &tokens, reps: a.reps };
-    let mut tests = Vec::new();
-    for &d in depths {
-        let kinds: Vec<Kind> = pps
-            .iter()
-            .map(|&n| Kind::Pp(n))
-            .chain(tgs.iter().filter(|_| text_prompt.is_none()).map(|&n| Kind::Tg(n)))
-            .collect();
-        if !kinds.is_empty() {
-            tests.extend(random.at_depth(d, ctx, &kinds)?);
-        }
-    }
-    let mut spec_tg = None;
-    if let Some(p) = &text_prompt {
-        for &n in &tgs {
-            let need = p.len() + n;
-            if need > context {
-                bail!("bench: the prompt ({} tokens) and -n {n} need {need} positions but the context holds {context} (-c)", p.len());
-            }
-            let mut drafter = spec.as_ref().map(|s| s.drafter(a.engine.kv, need, model.cfg.n_vocab)).transpose()?;
-            let text = TextRun {
-                model,
-                tokenizer: &loaded.tokenizer,
-                pool: &pool,
-                prompt: p,
-                n,
-                batch: a.engine.batch as usize,
-                kv: a.engine.kv,
-            };
-            let (plain, drafted) = text.measure(a.reps, drafter.as_mut())?;
-            tests.push(Measured { kind: Kind::Tg(n), depth: 0, spec: None, samples_tok_s: plain });
-            if let Some(s) = drafted {
-                tests.push(Measured {
-                    kind: Kind::Tg(n),
-                    depth: 0,
-                    spec: Some(spec_kind(&a.engine)),
-                    samples_tok_s: s.samples.clone(),
-                });
-                spec_tg.get_or_insert(s);
-            }
-        }
-    }
-    let first = |pp: bool| {
-        tests.iter().find(|t| t.spec.is_none() && matches!(t.kind, Kind::Pp(_)) == pp).map(Measured::mean_sd)
+    let mut tests = random.at_depths(&plan, &a.n_depth, text_prompt.is_none())?;
+    let spec_tg = match &text_prompt {
+        Some(p) => text_tests(&a, &loaded, &pool, spec.as_ref(), p, &plan, &mut tests)?,
+        None => None,
     };
-    let (pp, tg) = (first(true), first(false));
-    let (gpus, kv_copies) = if a.bandwidth {
-        let gpus = model
-            .placement
-            .devices
-            .devices
-            .iter()
-            .filter(|d| d.gpu().is_some())
-            .map(|d| super::bandwidth::measure_gpu(d, 256 << 20))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let kv = super::bandwidth::measure_kv(model, &pool, a.engine.kv, a.engine.batch as usize, kv_tokens)?;
-        (gpus, Some(kv))
-    } else {
-        (Vec::new(), None)
+    let report = Report {
+        a: &a,
+        model,
+        name: loaded.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+        threads: pool.n_threads(),
+        context: plan.context,
+        tests,
+        spec_tg,
+        prompt_file_tokens: a.prompt_file.as_ref().and(text_prompt.as_ref()).map(Vec::len),
+        memory: Memory::measure(&a, model, &pool)?,
     };
-    // The decode floor: every weight byte read once per token at the slowest GPU's device bandwidth.
-    let floor_tg = gpus.iter().map(|g| g.device_gbps).reduce(f64::min).map(|bw| bw * 1e9 / model.weight_bytes() as f64);
-    let name = loaded.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let stages = stages_summary(model);
     if a.json {
-        let split: Vec<serde_json::Value> = model
-            .placement
-            .stages
-            .iter()
-            .map(|s| serde_json::json!({"device": s.device.name(), "layers": [s.layers.start, s.layers.end]}))
-            .collect();
-        let (spec_mean, spec_sd) = spec_tg.as_ref().map(|s| mean_sd(&s.samples)).unzip();
-        let obj = serde_json::json!({
-            "model": name,
-            "threads": pool.n_threads(),
-            "kv": format!("{:?}", a.engine.kv).to_lowercase(),
-            "devices": a.engine.placement.devices,
-            "stages": split,
-            "context": context,
-            "n_prompt": a.n_prompt.first(),
-            "n_gen": a.n_gen.first(),
-            "n_depth": depths.first(),
-            "repetitions": a.reps,
-            "tests": tests.iter().map(Measured::json).collect::<Vec<_>>(),
-            "pp_tok_s": pp.map(|s| s.0),
-            "pp_tok_s_stddev": pp.map(|s| s.1),
-            "tg_tok_s": tg.map(|s| s.0),
-            "tg_tok_s_stddev": tg.map(|s| s.1),
-            "prompt_file_tokens": a.prompt_file.as_ref().and(text_prompt.as_ref()).map(Vec::len),
-            "spec": spec_tg.as_ref().map(|s| serde_json::json!({
-                "kind": spec_kind(&a.engine),
-                "tg_tok_s": spec_mean,
-                "tg_tok_s_stddev": spec_sd,
-                "speedup": tg.zip(spec_mean).map(|(t, m)| m / t.0),
-                "drafts_proposed": s.proposed,
-                "drafts_accepted": s.accepted,
-            })),
-            "weight_bytes": model.weight_bytes(),
-            "gpus": gpus,
-            "floor_tg_tok_s": floor_tg,
-            "kv_copies": kv_copies,
-        });
-        println!("{obj}");
+        report.print_json();
     } else {
-        println!("| model | size | threads | kv | devices [layers] | test | t/s |");
-        println!("| --- | ---: | ---: | --- | --- | --- | ---: |");
-        let size = format!("{:.2} MiB", model.weight_bytes() as f64 / (1 << 20) as f64);
-        let kv = format!("{:?}", a.engine.kv).to_lowercase();
-        for t in &tests {
-            let (mean, sd) = t.mean_sd();
-            println!(
-                "| {name} | {size} | {} | {kv} | {stages} | {} | {mean:.2} ± {sd:.2} |",
-                pool.n_threads(),
-                t.name()
-            );
-        }
-        if let Some(s) = &spec_tg {
-            let speedup = tg.map_or(String::new(), |t| format!(", {:.2}x plain decoding", mean_sd(&s.samples).0 / t.0));
-            println!("drafts accepted {} of {} over the timed runs{speedup}", s.accepted, s.proposed);
-        }
-        for g in &gpus {
-            println!(
-                "{} ({}): device {:.1} GB/s, host-to-device pinned {:.1} GB/s, pageable {:.1} GB/s",
-                g.device, g.name, g.device_gbps, g.h2d_pinned_gbps, g.h2d_pageable_gbps
-            );
-        }
-        if let Some(f) = floor_tg {
-            println!("decode floor (weight bytes / device bandwidth): {f:.1} tok/s");
-        }
-        if let Some(k) = &kv_copies {
-            println!(
-                "KV of {} tokens ({:.1} MiB): park {:.2} GB/s (into reused buffers {:.2}), restore {:.2} GB/s",
-                k.tokens,
-                k.bytes as f64 / (1 << 20) as f64,
-                k.park_gbps,
-                k.park_reused_gbps,
-                k.restore_gbps
-            );
-        }
+        report.print_table();
     }
     Ok(())
+}
+
+/// The test sizes the flags ask for (zeros dropped) and the positions they need.
+struct Plan {
+    /// Prompt tokens of the pp tests.
+    pps: Vec<usize>,
+    /// Generated tokens of the tg tests.
+    tgs: Vec<usize>,
+    /// Positions every test must fit: `-c`, else the model's.
+    context: usize,
+    /// The deepest `-d`.
+    max_depth: usize,
+    /// Positions the random-token KV cache is reserved for: the deepest depth and the largest test.
+    ctx: usize,
+    /// Tokens of the conversation --bandwidth parks and restores.
+    kv_tokens: usize,
+}
+
+impl Plan {
+    /// The tests of `a`, refused when one (at any depth) does not fit `context`.
+    fn new(a: &BenchArgs, context: usize) -> anyhow::Result<Plan> {
+        let nonzero = |sizes: &[usize]| sizes.iter().copied().filter(|&n| n > 0).collect::<Vec<usize>>();
+        let (pps, tgs) = (nonzero(&a.n_prompt), nonzero(&a.n_gen));
+        let max_test = pps.iter().chain(&tgs).copied().max().unwrap_or(0);
+        let max_depth = a.n_depth.iter().copied().max().unwrap_or(0);
+        let ctx = (max_depth + max_test).max(1);
+        let plan = Plan { pps, tgs, context, max_depth, ctx, kv_tokens: a.kv_tokens as usize };
+        plan.check_context(a)?;
+        Ok(plan)
+    }
+
+    /// Refuses a test, a depth or --kv-tokens that needs more positions than the context holds.
+    fn check_context(&self, a: &BenchArgs) -> anyhow::Result<()> {
+        let context = self.context;
+        for &d in &a.n_depth {
+            let sizes = self.pps.iter().map(|&n| ("-p", n)).chain(self.tgs.iter().map(|&n| ("-n", n)));
+            for (flag, n) in sizes {
+                let need = d.saturating_add(n);
+                if need > context {
+                    let at = if d > 0 { format!(" at -d {d}") } else { String::new() };
+                    bail!("bench {flag} {n}{at}: the test needs {need} positions but the context holds {context} (-c)");
+                }
+            }
+            if d > context {
+                bail!("bench -d {d}: the depth needs {d} positions but the context holds {context} (-c)");
+            }
+        }
+        let kv_tokens = self.kv_tokens;
+        if a.bandwidth && kv_tokens > context {
+            bail!(
+                "bench --kv-tokens {kv_tokens}: the test needs {kv_tokens} positions but the context holds {context} (-c)"
+            );
+        }
+        Ok(())
+    }
+
+    /// Refuses a depth when the tg test runs after a real prompt (`real_prompt`), which is its context.
+    fn check_depth_without_prompt(&self, real_prompt: bool) -> anyhow::Result<()> {
+        let max_depth = self.max_depth;
+        if max_depth > 0 && real_prompt {
+            bail!(
+                "bench -d {max_depth}: the tg test after a real prompt (--prompt-file, speculative decoding) has its \
+                 prompt for context; -d is for the random-token tests"
+            );
+        }
+        Ok(())
+    }
+
+    /// Positions the largest KV cache of the run holds: the random-token tests', or --bandwidth's.
+    fn kv_positions(&self, a: &BenchArgs) -> usize {
+        self.ctx.max(if a.bandwidth { self.kv_tokens } else { 0 })
+    }
+}
+
+/// `n` random tokens below `n_vocab`, the same on every run: the depth's, then the pp tests'.
+fn random_tokens(n_vocab: usize, n: usize) -> Vec<u32> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    (0..n).map(|_| rng.gen_range(0..n_vocab as u32)).collect()
+}
+
+/// The prompt the tg tests decode after: --prompt-file's tokens, else with speculative decoding (`spec`) the
+/// first pp test's (`first_pp`) random tokens; none for an empty one.
+fn text_prompt(
+    a: &BenchArgs,
+    tokenizer: &Tokenizer,
+    spec: bool,
+    first_pp: Option<usize>,
+    tokens: &[u32],
+) -> anyhow::Result<Option<Vec<u32>>> {
+    Ok(match &a.prompt_file {
+        Some(p) => {
+            let text = super::input::read_text_capped(p, super::input::PROMPT_FILE_CAP_BYTES, "--prompt-file")?;
+            Some(tokenize_prompt(tokenizer, &text))
+        }
+        None => spec.then(|| tokens[..first_pp.unwrap_or(0)].to_vec()).filter(|p| !p.is_empty()),
+    })
+}
+
+/// Runs each tg test after `prompt`, plainly and (with `spec`) with drafts, adding them to `tests`: the rate
+/// and drafts counted of the first test with drafts.
+fn text_tests(
+    a: &BenchArgs,
+    loaded: &Loaded,
+    pool: &ThreadPool,
+    spec: Option<&SpecSetup>,
+    prompt: &[u32],
+    plan: &Plan,
+    tests: &mut Vec<Measured>,
+) -> anyhow::Result<Option<SpecRate>> {
+    let (model, context) = (&loaded.model, plan.context);
+    let mut spec_tg = None;
+    for &n in &plan.tgs {
+        let need = prompt.len() + n;
+        if need > context {
+            bail!(
+                "bench: the prompt ({} tokens) and -n {n} need {need} positions but the context holds {context} (-c)",
+                prompt.len()
+            );
+        }
+        let mut drafter = spec.map(|s| s.drafter(a.engine.kv, need, model.cfg.n_vocab)).transpose()?;
+        let text = TextRun {
+            model,
+            tokenizer: &loaded.tokenizer,
+            pool,
+            prompt,
+            n,
+            batch: a.engine.batch as usize,
+            kv: a.engine.kv,
+        };
+        let (plain, drafted) = text.measure(a.reps, drafter.as_mut())?;
+        tests.push(Measured { kind: Kind::Tg(n), depth: 0, spec: None, samples_tok_s: plain });
+        if let Some(s) = drafted {
+            let samples_tok_s = s.samples.clone();
+            tests.push(Measured { kind: Kind::Tg(n), depth: 0, spec: Some(spec_kind(&a.engine)), samples_tok_s });
+            spec_tg.get_or_insert(s);
+        }
+    }
+    Ok(spec_tg)
 }
 
 /// Refuses a test whose KV cache (reserved up front, as llama-bench does) the host could not hold when the
@@ -350,6 +336,19 @@ struct RandomRun<'a> {
 }
 
 impl RandomRun<'_> {
+    /// Runs the pp tests and (`with_tg`: when no real prompt comes first) the tg tests at each depth.
+    fn at_depths(&self, plan: &Plan, depths: &[usize], with_tg: bool) -> anyhow::Result<Vec<Measured>> {
+        let mut tests = Vec::new();
+        for &d in depths {
+            let pps = plan.pps.iter().map(|&n| Kind::Pp(n));
+            let kinds: Vec<Kind> = pps.chain(plan.tgs.iter().filter(|_| with_tg).map(|&n| Kind::Tg(n))).collect();
+            if !kinds.is_empty() {
+                tests.extend(self.at_depth(d, plan.ctx, &kinds)?);
+            }
+        }
+        Ok(tests)
+    }
+
     /// Computes `depth` tokens of context once (untimed) in a KV cache reserved for `cap` positions up front
     /// (as llama-bench allocates before timing), then runs each test `1 + reps` times from it.
     fn at_depth(&self, depth: usize, cap: usize, kinds: &[Kind]) -> anyhow::Result<Vec<Measured>> {
@@ -444,16 +443,8 @@ impl TextRun<'_> {
             batch: self.batch,
             ..Default::default()
         };
-        let g = generate_with(
-            self.model,
-            self.tokenizer,
-            self.pool,
-            &mut seq,
-            self.prompt,
-            &params,
-            &mut TextOnly(|_: &str| {}),
-            drafter,
-        )?;
+        let req = Request::new(self.prompt, &params).drafting(drafter);
+        let g = generate(self.model, self.tokenizer, self.pool, &mut seq, req, &mut Quiet)?;
         Ok((g.gen_ms / 1e3, g.drafts_proposed, g.drafts_accepted))
     }
 
@@ -479,6 +470,7 @@ impl TextRun<'_> {
     }
 }
 
+/// The mean of `rates` and their sample standard deviation.
 fn mean_sd(rates: &[f64]) -> (f64, f64) {
     let mean = rates.iter().sum::<f64>() / rates.len() as f64;
     let var = rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (rates.len().max(2) - 1) as f64;

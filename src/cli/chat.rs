@@ -4,18 +4,22 @@
 //! was generated as, so each turn reads only what the template added since the last one (the engine
 //! reuses the common prefix).
 
-use std::io::{IsTerminal, Write};
+use std::io::{BufRead, IsTerminal, Write};
 
 use anyhow::{bail, Context};
 use clap::Args;
 
-use strata::engine::{generate_with, GenerateParams, Sequence, TextOnly};
+use strata::engine::spec::Drafter;
+use strata::engine::{generate, EngineError, GenerateParams, Generation, Request, Sequence, StopReason, TextOnly};
+use strata::model::ModelError;
 use strata::sample::defaults::SamplingDefaults;
+use strata::sample::SamplerConfig;
+use strata::threadpool::ThreadPool;
 use strata::tokenizer::turns::{encode_chat, tokens_of_text, ReplyTokens};
 use strata::tokenizer::{ChatMessage, ChatTemplate};
 
 use super::input::{read_line_capped, CHAT_LINE_CAP_BYTES};
-use super::{load, EngineArgs, ModelArgs, SamplingArgs};
+use super::{load, EngineArgs, Loaded, ModelArgs, SamplingArgs};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -36,6 +40,7 @@ pub struct ChatArgs {
     pub engine: EngineArgs,
 }
 
+/// Runs the conversation: one turn for --message, else one turn per line of standard input until its end.
 pub fn main(a: ChatArgs) -> anyhow::Result<()> {
     a.sampling.check()?;
     if a.message.as_deref().is_some_and(|m| m.trim().is_empty()) {
@@ -48,22 +53,20 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
     let template = ChatTemplate::from_gguf(&loaded.model.file).context("cannot read the chat template")?;
     let pool = a.engine.pool();
     let context = a.engine.context(&loaded.model);
-    let mut seq = Sequence::new(&loaded.model, a.engine.kv, context)?;
+    let seq = Sequence::new(&loaded.model, a.engine.kv, context)?;
     let spec = super::load_spec(&a.engine, &loaded)?;
-    let mut drafter = spec.as_ref().map(|s| s.drafter(a.engine.kv, context, loaded.model.cfg.n_vocab)).transpose()?;
-    let mut history: Vec<ChatMessage> = Vec::new();
-    let mut replies = ReplyTokens::default();
-    if let Some(s) = &a.system {
-        history.push(ChatMessage { role: "system".into(), content: s.clone() });
-    }
-    let params = GenerateParams {
-        max_tokens: a.n_predict as usize,
-        sampler,
-        ignore_eos: false,
-        stop: a.sampling.stop.clone(),
-        top_logprobs: 0,
-        logprobs: false,
-        batch: a.engine.batch as usize,
+    let drafter = spec.as_ref().map(|s| s.drafter(a.engine.kv, context, loaded.model.cfg.n_vocab)).transpose()?;
+    let system = a.system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() });
+    let mut chat = Chat {
+        loaded: &loaded,
+        template,
+        pool,
+        seq,
+        drafter,
+        params: generate_params(&a, sampler),
+        history: system.collect(),
+        replies: ReplyTokens::default(),
+        one_turn: a.message.is_some(),
     };
     let interactive = a.message.is_none() && std::io::stdin().is_terminal();
     if interactive {
@@ -72,78 +75,123 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
     let mut one = a.message.clone();
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
-    loop {
-        let user = match one.take() {
-            Some(m) => m,
-            None if a.message.is_some() => break,
-            None => {
-                if interactive {
-                    eprint!("> ");
-                    let _ = std::io::stderr().flush();
-                }
-                match read_line_capped(&mut input, CHAT_LINE_CAP_BYTES, "standard input")? {
-                    Some(line) => line,
-                    None => break,
-                }
-            }
-        };
+    while let Some(user) = next_message(&mut one, chat.one_turn, interactive, &mut input)? {
+        chat.turn(user)?;
+    }
+    Ok(())
+}
+
+/// How each reply is generated: up to `-n` tokens, sampled and stopped as the flags say.
+fn generate_params(a: &ChatArgs, sampler: SamplerConfig) -> GenerateParams {
+    GenerateParams {
+        max_tokens: a.n_predict as usize,
+        sampler,
+        ignore_eos: false,
+        stop: a.sampling.stop.clone(),
+        top_logprobs: 0,
+        logprobs: false,
+        batch: a.engine.batch as usize,
+    }
+}
+
+/// The user's next message: --message's the first time (`one_turn`), then none; else the next line of
+/// `input` (none at its end), after a prompt on the terminal when `interactive`.
+fn next_message(
+    one: &mut Option<String>,
+    one_turn: bool,
+    interactive: bool,
+    input: &mut impl BufRead,
+) -> anyhow::Result<Option<String>> {
+    if one_turn {
+        return Ok(one.take());
+    }
+    if interactive {
+        eprint!("> ");
+        let _ = std::io::stderr().flush();
+    }
+    read_line_capped(input, CHAT_LINE_CAP_BYTES, "standard input")
+}
+
+/// A conversation in progress: the live sequence, the messages so far and the tokens each reply was
+/// generated as.
+struct Chat<'a> {
+    loaded: &'a Loaded,
+    template: ChatTemplate,
+    pool: ThreadPool,
+    seq: Sequence,
+    drafter: Option<Drafter<'a>>,
+    params: GenerateParams,
+    history: Vec<ChatMessage>,
+    replies: ReplyTokens,
+    /// --message: one turn, and a failed generation ends the chat.
+    one_turn: bool,
+}
+
+impl Chat<'_> {
+    /// One turn for `user`'s line: `/reset` starts over, a blank line is skipped, a message gets a reply
+    /// streamed to standard output.
+    fn turn(&mut self, user: String) -> anyhow::Result<()> {
         if user.trim() == "/reset" {
-            history.retain(|m| m.role == "system");
-            seq.clear();
-            continue;
+            self.history.retain(|m| m.role == "system");
+            self.seq.clear();
+            return Ok(());
         }
         if user.trim().is_empty() {
-            continue;
+            return Ok(());
         }
-        history.push(ChatMessage { role: "user".into(), content: user });
-        let prompt = match encode_chat(&template, &loaded.tokenizer, &history, |t| replies.get(t)) {
+        self.history.push(ChatMessage { role: "user".into(), content: user });
+        let prompt = match encode_chat(&self.template, &self.loaded.tokenizer, &self.history, |t| self.replies.get(t)) {
             Ok(p) => p.tokens,
             Err(e) => {
-                history.pop();
+                self.history.pop();
                 return Err(e.into());
             }
         };
+        match self.generate(&prompt) {
+            Ok(g) => self.keep_reply(g),
+            Err(e) => self.failed_turn(e)?,
+        }
+        Ok(())
+    }
+
+    /// Generates the reply to `prompt`, its text streamed to standard output as it comes.
+    fn generate(&mut self, prompt: &[u32]) -> Result<Generation, EngineError> {
         let stdout = std::io::stdout();
         let mut show = TextOnly(|t: &str| {
             let mut o = stdout.lock();
             let _ = o.write_all(t.as_bytes());
             let _ = o.flush();
         });
-        let g = generate_with(
-            &loaded.model,
-            &loaded.tokenizer,
-            &pool,
-            &mut seq,
-            &prompt,
-            &params,
-            &mut show,
-            drafter.as_mut(),
-        );
-        let g = match g {
-            Ok(g) => g,
-            Err(e) => {
-                // The conversation survives a failed turn: drop the message and report.
-                history.pop();
-                let fatal = matches!(&e, strata::engine::EngineError::Model(strata::model::ModelError::Device(d)) if d.is_fatal());
-                if a.message.is_some() || fatal {
-                    return Err(e).context("generation failed");
-                }
-                eprintln!("strata: error: {e}");
-                if matches!(e, strata::engine::EngineError::Model(strata::model::ModelError::ContextOverflow { .. })) {
-                    eprintln!("strata: the conversation no longer fits the context: type /reset to start over");
-                }
-                continue;
-            }
-        };
+        let req = Request::new(prompt, &self.params).drafting(self.drafter.as_mut());
+        generate(&self.loaded.model, &self.loaded.tokenizer, &self.pool, &mut self.seq, req, &mut show)
+    }
+
+    /// Drops the message whose reply failed, then ends the chat (--message, or a fatal device error) or
+    /// reports the error so that the conversation goes on.
+    fn failed_turn(&mut self, e: EngineError) -> anyhow::Result<()> {
+        // The conversation survives a failed turn: drop the message and report.
+        self.history.pop();
+        let fatal = matches!(&e, EngineError::Model(ModelError::Device(d)) if d.is_fatal());
+        if self.one_turn || fatal {
+            return Err(e).context("generation failed");
+        }
+        eprintln!("strata: error: {e}");
+        if matches!(e, EngineError::Model(ModelError::ContextOverflow { .. })) {
+            eprintln!("strata: the conversation no longer fits the context: type /reset to start over");
+        }
+        Ok(())
+    }
+
+    /// Ends the reply's line and adds the reply to the conversation.
+    fn keep_reply(&mut self, g: Generation) {
         println!();
-        if g.stop_reason == strata::engine::StopReason::Context {
+        if g.stop_reason == StopReason::Context {
             eprintln!("strata: the reply stopped at the end of the context (-c); type /reset to start over");
         }
         // The reply as generated, text and tokens: the next turn reuses every one of its tokens.
-        if let Some(t) = tokens_of_text(&loaded.tokenizer, &g.tokens, &g.text) {
-            replies.remember(&g.text, t);
+        if let Some(t) = tokens_of_text(&self.loaded.tokenizer, &g.tokens, &g.text) {
+            self.replies.remember(&g.text, t);
         }
-        history.push(ChatMessage { role: "assistant".into(), content: g.text });
+        self.history.push(ChatMessage { role: "assistant".into(), content: g.text });
     }
-    Ok(())
 }

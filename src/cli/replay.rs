@@ -32,18 +32,19 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Deserialize;
 use serde_json::json;
 
-use strata::device::{DeviceSet, Fault};
-use strata::engine::session::{Session, SessionConfig};
+use strata::device::{Device, DeviceSet, Fault};
+use strata::engine::session::{Served, Session, SessionConfig};
 use strata::engine::{GenerateParams, Quiet};
 use strata::sample::SamplerConfig;
 use strata::telemetry::Entry;
-use strata::tokenizer::{ChatMessage, ChatTemplate};
+use strata::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 use super::{load, one_line, tokenize_prompt_templated, EngineArgs, ModelArgs};
 
@@ -218,6 +219,7 @@ fn drain(events: &Receiver<Entry>, line: usize) {
     }
 }
 
+/// Runs the script through one engine session, printing its story as JSON lines; a device fault stops it.
 pub fn main(a: ReplayArgs) -> anyhow::Result<()> {
     let text = super::input::read_text_capped(&a.script, super::input::REPLAY_SCRIPT_CAP_BYTES, "script")?;
     let ops = parse_script(&text).with_context(|| format!("bad script {}", a.script.display()))?;
@@ -240,83 +242,123 @@ pub fn main(a: ReplayArgs) -> anyhow::Result<()> {
     if let Some(s) = &spec {
         session = session.with_drafter(s.drafter(cfg.kv_type, cfg.max_context, loaded.model.cfg.n_vocab)?);
     }
-    let events = session.telemetry.subscribe();
-    let devices = &loaded.model.placement.devices.devices;
-    let mut histories: HashMap<String, Vec<ChatMessage>> = HashMap::new();
-
+    let mut replay = Replay {
+        events: session.telemetry.subscribe(),
+        session,
+        template,
+        tokenizer: &loaded.tokenizer,
+        devices: &loaded.model.placement.devices.devices,
+        histories: HashMap::new(),
+        batch: a.engine.batch as usize,
+    };
     for (line, op) in &ops {
-        let line = *line;
-        match op {
-            Op::Chat { conversation, user, max_tokens } => {
-                let history = histories.entry(conversation.clone()).or_default();
-                history.push(ChatMessage::new("user", user.as_str()));
-                let rendered = template.render(history, true).with_context(|| format!("line {line}"))?;
-                let prompt = tokenize_prompt_templated(&loaded.tokenizer, &rendered);
-                let params = GenerateParams {
-                    max_tokens: *max_tokens,
-                    sampler: SamplerConfig::greedy(),
-                    ignore_eos: false,
-                    stop: Vec::new(),
-                    top_logprobs: 0,
-                    logprobs: false,
-                    batch: a.engine.batch as usize,
-                };
-                let served = session.serve(&prompt, &params, &mut Quiet);
-                drain(&events, line);
-                match served {
-                    Ok(s) => {
-                        let g = &s.generation;
-                        history.push(ChatMessage::new("assistant", g.text.trim()));
-                        let fields = json!({
-                            "conversation": conversation,
-                            "tokens": g.tokens,
-                            "text": g.text,
-                            "prompt_tokens": prompt.len(),
-                            "reused": s.reused,
-                            "read": s.read,
-                            "restored": s.restored.map(|(kind, _)| kind),
-                            "restored_tokens": s.restored.map(|(_, n)| n),
-                            "prompt_ms": g.prompt_ms,
-                            "gen_ms": g.gen_ms,
-                            "drafts_proposed": g.drafts_proposed,
-                            "drafts_accepted": g.drafts_accepted,
-                        });
-                        emit("response", line, fields);
-                    }
-                    Err(e) => {
-                        history.pop();
-                        let e = anyhow::Error::from(e);
-                        emit("error", line, json!({"conversation": conversation, "error": one_line(&e)}));
-                        if super::device_fault(&e).is_some() {
-                            // A faulted GPU computes nothing more: stop, and let main exit with its code.
-                            return Err(e);
-                        }
-                    }
-                }
-            }
-            Op::Fork { from, to, drop_last } => {
-                let source = histories.get(from).cloned().unwrap_or_default();
-                if *drop_last > source.len() {
-                    bail!(
-                        "line {line}: fork drops {drop_last} messages but conversation {from:?} has {}",
-                        source.len()
-                    );
-                }
-                let kept = source.len() - drop_last;
-                histories.insert(to.clone(), source[..kept].to_vec());
-                emit("fork", line, json!({"from": from, "to": to, "messages": kept}));
-            }
-            Op::Pressure { .. } | Op::FailSamples { .. } | Op::FailAlloc { .. } => {
-                // parse_script vouched for the fields, check_devices for the index and the kind.
-                let (d, fault, fields) = fault_of(op).with_context(|| format!("line {line}: not a fault"))?;
-                let device = devices.get(d).with_context(|| format!("line {line}: no device {d}"))?;
-                device.inject(fault).with_context(|| format!("line {line}"))?;
-                emit("fault", line, fields);
-                drain(&events, line);
-            }
-        }
+        replay.step(*line, op)?;
     }
     Ok(())
+}
+
+/// A replay in progress: the session, the events it emits, and each conversation's messages so far.
+struct Replay<'a> {
+    session: Session<'a>,
+    /// The session's telemetry, drained into the output after each step.
+    events: Receiver<Entry>,
+    template: ChatTemplate,
+    tokenizer: &'a Tokenizer,
+    /// The devices in `--devices` order, which fault ops name by index.
+    devices: &'a [Arc<Device>],
+    histories: HashMap<String, Vec<ChatMessage>>,
+    /// `-b`: the batch prompts are read in.
+    batch: usize,
+}
+
+impl Replay<'_> {
+    /// Runs script line `line`: a chat turn, a fork or a fault.
+    fn step(&mut self, line: usize, op: &Op) -> anyhow::Result<()> {
+        match op {
+            Op::Chat { conversation, user, max_tokens } => self.chat(line, conversation, user, *max_tokens),
+            Op::Fork { from, to, drop_last } => self.fork(line, from, to, *drop_last),
+            Op::Pressure { .. } | Op::FailSamples { .. } | Op::FailAlloc { .. } => self.fault(line, op),
+        }
+    }
+
+    /// Serves `user`'s turn in `conversation`, greedily: its response (the reply joins the history) or its
+    /// error (the turn is dropped), after the events it caused; an error of a faulted device stops the replay.
+    fn chat(&mut self, line: usize, conversation: &str, user: &str, max_tokens: usize) -> anyhow::Result<()> {
+        let history = self.histories.entry(conversation.to_owned()).or_default();
+        history.push(ChatMessage::new("user", user));
+        let rendered = self.template.render(history, true).with_context(|| format!("line {line}"))?;
+        let prompt = tokenize_prompt_templated(self.tokenizer, &rendered);
+        let params = GenerateParams {
+            max_tokens,
+            sampler: SamplerConfig::greedy(),
+            ignore_eos: false,
+            stop: Vec::new(),
+            top_logprobs: 0,
+            logprobs: false,
+            batch: self.batch,
+        };
+        let served = self.session.serve(&prompt, &params, &mut Quiet);
+        drain(&self.events, line);
+        match served {
+            Ok(s) => {
+                history.push(ChatMessage::new("assistant", s.generation.text.trim()));
+                emit("response", line, response_fields(conversation, prompt.len(), &s));
+            }
+            Err(e) => {
+                history.pop();
+                let e = anyhow::Error::from(e);
+                emit("error", line, json!({"conversation": conversation, "error": one_line(&e)}));
+                if super::device_fault(&e).is_some() {
+                    // A faulted GPU computes nothing more: stop, and let main exit with its code.
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts conversation `to` as a copy of `from` without its last `drop_last` messages.
+    fn fork(&mut self, line: usize, from: &str, to: &str, drop_last: usize) -> anyhow::Result<()> {
+        let source = self.histories.get(from).cloned().unwrap_or_default();
+        if drop_last > source.len() {
+            bail!("line {line}: fork drops {drop_last} messages but conversation {from:?} has {}", source.len());
+        }
+        let kept = source.len() - drop_last;
+        self.histories.insert(to.to_owned(), source[..kept].to_vec());
+        emit("fork", line, json!({"from": from, "to": to, "messages": kept}));
+        Ok(())
+    }
+
+    /// Applies a fault op to its device, then prints it and the events it caused.
+    fn fault(&self, line: usize, op: &Op) -> anyhow::Result<()> {
+        // parse_script vouched for the fields, check_devices for the index and the kind.
+        let (d, fault, fields) = fault_of(op).with_context(|| format!("line {line}: not a fault"))?;
+        let device = self.devices.get(d).with_context(|| format!("line {line}: no device {d}"))?;
+        device.inject(fault).with_context(|| format!("line {line}"))?;
+        emit("fault", line, fields);
+        drain(&self.events, line);
+        Ok(())
+    }
+}
+
+/// The fields of a response line: the reply, the prompt's `prompt_tokens` and what of them the session
+/// reused, read or restored, the timings and the drafts.
+fn response_fields(conversation: &str, prompt_tokens: usize, s: &Served) -> serde_json::Value {
+    let g = &s.generation;
+    json!({
+        "conversation": conversation,
+        "tokens": g.tokens,
+        "text": g.text,
+        "prompt_tokens": prompt_tokens,
+        "reused": s.reused,
+        "read": s.read,
+        "restored": s.restored.map(|(kind, _)| kind),
+        "restored_tokens": s.restored.map(|(_, n)| n),
+        "prompt_ms": g.prompt_ms,
+        "gen_ms": g.gen_ms,
+        "drafts_proposed": g.drafts_proposed,
+        "drafts_accepted": g.drafts_accepted,
+    })
 }
 
 #[cfg(test)]

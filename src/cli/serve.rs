@@ -3,16 +3,19 @@
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use axum::http::HeaderValue;
 use clap::Args;
 
 use strata::engine::session::SessionConfig;
+use strata::engine::spec::SpecSetup;
 use strata::plan::facts::ModelFacts;
 use strata::plan::settings::{EngineLocation, EngineSettings, Speculative};
 use strata::sample::defaults::SamplingDefaults;
+use strata::server::guard::HostPolicy;
 use strata::server::{ServeOptions, ServedModel};
 use strata::tokenizer::ChatTemplate;
 
@@ -145,31 +148,9 @@ fn raise_fd_limit() {
     }
 }
 
+/// Checks the flags, loads the model and serves it until the server stops: the exit code it ends with.
 pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
-    let ip = host_ip(&a.host)?;
-    let key = api_key(&a)?;
-    if !ip.is_loopback() && key.is_none() {
-        bail!(
-            "refusing to listen on {ip} without an API key: anyone who can reach this machine could use the model; \
-             pass --api-key KEY (or --api-key-file FILE), or listen on 127.0.0.1"
-        );
-    }
-    let mut cors = Vec::new();
-    for o in &a.cors_origin {
-        let v = axum::http::HeaderValue::from_str(o.trim())
-            .ok()
-            .filter(|_| o == "*" || o == "localhost" || o.starts_with("http://") || o.starts_with("https://"))
-            .with_context(|| {
-                format!("--cors-origin {o:?} is not an origin (e.g. http://localhost:5173, localhost for any loopback one, or *)")
-            })?;
-        cors.push(v);
-    }
-    let allowed_hosts = strata::server::guard::HostPolicy::parse(&a.allowed_host).map_err(anyhow::Error::msg)?;
-    if allowed_hosts.allows_any() {
-        tracing::warn!(
-            "--allowed-host '*': every Host is answered, so a web page can reach this server by DNS rebinding"
-        );
-    }
+    let access = Access::of(&a)?;
     let ui_dir = match &a.ui_dir {
         Some(d) => Some(d.canonicalize().with_context(|| format!("--ui-dir {}: cannot open it", d.display()))?),
         None => None,
@@ -181,58 +162,17 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
     let spec = super::load_spec(&a.engine, &loaded)?;
     let template = ChatTemplate::from_gguf(&loaded.model.file).context("cannot read the chat template")?;
     let max_context = a.engine.context(&loaded.model);
-    let id = loaded
-        .path
-        .file_name()
-        .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_owned())
-        .unwrap_or_else(|| "model".into());
+    let id = model_id(&loaded.path);
     let info = model_info(&loaded, &id, &a, max_context)?;
     let sampling = SamplingDefaults::of(&loaded.model.file);
     tracing::info!("sampling for fields a request does not send: {}", sampling.describe());
     let settings = settings_of(&a, &loaded.path);
     tracing::info!("{} loaded: {}, context {max_context}", loaded.path.display(), stages_summary(&loaded.model));
     let threads = super::thread_count(a.engine.threads);
-    match &ui_dir {
-        Some(d) => tracing::info!("web UI at /: {} (--ui-dir)", d.display()),
-        None if strata::server::ui::embedded() => {
-            tracing::info!("web UI at /: built into this binary ({} files)", strata::server::ui::embedded_files())
-        }
-        None => tracing::warn!(
-            "this binary was built without the web UI (run `npm run build --prefix ui` before `cargo build`): / lists the API"
-        ),
-    }
-    let opts = ServeOptions {
-        addr: SocketAddr::new(ip, a.port),
-        api_key: key,
-        aliases: a.alias.clone(),
-        strict_model: a.strict_model,
-        max_body_bytes: a.max_body_mib * MIB,
-        queue: a.queue as usize,
-        cors_origins: cors,
-        allowed_hosts,
-        max_connections: a.max_connections as usize,
-        max_event_streams: a.max_event_streams as usize,
-        request_timeout: (a.request_timeout_s > 0).then(|| std::time::Duration::from_secs(a.request_timeout_s)),
-        reuse_figures: match a.reuse_figures {
-            ReuseFigures::Show => true,
-            ReuseFigures::Hide => false,
-            ReuseFigures::Auto => ip.is_loopback(),
-        },
-        ui_dir,
-        header_timeout: std::time::Duration::from_secs(a.header_timeout_s),
-        body_timeout: std::time::Duration::from_secs(a.body_timeout_s),
-        telemetry_entries: a.telemetry_entries as usize,
-        batch: a.engine.batch as usize,
-        threads,
-        exit_with_stdin: a.exit_with_stdin,
-        spec,
-        session: SessionConfig {
-            kv_type: a.engine.kv,
-            max_context,
-            cache_slots: a.cache.cache_slots,
-            cache_budget_bytes,
-        },
-    };
+    log_ui(ui_dir.as_deref());
+    let session =
+        SessionConfig { kv_type: a.engine.kv, max_context, cache_slots: a.cache.cache_slots, cache_budget_bytes };
+    let opts = serve_options(&a, access, ui_dir, threads, spec, session);
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let model = ServedModel {
         model: Arc::new(loaded.model),
@@ -245,13 +185,118 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         settings,
         sampling,
     };
-    strata::server::serve(opts, model, |addr| {
-        // The first line on stdout, for a supervisor to read the port from.
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "strata serve: listening on http://{addr}");
-        let _ = out.flush();
-        tracing::info!("listening on http://{addr}");
-    })
+    strata::server::serve(opts, model, announce)
+}
+
+/// Who may reach the server: the address it listens on, the API key, the browser origins and the Host names
+/// it answers.
+struct Access {
+    ip: IpAddr,
+    key: Option<String>,
+    cors: Vec<HeaderValue>,
+    allowed_hosts: HostPolicy,
+}
+
+impl Access {
+    /// Reads the flags, refusing an address other than loopback without an API key.
+    fn of(a: &ServeArgs) -> anyhow::Result<Access> {
+        let ip = host_ip(&a.host)?;
+        let key = api_key(a)?;
+        if !ip.is_loopback() && key.is_none() {
+            bail!(
+                "refusing to listen on {ip} without an API key: anyone who can reach this machine could use the \
+                 model; pass --api-key KEY (or --api-key-file FILE), or listen on 127.0.0.1"
+            );
+        }
+        let cors = cors_origins(&a.cors_origin)?;
+        let allowed_hosts = HostPolicy::parse(&a.allowed_host).map_err(anyhow::Error::msg)?;
+        if allowed_hosts.allows_any() {
+            tracing::warn!(
+                "--allowed-host '*': every Host is answered, so a web page can reach this server by DNS rebinding"
+            );
+        }
+        Ok(Access { ip, key, cors, allowed_hosts })
+    }
+}
+
+/// The --cors-origin values as headers: each an http(s) origin, `localhost` or `*`.
+fn cors_origins(origins: &[String]) -> anyhow::Result<Vec<HeaderValue>> {
+    let mut cors = Vec::new();
+    for o in origins {
+        let v = HeaderValue::from_str(o.trim())
+            .ok()
+            .filter(|_| o == "*" || o == "localhost" || o.starts_with("http://") || o.starts_with("https://"))
+            .with_context(|| {
+                format!("--cors-origin {o:?} is not an origin (e.g. http://localhost:5173, localhost for any loopback one, or *)")
+            })?;
+        cors.push(v);
+    }
+    Ok(cors)
+}
+
+/// The id the model is served under: its file name without `.gguf`.
+fn model_id(path: &Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_owned()).unwrap_or_else(|| "model".into())
+}
+
+/// Logs where the web UI at / comes from: --ui-dir, the binary, or nowhere.
+fn log_ui(ui_dir: Option<&Path>) {
+    match ui_dir {
+        Some(d) => tracing::info!("web UI at /: {} (--ui-dir)", d.display()),
+        None if strata::server::ui::embedded() => {
+            tracing::info!("web UI at /: built into this binary ({} files)", strata::server::ui::embedded_files())
+        }
+        None => tracing::warn!(
+            "this binary was built without the web UI (run `npm run build --prefix ui` before `cargo build`): / lists the API"
+        ),
+    }
+}
+
+/// The server's options: the flags, who may reach it, the engine's threads, speculative decoding and the
+/// session's KV and cache.
+fn serve_options(
+    a: &ServeArgs,
+    access: Access,
+    ui_dir: Option<PathBuf>,
+    threads: usize,
+    spec: Option<SpecSetup>,
+    session: SessionConfig,
+) -> ServeOptions {
+    ServeOptions {
+        addr: SocketAddr::new(access.ip, a.port),
+        api_key: access.key,
+        aliases: a.alias.clone(),
+        strict_model: a.strict_model,
+        max_body_bytes: a.max_body_mib * MIB,
+        queue: a.queue as usize,
+        cors_origins: access.cors,
+        allowed_hosts: access.allowed_hosts,
+        max_connections: a.max_connections as usize,
+        max_event_streams: a.max_event_streams as usize,
+        request_timeout: (a.request_timeout_s > 0).then(|| std::time::Duration::from_secs(a.request_timeout_s)),
+        reuse_figures: match a.reuse_figures {
+            ReuseFigures::Show => true,
+            ReuseFigures::Hide => false,
+            ReuseFigures::Auto => access.ip.is_loopback(),
+        },
+        ui_dir,
+        header_timeout: std::time::Duration::from_secs(a.header_timeout_s),
+        body_timeout: std::time::Duration::from_secs(a.body_timeout_s),
+        telemetry_entries: a.telemetry_entries as usize,
+        batch: a.engine.batch as usize,
+        threads,
+        exit_with_stdin: a.exit_with_stdin,
+        spec,
+        session,
+    }
+}
+
+/// Says where the server listens: the first line on stdout, for a supervisor to read the port from.
+fn announce(addr: SocketAddr) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "strata serve: listening on http://{addr}");
+    let _ = out.flush();
+    tracing::info!("listening on http://{addr}");
 }
 
 /// What `/strata/model` shows: the file, the architecture, the split and the flags the server started with.

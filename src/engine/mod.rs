@@ -530,18 +530,3 @@ impl<'m> Decoder<'m> {
         Ok(Some(Verified { kept, next, rows }))
     }
 }
-
-/// The old entry point, for the two callers that move to [`generate`] next.
-#[allow(clippy::too_many_arguments)]
-pub fn generate_with(
-    model: &Model,
-    tokenizer: &Tokenizer,
-    pool: &ThreadPool,
-    seq: &mut Sequence,
-    prompt: &[u32],
-    params: &GenerateParams,
-    obs: &mut dyn Observer,
-    drafter: Option<&mut Drafter>,
-) -> Result<Generation, EngineError> {
-    generate(model, tokenizer, pool, seq, Request::new(prompt, params).drafting(drafter), obs)
-}

@@ -124,20 +124,15 @@ impl GgufFile {
         }
     }
 
+    /// Reads and validates the header, the metadata and the tensor index of `bytes`, and checks every
+    /// tensor's data against the end of the file.
     fn parse(bytes: Bytes) -> Result<GgufFile, GgufError> {
         let buf: &[u8] = match &bytes {
             Bytes::Mapped(m) => m,
             Bytes::Owned(v) => v,
         };
         let mut r = Cursor { buf, pos: 0 };
-        let magic_bytes = r.take(4, "magic")?;
-        if magic_bytes != GGUF_MAGIC {
-            return Err(GgufError::new(GgufErrorKind::BadMagic, 0));
-        }
-        let version = r.u32("version")?;
-        if version != 2 && version != 3 {
-            return Err(GgufError::new(GgufErrorKind::UnsupportedVersion(version), 4));
-        }
+        let version = r.header()?;
         let n_tensors_at = r.pos as u64;
         let n_tensors = r.u64("tensor count")?;
         let n_kv_at = r.pos as u64;
@@ -147,116 +142,12 @@ impl GgufFile {
         // (The tensor count is checked where the tensor index starts, so that a file cut inside its metadata
         // is reported where it ends.)
         r.check_count(n_kv, 13, "metadata count", "the metadata", n_kv_at)?;
-
-        let mut metadata = Vec::with_capacity(reserve(n_kv));
-        let mut index = HashMap::with_capacity(reserve(n_kv));
-        for _ in 0..n_kv {
-            let key_at = r.pos as u64;
-            let key = r.string("metadata key")?;
-            let ty_at = r.pos as u64;
-            let ty = r.u32("metadata value type")?;
-            let ty = GgufValueType::from_u32(ty)
-                .ok_or_else(|| GgufError::new(GgufErrorKind::UnknownValueType(ty), ty_at))?;
-            let value = r.value(ty, 0)?;
-            if index.insert(key.clone(), metadata.len()).is_some() {
-                return Err(GgufError::new(GgufErrorKind::Duplicate { what: "metadata key", name: key }, key_at));
-            }
-            metadata.push((key, value));
-        }
-
-        let alignment = match index.get("general.alignment").map(|&i| &metadata[i].1) {
-            None => DEFAULT_ALIGNMENT,
-            Some(v) => {
-                let Some(a) = v.as_u64().filter(|_| v.is_integer()) else {
-                    let kind = GgufErrorKind::WrongType {
-                        key: "general.alignment".into(),
-                        found: v.type_description(),
-                        expected: "an unsigned integer",
-                    };
-                    return Err(GgufError::new(kind, n_kv_at));
-                };
-                if !a.is_power_of_two() || a > MAX_ALIGNMENT {
-                    return Err(GgufError::new(GgufErrorKind::BadAlignment(a), n_kv_at));
-                }
-                a
-            }
-        };
-
-        struct Raw {
-            name: String,
-            dims: Vec<u64>,
-            ty: GgmlType,
-            rel_offset: u64,
-            n_bytes: u64,
-            at: u64,
-        }
+        let (metadata, index) = r.metadata(n_kv)?;
+        let alignment = read_alignment(index.get("general.alignment").map(|&i| &metadata[i].1), n_kv_at)?;
         r.check_count(n_tensors, 24, "tensor count", "the tensor index", n_tensors_at)?;
-        let mut raws = Vec::with_capacity(reserve(n_tensors));
-        let mut tensor_index = HashMap::with_capacity(reserve(n_tensors));
-        for i in 0..n_tensors as usize {
-            let at = r.pos as u64;
-            let name = r.string("tensor name")?;
-            let n_dims = r.u32("tensor dimension count")?;
-            if n_dims == 0 || n_dims > 4 {
-                return Err(GgufError::new(GgufErrorKind::BadDims { name, n_dims }, at));
-            }
-            let mut dims = Vec::with_capacity(n_dims as usize);
-            for _ in 0..n_dims {
-                dims.push(r.u64("tensor dimension")?);
-            }
-            let ty_at = r.pos as u64;
-            let type_id = r.u32("tensor type")?;
-            let ty = GgmlType::from_id(type_id).ok_or_else(|| {
-                GgufError::new(GgufErrorKind::UnknownTensorType { name: name.clone(), type_id }, ty_at)
-            })?;
-            let rel_offset = r.u64("tensor data offset")?;
-            let n_bytes = match tensor_bytes(ty, &dims) {
-                Some(n) if element_count_fits(&dims) => n,
-                _ => return Err(GgufError::new(GgufErrorKind::BadShape { name, dims, ty }, at)),
-            };
-            if rel_offset % alignment != 0 {
-                return Err(GgufError::new(GgufErrorKind::Misaligned { name, offset: rel_offset, alignment }, at));
-            }
-            if tensor_index.insert(name.clone(), i).is_some() {
-                return Err(GgufError::new(GgufErrorKind::Duplicate { what: "tensor name", name }, at));
-            }
-            raws.push(Raw { name, dims, ty, rel_offset, n_bytes, at });
-        }
-
+        let (raws, tensor_index) = r.tensor_index(n_tensors, alignment)?;
         let data_offset = align_up(r.pos as u64, alignment);
-        let file_bytes = buf.len() as u64;
-        // The size the tensor index says the file has (what a complete download would be).
-        let expected_bytes = raws
-            .iter()
-            .map(|t| data_offset.saturating_add(t.rel_offset).saturating_add(t.n_bytes))
-            .max()
-            .unwrap_or(data_offset);
-        let mut tensors = Vec::with_capacity(raws.len());
-        for raw in raws {
-            let start = data_offset.checked_add(raw.rel_offset);
-            let end = start.and_then(|s| s.checked_add(raw.n_bytes));
-            match (start, end) {
-                (Some(start), Some(end)) if end <= file_bytes => tensors.push(TensorInfo {
-                    name: raw.name,
-                    dims: raw.dims,
-                    ty: raw.ty,
-                    file_offset: start,
-                    n_bytes: raw.n_bytes,
-                }),
-                _ => {
-                    return Err(GgufError::new(
-                        GgufErrorKind::DataOutOfBounds {
-                            name: raw.name,
-                            start: start.unwrap_or(u64::MAX),
-                            end: end.unwrap_or(u64::MAX),
-                            file_bytes,
-                            expected_bytes,
-                        },
-                        raw.at,
-                    ))
-                }
-            }
-        }
+        let tensors = place_tensors(raws, data_offset, buf.len() as u64)?;
         Ok(GgufFile { bytes, version, alignment, metadata, index, tensors, tensor_index, data_offset })
     }
 
@@ -287,6 +178,74 @@ impl GgufFile {
             let _ = m.advise(memmap2::Advice::WillNeed);
         }
     }
+}
+
+/// The tensor alignment: `general.alignment` (`value`, refused unless an unsigned power of two up to
+/// [`MAX_ALIGNMENT`]; errors placed at `at`), else the default.
+fn read_alignment(value: Option<&GgufValue>, at: u64) -> Result<u64, GgufError> {
+    let Some(v) = value else { return Ok(DEFAULT_ALIGNMENT) };
+    let Some(a) = v.as_u64().filter(|_| v.is_integer()) else {
+        let kind = GgufErrorKind::WrongType {
+            key: "general.alignment".into(),
+            found: v.type_description(),
+            expected: "an unsigned integer",
+        };
+        return Err(GgufError::new(kind, at));
+    };
+    if !a.is_power_of_two() || a > MAX_ALIGNMENT {
+        return Err(GgufError::new(GgufErrorKind::BadAlignment(a), at));
+    }
+    Ok(a)
+}
+
+/// One entry of the tensor index as read, its data offset still relative to the data section.
+struct RawTensor {
+    name: String,
+    dims: Vec<u64>,
+    ty: GgmlType,
+    /// Offset of the data from the start of the data section.
+    rel_offset: u64,
+    n_bytes: u64,
+    /// Where the entry starts in the file (for errors).
+    at: u64,
+}
+
+/// The tensors of the index placed after the data section's start (`data_offset`), each refused when its
+/// data does not end within the file's `file_bytes`.
+fn place_tensors(raws: Vec<RawTensor>, data_offset: u64, file_bytes: u64) -> Result<Vec<TensorInfo>, GgufError> {
+    // The size the tensor index says the file has (what a complete download would be).
+    let expected_bytes = raws
+        .iter()
+        .map(|t| data_offset.saturating_add(t.rel_offset).saturating_add(t.n_bytes))
+        .max()
+        .unwrap_or(data_offset);
+    let mut tensors = Vec::with_capacity(raws.len());
+    for raw in raws {
+        let start = data_offset.checked_add(raw.rel_offset);
+        let end = start.and_then(|s| s.checked_add(raw.n_bytes));
+        match (start, end) {
+            (Some(start), Some(end)) if end <= file_bytes => tensors.push(TensorInfo {
+                name: raw.name,
+                dims: raw.dims,
+                ty: raw.ty,
+                file_offset: start,
+                n_bytes: raw.n_bytes,
+            }),
+            _ => {
+                return Err(GgufError::new(
+                    GgufErrorKind::DataOutOfBounds {
+                        name: raw.name,
+                        start: start.unwrap_or(u64::MAX),
+                        end: end.unwrap_or(u64::MAX),
+                        file_bytes,
+                        expected_bytes,
+                    },
+                    raw.at,
+                ))
+            }
+        }
+    }
+    Ok(tensors)
 }
 
 /// What a file system entry that is not a regular file is, for messages.
@@ -516,5 +475,91 @@ impl<'a> Cursor<'a> {
                 from(a)
             })
             .collect())
+    }
+}
+
+/// Metadata pairs in file order.
+type Metadata = Vec<(String, GgufValue)>;
+
+/// The sections of the file, in the order they are read.
+impl Cursor<'_> {
+    /// The magic and the version (2 or 3).
+    fn header(&mut self) -> Result<u32, GgufError> {
+        let magic_bytes = self.take(4, "magic")?;
+        if magic_bytes != GGUF_MAGIC {
+            return Err(GgufError::new(GgufErrorKind::BadMagic, 0));
+        }
+        let version = self.u32("version")?;
+        if version != 2 && version != 3 {
+            return Err(GgufError::new(GgufErrorKind::UnsupportedVersion(version), 4));
+        }
+        Ok(version)
+    }
+
+    /// `n_kv` metadata pairs in file order, and the position of each key; a key twice is refused.
+    fn metadata(&mut self, n_kv: u64) -> Result<(Metadata, HashMap<String, usize>), GgufError> {
+        let mut metadata = Vec::with_capacity(reserve(n_kv));
+        let mut index = HashMap::with_capacity(reserve(n_kv));
+        for _ in 0..n_kv {
+            let key_at = self.pos as u64;
+            let key = self.string("metadata key")?;
+            let ty_at = self.pos as u64;
+            let ty = self.u32("metadata value type")?;
+            let ty = GgufValueType::from_u32(ty)
+                .ok_or_else(|| GgufError::new(GgufErrorKind::UnknownValueType(ty), ty_at))?;
+            let value = self.value(ty, 0)?;
+            if index.insert(key.clone(), metadata.len()).is_some() {
+                return Err(GgufError::new(GgufErrorKind::Duplicate { what: "metadata key", name: key }, key_at));
+            }
+            metadata.push((key, value));
+        }
+        Ok((metadata, index))
+    }
+
+    /// `n_tensors` entries of the tensor index, and the position of each name; a name twice is refused.
+    fn tensor_index(
+        &mut self,
+        n_tensors: u64,
+        alignment: u64,
+    ) -> Result<(Vec<RawTensor>, HashMap<String, usize>), GgufError> {
+        let mut raws = Vec::with_capacity(reserve(n_tensors));
+        let mut tensor_index = HashMap::with_capacity(reserve(n_tensors));
+        for i in 0..n_tensors as usize {
+            let raw = self.tensor_info(alignment)?;
+            if tensor_index.insert(raw.name.clone(), i).is_some() {
+                let kind = GgufErrorKind::Duplicate { what: "tensor name", name: raw.name };
+                return Err(GgufError::new(kind, raw.at));
+            }
+            raws.push(raw);
+        }
+        Ok((raws, tensor_index))
+    }
+
+    /// One entry of the tensor index: its shape refused when it has no whole rows or overflows, its offset
+    /// when not a multiple of `alignment`.
+    fn tensor_info(&mut self, alignment: u64) -> Result<RawTensor, GgufError> {
+        let at = self.pos as u64;
+        let name = self.string("tensor name")?;
+        let n_dims = self.u32("tensor dimension count")?;
+        if n_dims == 0 || n_dims > 4 {
+            return Err(GgufError::new(GgufErrorKind::BadDims { name, n_dims }, at));
+        }
+        let mut dims = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            dims.push(self.u64("tensor dimension")?);
+        }
+        let ty_at = self.pos as u64;
+        let type_id = self.u32("tensor type")?;
+        let ty = GgmlType::from_id(type_id)
+            .ok_or_else(|| GgufError::new(GgufErrorKind::UnknownTensorType { name: name.clone(), type_id }, ty_at))?;
+        let rel_offset = self.u64("tensor data offset")?;
+        let n_bytes = match tensor_bytes(ty, &dims) {
+            Some(n) if element_count_fits(&dims) => n,
+            _ => return Err(GgufError::new(GgufErrorKind::BadShape { name, dims, ty }, at)),
+        };
+        if rel_offset % alignment != 0 {
+            return Err(GgufError::new(GgufErrorKind::Misaligned { name, offset: rel_offset, alignment }, at));
+        }
+        Ok(RawTensor { name, dims, ty, rel_offset, n_bytes, at })
     }
 }
