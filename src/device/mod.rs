@@ -23,6 +23,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::sync::LockUnpoisoned;
+
 use cuda::gpu::{Buffer, Gpu, GpuError};
 
 pub use sim::{Fault, FaultSpec};
@@ -336,7 +338,7 @@ impl Device {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_unpoisoned()
     }
 
     /// Total memory of the device.
@@ -431,18 +433,42 @@ impl Device {
         reused_bytes: u64,
     ) -> Result<Allocation, DeviceError> {
         let mut st = self.lock();
-        let refuse = |st: &mut State, e: DeviceError| {
-            st.usage.refused_allocations += 1;
-            tracing::debug!("{e}");
-            Err(e)
-        };
-        if st.sim.take_alloc_failure() {
-            let e = DeviceError::AllocFailed { device: self.name(), purpose, need_bytes: bytes };
-            return refuse(&mut st, e);
+        match self.admit_locked(&mut st, purpose, bytes, reused_bytes) {
+            Ok(mem) => Ok(self.book(&mut st, purpose, bytes, mem)),
+            Err(e) => {
+                st.usage.refused_allocations += 1;
+                tracing::debug!("{e}");
+                Err(e)
+            }
         }
+    }
+
+    /// Runs the checks of an allocation in order (a scripted failure, the room, the host's available
+    /// memory, the reserve) and takes the GPU memory: the first refusal is returned, nothing is booked.
+    fn admit_locked(
+        &self,
+        st: &mut State,
+        purpose: Purpose,
+        bytes: u64,
+        reused_bytes: u64,
+    ) -> Result<Option<Buffer>, DeviceError> {
+        if st.sim.take_alloc_failure() {
+            return Err(DeviceError::AllocFailed { device: self.name(), purpose, need_bytes: bytes });
+        }
+        let capacity_bytes = self.check_room_locked(st, purpose, bytes)?;
+        self.check_host_available_locked(st, purpose, bytes.saturating_sub(reused_bytes))?;
+        if !self.is_host() {
+            self.check_reserve_locked(st, purpose, bytes, capacity_bytes)?;
+        }
+        self.take_gpu_memory(purpose, bytes)
+    }
+
+    /// Refuses `bytes` that could not fit at all (out of memory); else returns the capacity it was
+    /// measured against (`u64::MAX` for an uncapped card).
+    fn check_room_locked(&self, st: &State, purpose: Purpose, bytes: u64) -> Result<u64, DeviceError> {
         // What could fit at all (else out of memory): the host's total (its own allocator is the arbiter),
         // a simulated card's capacity minus everything held, a capped card's cap minus what Strata and the
-        // pressure hold; an uncapped card's driver decides below.
+        // pressure hold; an uncapped card's driver decides in `take_gpu_memory`.
         let used = st.usage.total_bytes;
         let (room, capacity_bytes) = match self.kind {
             DeviceKind::Cpu => {
@@ -458,89 +484,113 @@ impl Device {
             DeviceKind::Cuda { cap_bytes: None, .. } => (u64::MAX, u64::MAX),
         };
         if bytes > room {
-            let e = DeviceError::OutOfMemory {
+            return Err(DeviceError::OutOfMemory {
                 device: self.name(),
                 purpose,
                 need_bytes: bytes,
                 free_bytes: room,
                 capacity_bytes,
-            };
-            return refuse(&mut st, e);
+            });
         }
-        // The host, and a simulated GPU (its pages are host memory), never promise more than the OS has
-        // available now: a ledger over total RAM (or a 16 TiB sim card) would let the real allocation fail
-        // later, where it aborts the process instead of refusing one request.
-        // A margin stays free for everything else the process allocates (buffers, messages, the stack of a
-        // new thread): a ledger that hands out the last byte leaves the next small allocation to abort.
-        // Weights there are mapped from the file, not allocated: the OS pages them, as llama.cpp's mmap does.
-        let new_bytes = bytes.saturating_sub(reused_bytes);
-        if matches!(self.kind, DeviceKind::Cpu | DeviceKind::Sim { .. }) && purpose != Purpose::Weights && new_bytes > 0
-        {
-            let recent = st
-                .host_sample
-                .filter(|&(_, _, at)| new_bytes <= HOST_SAMPLE_SMALL_BYTES && at.elapsed() < HOST_SAMPLE_FRESH);
-            let available_bytes = match recent {
-                Some((available, used_then, _)) => available.saturating_sub(used.saturating_sub(used_then)),
-                None => {
-                    let available = host::available_bytes();
-                    st.host_sample = Some((available, used, std::time::Instant::now()));
-                    available
-                }
-            };
-            if new_bytes.saturating_add(HOST_MARGIN_BYTES) > available_bytes {
-                let e = DeviceError::HostShort {
-                    device: self.name(),
-                    purpose,
-                    need_bytes: new_bytes,
-                    available_bytes,
-                    is_host: self.is_host(),
-                };
-                return refuse(&mut st, e);
+        Ok(capacity_bytes)
+    }
+
+    /// Refuses `new_bytes` of host memory (on the host or a simulated GPU, weights aside) that would leave
+    /// less than the margin of what the OS has available.
+    ///
+    /// The host, and a simulated GPU (its pages are host memory), never promise more than the OS has
+    /// available now: a ledger over total RAM (or a 16 TiB sim card) would let the real allocation fail
+    /// later, where it aborts the process instead of refusing one request.
+    /// A margin stays free for everything else the process allocates (buffers, messages, the stack of a
+    /// new thread): a ledger that hands out the last byte leaves the next small allocation to abort.
+    /// Weights there are mapped from the file, not allocated: the OS pages them, as llama.cpp's mmap does.
+    fn check_host_available_locked(&self, st: &mut State, purpose: Purpose, new_bytes: u64) -> Result<(), DeviceError> {
+        let host_memory = matches!(self.kind, DeviceKind::Cpu | DeviceKind::Sim { .. });
+        if !host_memory || purpose == Purpose::Weights || new_bytes == 0 {
+            return Ok(());
+        }
+        let available_bytes = self.host_available_locked(st, new_bytes);
+        if new_bytes.saturating_add(HOST_MARGIN_BYTES) > available_bytes {
+            return Err(DeviceError::HostShort {
+                device: self.name(),
+                purpose,
+                need_bytes: new_bytes,
+                available_bytes,
+                is_host: self.is_host(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The host's available memory for a request of `new_bytes`: a recent sample moved by what was
+    /// allocated since, for a small request, else a fresh sample (kept as the recent one).
+    fn host_available_locked(&self, st: &mut State, new_bytes: u64) -> u64 {
+        let used = st.usage.total_bytes;
+        let recent = st
+            .host_sample
+            .filter(|&(_, _, at)| new_bytes <= HOST_SAMPLE_SMALL_BYTES && at.elapsed() < HOST_SAMPLE_FRESH);
+        match recent {
+            Some((available, used_then, _)) => available.saturating_sub(used.saturating_sub(used_then)),
+            None => {
+                let available = host::available_bytes();
+                st.host_sample = Some((available, used, std::time::Instant::now()));
+                available
             }
         }
-        // GPUs keep the reserve free, against a fresh sample, or when sampling fails the last good sample
-        // moved by what Strata allocated (or freed) since.
-        if !self.is_host() {
-            let free = match self.sample_locked(&mut st) {
-                Ok(f) => f,
-                // (Never sampled: a simulated or capped card is taken as empty, an uncapped one as full.)
-                Err(_) => st
-                    .last_sample
-                    .map_or(if capacity_bytes == u64::MAX { 0 } else { capacity_bytes }, |(f, at_total)| f + at_total)
-                    .saturating_sub(used)
-                    .min(capacity_bytes.saturating_sub(used)),
-            };
-            if free < bytes.saturating_add(self.reserve_bytes) {
-                let e = DeviceError::BelowReserve {
+    }
+
+    /// Refuses `bytes` on a GPU that would leave its free memory under the reserve: free memory from a
+    /// fresh sample, or when sampling fails the last good sample moved by what Strata allocated (or
+    /// freed) since.
+    fn check_reserve_locked(
+        &self,
+        st: &mut State,
+        purpose: Purpose,
+        bytes: u64,
+        capacity_bytes: u64,
+    ) -> Result<(), DeviceError> {
+        let used = st.usage.total_bytes;
+        let free = match self.sample_locked(st) {
+            Ok(f) => f,
+            // (Never sampled: a simulated or capped card is taken as empty, an uncapped one as full.)
+            Err(_) => st
+                .last_sample
+                .map_or(if capacity_bytes == u64::MAX { 0 } else { capacity_bytes }, |(f, at_total)| f + at_total)
+                .saturating_sub(used)
+                .min(capacity_bytes.saturating_sub(used)),
+        };
+        if free < bytes.saturating_add(self.reserve_bytes) {
+            return Err(DeviceError::BelowReserve {
+                device: self.name(),
+                purpose,
+                need_bytes: bytes,
+                free_bytes: free,
+                reserve_bytes: self.reserve_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// The memory itself, on a GPU (None elsewhere); the driver may still say no (another process took
+    /// it meanwhile).
+    fn take_gpu_memory(&self, purpose: Purpose, bytes: u64) -> Result<Option<Buffer>, DeviceError> {
+        let Some(gpu) = &self.gpu else {
+            return Ok(None);
+        };
+        match Buffer::device(gpu, bytes) {
+            Ok(b) => Ok(Some(b)),
+            Err(GpuError::OutOfMemory { .. }) => {
+                let free = gpu.mem_info().map_or(0, |(f, _)| f);
+                Err(DeviceError::OutOfMemory {
                     device: self.name(),
                     purpose,
                     need_bytes: bytes,
                     free_bytes: free,
-                    reserve_bytes: self.reserve_bytes,
-                };
-                return refuse(&mut st, e);
+                    capacity_bytes: self.total_bytes(),
+                })
             }
+            Err(e) => Err(self.gpu_error(e)),
         }
-        // The memory itself, on a GPU; the driver may still say no (another process took it meanwhile).
-        let mem = match &self.gpu {
-            Some(gpu) => match Buffer::device(gpu, bytes) {
-                Ok(b) => Some(b),
-                Err(GpuError::OutOfMemory { .. }) => {
-                    let free = gpu.mem_info().map_or(0, |(f, _)| f);
-                    let e = DeviceError::OutOfMemory {
-                        device: self.name(),
-                        purpose,
-                        need_bytes: bytes,
-                        free_bytes: free,
-                        capacity_bytes: self.total_bytes(),
-                    };
-                    return refuse(&mut st, e);
-                }
-                Err(e) => return refuse(&mut st, self.gpu_error(e)),
-            },
-            None => None,
-        };
-        Ok(self.book(&mut st, purpose, bytes, mem))
     }
 
     /// Pinned host memory that `gpu` reads directly (KV pages a GPU layer keeps on the host), booked on

@@ -7,14 +7,15 @@
 
 use std::sync::Arc;
 
-use crate::device::Device;
+use crate::device::{Device, DeviceError};
 use crate::threadpool::{SharedMut, ThreadPool};
 
 use super::acts::QuantActs;
 use super::attn;
+use super::gpu::GpuStage;
 use super::kv::KvCache;
 use super::ops::{self, AttnShape, MatJob};
-use super::{Model, ModelError};
+use super::{Model, ModelConfig, ModelError};
 
 /// Logits of the requested positions of a batch: `rows` rows of `n_vocab` values.
 pub struct Logits {
@@ -40,6 +41,33 @@ struct Scratch {
     up: Vec<f32>,   // (t_count, n_ff)
     act: QuantActs,
     ropes: Vec<Vec<(f32, f32)>>, // (t_count, rope_dims / 2)
+}
+
+impl Scratch {
+    /// Zeroed activations for `t_count` positions from `pos0`, with their rope tables.
+    fn new(cfg: &ModelConfig, t_count: usize, pos0: usize) -> Scratch {
+        let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        Scratch {
+            xn: vec![0f32; t_count * d],
+            q: vec![0f32; t_count * q_dim],
+            k: vec![0f32; t_count * kv_dim],
+            v: vec![0f32; t_count * kv_dim],
+            att: vec![0f32; t_count * q_dim],
+            proj: vec![0f32; t_count * d],
+            gate: vec![0f32; t_count * ff],
+            up: vec![0f32; t_count * ff],
+            act: QuantActs::default(),
+            ropes: (0..t_count).map(|t| ops::rope_table(pos0 + t, cfg.rope_dims, cfg.rope_base)).collect(),
+        }
+    }
+}
+
+/// Where a batch sits: its size, its first position in the sequence, and the rows whose logits are wanted.
+#[derive(Clone, Copy)]
+struct Span<'a> {
+    t_count: usize,
+    pos0: usize,
+    want: &'a [usize], // (n_out), ascending indices into the batch
 }
 
 /// Copies the hidden state `x` into `to` (`memcpy_dtod` between stages), counted in its ledger. A sim
@@ -88,6 +116,8 @@ impl Model {
         Ok(Logits { n_vocab: self.cfg.n_vocab, data })
     }
 
+    /// One batch of at most `placement.batch` tokens: checks it, takes its KV pages and extra scratch,
+    /// runs the stages and the output head. On error nothing is appended and the pages it took are freed.
     fn forward_batch(
         &self,
         pool: &ThreadPool,
@@ -95,42 +125,59 @@ impl Model {
         tokens: &[u32],
         want: &[usize],
     ) -> Result<Logits, ModelError> {
-        let cfg = &self.cfg;
-        let w = &self.weights;
-        let n_vocab = cfg.n_vocab;
-        let t_count = tokens.len();
-        let pos0 = kv.len();
-        if pos0 + t_count > kv.max_tokens {
-            return Err(ModelError::ContextOverflow { needed: pos0 + t_count, max: kv.max_tokens });
+        let n_vocab = self.cfg.n_vocab;
+        let span = Span { t_count: tokens.len(), pos0: kv.len(), want };
+        self.check_batch(kv, tokens)?;
+        if span.t_count == 0 {
+            return Ok(Logits { n_vocab, data: Vec::new() });
+        }
+        let placement = &self.placement;
+        placement.devices.on_progress(span.pos0);
+        // Pages for the new positions on each layer's device (or the host), and scratch for more output
+        // rows than the one the last stage was sized for.
+        kv.reserve(span.pos0 + span.t_count)?;
+        let _extra_scratch =
+            placement.extra_scratch(&self.cfg, span.t_count, want.len()).inspect_err(|_| kv.release_unused())?;
+
+        let (mut x, embedded_on_gpu) = self.embed_tokens(kv, tokens)?;
+        let mut s: Option<Scratch> = None;
+        let gpu_logits = self.run_stages(pool, kv, span, embedded_on_gpu, &mut x, &mut s)?;
+        kv.set_len(span.pos0 + span.t_count);
+        if let Some(data) = gpu_logits {
+            return Ok(Logits { n_vocab, data });
+        }
+        let data = self.cpu_head(pool, span, &x, &mut s);
+        Ok(Logits { n_vocab, data })
+    }
+
+    /// Refuses a batch that would overflow the cache, or that holds a token outside the vocabulary.
+    fn check_batch(&self, kv: &KvCache, tokens: &[u32]) -> Result<(), ModelError> {
+        let n_vocab = self.cfg.n_vocab;
+        let needed = kv.len() + tokens.len();
+        if needed > kv.max_tokens {
+            return Err(ModelError::ContextOverflow { needed, max: kv.max_tokens });
         }
         if let Some(&id) = tokens.iter().find(|&&id| id as usize >= n_vocab) {
             return Err(ModelError::BadToken { id, n_vocab });
         }
-        if t_count == 0 {
-            return Ok(Logits { n_vocab, data: Vec::new() });
-        }
-        let placement = &self.placement;
-        placement.devices.on_progress(pos0);
-        // Pages for the new positions on each layer's device (or the host), and scratch for more output
-        // rows than the one the last stage was sized for.
-        kv.reserve(pos0 + t_count)?;
-        let _extra_scratch = placement.extra_scratch(cfg, t_count, want.len()).inspect_err(|_| kv.release_unused())?;
+        Ok(())
+    }
 
-        let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
-        let stages = &placement.stages;
-
-        // x: (t_count, n_embd), the residual stream. A tied head lives on the last stage, so the first
-        // gathers its embedding rows from there.
-        // The embedding rows: on the GPU when the first stage holds the table (a tied head on one GPU),
-        // else from the mapped file on the host.
-        let embedded_on_gpu = match placement.gpu[0].as_ref().filter(|g| g.holds_embeddings()) {
+    /// The batch's embedding rows as `x`: (t_count, n_embd), the residual stream, with true when the first
+    /// stage's GPU gathered them itself (then `x` is empty). A tied head lives on the last stage, so with
+    /// several stages the first gathers its embedding rows from there.
+    fn embed_tokens(&self, kv: &mut KvCache, tokens: &[u32]) -> Result<(Vec<f32>, bool), ModelError> {
+        let (w, d, stages) = (&self.weights, self.cfg.n_embd, &self.placement.stages);
+        // On the GPU when the first stage holds the table (a tied head on one GPU), else from the mapped
+        // file on the host.
+        let embedded_on_gpu = match self.placement.gpu[0].as_ref().filter(|g| g.holds_embeddings()) {
             Some(g) => {
                 g.embed(tokens, d).inspect_err(|_| kv.release_unused())?;
                 true
             }
             None => false,
         };
-        let mut x = vec![0f32; if embedded_on_gpu { 0 } else { t_count * d }];
+        let mut x = vec![0f32; if embedded_on_gpu { 0 } else { tokens.len() * d }];
         if !embedded_on_gpu {
             for (t, &id) in tokens.iter().enumerate() {
                 w.token_embd.dequantize_row_into(id as usize, &mut x[t * d..(t + 1) * d]);
@@ -139,71 +186,92 @@ impl Model {
         if w.tied_output && stages.len() > 1 {
             x = copy_to(&stages[0].device, x);
         }
+        Ok((x, embedded_on_gpu))
+    }
+
+    /// Runs every stage over the batch in order, the hidden state `x` crossing from stage to stage; CPU
+    /// stages share the scratch `s`, made at the first. Returns the logits when the last stage is on a GPU
+    /// (its head ran there); on a GPU's failure the pages past the filled positions are freed.
+    fn run_stages(
+        &self,
+        pool: &ThreadPool,
+        kv: &mut KvCache,
+        span: Span<'_>,
+        embedded_on_gpu: bool,
+        x: &mut Vec<f32>,
+        s: &mut Option<Scratch>,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        let placement = &self.placement;
         // Stages on a GPU take the hidden state from the host and return it (or, last, the logits).
         let mut gpu_logits = None;
-        // The CPU's activations, for stages computed on the CPU (GPU stages keep their own).
-        let new_scratch = || Scratch {
-            xn: vec![0f32; t_count * d],
-            q: vec![0f32; t_count * q_dim],
-            k: vec![0f32; t_count * kv_dim],
-            v: vec![0f32; t_count * kv_dim],
-            att: vec![0f32; t_count * q_dim],
-            proj: vec![0f32; t_count * d],
-            gate: vec![0f32; t_count * ff],
-            up: vec![0f32; t_count * ff],
-            act: QuantActs::default(),
-            ropes: (0..t_count).map(|t| ops::rope_table(pos0 + t, cfg.rope_dims, cfg.rope_base)).collect(),
-        };
-        let mut s: Option<Scratch> = None;
-        for (si, stage) in stages.iter().enumerate() {
+        for (si, stage) in placement.stages.iter().enumerate() {
             if let Some(g) = &placement.gpu[si] {
-                // From the previous GPU stage device to device; from the host (embeddings, a CPU stage) up.
-                let prev = si.checked_sub(1).and_then(|p| placement.gpu[p].as_ref());
-                let arrive = match prev {
-                    Some(p) => g.receive_x(p, t_count, d),
-                    None if embedded_on_gpu => Ok(()),
-                    None => g.upload_x(&x),
-                };
-                let next_on_gpu = placement.gpu.get(si + 1).is_some_and(Option::is_some);
-                let ran = arrive.and_then(|_| g.run_layers(cfg, kv, t_count, pos0)).and_then(|_| {
-                    if si + 1 == stages.len() {
-                        gpu_logits = Some(g.head(cfg, want)?);
-                    } else if !next_on_gpu {
-                        x = g.download_x(t_count, d)?;
+                match self.run_gpu_stage(si, g, kv, span, embedded_on_gpu, x) {
+                    Ok(logits) => gpu_logits = logits,
+                    Err(e) => {
+                        kv.release_unused();
+                        return Err(e.into());
                     }
-                    Ok(())
-                });
-                if let Err(e) = ran {
-                    kv.release_unused();
-                    return Err(e.into());
                 }
                 continue;
             }
             if si > 0 {
-                x = copy_to(&stage.device, x);
+                *x = copy_to(&stage.device, std::mem::take(x));
             }
             for l in stage.layers.clone() {
-                self.layer(pool, kv, l, pos0, &mut x, s.get_or_insert_with(new_scratch));
+                let scratch = s.get_or_insert_with(|| Scratch::new(&self.cfg, span.t_count, span.pos0));
+                self.layer(pool, kv, l, span.pos0, x, scratch);
             }
         }
-        kv.set_len(pos0 + t_count);
-        if let Some(data) = gpu_logits {
-            return Ok(Logits { n_vocab, data });
-        }
+        Ok(gpu_logits)
+    }
 
-        // Output head (last stage), for the wanted positions only.
+    /// GPU stage `si` over the batch: the hidden state arrives (from the previous GPU stage device to
+    /// device; from the host, embeddings or a CPU stage, up), its layers run, and it returns the logits
+    /// (last stage) or leaves `x` on the host for a CPU stage next.
+    fn run_gpu_stage(
+        &self,
+        si: usize,
+        g: &GpuStage,
+        kv: &mut KvCache,
+        span: Span<'_>,
+        embedded_on_gpu: bool,
+        x: &mut Vec<f32>,
+    ) -> Result<Option<Vec<f32>>, DeviceError> {
+        let (cfg, placement, d) = (&self.cfg, &self.placement, self.cfg.n_embd);
+        match si.checked_sub(1).and_then(|p| placement.gpu[p].as_ref()) {
+            Some(p) => g.receive_x(p, span.t_count, d)?,
+            None if embedded_on_gpu => {}
+            None => g.upload_x(x)?,
+        }
+        g.run_layers(cfg, kv, span.t_count, span.pos0)?;
+        if si + 1 == placement.stages.len() {
+            return Ok(Some(g.head(cfg, span.want)?));
+        }
+        let next_on_gpu = placement.gpu.get(si + 1).is_some_and(Option::is_some);
+        if !next_on_gpu {
+            *x = g.download_x(span.t_count, d)?;
+        }
+        Ok(None)
+    }
+
+    /// Output head on the CPU (last stage), for the wanted positions only: final norm, then the vocabulary
+    /// projection, (n_out, n_vocab).
+    fn cpu_head(&self, pool: &ThreadPool, span: Span<'_>, x: &[f32], s: &mut Option<Scratch>) -> Vec<f32> {
+        let (cfg, w) = (&self.cfg, &self.weights);
+        let (d, want) = (cfg.n_embd, span.want);
         let n_out = want.len();
         let mut hn = vec![0f32; n_out * d];
         for (i, &t) in want.iter().enumerate() {
             ops::rms_norm(&x[t * d..(t + 1) * d], &w.output_norm, cfg.rms_eps, &mut hn[i * d..(i + 1) * d]);
         }
-        let mut data = vec![0f32; n_out * n_vocab];
+        let mut data = vec![0f32; n_out * cfg.n_vocab];
         if n_out > 0 {
-            let act = &mut s.get_or_insert_with(new_scratch).act;
+            let act = &mut s.get_or_insert_with(|| Scratch::new(cfg, span.t_count, span.pos0)).act;
             act.quantize(pool, w.output.ty, &hn, d);
             ops::matmul(pool, &[MatJob { w: &w.output, bias: None, out: SharedMut::new(&mut data) }], act);
         }
-        Ok(Logits { n_vocab, data })
+        data
     }
 
     /// Layer `l` over the batch: attention (writing the batch's K and V rows at `pos0..`) and feed-forward,

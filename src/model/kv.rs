@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use half::f16;
 
+use crate::device::cuda::gpu::Gpu;
 use crate::device::{Allocation, Device, DeviceError, Purpose};
 use crate::quant::{self, GgmlType};
 
@@ -282,89 +283,154 @@ impl KvCache {
     fn try_reserve(&mut self, n: usize, strict: bool) -> Result<(), DeviceError> {
         let need_pages = n.div_ceil(KV_PAGE_TOKENS);
         let first_resident = self.first_resident_page(n);
-        let page_bytes = self.page_bytes();
-        let (ty, kv_dim, host) = (self.ty, self.kv_dim, self.host.clone());
-        // A restore fills its pages itself: they start empty (no zeroing of bytes about to be overwritten).
-        // Page memory is taken fallibly: when the OS refuses it (an address-space limit, overcommit off),
-        // the request fails with the host's figures instead of the process aborting.
-        let rows = || -> Result<KvRows, DeviceError> {
-            let (n_f16, n_i8) = (KV_PAGE_TOKENS * kv_dim, KV_PAGE_TOKENS * ty.row_bytes(kv_dim));
-            let filled = !strict;
-            Ok(match ty {
-                KvType::F16 => KvRows::F16(host_vec(&host, n_f16, filled.then_some(f16::ZERO))?),
-                KvType::Int8 => KvRows::Int8(host_vec(&host, n_i8, filled.then_some(0u8))?),
-            })
-        };
         let spilled_before = self.spilled_pages;
         let mut shrunk: Option<DeviceError> = None; // the last refusal that moved KV to the host
         for layer in 0..self.layers.len() {
-            let on_host = self.layers[layer].device.is_host();
-            if !on_host {
-                // Pages that fell out of the resident window move to the host.
-                let stale = self.layers[layer].pages.iter().take(first_resident).filter(|p| p.movable()).count();
-                for _ in 0..stale {
-                    self.spill_oldest(layer)?;
-                }
-            }
-            let gpu = self.layers[layer].device.gpu().cloned();
-            let have = self.layers[layer].pages.len();
-            if let (true, Some(g)) = (strict && !on_host && need_pages > have.max(first_resident), &gpu) {
-                // A restore: the layer's resident pages as one slab (the pages before the window go to
-                // pinned host memory one by one).
-                for _ in have..first_resident {
-                    let alloc = PageMem::Own(host.alloc_pinned(g, Purpose::Kv, page_bytes)?);
-                    self.layers[layer].pages.push(KvPage { k: KvRows::Gpu, v: KvRows::Gpu, alloc });
-                }
-                let from = self.layers[layer].pages.len();
-                let count = need_pages - from;
-                let slab = Arc::new(self.layers[layer].device.alloc(Purpose::Kv, count as u64 * page_bytes)?);
-                let base = slab.mem().expect("GPU allocations have memory").ptr();
-                let half = page_bytes / 2;
-                for i in 0..count as u64 {
-                    let (k, v) = (base + i * half, base + count as u64 * half + i * half);
-                    let alloc = PageMem::Slab { slab: slab.clone(), k, v };
-                    self.layers[layer].pages.push(KvPage { k: KvRows::Gpu, v: KvRows::Gpu, alloc });
-                }
-                continue;
-            }
-            while self.layers[layer].pages.len() < need_pages {
-                let idx = self.layers[layer].pages.len();
-                let host_page = |host: &Arc<Device>| match &gpu {
-                    Some(g) => host.alloc_pinned(g, Purpose::Kv, page_bytes),
-                    None => host.alloc(Purpose::Kv, page_bytes),
-                };
-                let alloc = if on_host || idx < first_resident {
-                    host_page(&host)?
-                } else {
-                    loop {
-                        let device = self.layers[layer].device.clone();
-                        match device.alloc(Purpose::Kv, page_bytes) {
-                            Ok(a) => break a,
-                            Err(e) if e.is_no_room() && !strict => {
-                                // The window shrinks: the oldest resident page makes room, or, with none
-                                // left, the new page goes to the host.
-                                let moved = self.spill_oldest(layer)?;
-                                shrunk = Some(e);
-                                if !moved {
-                                    break host_page(&host)?;
-                                }
-                            }
-                            Err(e) => return Err(e),
-                        }
-                    }
-                };
-                let (k, v) = if gpu.is_some() { (KvRows::Gpu, KvRows::Gpu) } else { (rows()?, rows()?) };
-                self.layers[layer].pages.push(KvPage { k, v, alloc: PageMem::Own(alloc) });
-            }
+            self.reserve_layer(layer, need_pages, first_resident, strict, &mut shrunk)?;
         }
         if let Some(e) = shrunk {
             tracing::info!(
                 "KV at {n} positions: resident window shrank, {} page(s) of {} moved to the host ({e})",
                 self.spilled_pages - spilled_before,
-                crate::device::mib(page_bytes)
+                crate::device::mib(self.page_bytes())
             );
         }
         Ok(())
+    }
+
+    /// Brings `layer` to `need_pages` pages: its pages out of the resident window move to the host, then
+    /// a restore onto a GPU takes a slab, anything else grows page by page. `shrunk` keeps the last refusal
+    /// that moved KV to the host.
+    fn reserve_layer(
+        &mut self,
+        layer: usize,
+        need_pages: usize,
+        first_resident: usize,
+        strict: bool,
+        shrunk: &mut Option<DeviceError>,
+    ) -> Result<(), DeviceError> {
+        let on_host = self.layers[layer].device.is_host();
+        if !on_host {
+            self.spill_stale(layer, first_resident)?;
+        }
+        let gpu = self.layers[layer].device.gpu().cloned();
+        let have = self.layers[layer].pages.len();
+        if let (true, Some(g)) = (strict && !on_host && need_pages > have.max(first_resident), &gpu) {
+            return self.reserve_slab(layer, g, need_pages, first_resident);
+        }
+        while self.layers[layer].pages.len() < need_pages {
+            self.push_page(layer, gpu.as_ref(), first_resident, strict, shrunk)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the device pages of `layer` that fell out of the resident window (before page
+    /// `first_resident`) to the host.
+    fn spill_stale(&mut self, layer: usize, first_resident: usize) -> Result<(), DeviceError> {
+        let stale = self.layers[layer].pages.iter().take(first_resident).filter(|p| p.movable()).count();
+        for _ in 0..stale {
+            self.spill_oldest(layer)?;
+        }
+        Ok(())
+    }
+
+    /// A restore onto GPU layer `layer`: the pages before the resident window go to pinned host memory one
+    /// by one, and the resident ones, up to `need_pages`, come from one slab on the device.
+    fn reserve_slab(
+        &mut self,
+        layer: usize,
+        g: &Arc<dyn Gpu>,
+        need_pages: usize,
+        first_resident: usize,
+    ) -> Result<(), DeviceError> {
+        let (page_bytes, host) = (self.page_bytes(), self.host.clone());
+        let have = self.layers[layer].pages.len();
+        for _ in have..first_resident {
+            let alloc = PageMem::Own(host.alloc_pinned(g, Purpose::Kv, page_bytes)?);
+            self.layers[layer].pages.push(KvPage { k: KvRows::Gpu, v: KvRows::Gpu, alloc });
+        }
+        let from = self.layers[layer].pages.len();
+        let count = need_pages - from;
+        let slab = Arc::new(self.layers[layer].device.alloc(Purpose::Kv, count as u64 * page_bytes)?);
+        let base = slab.mem().expect("GPU allocations have memory").ptr();
+        let half = page_bytes / 2;
+        for i in 0..count as u64 {
+            let (k, v) = (base + i * half, base + count as u64 * half + i * half);
+            let alloc = PageMem::Slab { slab: slab.clone(), k, v };
+            self.layers[layer].pages.push(KvPage { k: KvRows::Gpu, v: KvRows::Gpu, alloc });
+        }
+        Ok(())
+    }
+
+    /// Appends one page to `layer` (`gpu`: the layer's GPU, if any): on the host when the layer lives there
+    /// or the page falls before the resident window, else on the layer's device where it has room.
+    fn push_page(
+        &mut self,
+        layer: usize,
+        gpu: Option<&Arc<dyn Gpu>>,
+        first_resident: usize,
+        strict: bool,
+        shrunk: &mut Option<DeviceError>,
+    ) -> Result<(), DeviceError> {
+        let on_host = self.layers[layer].device.is_host();
+        let idx = self.layers[layer].pages.len();
+        let alloc = if on_host || idx < first_resident {
+            self.alloc_host_page(gpu)?
+        } else {
+            self.alloc_resident_page(layer, gpu, strict, shrunk)?
+        };
+        let (k, v) =
+            if gpu.is_some() { (KvRows::Gpu, KvRows::Gpu) } else { (self.page_rows(strict)?, self.page_rows(strict)?) };
+        self.layers[layer].pages.push(KvPage { k, v, alloc: PageMem::Own(alloc) });
+        Ok(())
+    }
+
+    /// A page on the device of `layer`. Unless `strict`, a device without room shrinks the window: the
+    /// oldest resident page makes room, or, with none left, the new page goes to the host (`shrunk` keeps
+    /// the refusal).
+    fn alloc_resident_page(
+        &mut self,
+        layer: usize,
+        gpu: Option<&Arc<dyn Gpu>>,
+        strict: bool,
+        shrunk: &mut Option<DeviceError>,
+    ) -> Result<Allocation, DeviceError> {
+        loop {
+            let device = self.layers[layer].device.clone();
+            match device.alloc(Purpose::Kv, self.page_bytes()) {
+                Ok(a) => return Ok(a),
+                Err(e) if e.is_no_room() && !strict => {
+                    let moved = self.spill_oldest(layer)?;
+                    *shrunk = Some(e);
+                    if !moved {
+                        return self.alloc_host_page(gpu);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A page on the host: pinned memory the layer's GPU reads directly, or plain host memory.
+    fn alloc_host_page(&self, gpu: Option<&Arc<dyn Gpu>>) -> Result<Allocation, DeviceError> {
+        match gpu {
+            Some(g) => self.host.alloc_pinned(g, Purpose::Kv, self.page_bytes()),
+            None => self.host.alloc(Purpose::Kv, self.page_bytes()),
+        }
+    }
+
+    /// The K (or V) rows of one page of a layer computed on the CPU, in host memory. A restore (`strict`)
+    /// fills its pages itself: they start empty (no zeroing of bytes about to be overwritten). Page memory
+    /// is taken fallibly: when the OS refuses it (an address-space limit, overcommit off), the request
+    /// fails with the host's figures instead of the process aborting.
+    fn page_rows(&self, strict: bool) -> Result<KvRows, DeviceError> {
+        let (ty, kv_dim, host) = (self.ty, self.kv_dim, &self.host);
+        let (n_f16, n_i8) = (KV_PAGE_TOKENS * kv_dim, KV_PAGE_TOKENS * ty.row_bytes(kv_dim));
+        let filled = !strict;
+        Ok(match ty {
+            KvType::F16 => KvRows::F16(host_vec(host, n_f16, filled.then_some(f16::ZERO))?),
+            KvType::Int8 => KvRows::Int8(host_vec(host, n_i8, filled.then_some(0u8))?),
+        })
     }
 
     /// Moves the oldest device-resident page of `layer` to the host; false when none is left.
