@@ -281,6 +281,37 @@ impl<'a> Session<'a> {
     ) -> Result<(), Option<Fallback>> {
         // The draft model's KV comes back with the target's: the gate counts both, per device.
         let draft_tokens = self.cache.get(id).and_then(|s| s.draft.as_ref()).map_or(0, |d| d.len.min(tokens));
+        let needs = self.restore_needs(tokens, draft_tokens);
+        // The live sequence keeps its common prefix with the prompt; the rest is read.
+        self.ask_gate(id, &needs, tokens, prompt_len - live_common).map_err(Some)?;
+        let t0 = Instant::now();
+        self.copy_in(id, tokens, draft_tokens, prompt_len)?;
+        let Some(snap) = self.cache.get(id) else { return Err(None) };
+        let bytes = snap.kv.bytes() * tokens as u64 / snap.kv.len.max(1) as u64;
+        match kind {
+            RestoreKind::Live => drop(self.cache.remove(id)),
+            RestoreKind::Checkpoint => self.cache.unpin(id),
+        }
+        let elapsed = ms(t0);
+        tracing::info!(
+            "conversation cache: restored {tokens} tokens ({kind}) in {elapsed:.1} ms; parked={} bytes={}",
+            self.cache.len(),
+            self.cache.bytes()
+        );
+        self.telemetry.emit(EngineEvent::Restored {
+            kind,
+            tokens,
+            ms: elapsed,
+            restored_bytes: bytes,
+            parked: self.cache.len(),
+            bytes: self.cache.bytes(),
+        });
+        Ok(())
+    }
+
+    /// What restoring `tokens` (and `draft_tokens` of the draft model) needs on each device, with the
+    /// credit of what the live sequences hold there now (they are released first).
+    fn restore_needs(&self, tokens: usize, draft_tokens: usize) -> Vec<gate::Need> {
         let mut held = self.live.kv.device_held_bytes();
         let mut need = self.live.kv.device_need_bytes(tokens);
         if let Some(d) = self.drafter.as_ref().and_then(Drafter::draft_seq) {
@@ -297,16 +328,20 @@ impl<'a> Session<'a> {
                 }
             }
         }
-        match gate::decide(&needs, &self.telemetry) {
+        needs
+    }
+
+    /// The gate's word on restoring snapshot `id`: a refusal unpins it and becomes the fallback (with its
+    /// log line and event; `reread` tokens will be read instead); an admission reports failed samples.
+    fn ask_gate(&mut self, id: u64, needs: &[gate::Need], tokens: usize, reread: usize) -> Result<(), Fallback> {
+        match gate::decide(needs, &self.telemetry) {
             GateDecision::Refuse { device, free_bytes, need_bytes, reserve_bytes } => {
                 self.cache.unpin(id);
                 tracing::info!(
-                    "conversation cache: restore skipped: device {device} free {:.0} MiB - need {:.0} MiB < reserve {:.0} MiB; snapshot kept, rereading {} tokens",
+                    "conversation cache: restore skipped: device {device} free {:.0} MiB - need {:.0} MiB < reserve {:.0} MiB; snapshot kept, rereading {reread} tokens",
                     mib_f(free_bytes),
                     mib_f(need_bytes),
                     mib_f(reserve_bytes),
-                    // The live sequence keeps its common prefix with the prompt; the rest is read.
-                    prompt_len - live_common,
                 );
                 self.telemetry.emit(EngineEvent::RestoreFallback {
                     device,
@@ -315,7 +350,7 @@ impl<'a> Session<'a> {
                     reserve_mib: mib_f(reserve_bytes),
                     tokens,
                 });
-                return Err(Some(Fallback::Gate { device, free_bytes, need_bytes, reserve_bytes, tokens }));
+                Err(Fallback::Gate { device, free_bytes, need_bytes, reserve_bytes, tokens })
             }
             GateDecision::Admit { failed_samples } => {
                 for device in failed_samples {
@@ -326,9 +361,21 @@ impl<'a> Session<'a> {
                     );
                     self.telemetry.emit(EngineEvent::SampleFailed { device, count: self.sample_failures });
                 }
+                Ok(())
             }
         }
-        let t0 = Instant::now();
+    }
+
+    /// Copies the first `tokens` of snapshot `id` (and `draft_tokens` of its draft KV) into the emptied live
+    /// sequences. A copy that cannot get device memory leaves them empty, unpins the snapshot and becomes
+    /// the fallback (None: the snapshot was gone).
+    fn copy_in(
+        &mut self,
+        id: u64,
+        tokens: usize,
+        draft_tokens: usize,
+        prompt_len: usize,
+    ) -> Result<(), Option<Fallback>> {
         self.live.rewind(0);
         self.live_checkpoints.clear();
         let mut draft_seq = self.drafter.as_mut().and_then(Drafter::draft_seq_mut);
@@ -357,25 +404,6 @@ impl<'a> Session<'a> {
         }
         self.live.tokens = snap.tokens[..tokens].to_vec();
         self.live_checkpoints = snap.checkpoints.iter().copied().filter(|&c| c <= tokens).collect();
-        let bytes = snap.kv.bytes() * tokens as u64 / snap.kv.len.max(1) as u64;
-        match kind {
-            RestoreKind::Live => drop(self.cache.remove(id)),
-            RestoreKind::Checkpoint => self.cache.unpin(id),
-        }
-        let elapsed = ms(t0);
-        tracing::info!(
-            "conversation cache: restored {tokens} tokens ({kind}) in {elapsed:.1} ms; parked={} bytes={}",
-            self.cache.len(),
-            self.cache.bytes()
-        );
-        self.telemetry.emit(EngineEvent::Restored {
-            kind,
-            tokens,
-            ms: elapsed,
-            restored_bytes: bytes,
-            parked: self.cache.len(),
-            bytes: self.cache.bytes(),
-        });
         Ok(())
     }
 }

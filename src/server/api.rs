@@ -141,25 +141,6 @@ fn request_id(prefix: &str) -> String {
     format!("{prefix}-{:x}{n:06x}", unix_now())
 }
 
-/// The figures a client is shown: all of them, or (`--reuse-figures hide`) none that say how much of the
-/// prompt the cache or the live sequence already held: those would tell a client how much of another
-/// client's conversation its prompt shares. The prompt then counts as read whole.
-fn shown(reuse_figures: bool, s: &Summary) -> Summary {
-    if reuse_figures {
-        return s.clone();
-    }
-    Summary {
-        reused: 0,
-        read: s.prompt_tokens,
-        kept_reply_tokens: 0,
-        prompt_tok_s: s.prompt_tokens as f64 / (s.prompt_ms / 1e3).max(1e-9),
-        restored: None,
-        restored_tokens: None,
-        fallback: None,
-        ..s.clone()
-    }
-}
-
 fn usage_json(s: &Summary) -> Value {
     json!({
         "prompt_tokens": s.prompt_tokens,
@@ -350,12 +331,21 @@ async fn run(
             Some(m) => m,
             None => return Err(ApiError::internal("the engine ended the request without a reply")),
         };
-        return Ok(stream(reply, first, rx, guard, app.opts.reuse_figures).into_response());
+        return Ok(stream(reply, first, rx, guard).into_response());
     }
     let _guard = guard;
-    let n = reply.checked.choices;
-    let mut choices: Vec<Option<(&'static str, String, Vec<TokenInfo>)>> = (0..n).map(|_| None).collect();
-    let summary = loop {
+    let (choices, summary) = collect(&mut rx, reply.checked.choices).await?;
+    Ok(Json(whole_reply(&reply, choices, &summary)).into_response())
+}
+
+/// One choice as the engine finished it: why it stopped, its text, and its tokens (with log-probabilities
+/// when asked for).
+type Finished = (&'static str, String, Vec<TokenInfo>);
+
+/// Waits for every choice of a job that is not streamed, and its figures.
+async fn collect(rx: &mut Receiver<Msg>, n: usize) -> Result<(Vec<Option<Finished>>, Summary), ApiError> {
+    let mut choices: Vec<Option<Finished>> = (0..n).map(|_| None).collect();
+    loop {
         match rx.recv().await {
             Some(Msg::Text { .. }) => {}
             Some(Msg::ChoiceDone { choice, finish_reason, text, tokens }) => {
@@ -363,11 +353,15 @@ async fn run(
                     *c = Some((finish_reason, text, tokens));
                 }
             }
-            Some(Msg::Done(s)) => break shown(app.opts.reuse_figures, &s),
+            Some(Msg::Done(s)) => return Ok((choices, *s)),
             Some(Msg::Error(e)) => return Err(e),
             None => return Err(ApiError::internal("the engine ended the request without a reply")),
         }
-    };
+    }
+}
+
+/// The reply that is not streamed: OpenAI's chat.completion or text_completion object, with Strata's figures.
+fn whole_reply(reply: &Reply, choices: Vec<Option<Finished>>, summary: &Summary) -> Value {
     let choices: Vec<Value> = choices
         .into_iter()
         .enumerate()
@@ -393,17 +387,16 @@ async fn run(
         Endpoint::Chat => "chat.completion",
         Endpoint::Completion => "text_completion",
     };
-    Ok(Json(json!({
+    json!({
         "id": reply.id,
         "object": object,
         "created": reply.created,
         "model": reply.model,
         "system_fingerprint": super::FINGERPRINT,
         "choices": choices,
-        "usage": usage_json(&summary),
-        "strata": strata_json(&summary),
-    }))
-    .into_response())
+        "usage": usage_json(summary),
+        "strata": strata_json(summary),
+    })
 }
 
 /// The chunks of a streamed reply, made from the engine's messages.
@@ -419,8 +412,6 @@ struct Chunks {
     /// Bytes of each choice's text so far (completion logprobs' text_offset).
     offsets: Vec<usize>,
     done: bool,
-    /// `--reuse-figures`: see [`shown`].
-    reuse_figures: bool,
 }
 
 impl Chunks {
@@ -504,7 +495,6 @@ impl Chunks {
                 self.pending.push_back(e);
             }
             Msg::Done(s) => {
-                let s = shown(self.reuse_figures, &s);
                 if self.reply.checked.include_usage {
                     let mut e = json!({
                         "id": self.reply.id,
@@ -534,7 +524,6 @@ fn stream(
     first: Msg,
     rx: Receiver<Msg>,
     guard: TicketGuard,
-    reuse_figures: bool,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let n = reply.checked.choices;
     let state = Chunks {
@@ -547,7 +536,6 @@ fn stream(
         role_sent: vec![false; n],
         offsets: vec![0; n],
         done: false,
-        reuse_figures,
     };
     let s = futures_util::stream::unfold(state, |mut st| async move {
         loop {

@@ -209,7 +209,7 @@ async fn require_key(State(app): State<App>, req: Request, next: Next) -> Respon
 pub fn serve(opts: ServeOptions, model: ServedModel, on_listening: impl FnOnce(SocketAddr)) -> anyhow::Result<u8> {
     let telemetry = Arc::new(Telemetry::with_capacity(opts.telemetry_entries));
     let devices = model.model.placement.devices.clone();
-    let shared = Shared::new(telemetry, devices, opts.queue);
+    let shared = Shared::new(telemetry, devices, opts.queue, opts.reuse_figures);
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
     let model = Arc::new(model);
     worker::spawn(

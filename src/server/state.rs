@@ -193,6 +193,9 @@ pub struct Shared {
     pub preparing: tokio::sync::Semaphore,
     /// The replies generated so far by their text, with their tokens: a conversation sent back reuses them.
     pub replies: Mutex<crate::tokenizer::turns::ReplyTokens>,
+    /// Whether a request's figures say how much of its prompt was reused (`--reuse-figures`): in its reply,
+    /// in the `request_done` event and in `/metrics`.
+    pub reuse_figures: bool,
 }
 
 /// Requests read and prepared at once before they reach the queue.
@@ -202,7 +205,7 @@ pub const PREPARING_LIMIT: usize = 64;
 pub const EXIT_DEVICE_FAULT: u8 = 75;
 
 impl Shared {
-    pub fn new(telemetry: Arc<Telemetry>, devices: DeviceSet, queue_cap: usize) -> Arc<Shared> {
+    pub fn new(telemetry: Arc<Telemetry>, devices: DeviceSet, queue_cap: usize, reuse_figures: bool) -> Arc<Shared> {
         let shared = Arc::new(Shared {
             telemetry,
             devices,
@@ -221,6 +224,7 @@ impl Shared {
             sampler_running: AtomicBool::new(false),
             preparing: tokio::sync::Semaphore::new(PREPARING_LIMIT),
             replies: Mutex::new(Default::default()),
+            reuse_figures,
         });
         // Cache events are counted as the session emits them.
         let events = shared.metrics.cache_events.clone();

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 
-use crate::engine::session::{Session, SessionConfig};
+use crate::engine::session::{Served, Session, SessionConfig};
 use crate::engine::spec::SpecSetup;
-use crate::engine::{EngineError, Generation, Observer, StopReason};
+use crate::engine::{EngineError, GenerateParams, Generation, Observer, StopReason};
 use crate::model::{Model, ModelError};
 use crate::sync::LockUnpoisoned;
 use crate::telemetry::{EngineEvent, Summary};
@@ -284,6 +284,18 @@ fn engine_error(e: &EngineError) -> ApiError {
     }
 }
 
+/// What became of one choice of a job.
+enum ChoiceEnd {
+    /// Generated: the job goes on to its next choice.
+    Served(Box<Served>),
+    /// The client went away (or a signal stopped it): no more choices.
+    Stopped,
+    /// The job has had its answer (an error was sent): nothing more to do.
+    Answered,
+}
+
+/// Runs one job: each of its choices in turn on the session, their text out on the job's channel, then the
+/// request's figures (or the error, or nothing for a client that went away).
 fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job: Job, serial: u64) {
     let queue_ms = job.queued_at.elapsed().as_secs_f64() * 1e3;
     let mut params = job.checked.params.clone();
@@ -291,67 +303,15 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
     let logprobs = params.logprobs || params.top_logprobs > 0;
     let base_seed = params.sampler.seed;
     let mut summary: Option<Summary> = None;
-    let deadline = job.time_limit.map(|l| job.queued_at + l);
     for choice in 0..job.checked.choices {
         params.sampler.seed = base_seed.wrapping_add(choice as u64);
-        let mut obs = JobObserver {
-            tx: &job.tx,
-            gone: false,
-            deadline,
-            timed_out: false,
-            shared,
-            tokenizer,
-            choice,
-            logprobs,
-            sent_tokens: 0,
-        };
-        let served = if choice == 0 {
-            session.serve(&job.prompt, &params, &mut obs)
-        } else {
-            session.serve_again(&job.prompt, &params, &mut obs)
-        };
-        if obs.timed_out && !job.tx.is_closed() {
-            let limit = job.time_limit.unwrap_or_default().as_secs();
-            tracing::info!("a request ran past --request-timeout-s {limit}: it ends");
-            shared.metrics.reject("request_timeout");
-            send(&job.tx, Msg::Error(ApiError::request_timeout(limit)));
-            return;
-        }
-        let served = match served {
-            Ok(s) => s,
-            Err(EngineError::Cancelled) => break,
-            Err(e) => {
-                let err = engine_error(&e);
-                tracing::warn!("request failed: {e}");
-                shared.metrics.failed.inc();
-                if let EngineError::Model(ModelError::Device(d)) = &e {
-                    if d.is_fatal() {
-                        shared.set_unhealthy(err.message.clone());
-                    }
-                }
-                send(&job.tx, Msg::Error(err));
-                return;
-            }
+        let served = match serve_choice(session, tokenizer, shared, &job, &params, choice, logprobs) {
+            ChoiceEnd::Served(s) => s,
+            ChoiceEnd::Stopped => break,
+            ChoiceEnd::Answered => return,
         };
         let g = &served.generation;
-        if g.stop_reason == StopReason::Cancelled {
-            if shared.cancel_in_flight.load(Ordering::Acquire) && !job.tx.is_closed() {
-                // Stopped by the second signal: say so rather than return fewer choices.
-                send(&job.tx, Msg::Error(ApiError::shutting_down()));
-                return;
-            }
-            break;
-        }
-        let mut tokens = if logprobs { token_infos(tokenizer, g, 0) } else { Vec::new() };
-        if g.stop_reason == StopReason::Stop {
-            // The text was cut where the stop string began: so are its tokens.
-            let mut start = 0;
-            tokens.retain(|t| {
-                let keep = start < g.text.len();
-                start += t.bytes.len();
-                keep
-            });
-        }
+        let tokens = choice_tokens(tokenizer, g, logprobs);
         if let Some(t) = tokens_of_text(tokenizer, &g.tokens, &g.text) {
             shared.replies.lock_unpoisoned().remember(&g.text, t);
         }
@@ -359,44 +319,145 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
             &job.tx,
             Msg::ChoiceDone { choice, finish_reason: finish_reason(g.stop_reason), text: g.text.clone(), tokens },
         );
-        let s = summary.get_or_insert_with(|| Summary {
-            job: serial,
-            prompt_tokens: job.prompt.len(),
-            completion_tokens: 0,
-            reused: served.reused,
-            read: served.read,
-            kept_reply_tokens: job.kept_reply_tokens,
-            prompt_ms: g.prompt_ms,
-            gen_ms: 0.0,
-            prompt_tok_s: served.read as f64 / (g.prompt_ms / 1e3).max(1e-9),
-            gen_tok_s: 0.0,
-            queue_ms,
-            drafts_accepted: 0,
-            drafts_proposed: 0,
-            restored: served.restored.map(|(k, _)| k),
-            restored_tokens: served.restored.map(|(_, n)| n),
-            fallback: served.fallback.clone(),
-        });
+        let s = summary.get_or_insert_with(|| first_summary(&job, &served, serial, queue_ms));
         s.completion_tokens += g.tokens.len();
         s.gen_ms += g.gen_ms;
         s.drafts_proposed += g.drafts_proposed;
         s.drafts_accepted += g.drafts_accepted;
     }
-    let Some(mut s) = summary else {
-        if shared.cancel_in_flight.load(Ordering::Acquire) {
-            send(&job.tx, Msg::Error(ApiError::shutting_down()));
-        }
-        shared.metrics.cancelled.inc();
-        tracing::info!("request cancelled: its client went away");
-        return;
+    match summary {
+        Some(s) => finish_job(shared, &job, s),
+        None => end_cancelled(shared, &job),
+    }
+}
+
+/// Generates choice `choice` of `job` (the first reads the prompt; the others go back to its end), and
+/// answers the job itself when that ends it: a time limit passed, an engine error, a shutdown.
+fn serve_choice(
+    session: &mut Session,
+    tokenizer: &Tokenizer,
+    shared: &Shared,
+    job: &Job,
+    params: &GenerateParams,
+    choice: usize,
+    logprobs: bool,
+) -> ChoiceEnd {
+    let deadline = job.time_limit.map(|l| job.queued_at + l);
+    let mut obs = JobObserver {
+        tx: &job.tx,
+        gone: false,
+        deadline,
+        timed_out: false,
+        shared,
+        tokenizer,
+        choice,
+        logprobs,
+        sent_tokens: 0,
     };
+    let served = if choice == 0 {
+        session.serve(&job.prompt, params, &mut obs)
+    } else {
+        session.serve_again(&job.prompt, params, &mut obs)
+    };
+    if obs.timed_out && !job.tx.is_closed() {
+        let limit = job.time_limit.unwrap_or_default().as_secs();
+        tracing::info!("a request ran past --request-timeout-s {limit}: it ends");
+        shared.metrics.reject("request_timeout");
+        send(&job.tx, Msg::Error(ApiError::request_timeout(limit)));
+        return ChoiceEnd::Answered;
+    }
+    let served = match served {
+        Ok(s) => s,
+        Err(EngineError::Cancelled) => return ChoiceEnd::Stopped,
+        Err(e) => {
+            fail_job(shared, job, &e);
+            return ChoiceEnd::Answered;
+        }
+    };
+    if served.generation.stop_reason == StopReason::Cancelled {
+        if shared.cancel_in_flight.load(Ordering::Acquire) && !job.tx.is_closed() {
+            // Stopped by the second signal: say so rather than return fewer choices.
+            send(&job.tx, Msg::Error(ApiError::shutting_down()));
+            return ChoiceEnd::Answered;
+        }
+        return ChoiceEnd::Stopped;
+    }
+    ChoiceEnd::Served(Box::new(served))
+}
+
+/// Answers `job` with the error `e` became; a fatal device error marks the engine unhealthy.
+fn fail_job(shared: &Shared, job: &Job, e: &EngineError) {
+    let err = engine_error(e);
+    tracing::warn!("request failed: {e}");
+    shared.metrics.failed.inc();
+    if let EngineError::Model(ModelError::Device(d)) = e {
+        if d.is_fatal() {
+            shared.set_unhealthy(err.message.clone());
+        }
+    }
+    send(&job.tx, Msg::Error(err));
+}
+
+/// The tokens of a choice with their log-probabilities, when asked for; cut where a stop string cut the
+/// text.
+fn choice_tokens(tokenizer: &Tokenizer, g: &Generation, logprobs: bool) -> Vec<TokenInfo> {
+    let mut tokens = if logprobs { token_infos(tokenizer, g, 0) } else { Vec::new() };
+    if g.stop_reason == StopReason::Stop {
+        let mut start = 0;
+        tokens.retain(|t| {
+            let keep = start < g.text.len();
+            start += t.bytes.len();
+            keep
+        });
+    }
+    tokens
+}
+
+/// The request's figures as of its first choice (the prompt's side; later choices add their tokens).
+fn first_summary(job: &Job, served: &Served, serial: u64, queue_ms: f64) -> Summary {
+    let g = &served.generation;
+    Summary {
+        job: serial,
+        prompt_tokens: job.prompt.len(),
+        completion_tokens: 0,
+        reused: served.reused,
+        read: served.read,
+        kept_reply_tokens: job.kept_reply_tokens,
+        prompt_ms: g.prompt_ms,
+        gen_ms: 0.0,
+        prompt_tok_s: served.read as f64 / (g.prompt_ms / 1e3).max(1e-9),
+        gen_tok_s: 0.0,
+        queue_ms,
+        drafts_accepted: 0,
+        drafts_proposed: 0,
+        restored: served.restored.map(|(k, _)| k),
+        restored_tokens: served.restored.map(|(_, n)| n),
+        fallback: served.fallback.clone(),
+    }
+}
+
+/// Ends a job that produced at least one choice: its figures to the metrics, telemetry and the client
+/// (without the reuse figures unless `--reuse-figures` shows them).
+fn finish_job(shared: &Shared, job: &Job, mut s: Summary) {
     s.gen_tok_s = s.completion_tokens as f64 / (s.gen_ms / 1e3).max(1e-9);
     if s.kept_reply_tokens > 0 {
         tracing::info!("{} prompt tokens were earlier replies, kept as generated", s.kept_reply_tokens);
     }
+    if !shared.reuse_figures {
+        s = s.without_reuse();
+    }
     shared.metrics.record(job.endpoint, &s);
     shared.telemetry.emit(EngineEvent::RequestDone(s.clone()));
     send(&job.tx, Msg::Done(Box::new(s)));
+}
+
+/// Ends a job whose client went away before its first choice was done (or a shutdown that stopped it).
+fn end_cancelled(shared: &Shared, job: &Job) {
+    if shared.cancel_in_flight.load(Ordering::Acquire) {
+        send(&job.tx, Msg::Error(ApiError::shutting_down()));
+    }
+    shared.metrics.cancelled.inc();
+    tracing::info!("request cancelled: its client went away");
 }
 
 /// Publishes the cache's contents for `/strata/cache`.

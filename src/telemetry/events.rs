@@ -44,6 +44,24 @@ pub struct Summary {
     pub fallback: Option<Fallback>,
 }
 
+impl Summary {
+    /// These figures without the ones that say how much of the prompt the cache or the live sequence already
+    /// held (`--reuse-figures hide`): those would tell a client how much of another client's conversation its
+    /// prompt shares. The prompt counts as read whole.
+    pub fn without_reuse(&self) -> Summary {
+        Summary {
+            reused: 0,
+            read: self.prompt_tokens,
+            kept_reply_tokens: 0,
+            prompt_tok_s: self.prompt_tokens as f64 / (self.prompt_ms / 1e3).max(1e-9),
+            restored: None,
+            restored_tokens: None,
+            fallback: None,
+            ..self.clone()
+        }
+    }
+}
+
 /// What an engine event says, by kind: the schema of every event in the ring, in `/strata/telemetry`,
 /// `/strata/events` and the desktop app's chart. (Serialized as `{"event": kind, ...fields}`.)
 #[derive(Clone, Debug, Serialize, Deserialize)]

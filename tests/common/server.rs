@@ -184,6 +184,10 @@ impl Server {
         self.request("POST", path, &[], body.to_string().as_bytes())
     }
 
+    pub fn get_auth(&self, path: &str, key: &str) -> Resp {
+        self.request("GET", path, &[("Authorization", &format!("Bearer {key}"))], b"")
+    }
+
     pub fn post_auth(&self, path: &str, key: &str, body: &Value) -> Resp {
         self.request("POST", path, &[("Authorization", &format!("Bearer {key}"))], body.to_string().as_bytes())
     }

@@ -612,14 +612,27 @@ fn reuse_figures_are_hidden_on_a_network_address_unless_asked_for() {
         (u(&v["usage"]["prompt_tokens_details"]["cached_tokens"]), u(&v["strata"]["reused"]), u(&v["strata"]["read"]))
     };
     // On 0.0.0.0 (a key is required there): the second identical prompt is reused but not said to be.
+    // Nor in the request_done events or /metrics, which every holder of the key reads too.
+    let elsewhere = |s: &Server| {
+        let t = s.get_auth("/strata/telemetry", "k").json();
+        let done: Vec<Value> =
+            t["events"].as_array().expect("events").iter().filter(|e| e["event"] == "request_done").cloned().collect();
+        assert_eq!(done.len(), 2, "{t}");
+        let reused: u64 = done.iter().map(|e| u(&e["reused"])).sum();
+        let metrics = s.get_auth("/metrics", "k").text();
+        let line = metrics.lines().find(|l| l.starts_with("strata_reused_tokens_total")).expect("the reuse counter");
+        (reused, line.rsplit(' ').next().unwrap().parse::<u64>().expect("a count"))
+    };
     let s = Server::start(&["-c", "256", "--host", "0.0.0.0", "--api-key", "k"]);
     cached(&s);
     let (c, reused, read) = cached(&s);
     assert_eq!((c, reused), (0, 0));
     assert!(read > 0);
+    assert_eq!(elsewhere(&s), (0, 0));
     drop(s);
     let s = Server::start(&["-c", "256", "--host", "0.0.0.0", "--api-key", "k", "--reuse-figures", "show"]);
     cached(&s);
     let (c, reused, _) = cached(&s);
     assert!(c > 0 && c == reused, "{c} {reused}");
+    assert_eq!(elsewhere(&s), (reused, reused));
 }
