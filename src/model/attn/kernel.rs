@@ -10,6 +10,7 @@ use std::ops::Range;
 
 use crate::quant::{self, QK};
 
+use super::exp::exp_nonpos;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{
     scores_avx2, scores_avx512, scores_q8_avx2, weigh_values_avx2, weigh_values_avx512, weights_avx2, weights_avx512,
@@ -280,27 +281,3 @@ fn sum_tile(p: &[f32; KEY_TILE]) -> f32 {
     }
     ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
 }
-
-/// `e^x` for `x <= 0` to about 2 ulp (Cephes' `expf` polynomial after a Cody-Waite reduction), in plain
-/// f32 operations that vectorize; values below -87.3 (where `e^x` leaves the normal range) give e^-87.3.
-#[inline(always)]
-pub fn exp_nonpos(x: f32) -> f32 {
-    let x = x.max(EXP_MIN);
-    let n = (x * std::f32::consts::LOG2_E + EXP_ROUND) - EXP_ROUND;
-    let r = (x - n * EXP_LN2_HI) - n * EXP_LN2_LO;
-    let mut p = EXP_POLY[0];
-    for &k in &EXP_POLY[1..] {
-        p = p * r + k;
-    }
-    let e = (p * r) * r + r + 1.0;
-    e * f32::from_bits((((n as i32) + 127) << 23) as u32)
-}
-
-/// `exp_nonpos`'s constants: the lowest argument, ln 2 in two parts, 1.5 * 2^23 (adding and subtracting
-/// it rounds to an integer), and the polynomial's coefficients from the highest degree.
-pub(super) const EXP_MIN: f32 = -87.336_55;
-pub(super) const EXP_LN2_HI: f32 = 0.693_359_4;
-pub(super) const EXP_LN2_LO: f32 = -2.121_944_4e-4;
-pub(super) const EXP_ROUND: f32 = 12_582_912.0;
-pub(super) const EXP_POLY: [f32; 6] =
-    [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5e-1];

@@ -36,6 +36,7 @@
 //! read it. It never reads a GPU layer's pages (those attend with a kernel) and never allocates per token
 //! once its buffers have grown.
 
+mod exp;
 mod kernel;
 mod plan;
 #[cfg(target_arch = "x86_64")]
@@ -52,7 +53,7 @@ use crate::threadpool::ThreadPool;
 use super::kv::{KvCache, KvPage, KV_PAGE_TOKENS};
 use super::ops::AttnShape;
 
-pub use kernel::exp_nonpos;
+pub use exp::exp_nonpos;
 use plan::attend_all;
 
 /// Keys per tile.

@@ -11,7 +11,8 @@ use std::ops::Range;
 use crate::model::ops::AttnShape;
 use crate::threadpool::{split_range, SharedMut, ThreadPool};
 
-use super::kernel::{chunk_pass, exp_nonpos};
+use super::exp::exp_nonpos;
+use super::kernel::chunk_pass;
 use super::{Layer, Queries, Query, Scratch, CHUNK_KEYS, PARTIALS, QUERY_TOKENS, SCRATCH};
 
 /// `attention` with the layer found and the queries ready.

@@ -5,7 +5,7 @@
 
 use crate::quant::QK;
 
-use super::kernel::{EXP_LN2_HI, EXP_LN2_LO, EXP_MIN, EXP_POLY, EXP_ROUND};
+use super::exp::{EXP_LN2_HI, EXP_LN2_LO, EXP_MIN, EXP_POLY, EXP_ROUND};
 use super::{KEY_TILE, Q8_BLOCK};
 
 /// `weights` on 16-lane vectors (the same operations per key; the max is exact in any order, and no
