@@ -474,7 +474,12 @@ pub fn report_usage_error(e: clap::Error) -> ExitCode {
             let rendered = e.render().to_string();
             let first = rendered.lines().next().unwrap_or("invalid arguments");
             let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("strata: error: {first} (see strata --help)");
+            // A value outside a fixed set says which values there are.
+            let valid = match e.get(clap::error::ContextKind::ValidValue) {
+                Some(clap::error::ContextValue::Strings(v)) if !v.is_empty() => format!("; one of: {}", v.join(", ")),
+                _ => String::new(),
+            };
+            eprintln!("strata: error: {first}{valid} (see strata --help)");
             ExitCode::from(2)
         }
     }

@@ -67,6 +67,16 @@ fn an_unknown_flag_is_one_line_and_exit_2() {
 }
 
 #[test]
+fn a_value_outside_a_flags_set_names_the_values_there_are() {
+    let o = strata(&["serve", "--reuse-figures", "maybe"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_clean_failure(&o, "invalid value 'maybe' for '--reuse-figures <REUSE_FIGURES>'; one of: auto, show, hide");
+    let o = strata(&["run", "--spec", "magic", "-p", "hi"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_clean_failure(&o, "one of: ngram, draft");
+}
+
+#[test]
 fn a_file_that_is_not_gguf_is_refused() {
     let p = temp_file("notes.txt", b"these are not the weights you are looking for\n");
     let o = strata(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]);
