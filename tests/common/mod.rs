@@ -5,6 +5,25 @@ pub mod server;
 
 use strata::sync::LockUnpoisoned;
 
+/// Runs the `strata` binary with `args` (the default model as `STRATA_MODEL`) to its end.
+pub fn strata(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .env("STRATA_MODEL", model_path())
+        .output()
+        .expect("the strata binary runs")
+}
+
+/// A finished run's standard output, as text.
+pub fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A finished run's standard error, as text.
+pub fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
 /// Runs that compute with the model one at a time (a server, a replay: each uses both cores), across every
 /// topic of the test binary.
 static MODEL_RUNS: std::sync::Mutex<()> = std::sync::Mutex::new(());

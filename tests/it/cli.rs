@@ -1,28 +1,12 @@
 //! The `strata` binary end to end: every subcommand on the default model, and bad input of every kind
 //! (one clear line naming the cause, a non-zero exit, never a panic).
 
-use crate::common;
+use crate::common::{self, stderr, stdout, strata};
 
 use std::path::Path;
 use std::process::{Command, Output};
 
 use strata::gguf::{GgufValue, GgufWriter};
-
-fn strata(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(args)
-        .env("STRATA_MODEL", common::model_path())
-        .output()
-        .expect("the strata binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// A failed run: non-zero exit, exactly one line on stderr that mentions `needle`, and no panic.
 fn assert_clean_failure(o: &Output, needle: &str) {

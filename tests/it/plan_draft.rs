@@ -4,10 +4,10 @@
 //! loaded; and the app's settings (`EngineSettings`) validate the drafting values naming their field, plan
 //! the draft, and emit its `strata serve` flags.
 
-use crate::common;
+use crate::common::{self, stderr, strata};
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -21,18 +21,6 @@ use strata::plan::settings::{EngineSettings, Speculative};
 use strata::threadpool::ThreadPool;
 
 const MIB: u64 = 1 << 20;
-
-fn strata(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(args)
-        .env("STRATA_MODEL", common::model_path())
-        .output()
-        .expect("the strata binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 fn json_of(o: &Output) -> Value {
     assert!(o.status.success(), "{}", stderr(o));
