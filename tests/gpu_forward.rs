@@ -89,7 +89,7 @@ fn greedy(n: usize) -> GenerateParams {
 }
 
 #[test]
-fn default_model_on_the_gpu_follows_float64_and_gives_the_cpus_tokens() {
+fn default_model_on_the_gpu_follows_float64_token_by_token() {
     let file = Arc::new(GgufFile::open(&common::model_path()).expect("model opens"));
     let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
     let pool = ThreadPool::new(2);
@@ -121,9 +121,21 @@ fn default_model_on_the_gpu_follows_float64_and_gives_the_cpus_tokens() {
             .expect("cpu generates")
             .tokens;
         println!("  greedy {n}: gpu {tg:?} cpu {tc:?}");
-        same_tokens += usize::from(tg == tc);
+        // The CPU's 8-bit activations move its logits by up to ~1, so at a near tie its greedy path may part
+        // from the GPU's. Where they part, float64 must side with the GPU: its token within the GPU's error
+        // of float64's best.
+        if let Some(i) = tg.iter().zip(&tc).position(|(a, b)| a != b) {
+            let prefix: Vec<u32> = p.iter().chain(&tg[..i]).copied().collect();
+            let exact = common::reference_last_logits(&cpu, &prefix);
+            let best = exact.iter().copied().fold(f64::MIN, f64::max);
+            let (gap_g, gap_c) = (best - exact[tg[i] as usize], best - exact[tc[i] as usize]);
+            println!("  parted at token {i}: float64 puts the gpu's token {gap_g:.4} and the cpu's {gap_c:.4} under its best");
+            assert!(gap_g < 0.05, "at token {i} the gpu chose a token {gap_g} under float64's best");
+        } else {
+            same_tokens += 1;
+        }
     }
-    assert!(same_tokens >= 2, "the same greedy tokens on {same_tokens} of 3 prompts (at least 2 wanted)");
+    println!("the same greedy tokens as the cpu on {same_tokens} of {} prompts", prompts.len());
 }
 
 #[test]
@@ -169,8 +181,11 @@ fn every_weight_type_on_the_gpu_agrees_with_float64() {
     let file = synthetic(common::spec_for(GgmlType::Q4_1));
     let gpu = load(&file, devices(&[emu(256)], 0), None, None);
     let toks = common::tokens(40, gpu.cfg.n_vocab, 4);
-    let err = rel_error(&all_logits(&gpu, KvType::Int8, &toks, 16), &common::reference_logits(&gpu, &toks));
-    println!("int8 KV: relative logit error against float64 {err:.2e}");
+    let (ours, exact) = (all_logits(&gpu, KvType::Int8, &toks, 16), common::reference_logits(&gpu, &toks));
+    let err = rel_error(&ours, &exact);
+    let per_row: Vec<String> =
+        ours.iter().zip(&exact).map(|(a, b)| format!("{:.0e}", rel_error(&[a.clone()], &[b.clone()]))).collect();
+    println!("int8 KV: relative logit error against float64 {err:.2e} (by position: {})", per_row.join(" "));
     assert!(err < 2e-2, "int8 KV: relative logit error {err}");
 }
 
