@@ -44,9 +44,10 @@ extern "C" __global__ void kv_store_q8_0(const float *k, const float *v, const u
     for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
     float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
     u8 *b = (u8 *)pages[pos / PAGE_TOKENS] + (long long)(pos % PAGE_TOKENS) * blocks * 34 + blk * 34;
-    u16 dh = f32_to_f16(d);
-    b[0] = (u8)(dh & 0xff);
-    b[1] = (u8)(dh >> 8);
+    // One 16-bit store (a block starts at an even byte: rows and blocks are 34-byte multiples). Two byte stores
+    // of the f16 register lost the low byte on an H200 (driver 580, PTX JIT for sm_90): the scale read back
+    // with its low byte 0 on nearly every block.
+    *(u16 *)b = f32_to_f16(d);
     for (int j = 0; j < 32; j++) {
         float q = rintf(x[j] * id);
         q = fminf(fmaxf(q, -128.0f), 127.0f);
