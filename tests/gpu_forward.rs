@@ -183,8 +183,11 @@ fn every_weight_type_on_the_gpu_agrees_with_float64() {
     let toks = common::tokens(40, gpu.cfg.n_vocab, 4);
     let (ours, exact) = (all_logits(&gpu, KvType::Int8, &toks, 16), common::reference_logits(&gpu, &toks));
     let err = rel_error(&ours, &exact);
-    let per_row: Vec<String> =
-        ours.iter().zip(&exact).map(|(a, b)| format!("{:.0e}", rel_error(&[a.clone()], &[b.clone()]))).collect();
+    let per_row: Vec<String> = ours
+        .iter()
+        .zip(&exact)
+        .map(|(a, b)| format!("{:.0e}", rel_error(std::slice::from_ref(a), std::slice::from_ref(b))))
+        .collect();
     println!("int8 KV: relative logit error against float64 {err:.2e} (by position: {})", per_row.join(" "));
     assert!(err < 2e-2, "int8 KV: relative logit error {err}");
 }

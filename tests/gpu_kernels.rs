@@ -299,7 +299,11 @@ fn kv_rows_are_stored_as_the_cpu_stores_them_and_attention_matches() {
                 }
             }
         }
-        assert!(stored_k == want_k, "{store}: stored bytes differ from the CPU's: {}", byte_diffs(&stored_k, &want_k, row_bytes));
+        assert!(
+            stored_k == want_k,
+            "{store}: stored bytes differ from the CPU's: {}",
+            byte_diffs(&stored_k, &want_k, row_bytes)
+        );
 
         // Attention of the batch's queries over everything stored, against an f64 reference over the stored
         // (rounded) K and V.

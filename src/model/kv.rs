@@ -14,7 +14,8 @@
 //! On a GPU layer (`cuda`, `emu`) a page is one allocation of GPU memory, K rows then V rows, written and
 //! read by the kernels through the layer's page table (the pages' addresses, uploaded when they change). A
 //! page moved to the host goes to pinned host memory the GPU reads directly, so attention still covers
-//! every page in one pass. Parking and restoring copy page by page between GPU and host.
+//! every page in one pass. Parking and restoring copy a run of adjacent pages at a time between GPU and
+//! host, staged through pinned buffers (`staging`).
 
 use std::sync::Arc;
 
@@ -23,6 +24,8 @@ use half::f16;
 use crate::device::cuda::gpu::Gpu;
 use crate::device::{Allocation, Device, DeviceError, Purpose};
 use crate::quant::{self, GgmlType};
+
+use super::staging::Staging;
 
 /// Positions per page: storage grows, and moves to the host, this many positions at a time.
 pub const KV_PAGE_TOKENS: usize = 64;
@@ -73,6 +76,25 @@ pub enum KvRows {
     Int8(Vec<u8>), // (KV_PAGE_TOKENS, kv_dim / 32 blocks of 34 bytes)
     /// In the page's GPU (or pinned host) memory: K at offset 0, V at half the page.
     Gpu,
+}
+
+impl KvRows {
+    /// The rows' bytes (host rows only).
+    fn bytes(&self) -> &[u8] {
+        match self {
+            KvRows::F16(v) => bytemuck::cast_slice(v),
+            KvRows::Int8(v) => v,
+            KvRows::Gpu => unreachable!("GPU rows are read with a copy"),
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            KvRows::F16(v) => bytemuck::cast_slice_mut(v),
+            KvRows::Int8(v) => v,
+            KvRows::Gpu => unreachable!("GPU rows are written with a copy"),
+        }
+    }
 }
 
 /// The K and V rows of a sequence's first `len` positions, per layer, in host memory (a parked
@@ -153,6 +175,16 @@ fn adjacent_runs(pages: &[KvPage], v: bool, half_bytes: u64) -> Vec<(usize, usiz
         }
     }
     runs
+}
+
+/// The (address, bytes) of each run of adjacent pages among those holding the first `len` rows of `row`
+/// bytes, on the K or the V side: the pieces of a transfer, in row order.
+fn runs_of(pages: &[KvPage], v: bool, len: usize, row: usize) -> impl Iterator<Item = (u64, usize)> {
+    let used = len.div_ceil(KV_PAGE_TOKENS).min(pages.len());
+    adjacent_runs(&pages[..used], v, (KV_PAGE_TOKENS * row) as u64).into_iter().map(move |(first, count, addr)| {
+        let (from, to) = (first * KV_PAGE_TOKENS * row, ((first + count) * KV_PAGE_TOKENS).min(len) * row);
+        (addr, to - from)
+    })
 }
 
 /// A GPU layer's page table on its device: `capacity` K-page addresses, then as many V-page addresses.
@@ -522,26 +554,12 @@ impl KvCache {
                 (KvType::F16, _) => KvRows::F16(host_vec(&self.host, n * dim, None)?),
                 (KvType::Int8, _) => KvRows::Int8(host_vec(&self.host, n * row, None)?),
             };
-            if let Some(gpu) = layer.device.gpu() {
-                // Device-to-host copies straight into the snapshot's buffer, one per run of adjacent pages.
-                let dst: &mut [u8] = match &mut out {
-                    KvRows::F16(o) => {
-                        o.resize(n * dim, f16::ZERO);
-                        bytemuck::cast_slice_mut(&mut o[..])
-                    }
-                    KvRows::Int8(o) => {
-                        o.resize(n * row, 0);
-                        &mut o[..]
-                    }
+            if layer.device.gpu().is_some() {
+                // Sized here, filled from the device below (`download`), all GPU layers together.
+                match &mut out {
+                    KvRows::F16(o) => o.resize(n * dim, f16::ZERO),
+                    KvRows::Int8(o) => o.resize(n * row, 0),
                     KvRows::Gpu => unreachable!("snapshots live in host memory"),
-                };
-                let pages = n.div_ceil(KV_PAGE_TOKENS).min(layer.pages.len());
-                for (first, count, addr) in adjacent_runs(&layer.pages[..pages], v_half, (KV_PAGE_TOKENS * row) as u64)
-                {
-                    let (from, to) = (first * KV_PAGE_TOKENS * row, ((first + count) * KV_PAGE_TOKENS).min(n) * row);
-                    // SAFETY: `addr` starts a run of `count` adjacent live pages of this layer, each holding
-                    // KV_PAGE_TOKENS rows of `row` bytes, and `to - from` is at most that run's bytes.
-                    unsafe { gpu.dtoh(&mut dst[from..to], addr) }.map_err(|e| gpu_error(&layer.device, e))?;
                 }
                 return Ok(out);
             }
@@ -562,7 +580,7 @@ impl KvCache {
             }
             Ok(out)
         };
-        let layers = self
+        let mut layers: Vec<(KvRows, KvRows)> = self
             .layers
             .iter()
             .map(|l| {
@@ -570,7 +588,61 @@ impl KvCache {
                 Ok((copy(l, false, bk)?, copy(l, true, bv)?))
             })
             .collect::<Result<_, DeviceError>>()?;
+        self.download(&mut layers)?;
         Ok(KvSnapshot { ty: self.ty, kv_dim: dim, len: n, layers })
+    }
+
+    /// The first `len()` rows of every GPU layer's pages into `out` (sized already), per GPU in one staged
+    /// transfer: a piece per run of adjacent pages.
+    fn download(&self, out: &mut [(KvRows, KvRows)]) -> Result<(), DeviceError> {
+        let row = self.ty.row_bytes(self.kv_dim);
+        for device in self.gpu_devices() {
+            let mut pieces: Vec<(u64, &mut [u8])> = Vec::new();
+            for (layer, (k, v)) in self.layers.iter().zip(out.iter_mut()) {
+                if !Arc::ptr_eq(&layer.device, &device) {
+                    continue;
+                }
+                for (v_half, rows) in [(false, k), (true, v)] {
+                    let mut rest = &mut rows.bytes_mut()[..self.len * row];
+                    for (addr, len) in runs_of(&layer.pages, v_half, self.len, row) {
+                        let (piece, tail) = std::mem::take(&mut rest).split_at_mut(len);
+                        pieces.push((addr, piece));
+                        rest = tail;
+                    }
+                }
+            }
+            let bytes: usize = pieces.iter().map(|p| p.1.len()).sum();
+            self.staged(&device, bytes, |staging, gpu| match staging {
+                Some(s) => s.download(&mut pieces),
+                // SAFETY: each piece's address starts a run of adjacent live pages holding its bytes.
+                None => pieces.iter_mut().try_for_each(|(addr, dst)| unsafe { gpu.dtoh(dst, *addr) }),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The devices of the GPU layers, each once.
+    fn gpu_devices(&self) -> Vec<Arc<Device>> {
+        let mut out: Vec<Arc<Device>> = Vec::new();
+        for l in self.layers.iter().filter(|l| l.device.gpu().is_some()) {
+            if !out.iter().any(|d| Arc::ptr_eq(d, &l.device)) {
+                out.push(l.device.clone());
+            }
+        }
+        out
+    }
+
+    /// Runs `copy` of `bytes` with pinned staging for `device`'s GPU, or without (one synchronous copy per
+    /// piece) when the host has no room for the staging buffers.
+    fn staged(
+        &self,
+        device: &Arc<Device>,
+        bytes: usize,
+        copy: impl FnOnce(Option<&Staging>, &Arc<dyn Gpu>) -> Result<(), crate::device::cuda::gpu::GpuError>,
+    ) -> Result<(), DeviceError> {
+        let gpu = device.gpu().expect("a GPU layer's device");
+        let staging = Staging::new(&self.host, gpu, bytes).ok();
+        copy(staging.as_ref(), gpu).map_err(|e| gpu_error(device, e))
     }
 
     /// Replaces the contents with the first `n` positions of `snap`: every page is allocated first, on the
@@ -586,32 +658,8 @@ impl KvCache {
         }
         let (dim, row) = (self.kv_dim, self.ty.row_bytes(self.kv_dim));
         for (layer, (sk, sv)) in self.layers.iter_mut().zip(&snap.layers) {
-            if let Some(gpu) = layer.device.gpu().cloned() {
-                // Host-to-device copies, one per run of adjacent pages (a whole layer's K, then its V, for
-                // the slab a restore allocates).
-                for (v_half, src) in [(false, sk), (true, sv)] {
-                    let bytes: &[u8] = match src {
-                        KvRows::F16(s) => bytemuck::cast_slice(&s[..n * dim]),
-                        KvRows::Int8(s) => &s[..n * row],
-                        KvRows::Gpu => unreachable!("snapshots live in host memory"),
-                    };
-                    for (first, count, addr) in adjacent_runs(&layer.pages, v_half, (KV_PAGE_TOKENS * row) as u64) {
-                        let (from, to) =
-                            (first * KV_PAGE_TOKENS * row, ((first + count) * KV_PAGE_TOKENS).min(n) * row);
-                        if from >= to {
-                            continue;
-                        }
-                        // SAFETY: as in the snapshot's copies: a run of `count` adjacent live pages holds at
-                        // least `to - from` bytes from `addr`.
-                        if let Err(e) = unsafe { gpu.htod(addr, &bytes[from..to]) } {
-                            let e = gpu_error(&layer.device, e);
-                            self.clear();
-                            return Err(e);
-                        }
-                        layer.pages[first].alloc.device().count_copy_in((to - from) as u64);
-                    }
-                }
-                continue;
+            if layer.device.gpu().is_some() {
+                continue; // copied below (`upload`), all GPU layers together
             }
             for (i, page) in layer.pages.iter_mut().enumerate() {
                 let rows = n.saturating_sub(i * KV_PAGE_TOKENS).min(KV_PAGE_TOKENS);
@@ -633,6 +681,41 @@ impl KvCache {
             }
         }
         self.len = n;
+        if let Err(e) = self.upload(snap) {
+            self.clear();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The first `len()` rows of `snap` into the GPU layers' pages (allocated already), per GPU in one staged
+    /// transfer: a piece per run of adjacent pages (a whole layer's K, then its V, for the slab a restore
+    /// allocates).
+    fn upload(&self, snap: &KvSnapshot) -> Result<(), DeviceError> {
+        let row = self.ty.row_bytes(self.kv_dim);
+        for device in self.gpu_devices() {
+            let mut pieces: Vec<(u64, &[u8])> = Vec::new();
+            for (layer, (k, v)) in self.layers.iter().zip(&snap.layers) {
+                if !Arc::ptr_eq(&layer.device, &device) {
+                    continue;
+                }
+                for (v_half, rows) in [(false, k), (true, v)] {
+                    let mut rest = &rows.bytes()[..self.len * row];
+                    for (addr, len) in runs_of(&layer.pages, v_half, self.len, row) {
+                        let (piece, tail) = rest.split_at(len);
+                        pieces.push((addr, piece));
+                        rest = tail;
+                    }
+                }
+            }
+            let bytes: usize = pieces.iter().map(|p| p.1.len()).sum();
+            self.staged(&device, bytes, |staging, gpu| match staging {
+                Some(s) => s.upload(&pieces),
+                // SAFETY: each piece's address starts a run of adjacent live pages with room for its bytes.
+                None => pieces.iter().try_for_each(|(addr, src)| unsafe { gpu.htod(*addr, src) }),
+            })?;
+            device.count_copy_in(bytes as u64);
+        }
         Ok(())
     }
 

@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod kv;
 pub mod ops;
 pub mod placement;
+mod staging;
 pub mod synthetic;
 pub mod weights;
 

@@ -1,0 +1,186 @@
+//! Copies between a GPU and pageable host memory through two pinned host buffers: how a conversation's KV
+//! crosses when it is parked and restored. A copy from or into pageable memory goes at a fraction of the
+//! bus's speed and waits for itself, and a parked cache is many pages (one copy each where they are not
+//! adjacent): on an H200 that parked at 0.8 GB/s against 55 GB/s for pinned memory. Here the pieces are
+//! gathered into a pinned buffer by asynchronous copies, with one wait per buffer, and the memcpy between
+//! one buffer and the pageable side overlaps the transfer of the other.
+
+use std::sync::Arc;
+
+use crate::device::cuda::gpu::{Gpu, GpuError};
+use crate::device::{Allocation, Device, DeviceError, Purpose};
+
+/// Bytes of each of the two buffers, at most.
+pub const STAGING_BYTES: usize = 16 << 20;
+
+/// Two pinned buffers on the host's ledger (as `Purpose::Staging`) for copies with one GPU.
+pub struct Staging {
+    gpu: Arc<dyn Gpu>,
+    bufs: [Allocation; 2],
+    cap: usize,
+}
+
+/// A stretch of one piece that goes through one buffer: `len` bytes at `at` in piece `piece`, at
+/// `buf_at` in the buffer.
+struct Segment {
+    piece: usize,
+    at: usize,
+    len: usize,
+    buf_at: usize,
+}
+
+/// The pieces of lengths `lens`, in order, cut into buffer loads of at most `cap` bytes.
+fn loads(lens: impl Iterator<Item = usize>, cap: usize) -> Vec<Vec<Segment>> {
+    let mut out: Vec<Vec<Segment>> = vec![Vec::new()];
+    let mut fill = 0;
+    for (piece, len) in lens.enumerate() {
+        let mut at = 0;
+        while at < len {
+            if fill == cap {
+                out.push(Vec::new());
+                fill = 0;
+            }
+            let n = (len - at).min(cap - fill);
+            out.last_mut().expect("one load at least").push(Segment { piece, at, len: n, buf_at: fill });
+            (at, fill) = (at + n, fill + n);
+        }
+    }
+    out.retain(|l| !l.is_empty());
+    out
+}
+
+impl Staging {
+    /// Two buffers of `STAGING_BYTES`, or of `total_bytes` when there is less to copy.
+    pub fn new(host: &Arc<Device>, gpu: &Arc<dyn Gpu>, total_bytes: usize) -> Result<Staging, DeviceError> {
+        Staging::with_cap(host, gpu, total_bytes.clamp(4096, STAGING_BYTES))
+    }
+
+    fn with_cap(host: &Arc<Device>, gpu: &Arc<dyn Gpu>, cap: usize) -> Result<Staging, DeviceError> {
+        let a = host.alloc_pinned(gpu, Purpose::Staging, cap as u64)?;
+        let b = host.alloc_pinned(gpu, Purpose::Staging, cap as u64)?;
+        Ok(Staging { gpu: gpu.clone(), bufs: [a, b], cap })
+    }
+
+    fn buf(&self, i: usize) -> (u64, *mut u8) {
+        let ptr = self.bufs[i % 2].mem().expect("pinned allocations have memory").ptr();
+        // Pinned host memory is mapped at the same address for the host and the device (`Gpu::alloc_host`).
+        (ptr, ptr as *mut u8)
+    }
+
+    /// Copies each piece's device bytes (from its address, `len()` of them) into its host slice.
+    pub fn download(&self, pieces: &mut [(u64, &mut [u8])]) -> Result<(), GpuError> {
+        let loads = loads(pieces.iter().map(|p| p.1.len()), self.cap);
+        let enqueue = |pieces: &[(u64, &mut [u8])], i: usize| -> Result<(), GpuError> {
+            let (buf, _) = self.buf(i);
+            for s in &loads[i] {
+                // SAFETY: the piece's address starts `len()` live device bytes (the caller's pages) and the
+                // segment lies inside them; the buffer holds `cap` bytes and the segment lies inside it.
+                unsafe { self.gpu.dtod(buf + s.buf_at as u64, pieces[s.piece].0 + s.at as u64, s.len as u64)? };
+            }
+            Ok(())
+        };
+        if loads.is_empty() {
+            return Ok(());
+        }
+        enqueue(pieces, 0)?;
+        self.gpu.synchronize()?;
+        for i in 0..loads.len() {
+            if i + 1 < loads.len() {
+                enqueue(pieces, i + 1)?; // the other buffer: its last load was taken out in the previous turn
+            }
+            let (_, host) = self.buf(i);
+            for s in &loads[i] {
+                // SAFETY: load `i` is complete (the synchronize before this turn) and nothing queued writes
+                // this buffer; the segment lies inside both the buffer and the piece.
+                let src = unsafe { std::slice::from_raw_parts(host.add(s.buf_at), s.len) };
+                pieces[s.piece].1[s.at..s.at + s.len].copy_from_slice(src);
+            }
+            self.gpu.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Copies each piece's host bytes to the device, from its address on.
+    pub fn upload(&self, pieces: &[(u64, &[u8])]) -> Result<(), GpuError> {
+        let loads = loads(pieces.iter().map(|p| p.1.len()), self.cap);
+        let fill = |i: usize| {
+            let (_, host) = self.buf(i);
+            for s in &loads[i] {
+                // SAFETY: the buffer is not in use by the device: the load that used it last (i - 2) was
+                // waited for before load i - 1 was queued.
+                let dst = unsafe { std::slice::from_raw_parts_mut(host.add(s.buf_at), s.len) };
+                dst.copy_from_slice(&pieces[s.piece].1[s.at..s.at + s.len]);
+            }
+        };
+        let enqueue = |i: usize| -> Result<(), GpuError> {
+            let (buf, _) = self.buf(i);
+            for s in &loads[i] {
+                // SAFETY: as in `download`, the other way.
+                unsafe { self.gpu.dtod(pieces[s.piece].0 + s.at as u64, buf + s.buf_at as u64, s.len as u64)? };
+            }
+            Ok(())
+        };
+        for i in 0..loads.len() {
+            fill(i); // overlaps the transfer of load i - 1
+            self.gpu.synchronize()?;
+            enqueue(i)?;
+        }
+        self.gpu.synchronize()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lens(loads: &[Vec<Segment>]) -> Vec<Vec<(usize, usize, usize, usize)>> {
+        loads.iter().map(|l| l.iter().map(|s| (s.piece, s.at, s.len, s.buf_at)).collect()).collect()
+    }
+
+    #[test]
+    fn pieces_are_cut_at_buffer_ends_and_nothing_is_lost() {
+        let l = loads([5, 0, 12, 3].into_iter(), 8);
+        assert_eq!(
+            lens(&l),
+            vec![vec![(0, 0, 5, 0), (2, 0, 3, 5)], vec![(2, 3, 8, 0)], vec![(2, 11, 1, 0), (3, 0, 3, 1)]]
+        );
+        assert!(loads([0, 0].into_iter(), 8).is_empty());
+    }
+
+    /// Scattered pieces up to a GPU and back, through buffers far smaller than the whole (many loads, both
+    /// buffers in turn), on the emulated GPU: every byte where it belongs.
+    #[test]
+    fn pieces_cross_both_ways_through_many_loads() {
+        use crate::device::cuda::gpu::Buffer;
+        use crate::device::DeviceKind;
+        let host = Device::new(0, DeviceKind::Cpu, 0).unwrap();
+        let emu = Device::new(1, DeviceKind::Emu { capacity_bytes: 16 << 20 }, 0).unwrap();
+        let gpu = emu.gpu().unwrap().clone();
+        let staging = Staging::with_cap(&host, &gpu, 1000).unwrap();
+        let mem = Buffer::device(&gpu, 40_000).unwrap();
+        let src: Vec<u8> = (0..40_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        // Pieces of uneven sizes, placed on the device in another order than on the host.
+        let cuts = [0, 1, 999, 1000, 3333, 7000, 7001, 20_000, 40_000];
+        let spans: Vec<(usize, usize)> = cuts.windows(2).map(|w| (w[0], w[1])).collect();
+        let at = |i: usize| mem.ptr() + (40_000 - spans[i].1) as u64; // reversed on the device
+        let up: Vec<(u64, &[u8])> = spans.iter().enumerate().map(|(i, &(a, b))| (at(i), &src[a..b])).collect();
+        staging.upload(&up).unwrap();
+        let mut back = vec![0u8; 40_000];
+        let mut rest = &mut back[..];
+        let mut down: Vec<(u64, &mut [u8])> = Vec::new();
+        for (i, &(a, b)) in spans.iter().enumerate() {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(b - a);
+            down.push((at(i), piece));
+            rest = tail;
+        }
+        staging.download(&mut down).unwrap();
+        assert!(back == src, "the bytes came back as they went");
+        // And on the device they lie where the pieces said.
+        let mut on_device = vec![0u8; 40_000];
+        mem.read_at(0, &mut on_device).unwrap();
+        for (i, &(a, b)) in spans.iter().enumerate() {
+            let d = (at(i) - mem.ptr()) as usize;
+            assert!(on_device[d..d + (b - a)] == src[a..b], "piece {i}");
+        }
+    }
+}
