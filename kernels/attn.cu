@@ -55,6 +55,21 @@ extern "C" __global__ void kv_store_q8_0(const float *k, const float *v, const u
     }
 }
 
+// Rows row0 .. row0 + rows of one side (K or V) of a layer's pages, listed in `table` (page i holds rows 64i ..
+// 64i + 63 from its start), copied to dst one after another: parking a conversation, where dst is pinned host
+// memory. One launch instead of a copy per page. Rows are row_bytes bytes, an even number; dst 2-byte aligned.
+// One thread per 2 bytes.
+extern "C" __global__ void kv_gather(const u64 *table, u8 *dst, int row0, int rows, int row_bytes) {
+    const long long half = row_bytes / 2;
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)rows * half) {
+        return;
+    }
+    int r = (int)(idx / half), c = (int)(idx % half), p = row0 + r;
+    const u16 *src = (const u16 *)(table[p / PAGE_TOKENS] + (long long)(p % PAGE_TOKENS) * row_bytes);
+    ((u16 *)dst)[idx] = src[c];
+}
+
 // Causal attention of the queries q (tokens, n_head * head_dim) at positions pos0 .. over one layer's pages,
 // into out (same shape). One block of ATTN_WARPS warps per (token, head); warp w takes positions w,
 // w + ATTN_WARPS, ... with an online softmax, lanes splitting the head's values (lane + 32i); the warps'

@@ -304,6 +304,24 @@ fn kv_rows_are_stored_as_the_cpu_stores_them_and_attention_matches() {
             "{store}: stored bytes differ from the CPU's: {}",
             byte_diffs(&stored_k, &want_k, row_bytes)
         );
+        // Gathered through the page table into pinned host memory (how a conversation is parked): the same
+        // rows in order, from row 3 on (a start inside a page).
+        let gathered = Buffer::pinned_host(&gpu, (n * row_bytes) as u64).unwrap();
+        let args = [
+            Arg::Ptr(kp.table.ptr()),
+            Arg::Ptr(gathered.ptr()),
+            Arg::I32(3),
+            Arg::I32(n as i32 - 3),
+            Arg::I32(row_bytes as i32),
+        ];
+        run(&*gpu, "kv_gather", Dims::over((n - 3) * row_bytes / 2, 256), &args).unwrap();
+        let mut got = vec![0u8; (n - 3) * row_bytes];
+        gathered.read_at(0, &mut got).unwrap();
+        assert!(
+            got == stored_k[3 * row_bytes..],
+            "kv_gather: {}",
+            byte_diffs(&got, &stored_k[3 * row_bytes..], row_bytes)
+        );
 
         // Attention of the batch's queries over everything stored, against an f64 reference over the stored
         // (rounded) K and V.

@@ -17,15 +17,16 @@
 //! every page in one pass. Parking and restoring copy a run of adjacent pages at a time between GPU and
 //! host, staged through pinned buffers (`staging`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use half::f16;
 
-use crate::device::cuda::gpu::Gpu;
+use crate::device::cuda::gpu::{Gpu, GpuError};
 use crate::device::{Allocation, Device, DeviceError, Purpose};
 use crate::quant::{self, GgmlType};
 
-use super::staging::Staging;
+use super::staging::{Source, Staging};
+use crate::sync::LockUnpoisoned;
 
 /// Positions per page: storage grows, and moves to the host, this many positions at a time.
 pub const KV_PAGE_TOKENS: usize = 64;
@@ -202,6 +203,16 @@ pub struct LayerKv {
     table: Option<PageTable>,
 }
 
+impl LayerKv {
+    /// The device addresses of the K and V page tables when they list the pages as they are now.
+    fn current_tables(&self) -> Option<(u64, u64)> {
+        let t = self.table.as_ref()?;
+        let now = self.pages.iter().map(|p| p.gpu_addrs().expect("pages of a GPU layer have memory"));
+        let ptr = t.alloc.mem()?.ptr();
+        now.eq(t.uploaded.iter().copied()).then_some((ptr, ptr + (t.capacity * 8) as u64))
+    }
+}
+
 pub struct KvCache {
     pub ty: KvType,
     /// Values per row: `n_head_kv * head_dim`.
@@ -216,6 +227,8 @@ pub struct KvCache {
     pub layers: Vec<LayerKv>,
     /// Pages moved from a device to the host so far.
     spilled_pages: u64,
+    /// Pinned buffers for parking and restoring, per GPU, made at the first and kept (pinning is slow).
+    staging: Mutex<Vec<Staging>>,
 }
 
 impl KvCache {
@@ -241,6 +254,7 @@ impl KvCache {
                 .map(|device| LayerKv { device, pages: Vec::new(), table: None })
                 .collect(),
             spilled_pages: 0,
+            staging: Mutex::new(Vec::new()),
         }
     }
 
@@ -593,20 +607,29 @@ impl KvCache {
     }
 
     /// The first `len()` rows of every GPU layer's pages into `out` (sized already), per GPU in one staged
-    /// transfer: a piece per run of adjacent pages.
+    /// transfer: a piece per layer side gathered through its page table on the device where that table is
+    /// current (the forward pass keeps it so), else a piece per run of adjacent pages.
     fn download(&self, out: &mut [(KvRows, KvRows)]) -> Result<(), DeviceError> {
         let row = self.ty.row_bytes(self.kv_dim);
         for device in self.gpu_devices() {
-            let mut pieces: Vec<(u64, &mut [u8])> = Vec::new();
-            for (layer, (k, v)) in self.layers.iter().zip(out.iter_mut()) {
+            let mut pieces: Vec<(Source, &mut [u8])> = Vec::new();
+            let mut gathered: Vec<(usize, bool)> = Vec::new(); // (layer, V side) of each Source::Pages piece
+            for (l, (layer, (k, v))) in self.layers.iter().zip(out.iter_mut()).enumerate() {
                 if !Arc::ptr_eq(&layer.device, &device) {
                     continue;
                 }
+                let tables = layer.current_tables();
                 for (v_half, rows) in [(false, k), (true, v)] {
                     let mut rest = &mut rows.bytes_mut()[..self.len * row];
+                    if let Some((kt, vt)) = tables {
+                        let table = if v_half { vt } else { kt };
+                        pieces.push((Source::Pages { table, row0: 0, row_bytes: row }, rest));
+                        gathered.push((l, v_half));
+                        continue;
+                    }
                     for (addr, len) in runs_of(&layer.pages, v_half, self.len, row) {
                         let (piece, tail) = std::mem::take(&mut rest).split_at_mut(len);
-                        pieces.push((addr, piece));
+                        pieces.push((Source::At(addr), piece));
                         rest = tail;
                     }
                 }
@@ -614,8 +637,21 @@ impl KvCache {
             let bytes: usize = pieces.iter().map(|p| p.1.len()).sum();
             self.staged(&device, bytes, |staging, gpu| match staging {
                 Some(s) => s.download(&mut pieces),
-                // SAFETY: each piece's address starts a run of adjacent live pages holding its bytes.
-                None => pieces.iter_mut().try_for_each(|(addr, dst)| unsafe { gpu.dtoh(dst, *addr) }),
+                // No room for staging: a copy per run of adjacent pages (gathering needs a pinned target).
+                None => pieces.iter_mut().try_for_each(|(source, dst)| match source {
+                    // SAFETY: the address starts a run of adjacent live pages holding the piece's bytes.
+                    Source::At(addr) => unsafe { gpu.dtoh(dst, *addr) },
+                    Source::Pages { .. } => {
+                        let (l, v_half) = gathered.remove(0);
+                        let mut at = 0;
+                        for (addr, len) in runs_of(&self.layers[l].pages, v_half, self.len, row) {
+                            // SAFETY: as above.
+                            unsafe { gpu.dtoh(&mut dst[at..at + len], addr)? };
+                            at += len;
+                        }
+                        Ok(())
+                    }
+                }),
             })?;
         }
         Ok(())
@@ -638,11 +674,22 @@ impl KvCache {
         &self,
         device: &Arc<Device>,
         bytes: usize,
-        copy: impl FnOnce(Option<&Staging>, &Arc<dyn Gpu>) -> Result<(), crate::device::cuda::gpu::GpuError>,
+        copy: impl FnOnce(Option<&Staging>, &Arc<dyn Gpu>) -> Result<(), GpuError>,
     ) -> Result<(), DeviceError> {
         let gpu = device.gpu().expect("a GPU layer's device");
-        let staging = Staging::new(&self.host, gpu, bytes).ok();
-        copy(staging.as_ref(), gpu).map_err(|e| gpu_error(device, e))
+        let row = self.ty.row_bytes(self.kv_dim);
+        let mut kept = self.staging.lock_unpoisoned();
+        let at = match kept.iter().position(|s| s.suits(gpu, bytes, row)) {
+            Some(i) => Some(i),
+            None => {
+                kept.retain(|s| !s.suits(gpu, 0, 1)); // a smaller one for this GPU goes
+                Staging::new(&self.host, gpu, bytes, row).ok().map(|s| {
+                    kept.push(s);
+                    kept.len() - 1
+                })
+            }
+        };
+        copy(at.map(|i| &kept[i]), gpu).map_err(|e| gpu_error(device, e))
     }
 
     /// Replaces the contents with the first `n` positions of `snap`: every page is allocated first, on the

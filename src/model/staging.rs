@@ -1,13 +1,15 @@
 //! Copies between a GPU and pageable host memory through two pinned host buffers: how a conversation's KV
 //! crosses when it is parked and restored. A copy from or into pageable memory goes at a fraction of the
 //! bus's speed and waits for itself, and a parked cache is many pages (one copy each where they are not
-//! adjacent): on an H200 that parked at 0.8 GB/s against 55 GB/s for pinned memory. Here the pieces are
-//! gathered into a pinned buffer by asynchronous copies, with one wait per buffer, and the memcpy between
-//! one buffer and the pageable side overlaps the transfer of the other.
+//! adjacent): on an H200 that parked at 0.8 GB/s against 55 GB/s for pinned memory, and a small copy costs
+//! about 30 us whatever it is. Here a piece crosses into a pinned buffer by an asynchronous copy or, for a
+//! layer's pages, by one gathering kernel (`kv_gather`), with one wait per buffer, and the memcpy between one
+//! buffer and the pageable side overlaps the transfer of the other. The buffers are kept by their owner
+//! (a sequence's KV cache): pinning memory is slow (about 1 ms per MiB there).
 
 use std::sync::Arc;
 
-use crate::device::cuda::gpu::{Gpu, GpuError};
+use crate::device::cuda::gpu::{launch, Arg, Dims, Gpu, GpuError};
 use crate::device::{Allocation, Device, DeviceError, Purpose};
 
 /// Bytes of each of the two buffers, at most.
@@ -18,6 +20,16 @@ pub struct Staging {
     gpu: Arc<dyn Gpu>,
     bufs: [Allocation; 2],
     cap: usize,
+}
+
+/// Where a piece of a download comes from.
+#[derive(Clone, Copy)]
+pub enum Source {
+    /// Device bytes from this address on.
+    At(u64),
+    /// Rows from `row0` on of one side of a layer's pages, through its page table on the device (rows of
+    /// `row_bytes`; the piece is a whole number of them).
+    Pages { table: u64, row0: usize, row_bytes: usize },
 }
 
 /// A stretch of one piece that goes through one buffer: `len` bytes at `at` in piece `piece`, at
@@ -50,9 +62,22 @@ fn loads(lens: impl Iterator<Item = usize>, cap: usize) -> Vec<Vec<Segment>> {
 }
 
 impl Staging {
-    /// Two buffers of `STAGING_BYTES`, or of `total_bytes` when there is less to copy.
-    pub fn new(host: &Arc<Device>, gpu: &Arc<dyn Gpu>, total_bytes: usize) -> Result<Staging, DeviceError> {
-        Staging::with_cap(host, gpu, total_bytes.clamp(4096, STAGING_BYTES))
+    /// Two buffers of `STAGING_BYTES`, or of `total_bytes` when there is less to copy, a whole number of
+    /// `unit`s each (pieces are cut only there: a row is never split).
+    pub fn new(
+        host: &Arc<Device>,
+        gpu: &Arc<dyn Gpu>,
+        total_bytes: usize,
+        unit: usize,
+    ) -> Result<Staging, DeviceError> {
+        let cap = total_bytes.clamp(4096, STAGING_BYTES.max(unit));
+        Staging::with_cap(host, gpu, cap / unit * unit)
+    }
+
+    /// Whether it is the staging for `gpu` with buffers of `total_bytes` (up to `STAGING_BYTES`) in whole
+    /// `unit`s.
+    pub fn suits(&self, gpu: &Arc<dyn Gpu>, total_bytes: usize, unit: usize) -> bool {
+        Arc::ptr_eq(&self.gpu, gpu) && self.cap.is_multiple_of(unit) && self.cap >= total_bytes.min(STAGING_BYTES)
     }
 
     fn with_cap(host: &Arc<Device>, gpu: &Arc<dyn Gpu>, cap: usize) -> Result<Staging, DeviceError> {
@@ -67,15 +92,32 @@ impl Staging {
         (ptr, ptr as *mut u8)
     }
 
-    /// Copies each piece's device bytes (from its address, `len()` of them) into its host slice.
-    pub fn download(&self, pieces: &mut [(u64, &mut [u8])]) -> Result<(), GpuError> {
+    /// Fills each piece's host slice from its source.
+    pub fn download(&self, pieces: &mut [(Source, &mut [u8])]) -> Result<(), GpuError> {
         let loads = loads(pieces.iter().map(|p| p.1.len()), self.cap);
-        let enqueue = |pieces: &[(u64, &mut [u8])], i: usize| -> Result<(), GpuError> {
+        let enqueue = |pieces: &[(Source, &mut [u8])], i: usize| -> Result<(), GpuError> {
             let (buf, _) = self.buf(i);
             for s in &loads[i] {
-                // SAFETY: the piece's address starts `len()` live device bytes (the caller's pages) and the
-                // segment lies inside them; the buffer holds `cap` bytes and the segment lies inside it.
-                unsafe { self.gpu.dtod(buf + s.buf_at as u64, pieces[s.piece].0 + s.at as u64, s.len as u64)? };
+                let dst = buf + s.buf_at as u64;
+                match pieces[s.piece].0 {
+                    // SAFETY: the address starts the piece's live device bytes and the segment lies inside
+                    // them; the buffer holds `cap` bytes and the segment lies inside it.
+                    Source::At(addr) => unsafe { self.gpu.dtod(dst, addr + s.at as u64, s.len as u64)? },
+                    Source::Pages { table, row0, row_bytes } => {
+                        let rows = s.len / row_bytes;
+                        let args = [
+                            Arg::Ptr(table),
+                            Arg::Ptr(dst),
+                            Arg::I32((row0 + s.at / row_bytes) as i32),
+                            Arg::I32(rows as i32),
+                            Arg::I32(row_bytes as i32),
+                        ];
+                        let dims = Dims::over(rows * row_bytes / 2, 256);
+                        // SAFETY: the table lists live pages holding these rows (the caller's), and the
+                        // segment's `rows * row_bytes` bytes lie inside the buffer.
+                        unsafe { launch(&*self.gpu, "kv_gather", dims, &args)? };
+                    }
+                }
             }
             Ok(())
         };
@@ -167,10 +209,10 @@ mod tests {
         staging.upload(&up).unwrap();
         let mut back = vec![0u8; 40_000];
         let mut rest = &mut back[..];
-        let mut down: Vec<(u64, &mut [u8])> = Vec::new();
+        let mut down: Vec<(Source, &mut [u8])> = Vec::new();
         for (i, &(a, b)) in spans.iter().enumerate() {
             let (piece, tail) = std::mem::take(&mut rest).split_at_mut(b - a);
-            down.push((at(i), piece));
+            down.push((Source::At(at(i)), piece));
             rest = tail;
         }
         staging.download(&mut down).unwrap();
@@ -182,5 +224,38 @@ mod tests {
             let d = (at(i) - mem.ptr()) as usize;
             assert!(on_device[d..d + (b - a)] == src[a..b], "piece {i}");
         }
+    }
+
+    /// Rows gathered through a page table (pages out of order in memory, one half-filled) come out in row
+    /// order, also when a buffer load ends between two rows of one piece.
+    #[test]
+    fn pages_are_gathered_in_row_order() {
+        use crate::device::cuda::gpu::Buffer;
+        use crate::device::DeviceKind;
+        const ROW: usize = 34 * 2; // two q8_0 blocks
+        let host = Device::new(0, DeviceKind::Cpu, 0).unwrap();
+        let emu = Device::new(1, DeviceKind::Emu { capacity_bytes: 16 << 20 }, 0).unwrap();
+        let gpu = emu.gpu().unwrap().clone();
+        let rows = 3 * 64 - 20; // three pages, the last not full
+        let want: Vec<u8> = (0..rows * ROW).map(|i| (i * 7 % 251) as u8).collect();
+        let pages: Vec<Buffer> = (0..3).map(|_| Buffer::device(&gpu, (64 * ROW) as u64).unwrap()).collect();
+        for (i, page) in pages.iter().enumerate() {
+            let n = (rows - i * 64).min(64) * ROW;
+            page.write_at(0, &want[i * 64 * ROW..i * 64 * ROW + n]).unwrap();
+        }
+        // The table lists them in row order; in memory they lie wherever the allocator put them.
+        let addrs: Vec<u64> = pages.iter().map(Buffer::ptr).collect();
+        let table = Buffer::device(&gpu, 24).unwrap();
+        table.write_at(0, bytemuck::cast_slice(&addrs)).unwrap();
+        // 10 rows per buffer load: pieces cut inside pages and across them.
+        let staging = Staging::with_cap(&host, &gpu, 10 * ROW).unwrap();
+        let mut got = vec![0u8; rows * ROW];
+        let (a, b) = got.split_at_mut(50 * ROW);
+        let mut pieces = [
+            (Source::Pages { table: table.ptr(), row0: 0, row_bytes: ROW }, a),
+            (Source::Pages { table: table.ptr(), row0: 50, row_bytes: ROW }, b),
+        ];
+        staging.download(&mut pieces).unwrap();
+        assert!(got == want, "gathered rows in order");
     }
 }
