@@ -61,6 +61,11 @@ fn loads(lens: impl Iterator<Item = usize>, cap: usize) -> Vec<Vec<Segment>> {
     out
 }
 
+/// The buffer size for copying `total_bytes` in whole `unit`s: `STAGING_BYTES` at most (at least one unit).
+fn cap_for(total_bytes: usize, unit: usize) -> usize {
+    total_bytes.clamp(4096, STAGING_BYTES.max(unit)) / unit * unit
+}
+
 impl Staging {
     /// Two buffers of `STAGING_BYTES`, or of `total_bytes` when there is less to copy, a whole number of
     /// `unit`s each (pieces are cut only there: a row is never split).
@@ -70,14 +75,12 @@ impl Staging {
         total_bytes: usize,
         unit: usize,
     ) -> Result<Staging, DeviceError> {
-        let cap = total_bytes.clamp(4096, STAGING_BYTES.max(unit));
-        Staging::with_cap(host, gpu, cap / unit * unit)
+        Staging::with_cap(host, gpu, cap_for(total_bytes, unit))
     }
 
-    /// Whether it is the staging for `gpu` with buffers of `total_bytes` (up to `STAGING_BYTES`) in whole
-    /// `unit`s.
+    /// Whether it does for copying `total_bytes` with `gpu` in whole `unit`s as well as `new` would.
     pub fn suits(&self, gpu: &Arc<dyn Gpu>, total_bytes: usize, unit: usize) -> bool {
-        Arc::ptr_eq(&self.gpu, gpu) && self.cap.is_multiple_of(unit) && self.cap >= total_bytes.min(STAGING_BYTES)
+        Arc::ptr_eq(&self.gpu, gpu) && self.cap.is_multiple_of(unit) && self.cap >= cap_for(total_bytes, unit)
     }
 
     fn with_cap(host: &Arc<Device>, gpu: &Arc<dyn Gpu>, cap: usize) -> Result<Staging, DeviceError> {
@@ -187,6 +190,23 @@ mod tests {
             vec![vec![(0, 0, 5, 0), (2, 0, 3, 5)], vec![(2, 3, 8, 0)], vec![(2, 11, 1, 0), (3, 0, 3, 1)]]
         );
         assert!(loads([0, 0].into_iter(), 8).is_empty());
+    }
+
+    /// Staging made for a copy suits the same copy again (a KV cache keeps it: pinning is slow), and a
+    /// smaller one, but not a copy in other units or one it would take in smaller loads than a new one.
+    #[test]
+    fn staging_made_for_a_copy_suits_it_again() {
+        use crate::device::DeviceKind;
+        let host = Device::new(0, DeviceKind::Cpu, 0).unwrap();
+        let emu = Device::new(1, DeviceKind::Emu { capacity_bytes: 16 << 20 }, 0).unwrap();
+        let gpu = emu.gpu().unwrap().clone();
+        let row = 34 * 6;
+        let big = Staging::new(&host, &gpu, 100 << 20, row).unwrap();
+        assert!(big.cap <= STAGING_BYTES && big.cap.is_multiple_of(row));
+        assert!(big.suits(&gpu, 100 << 20, row) && big.suits(&gpu, 1 << 20, row));
+        assert!(!big.suits(&gpu, 100 << 20, 34 * 5));
+        let small = Staging::new(&host, &gpu, 50 * row, row).unwrap();
+        assert!(small.suits(&gpu, 50 * row, row) && !small.suits(&gpu, 100 << 20, row));
     }
 
     /// Scattered pieces up to a GPU and back, through buffers far smaller than the whole (many loads, both
