@@ -14,8 +14,8 @@
 //! On a GPU layer (`cuda`, `emu`) a page is one allocation of GPU memory, K rows then V rows, written and
 //! read by the kernels through the layer's page table (the pages' addresses, uploaded when they change). A
 //! page moved to the host goes to pinned host memory the GPU reads directly, so attention still covers
-//! every page in one pass. Parking and restoring copy a run of adjacent pages at a time between GPU and
-//! host, staged through pinned buffers (`staging`).
+//! every page in one pass. Parking gathers each layer's pages with one kernel into pinned staging buffers
+//! (`staging`); restoring copies a run of adjacent pages at a time (a restore allocates a slab per layer).
 
 use std::sync::{Arc, Mutex};
 
@@ -735,9 +735,8 @@ impl KvCache {
         Ok(())
     }
 
-    /// The first `len()` rows of `snap` into the GPU layers' pages (allocated already), per GPU in one staged
-    /// transfer: a piece per run of adjacent pages (a whole layer's K, then its V, for the slab a restore
-    /// allocates).
+    /// The first `len()` rows of `snap` into the GPU layers' pages (allocated already): a copy per run of
+    /// adjacent pages (a whole layer's K, then its V, for the slab a restore allocates).
     fn upload(&self, snap: &KvSnapshot) -> Result<(), DeviceError> {
         let row = self.ty.row_bytes(self.kv_dim);
         for device in self.gpu_devices() {
@@ -755,13 +754,15 @@ impl KvCache {
                     }
                 }
             }
-            let bytes: usize = pieces.iter().map(|p| p.1.len()).sum();
-            self.staged(&device, bytes, |staging, gpu| match staging {
-                Some(s) => s.upload(&pieces),
+            // Straight from the snapshot's pageable memory: a restore's pages are a slab (a copy per layer
+            // side), and the driver's own staging measured faster there than ours (H200: 5.2-6.8 GB/s
+            // against 2.0-4.9, BENCHMARKS.md).
+            let gpu = device.gpu().expect("a GPU layer's device");
+            for (addr, src) in &pieces {
                 // SAFETY: each piece's address starts a run of adjacent live pages with room for its bytes.
-                None => pieces.iter().try_for_each(|(addr, src)| unsafe { gpu.htod(*addr, src) }),
-            })?;
-            device.count_copy_in(bytes as u64);
+                unsafe { gpu.htod(*addr, src) }.map_err(|e| gpu_error(&device, e))?;
+            }
+            device.count_copy_in(pieces.iter().map(|p| p.1.len() as u64).sum());
         }
         Ok(())
     }
