@@ -441,7 +441,8 @@ impl Chunks {
     fn role(&mut self, choice: usize) {
         if self.reply.endpoint == Endpoint::Chat && !self.role_sent.get(choice).copied().unwrap_or(true) {
             self.role_sent[choice] = true;
-            let e = self.chunk(json!({"index": choice, "delta": {"role": "assistant", "content": ""},
+            // No text yet: content null, as llama-server sends it (its tests check it; clients take either).
+            let e = self.chunk(json!({"index": choice, "delta": {"role": "assistant", "content": null},
                 "logprobs": null, "finish_reason": null}));
             self.pending.push_back(e);
         }
