@@ -37,6 +37,35 @@ fn best(reps: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Resul
     Ok(best)
 }
 
+/// This machine's memory read bandwidth in GB/s with the pool's threads: each thread sums its share of a
+/// 512 MiB buffer (far past any cache) of u64s; the best of 5 passes after one that faults the pages in.
+/// The CPU's decode floor is the bytes one token reads over this.
+pub fn measure_host(pool: &ThreadPool) -> f64 {
+    const BYTES: usize = 512 << 20;
+    let buf: Vec<u64> = (0..BYTES / 8).map(|i| i as u64).collect();
+    let n_chunks = pool.n_threads();
+    let sums: Vec<std::sync::atomic::AtomicU64> = (0..n_chunks).map(|_| Default::default()).collect();
+    let mut best_s = f64::INFINITY;
+    for _ in 0..6 {
+        let t = Instant::now();
+        pool.run(n_chunks, |c| {
+            let share = strata::threadpool::split_range(c, n_chunks, buf.len());
+            // Eight independent lanes: the sum vectorizes and is bound by memory, not by an add chain.
+            let mut lanes = [0u64; 8];
+            for block in buf[share].chunks_exact(8) {
+                for (l, &v) in lanes.iter_mut().zip(block) {
+                    *l = l.wrapping_add(v);
+                }
+            }
+            let sum = lanes.iter().fold(0u64, |a, &b| a.wrapping_add(b));
+            sums[c].store(sum, std::sync::atomic::Ordering::Relaxed);
+        });
+        best_s = best_s.min(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&sums);
+    BYTES as f64 / best_s / GB
+}
+
 /// Bandwidths of `device`'s GPU over buffers of up to `max_bytes` (two on the device: a quarter of its
 /// free memory at most).
 pub fn measure_gpu(device: &Arc<Device>, max_bytes: u64) -> anyhow::Result<GpuBandwidth> {

@@ -21,6 +21,7 @@ use rand::{Rng, SeedableRng};
 use strata::device::mib;
 use strata::engine::spec::{Drafter, SpecSetup};
 use strata::engine::{generate, GenerateParams, Quiet, Request, Sequence};
+use strata::model::profile::{self, Part};
 use strata::model::{KvCache, KvType, Model};
 use strata::sample::SamplerConfig;
 use strata::threadpool::ThreadPool;
@@ -61,6 +62,14 @@ pub struct BenchArgs {
     /// speculative decoding the default is the first pp test's random tokens
     #[arg(long = "prompt-file", value_name = "FILE")]
     pub prompt_file: Option<std::path::PathBuf>,
+    /// Also say where the time of each pp and tg test goes: attention products, attention, FFN products,
+    /// output head and the rest, per token, beside the weight types and layouts of each part's matrices
+    #[arg(long = "type-report")]
+    pub type_report: bool,
+    /// Also measure this machine's memory read bandwidth (all threads) and give each tg figure as a fraction
+    /// of the decode floor it sets (weight bytes read once per token)
+    #[arg(long = "host-bandwidth")]
+    pub host_bandwidth: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -91,6 +100,26 @@ struct Measured {
     spec: Option<&'static str>,
     /// Tokens per second, one per timed run.
     samples_tok_s: Vec<f64>,
+    /// With --type-report: seconds per token in each `profile::Part`, and in all, over the timed runs.
+    parts: Option<Parts>,
+}
+
+/// Where a test's time went (--type-report): seconds per token by part, and the whole.
+#[derive(Clone, Copy, Debug, Default)]
+struct Parts {
+    per_token_s: [f64; 4],
+    total_per_token_s: f64,
+}
+
+impl Parts {
+    /// (name, seconds per token) for each part and the rest ("other": norms, embedding, sampling, ...).
+    fn rows(&self) -> Vec<(&'static str, f64)> {
+        let mut rows: Vec<(&'static str, f64)> =
+            Part::ALL.iter().zip(self.per_token_s).map(|(p, s)| (p.name(), s)).collect();
+        let other = self.total_per_token_s - self.per_token_s.iter().sum::<f64>();
+        rows.push(("other", other.max(0.0)));
+        rows
+    }
 }
 
 impl Measured {
@@ -126,6 +155,9 @@ impl Measured {
             "tok_s": mean,
             "tok_s_stddev": sd,
             "samples_tok_s": self.samples_tok_s,
+            "type_report": self.parts.map(|p| {
+                p.rows().into_iter().map(|(n, s)| (n.to_owned(), serde_json::json!(s * 1e3))).collect::<serde_json::Map<_, _>>()
+            }),
         })
     }
 }
@@ -141,7 +173,8 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     check_kv_fits(model, a.engine.kv, plan.kv_positions(&a))?;
     let tokens = random_tokens(model.cfg.n_vocab, plan.max_depth + plan.pps.iter().copied().max().unwrap_or(0));
     let text_prompt = text_prompt(&a, &loaded.tokenizer, spec.is_some(), plan.pps.first().copied(), &tokens)?;
-    let random = RandomRun { model, pool: &pool, e: &a.engine, tokens: &tokens, reps: a.reps };
+    let random =
+        RandomRun { model, pool: &pool, e: &a.engine, tokens: &tokens, reps: a.reps, type_report: a.type_report };
     let mut tests = random.at_depths(&plan, &a.n_depth, text_prompt.is_none())?;
     let spec_tg = match &text_prompt {
         Some(p) => text_tests(&a, &loaded, &pool, spec.as_ref(), p, &plan, &mut tests)?,
@@ -294,10 +327,16 @@ fn text_tests(
             kv: a.engine.kv,
         };
         let (plain, drafted) = text.measure(a.reps, drafter.as_mut())?;
-        tests.push(Measured { kind: Kind::Tg(n), depth: 0, spec: None, samples_tok_s: plain });
+        tests.push(Measured { kind: Kind::Tg(n), depth: 0, spec: None, samples_tok_s: plain, parts: None });
         if let Some(s) = drafted {
             let samples_tok_s = s.samples.clone();
-            tests.push(Measured { kind: Kind::Tg(n), depth: 0, spec: Some(spec_kind(&a.engine)), samples_tok_s });
+            tests.push(Measured {
+                kind: Kind::Tg(n),
+                depth: 0,
+                spec: Some(spec_kind(&a.engine)),
+                samples_tok_s,
+                parts: None,
+            });
             spec_tg.get_or_insert(s);
         }
     }
@@ -333,6 +372,8 @@ struct RandomRun<'a> {
     /// The depth's tokens, then the pp tests'.
     tokens: &'a [u32],
     reps: u32,
+    /// Time the parts of the forward pass (--type-report).
+    type_report: bool,
 }
 
 impl RandomRun<'_> {
@@ -358,8 +399,11 @@ impl RandomRun<'_> {
         let mut out = Vec::new();
         for &kind in kinds {
             let mut samples_tok_s = Vec::new();
+            let mut parts = Parts::default();
+            profile::set_enabled(self.type_report);
             for rep in 0..=self.reps {
                 kv.truncate(depth);
+                profile::take();
                 let (secs, n) = match kind {
                     Kind::Pp(n) => {
                         let t = Instant::now();
@@ -368,12 +412,20 @@ impl RandomRun<'_> {
                     }
                     Kind::Tg(n) => (self.decode(&mut kv, n)?, n),
                 };
+                let spent = profile::take();
                 // The first run warms up.
                 if rep > 0 {
                     samples_tok_s.push(n as f64 / secs);
+                    let timed = (self.reps as usize * n) as f64;
+                    for (p, s) in parts.per_token_s.iter_mut().zip(spent) {
+                        *p += s / timed;
+                    }
+                    parts.total_per_token_s += secs / timed;
                 }
             }
-            out.push(Measured { kind, depth, spec: None, samples_tok_s });
+            profile::set_enabled(false);
+            let parts = self.type_report.then_some(parts);
+            out.push(Measured { kind, depth, spec: None, samples_tok_s, parts });
         }
         Ok(out)
     }

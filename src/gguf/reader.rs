@@ -171,6 +171,20 @@ impl GgufFile {
         self.data().len() as u64
     }
 
+    /// Lets the kernel drop this process's pages of `t`'s data (a tensor copied elsewhere, such as weights
+    /// repacked at load): they stop counting in the resident set, and a later read faults them back in
+    /// from the file. Best effort; an error is ignored.
+    pub fn advise_dontneed(&self, t: &TensorInfo) {
+        #[cfg(unix)]
+        if let Bytes::Mapped(m) = &self.bytes {
+            // SAFETY: the map is read-only and file-backed: dropped pages are read back from the file on
+            // the next access, so no data is lost and no reference sees a change.
+            let _ = unsafe {
+                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, t.file_offset as usize, t.n_bytes as usize)
+            };
+        }
+    }
+
     /// Advises the kernel that all tensor data will be read soon (a faster first pass over the weights).
     pub fn advise_willneed(&self) {
         #[cfg(unix)]

@@ -15,6 +15,7 @@ use super::attn;
 use super::gpu::GpuStage;
 use super::kv::KvCache;
 use super::ops::{self, AttnShape, MatJob};
+use super::profile::{self, Part};
 use super::{Model, ModelConfig, ModelError};
 
 /// Logits of the requested positions of a batch: `rows` rows of `n_vocab` values.
@@ -267,6 +268,7 @@ impl Model {
         }
         let mut data = vec![0f32; n_out * cfg.n_vocab];
         if n_out > 0 {
+            let _t = profile::time(Part::Output);
             let act = &mut s.get_or_insert_with(|| Scratch::new(cfg, span.t_count, span.pos0)).act;
             act.quantize(pool, w.output.ty, &hn, d);
             ops::matmul(pool, &[MatJob { w: &w.output, bias: None, out: SharedMut::new(&mut data) }], act);
@@ -287,6 +289,7 @@ impl Model {
         for t in 0..t_count {
             ops::rms_norm(&x[t * d..(t + 1) * d], &lw.attn_norm, cfg.rms_eps, &mut s.xn[t * d..(t + 1) * d]);
         }
+        let products = profile::time(Part::AttnProducts);
         s.act.quantize(pool, lw.wq.ty, &s.xn, d);
         let same_act = lw.wk.ty == lw.wq.ty && lw.wv.ty == lw.wq.ty;
         if same_act {
@@ -305,6 +308,8 @@ impl Model {
                 ops::matmul(pool, &[MatJob { w: wt, bias: b.as_deref(), out: SharedMut::new(out) }], &s.act);
             }
         }
+        drop(products);
+        let attention = profile::time(Part::Attention);
         for t in 0..t_count {
             for h in 0..cfg.n_head {
                 let at = t * q_dim + h * cfg.head_dim;
@@ -317,8 +322,11 @@ impl Model {
             kv.write(l, pos0 + t, &s.k[t * kv_dim..(t + 1) * kv_dim], &s.v[t * kv_dim..(t + 1) * kv_dim]);
         }
         attn::attention(pool, kv, l, &shape, &s.q, pos0, &mut s.att);
+        drop(attention);
+        let products = profile::time(Part::AttnProducts);
         s.act.quantize(pool, lw.wo.ty, &s.att, q_dim);
         ops::matmul(pool, &[MatJob { w: &lw.wo, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
+        drop(products);
         for (a, b) in x.iter_mut().zip(&s.proj) {
             *a += b;
         }
@@ -327,6 +335,7 @@ impl Model {
         for t in 0..t_count {
             ops::rms_norm(&x[t * d..(t + 1) * d], &lw.ffn_norm, cfg.rms_eps, &mut s.xn[t * d..(t + 1) * d]);
         }
+        let products = profile::time(Part::FfnProducts);
         s.act.quantize(pool, lw.w_gate.ty, &s.xn, d);
         if lw.w_up.ty == lw.w_gate.ty {
             ops::matmul(
@@ -345,6 +354,7 @@ impl Model {
         ops::swiglu(&mut s.gate, &s.up);
         s.act.quantize(pool, lw.w_down.ty, &s.gate, ff);
         ops::matmul(pool, &[MatJob { w: &lw.w_down, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
+        drop(products);
         for (a, b) in x.iter_mut().zip(&s.proj) {
             *a += b;
         }

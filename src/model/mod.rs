@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod kv;
 pub mod ops;
 pub mod placement;
+pub mod profile;
 mod staging;
 pub mod synthetic;
 pub mod weights;
@@ -65,6 +66,12 @@ pub enum ModelError {
 
 /// Tokens per prompt-processing batch unless told otherwise; the scratch of each stage is sized for it.
 pub const DEFAULT_BATCH: usize = 512;
+
+/// Whether the CPU's matrices are repacked at load (`quant::packed`); `STRATA_LAYOUT=file` keeps every
+/// matrix in the file's layout (to compare speed and results).
+pub fn repack_enabled() -> bool {
+    std::env::var("STRATA_LAYOUT").map_or(true, |v| v != "file")
+}
 
 /// How a model is placed on devices.
 #[derive(Clone, Debug)]
@@ -120,7 +127,7 @@ impl Model {
     /// its device (naming the device, the need and the shortfall).
     pub fn from_file_with(file: Arc<GgufFile>, opts: &LoadOptions) -> Result<Model, ModelError> {
         let cfg = ModelConfig::from_gguf(&file)?;
-        let weights = Weights::load(&file, &cfg)?;
+        let mut weights = Weights::load(&file, &cfg)?;
         let stages = Self::plan_stages(&cfg, &weights, opts)?;
         placement::check_fits(&stages)?;
         let mut held = Vec::new();
@@ -140,6 +147,17 @@ impl Model {
                 continue;
             }
             gpu_stages.push(None);
+            if repack_enabled() {
+                let report = weights.pack_for_cpu(s.layers.clone(), i + 1 == n_stages);
+                for line in report.lines() {
+                    tracing::info!(
+                        "weights on {} (layers {}..{}): {line}",
+                        s.device.name(),
+                        s.layers.start,
+                        s.layers.end
+                    );
+                }
+            }
             for (purpose, bytes) in [
                 (Purpose::Weights, s.weights_bytes),
                 (Purpose::Scratch, s.scratch_bytes),
@@ -196,6 +214,19 @@ impl Model {
     /// Bytes of weights (the mapped tensor data).
     pub fn weight_bytes(&self) -> u64 {
         self.file.tensors.iter().map(|t| t.n_bytes).sum()
+    }
+
+    /// Weight bytes one decoded token reads: every layer's matrices and the output head (the embedding
+    /// table only when it is the head), in the layout the products read.
+    pub fn decode_read_bytes(&self) -> u64 {
+        let w = &self.weights;
+        let m = |q: &weights::QTensor| q.packed().map_or(q.data().len() as u64, |p| p.bytes() as u64);
+        let layers: u64 = w
+            .layers
+            .iter()
+            .map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].map(m).iter().sum::<u64>())
+            .sum();
+        layers + m(&w.output)
     }
 
     /// Bytes of KV cache per position for `ty`, over all layers, K and V.

@@ -69,8 +69,9 @@ pub struct MatJob<'a> {
     pub out: SharedMut<'a, f32>,
 }
 
-/// Rows of weights processed together per tile: their bytes stay in L1 while a tile of tokens passes.
-const ROW_TILE: usize = 16;
+/// Rows of weights processed together per tile: their bytes stay in L1 while a tile of tokens passes. A
+/// packed matrix's group (`quant::packed::PACK_ROWS`).
+const ROW_TILE: usize = quant::packed::PACK_ROWS;
 /// Batches of at least this many tokens build (and cache) dequantized weight columns for their outliers.
 const COLUMN_MIN_TOKENS: usize = 8;
 /// Tokens dotted against a tile of weight rows at once by `vec_dot_tile`.
@@ -103,6 +104,7 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
         let tiles = split_range(chunk, n_chunks, n_tiles);
         let (start, end) = (tiles.start * ROW_TILE, (tiles.end * ROW_TILE).min(total_rows));
         let mut dots = [0f32; ROW_TILE * TOKEN_TILE];
+        let mut group_dots = [0f32; ROW_TILE * TOKEN_TILE];
         // The tile's weights at outlier channels that have no cached column: (channel slot, ROW_TILE),
         // read once per tile for all its tokens; `tile_w_for[slot]` names the (job, r0) they hold.
         let mut tile_w = vec![0f32; channels.len() * ROW_TILE];
@@ -118,15 +120,31 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
             let (lo, hi) = (lo - (base - rows), hi - (base - rows));
             let w = job.w;
             let (wdata, rb) = (w.data(), w.row_bytes);
-            for r0 in (lo..hi).step_by(ROW_TILE) {
-                let r1 = (r0 + ROW_TILE).min(hi);
+            // Tiles end at multiples of ROW_TILE within the job (a packed matrix's groups).
+            let mut r0 = lo;
+            while r0 < hi {
+                let r1 = ((r0 / ROW_TILE + 1) * ROW_TILE).min(hi);
                 let n = r1 - r0;
+                let tile_r0 = r0;
+                r0 = r1;
+                let r0 = tile_r0;
                 for t0 in (0..t_count).step_by(TOKEN_TILE) {
                     let t1 = (t0 + TOKEN_TILE).min(t_count);
                     let nt = t1 - t0;
                     // dots: (nt, n), the tile's products in one call.
                     let dots = &mut dots[..n * nt];
-                    quant::vec_dot_tile(w.ty, w.cols, &wdata[r0 * rb..r1 * rb], rb, &acts[t0..t1], dots);
+                    match w.packed() {
+                        Some(p) => {
+                            // The whole group's rows, then the tile's of them.
+                            let group = &mut group_dots[..nt * ROW_TILE];
+                            p.tile(r0 / ROW_TILE, &acts[t0..t1], group);
+                            let skip = r0 % ROW_TILE;
+                            for (d, g) in dots.chunks_exact_mut(n).zip(group.chunks_exact(ROW_TILE)) {
+                                d.copy_from_slice(&g[skip..skip + n]);
+                            }
+                        }
+                        None => quant::vec_dot_tile(w.ty, w.cols, &wdata[r0 * rb..r1 * rb], rb, &acts[t0..t1], dots),
+                    }
                     for t in t0..t1 {
                         // The token's exact outliers against each row of the tile, summed in channel
                         // order: from the cached column where there is one, else from the weights.
@@ -138,8 +156,7 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
                                     let tw = &mut tile_w[slot * ROW_TILE..slot * ROW_TILE + n];
                                     if tile_w_for[slot] != (ji, r0) {
                                         for (i, x) in tw.iter_mut().enumerate() {
-                                            let r = r0 + i;
-                                            *x = quant::dequantize_value(w.ty, &wdata[r * rb..(r + 1) * rb], ch);
+                                            *x = w.value(r0 + i, ch);
                                         }
                                         tile_w_for[slot] = (ji, r0);
                                     }

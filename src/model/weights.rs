@@ -1,9 +1,12 @@
-//! The weights of a llama-shaped model: quantized matrices borrowed from the mapped GGUF file (nothing is
-//! copied), and small vectors (norms, biases) dequantized to f32 at load.
+//! The weights of a llama-shaped model: quantized matrices borrowed from the mapped GGUF file, small
+//! vectors (norms, biases) dequantized to f32 at load, and, for the matrices the CPU multiplies in a
+//! format that has one, a row-interleaved copy made at load (`quant::packed`) that the products read
+//! instead of the file's bytes.
 
 use std::sync::{Arc, Mutex};
 
 use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant::packed::PackedMatrix;
 use crate::quant::{self, GgmlType};
 use crate::sync::LockUnpoisoned;
 
@@ -21,6 +24,26 @@ pub struct QTensor {
     /// Dequantized columns (one value per row) at the channels where activations carry outliers; see
     /// `acts`. A handful per matrix: the channels of a model's massive activations are few and fixed.
     columns: Mutex<Vec<(usize, Arc<[f32]>)>>,
+    /// The row-interleaved copy the CPU's products use, when `pack` made one.
+    packed: Option<PackedMatrix>,
+}
+
+/// The layout a matrix's products read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// The file's rows, read from the memory map.
+    File,
+    /// Rows interleaved in groups of 16 (`quant::packed`), in memory of its own.
+    Interleaved16,
+}
+
+impl Layout {
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::File => "file rows (mapped)",
+            Layout::Interleaved16 => "16-row interleaved",
+        }
+    }
 }
 
 /// Columns kept per matrix; past this, further columns are computed on each use.
@@ -39,10 +62,7 @@ impl QTensor {
         if !compute && cache.len() >= MAX_CACHED_COLUMNS {
             return None;
         }
-        let data = self.data();
-        let col: Arc<[f32]> = (0..self.rows)
-            .map(|r| quant::dequantize_value(self.ty, &data[r * self.row_bytes..(r + 1) * self.row_bytes], c))
-            .collect();
+        let col: Arc<[f32]> = (0..self.rows).map(|r| self.value(r, c)).collect();
         if cache.len() < MAX_CACHED_COLUMNS {
             cache.push((c, col.clone()));
         }
@@ -52,6 +72,47 @@ impl QTensor {
     /// Device bytes this matrix takes: its blocks and the budget of its cached columns.
     pub fn device_bytes(&self) -> u64 {
         self.info.n_bytes + (MAX_CACHED_COLUMNS * self.rows * 4) as u64
+    }
+
+    /// Value `(r, c)` dequantized, from the packed copy where there is one (so the file's pages of a
+    /// packed matrix stay out of memory).
+    pub fn value(&self, r: usize, c: usize) -> f32 {
+        match &self.packed {
+            Some(p) => p.value(r, c),
+            None => quant::dequantize_value(self.ty, self.row(r), c),
+        }
+    }
+
+    /// The row-interleaved copy, when the matrix has one.
+    pub fn packed(&self) -> Option<&PackedMatrix> {
+        self.packed.as_ref()
+    }
+
+    /// The layout the products read.
+    pub fn layout(&self) -> Layout {
+        if self.packed.is_some() {
+            Layout::Interleaved16
+        } else {
+            Layout::File
+        }
+    }
+
+    /// Makes the row-interleaved copy where the format has one (and drops the file's pages of the matrix
+    /// from memory); returns the bytes the copy holds, 0 when the format keeps the file's layout.
+    pub fn pack(&mut self) -> usize {
+        if self.packed.is_some() || !quant::packed::packable(self.ty) {
+            return self.packed.as_ref().map_or(0, |p| p.bytes());
+        }
+        match PackedMatrix::pack(self.ty, self.rows, self.cols, self.data()) {
+            Ok(p) => {
+                let bytes = p.bytes();
+                self.packed = Some(p);
+                self.file.advise_dontneed(&self.info);
+                bytes
+            }
+            // The sizes were checked at load; a matrix that cannot be packed keeps the file's layout.
+            Err(_) => 0,
+        }
     }
 
     /// All rows' bytes, row-major.
@@ -86,6 +147,19 @@ pub struct LayerWeights {
 }
 
 impl LayerWeights {
+    /// The layer's matrices with their GGUF names' suffixes.
+    pub fn matrices_mut(&mut self) -> [(&'static str, &mut QTensor); 7] {
+        [
+            ("attn_q", &mut self.wq),
+            ("attn_k", &mut self.wk),
+            ("attn_v", &mut self.wv),
+            ("attn_output", &mut self.wo),
+            ("ffn_gate", &mut self.w_gate),
+            ("ffn_up", &mut self.w_up),
+            ("ffn_down", &mut self.w_down),
+        ]
+    }
+
     /// Device bytes of the layer: its matrices (with their column caches) and its f32 vectors.
     pub fn device_bytes(&self) -> u64 {
         let matrices = [&self.wq, &self.wk, &self.wv, &self.wo, &self.w_gate, &self.w_up, &self.w_down];
@@ -105,7 +179,67 @@ pub struct Weights {
     pub tied_output: bool,
 }
 
+/// What `Weights::pack_for_cpu` did: per weight type, the matrices packed and the bytes they hold.
+#[derive(Debug, Default, Clone)]
+pub struct PackReport {
+    /// (type, layout, matrices, bytes in the file, bytes in memory), in type order.
+    pub by_type: Vec<(GgmlType, Layout, usize, u64, u64)>,
+}
+
+impl PackReport {
+    fn add(&mut self, m: &QTensor, mem_bytes: u64) {
+        let layout = m.layout();
+        match self.by_type.iter_mut().find(|e| e.0 == m.ty && e.1 == layout) {
+            Some(e) => {
+                e.2 += 1;
+                e.3 += m.info.n_bytes;
+                e.4 += mem_bytes;
+            }
+            None => self.by_type.push((m.ty, layout, 1, m.info.n_bytes, mem_bytes)),
+        }
+        self.by_type.sort_by_key(|e| (e.0.id(), e.1 == Layout::File));
+    }
+
+    /// Bytes the packed copies hold.
+    pub fn packed_bytes(&self) -> u64 {
+        self.by_type.iter().filter(|e| e.1 != Layout::File).map(|e| e.4).sum()
+    }
+
+    /// One line per (type, layout): `q4_0: 210 matrices 16-row interleaved, 76.3 MiB in RAM (file 72.1 MiB)`.
+    pub fn lines(&self) -> Vec<String> {
+        const MIB: f64 = (1u64 << 20) as f64;
+        self.by_type
+            .iter()
+            .map(|&(ty, layout, n, file, mem)| match layout {
+                Layout::File => format!("{ty}: {n} matrices as {}, {:.1} MiB", layout.name(), file as f64 / MIB),
+                _ => format!(
+                    "{ty}: {n} matrices {}, {:.1} MiB in RAM (the file's {:.1} MiB released)",
+                    layout.name(),
+                    mem as f64 / MIB,
+                    file as f64 / MIB
+                ),
+            })
+            .collect()
+    }
+}
+
 impl Weights {
+    /// Repacks the matrices the CPU multiplies, those of `layers` and the output head when `output`, where
+    /// their format has a packed layout (`quant::packed`); the rest keep reading the file.
+    pub fn pack_for_cpu(&mut self, layers: std::ops::Range<usize>, output: bool) -> PackReport {
+        let mut report = PackReport::default();
+        for l in &mut self.layers[layers] {
+            for (_, m) in l.matrices_mut() {
+                let bytes = m.pack() as u64;
+                report.add(m, bytes);
+            }
+        }
+        if output {
+            let bytes = self.output.pack() as u64;
+            report.add(&self.output, bytes);
+        }
+        report
+    }
     pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Weights, ModelError> {
         let matrix = |name: &str, rows: usize, cols: usize| -> Result<QTensor, ModelError> {
             let info = file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
@@ -132,6 +266,7 @@ impl Weights {
                 cols,
                 row_bytes: (info.n_bytes / rows as u64) as usize,
                 columns: Mutex::new(Vec::new()),
+                packed: None,
             })
         };
         let vector = |name: &str, len: usize| -> Result<Vec<f32>, ModelError> {

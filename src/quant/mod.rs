@@ -25,6 +25,7 @@ mod avx2;
 mod avx512;
 mod blocks;
 mod dequant;
+pub mod packed;
 mod quantize;
 pub mod reference;
 pub mod types;
@@ -45,6 +46,8 @@ pub enum QuantError {
     PartialBlock { ty: GgmlType, n_values: usize, block_len: usize },
     #[error("{ty}: {n_values} values take {need_bytes} bytes, the buffer has {got_bytes}")]
     WrongByteLen { ty: GgmlType, n_values: usize, need_bytes: usize, got_bytes: usize },
+    #[error("{ty} has no row-interleaved layout")]
+    NotPackable { ty: GgmlType },
 }
 
 /// The SIMD path this process uses, detected once.
@@ -127,7 +130,8 @@ impl<'a> ActRow<'a> {
 }
 
 /// Length of the f32 copies (`ActRow::aux`) for `n` activations of type `ty_act`: each block's `(d, s)`
-/// for q8_0 (s = 0) and q8_1, the values themselves for f16; none for the other types.
+/// for q8_0 (s: the sum of the block's quants, exact, which the packed kernels need) and q8_1 (s as
+/// stored), the values themselves for f16; none for the other types.
 pub fn act_aux_len(ty_act: GgmlType, n: usize) -> usize {
     match ty_act {
         GgmlType::Q8_0 | GgmlType::Q8_1 => 2 * (n / QK),
@@ -148,7 +152,11 @@ pub fn fill_act_aux(ty_act: GgmlType, n: usize, x_act: &[u8], aux: &mut [f32]) {
             let bb = ty_act.block_bytes();
             for (b, ds) in x_act.chunks_exact(bb).zip(aux.chunks_exact_mut(2)) {
                 ds[0] = blocks::f16_at(b, 0);
-                ds[1] = if ty_act == GgmlType::Q8_1 { blocks::f16_at(b, 2) } else { 0.0 };
+                ds[1] = if ty_act == GgmlType::Q8_1 {
+                    blocks::f16_at(b, 2)
+                } else {
+                    b[2..].iter().map(|&q| q as i8 as i32).sum::<i32>() as f32
+                };
             }
         }
         GgmlType::F16 => dequant::dequantize(GgmlType::F16, x_act, aux),

@@ -1,6 +1,8 @@
 //! What `strata bench` prints: the measured tests as llama-bench's markdown table or as one JSON object, and
 //! the --bandwidth figures (each GPU's bandwidths, the decode floor, parking and restoring a conversation's KV).
 
+use strata::model::profile::Part;
+use strata::model::weights::QTensor;
 use strata::model::Model;
 use strata::threadpool::ThreadPool;
 
@@ -12,13 +14,16 @@ use crate::cli::stages_summary;
 pub(super) struct Memory {
     gpus: Vec<GpuBandwidth>,
     kv_copies: Option<KvCopies>,
+    /// --host-bandwidth: this machine's memory read bandwidth, GB/s.
+    host_gbps: Option<f64>,
 }
 
 impl Memory {
     /// Measures them when --bandwidth asks; none otherwise.
     pub(super) fn measure(a: &BenchArgs, model: &Model, pool: &ThreadPool) -> anyhow::Result<Memory> {
+        let host_gbps = a.host_bandwidth.then(|| bandwidth::measure_host(pool));
         if !a.bandwidth {
-            return Ok(Memory { gpus: Vec::new(), kv_copies: None });
+            return Ok(Memory { gpus: Vec::new(), kv_copies: None, host_gbps });
         }
         let gpus = model
             .placement
@@ -30,7 +35,12 @@ impl Memory {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let batch = a.engine.batch as usize;
         let kv = bandwidth::measure_kv(model, pool, a.engine.kv, batch, a.kv_tokens as usize)?;
-        Ok(Memory { gpus, kv_copies: Some(kv) })
+        Ok(Memory { gpus, kv_copies: Some(kv), host_gbps })
+    }
+
+    /// The CPU's decode floor: the weight bytes one token reads at the host's read bandwidth.
+    fn host_floor_tg(&self, model: &Model) -> Option<f64> {
+        self.host_gbps.map(|bw| bw * 1e9 / model.decode_read_bytes() as f64)
     }
 
     /// The decode floor: every weight byte read once per token at the slowest GPU's device bandwidth.
@@ -92,6 +102,12 @@ impl Report<'_> {
             "gpus": self.memory.gpus,
             "floor_tg_tok_s": self.memory.floor_tg(model),
             "kv_copies": self.memory.kv_copies,
+            "host_read_gbps": self.memory.host_gbps,
+            "host_floor_tg_tok_s": self.memory.host_floor_tg(model),
+            "tg_fraction_of_host_floor": tg.zip(self.memory.host_floor_tg(model)).map(|(t, f)| t.0 / f),
+            "type_report_types": self.a.type_report.then(|| {
+                Part::ALL.iter().map(|&p| (p.name().to_owned(), serde_json::json!(part_types(model, p)))).collect::<serde_json::Map<_, _>>()
+            }),
         });
         println!("{obj}");
     }
@@ -129,12 +145,48 @@ impl Report<'_> {
             let (mean, sd) = t.mean_sd();
             println!("| {name} | {size} | {threads} | {kv} | {stages} | {} | {mean:.2} ± {sd:.2} |", t.name());
         }
+        if let Some(floor) = self.memory.host_floor_tg(self.model) {
+            let gbps = self.memory.host_gbps.unwrap_or(0.0);
+            println!(
+                "memory read bandwidth {gbps:.1} GB/s: decode floor {floor:.1} tok/s ({:.1} MiB of weights read per token)",
+                self.model.decode_read_bytes() as f64 / (1 << 20) as f64
+            );
+            for t in self.tests.iter().filter(|t| matches!(t.kind, Kind::Tg(_))) {
+                println!("  {}: {:.2} of the floor", t.name(), t.mean_sd().0 / floor);
+            }
+        }
+        self.print_parts();
         if let Some(s) = &self.spec_tg {
             let tg = self.first(false);
             let speedup = tg.map_or(String::new(), |t| format!(", {:.2}x plain decoding", mean_sd(&s.samples).0 / t.0));
             println!("drafts accepted {} of {} over the timed runs{speedup}", s.accepted, s.proposed);
         }
         self.print_memory();
+    }
+
+    /// Prints the --type-report table: milliseconds per token by part (share of the test's time), then the
+    /// weight types and layouts each part's matrices use.
+    fn print_parts(&self) {
+        if !self.a.type_report {
+            return;
+        }
+        println!();
+        let names: Vec<&str> = Part::ALL.iter().map(|p| p.name()).chain(["other"]).collect();
+        println!("| test | {} |", names.join(" | "));
+        println!("| --- |{}", " ---: |".repeat(names.len()));
+        for t in &self.tests {
+            let Some(parts) = t.parts else { continue };
+            let cells: Vec<String> = parts
+                .rows()
+                .iter()
+                .map(|&(_, s)| format!("{:.3} ms ({:.0}%)", s * 1e3, 100.0 * s / parts.total_per_token_s))
+                .collect();
+            println!("| {} | {} |", t.name(), cells.join(" | "));
+        }
+        println!("(milliseconds per token, share of the test's time)");
+        for p in Part::ALL {
+            println!("{}: {}", p.name(), part_types(self.model, p));
+        }
     }
 
     /// Prints the --bandwidth figures: each GPU's bandwidths, the decode floor, the KV park and restore rates.
@@ -159,4 +211,28 @@ impl Report<'_> {
             );
         }
     }
+}
+
+/// The weight types and layouts of a part's matrices, e.g. `q4_0 16-row interleaved x4` for each layer's
+/// attention projections (attention itself: the KV cache's type).
+fn part_types(model: &Model, part: Part) -> String {
+    let w = &model.weights;
+    let Some(l) = w.layers.first() else { return String::new() };
+    let mats: Vec<&QTensor> = match part {
+        Part::AttnProducts => vec![&l.wq, &l.wk, &l.wv, &l.wo],
+        Part::FfnProducts => vec![&l.w_gate, &l.w_up, &l.w_down],
+        Part::Output => vec![&w.output],
+        Part::Attention => return "KV cache (see kv)".to_owned(),
+    };
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for m in mats {
+        let k = format!("{} {}", m.ty, m.layout().name());
+        match kinds.iter_mut().find(|e| e.0 == k) {
+            Some(e) => e.1 += 1,
+            None => kinds.push((k, 1)),
+        }
+    }
+    let first = if matches!(part, Part::Output) { "" } else { " (layer 0)" };
+    let list: Vec<String> = kinds.into_iter().map(|(k, n)| if n > 1 { format!("{k} x{n}") } else { k }).collect();
+    format!("{}{first}", list.join(", "))
 }

@@ -1,0 +1,256 @@
+//! Weight matrices repacked at load for the CPU's matrix products ("row-interleaved" layout).
+//!
+//! In a file, a matrix is stored row after row, each row block after block. A dot product of one row
+//! with an activation block then ends in a horizontal sum per (row, column, block), and the float work
+//! (convert, scale, accumulate) is done on eight lanes that all hold pieces of one number. Here rows come
+//! in groups of `PACK_ROWS` (16), and inside a group each block's weights are interleaved four bytes at a
+//! time: one 64-byte vector holds four neighbouring weights of each of the 16 rows, so lane `r` of an
+//! integer accumulator is row `r`'s own sum. Four activation bytes broadcast to every lane meet those
+//! four weights of all 16 rows in one `vpdpbusd`; a block ends with one conversion, one scale product and
+//! one fma for 16 rows at once, with no horizontal sum at all.
+//!
+//! Layout of a group (`group_bytes`, a multiple of 64, rows past the matrix's end are zero):
+//!
+//! | region | what | bytes |
+//! |--------|------|-------|
+//! | quants | per block `b`: `vectors` 64-byte vectors, vector `g` = for each row `r`, 4 bytes at `4 r` | `nb * 64 * vectors` |
+//! | scales | per block `b`: the 16 rows' f16 scales `d`, row `r` at `2 r` | `nb * 32` |
+//!
+//! Weights are stored as unsigned codes `u` with `w = u - offset`: q4_0 keeps its nibbles (`offset` 8;
+//! vector `g < 4` holds bytes `4g..4g + 4` of each row's `qs`, whose low nibbles are values `4g..` and high
+//! nibbles values `16 + 4g..`, so the low nibbles of vector `g` and the high nibbles, as vector `4 + g`, meet
+//! activation bytes `4g..` and `16 + 4g..`, i.e. always `4 * (vector index)`); q8_0 stores `q ^ 0x80`
+//! (`offset` 128), vector `g` meeting activation bytes `4g..`. The integer sum `sum(u * y) - offset *
+//! sum(y)` is exact, and `sum(y)` of each activation block is made once per activation row (the q8_0
+//! activations' `aux`, see `quant::fill_act_aux`).
+//!
+//! Arithmetic, the same on every path (the portable code, AVX2, AVX2 with VNNI, AVX-512): per row and
+//! column, `acc = fma(dw * dy, isum as f32, acc)` over the blocks in order, starting from 0. So a row's
+//! result depends only on its row and its column: batch invariance holds, and so does bit-identity across
+//! SIMD paths (tested). The results differ from `vec_dot` (which sums eight lanes per block as ggml does)
+//! by float rounding only.
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+#[cfg(test)]
+mod tests;
+
+use super::{blocks, ActRow, GgmlType, QuantError, SimdLevel, QK};
+
+/// Rows interleaved in one group.
+pub const PACK_ROWS: usize = 16;
+
+/// Bytes of one interleaved vector: four bytes of each of the group's rows.
+const VECTOR_BYTES: usize = 4 * PACK_ROWS;
+
+/// One cache line, the unit the packed bytes are allocated in (so every vector is 64-byte aligned).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// What differs between the packed formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Format {
+    /// Interleaved vectors per block.
+    vectors: usize,
+    /// `w = u - offset`.
+    offset: i32,
+    /// Bytes of a block in the file, and where its quants start.
+    file_block_bytes: usize,
+}
+
+const Q4_0_FORMAT: Format = Format { vectors: 4, offset: 8, file_block_bytes: 18 };
+const Q8_0_FORMAT: Format = Format { vectors: 8, offset: 128, file_block_bytes: 34 };
+
+/// The packed format of `ty`, if it has one.
+fn format(ty: GgmlType) -> Option<Format> {
+    match ty {
+        GgmlType::Q4_0 => Some(Q4_0_FORMAT),
+        GgmlType::Q8_0 => Some(Q8_0_FORMAT),
+        _ => None,
+    }
+}
+
+/// Whether weights of type `ty` are repacked at load.
+pub fn packable(ty: GgmlType) -> bool {
+    format(ty).is_some()
+}
+
+/// A matrix of `rows` rows of `cols` values in the row-interleaved layout (see the module comment).
+pub struct PackedMatrix {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    format: Format,
+    /// Blocks per row.
+    nb: usize,
+    group_bytes: usize,
+    data: Vec<Line>, // (groups, group_bytes / 64)
+}
+
+impl PackedMatrix {
+    /// Packs `rows` rows of `cols` values of type `ty` from their file bytes `src` (row-major).
+    pub fn pack(ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Result<PackedMatrix, QuantError> {
+        let format = format(ty).ok_or(QuantError::NotPackable { ty })?;
+        let row_bytes = super::row_len_bytes(ty, cols)?;
+        super::check_len(ty, rows * cols, src.len())?;
+        let nb = cols / QK;
+        let quant_bytes = nb * VECTOR_BYTES * format.vectors;
+        let group_bytes = (quant_bytes + nb * 2 * PACK_ROWS).div_ceil(64) * 64;
+        let total = Self::bytes_for(ty, rows, cols).ok_or(QuantError::NotPackable { ty })?;
+        let mut data = vec![Line([0; 64]); total / 64];
+        // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's memory.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, data.len() * 64) };
+        let flip = if ty == GgmlType::Q8_0 { 0x80 } else { 0 };
+        for (r, row) in src.chunks_exact(row_bytes).enumerate() {
+            let (g, rr) = (r / PACK_ROWS, r % PACK_ROWS);
+            let group = &mut bytes[g * group_bytes..(g + 1) * group_bytes];
+            for (b, block) in row.chunks_exact(format.file_block_bytes).enumerate() {
+                let qs = &block[2..];
+                for v in 0..format.vectors {
+                    let at = (b * format.vectors + v) * VECTOR_BYTES + 4 * rr;
+                    for (dst, &q) in group[at..at + 4].iter_mut().zip(&qs[4 * v..4 * v + 4]) {
+                        *dst = q ^ flip;
+                    }
+                }
+                let at = quant_bytes + b * 2 * PACK_ROWS + 2 * rr;
+                group[at..at + 2].copy_from_slice(&block[..2]);
+            }
+        }
+        Ok(PackedMatrix { ty, rows, cols, format, nb, group_bytes, data })
+    }
+
+    /// Bytes a packed matrix of `rows` rows of `cols` values of type `ty` holds, or `None` when the type
+    /// has no packed layout or the shape is not whole blocks.
+    pub fn bytes_for(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
+        let f = format(ty)?;
+        if cols == 0 || !cols.is_multiple_of(QK) {
+            return None;
+        }
+        let nb = cols / QK;
+        let group_bytes = (nb * VECTOR_BYTES * f.vectors + nb * 2 * PACK_ROWS).div_ceil(64) * 64;
+        Some(rows.div_ceil(PACK_ROWS) * group_bytes)
+    }
+
+    /// Bytes this matrix holds in memory.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 64
+    }
+
+    /// Groups of `PACK_ROWS` rows (the last one may be partly padding).
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(PACK_ROWS)
+    }
+
+    fn group(&self, g: usize) -> &[u8] {
+        // SAFETY: as in `pack`; the group lies inside `data`.
+        let all = unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, self.data.len() * 64) };
+        &all[g * self.group_bytes..(g + 1) * self.group_bytes]
+    }
+
+    /// Row `r`'s scale and unsigned code at column `c`.
+    fn code(&self, r: usize, c: usize) -> (f32, i32) {
+        let group = self.group(r / PACK_ROWS);
+        let (rr, b, j) = (r % PACK_ROWS, c / QK, c % QK);
+        let quant_bytes = self.nb * VECTOR_BYTES * self.format.vectors;
+        let d = blocks::f16_at(group, quant_bytes + b * 2 * PACK_ROWS + 2 * rr);
+        let block = &group[b * self.format.vectors * VECTOR_BYTES..];
+        let u = if self.ty == GgmlType::Q4_0 {
+            let k = j % 16;
+            let byte = block[(k / 4) * VECTOR_BYTES + 4 * rr + k % 4];
+            if j < 16 {
+                byte & 0x0F
+            } else {
+                byte >> 4
+            }
+        } else {
+            block[(j / 4) * VECTOR_BYTES + 4 * rr + j % 4]
+        };
+        (d, u as i32)
+    }
+
+    /// Value `(r, c)`, exactly as `dequantize_value` gives it from the file's row.
+    ///
+    /// # Panics
+    /// When `(r, c)` lies outside the matrix.
+    pub fn value(&self, r: usize, c: usize) -> f32 {
+        assert!(
+            r < self.rows && c < self.cols,
+            "PackedMatrix::value: ({r}, {c}) is outside {}x{}",
+            self.rows,
+            self.cols
+        );
+        let (d, u) = self.code(r, c);
+        (u - self.format.offset) as f32 * d
+    }
+
+    /// Dot products of group `g`'s rows with activation columns `xs` (q8_0, each with its `aux`):
+    /// `out[c * PACK_ROWS + r]` for row `g * PACK_ROWS + r` (padding rows give 0).
+    ///
+    /// # Panics
+    /// When a column is not `cols` values of q8_0 with complete `aux`, or `out` is not `PACK_ROWS` per column.
+    pub fn tile(&self, g: usize, xs: &[ActRow], out: &mut [f32]) {
+        self.tile_on(super::simd_level(), g, xs, out)
+    }
+
+    /// `tile` on the given SIMD path (which must be available on this CPU).
+    pub(crate) fn tile_on(&self, level: SimdLevel, g: usize, xs: &[ActRow], out: &mut [f32]) {
+        assert_eq!(
+            out.len(),
+            xs.len() * PACK_ROWS,
+            "PackedMatrix::tile: {} outputs for {} columns",
+            out.len(),
+            xs.len()
+        );
+        assert!(g < self.groups(), "PackedMatrix::tile: group {g} of {}", self.groups());
+        for x in xs {
+            super::check_len(GgmlType::Q8_0, self.cols, x.q.len())
+                .unwrap_or_else(|e| panic!("PackedMatrix::tile: {e}"));
+            assert_eq!(x.aux.len(), 2 * self.nb, "PackedMatrix::tile: activations need their f32 scales and sums");
+        }
+        let group = self.group(g);
+        #[cfg(target_arch = "x86_64")]
+        if level.avx2() {
+            // SAFETY: the level's features are present (the caller's promise, `simd_level` or a test that
+            // checked); the group holds `nb` blocks and every column `nb` blocks and `2 * nb` aux values.
+            unsafe { x86::tile(level, self.format, self.nb, group, xs, out) };
+            return;
+        }
+        let _ = level;
+        tile_portable(self.format, self.nb, group, xs, out);
+    }
+}
+
+/// The portable kernel: the arithmetic every path follows (see the module comment).
+fn tile_portable(f: Format, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
+    let quant_bytes = nb * VECTOR_BYTES * f.vectors;
+    for (x, out) in xs.iter().zip(out.chunks_exact_mut(PACK_ROWS)) {
+        for (r, o) in out.iter_mut().enumerate() {
+            let mut acc = 0f32;
+            for b in 0..nb {
+                let block = &group[b * f.vectors * VECTOR_BYTES..];
+                let y = &x.q[b * 34 + 2..b * 34 + 34];
+                let mut isum = 0i32;
+                for v in 0..f.vectors {
+                    let w = &block[v * VECTOR_BYTES + 4 * r..v * VECTOR_BYTES + 4 * r + 4];
+                    for k in 0..4 {
+                        let (u, yo) = match f.vectors {
+                            // q4_0: vectors 0..4 hold low and high nibbles.
+                            4 => ((w[k] & 0x0F) as i32, 4 * v + k),
+                            _ => (w[k] as i32, 4 * v + k),
+                        };
+                        isum += u * y[yo] as i8 as i32;
+                        if f.vectors == 4 {
+                            isum += (w[k] >> 4) as i32 * y[16 + 4 * v + k] as i8 as i32;
+                        }
+                    }
+                }
+                isum -= f.offset * x.aux[2 * b + 1] as i32;
+                let dw = blocks::f16_at(group, quant_bytes + b * 2 * PACK_ROWS + 2 * r);
+                acc = (dw * x.aux[2 * b]).mul_add(isum as f32, acc);
+            }
+            *o = acc;
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Tests of the row-interleaved layout: it holds the file's values, every SIMD path gives the portable
+//! kernel's bits, a column's results do not depend on the columns beside it, and the products are the
+//! dot products of the dequantized operands to within rounding.
+
+use super::*;
+use crate::quant::{dequantize_row, dequantize_value, fill_act_aux, quantize_row_act, row_len_bytes};
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const TYPES: [GgmlType; 2] = [GgmlType::Q4_0, GgmlType::Q8_0];
+
+/// Random block bytes with sane scales: every code, -128 included for q8_0.
+fn random_matrix(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let mut w: Vec<u8> = (0..rows * row_len_bytes(ty, cols).unwrap()).map(|_| rng.gen()).collect();
+    for b in w.chunks_exact_mut(ty.block_bytes()) {
+        let d = rng.gen_range(-0.1f32..0.1);
+        b[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+    }
+    w
+}
+
+/// An activation column of `n` values as `QuantActs` keeps it: q8_0 bytes and their aux.
+fn column(rng: &mut StdRng, n: usize, extreme: bool) -> (Vec<u8>, Vec<f32>) {
+    let x: Vec<f32> = (0..n)
+        .map(|i| {
+            if extreme {
+                if i % 3 == 0 {
+                    -1.0
+                } else {
+                    1.0
+                }
+            } else {
+                rng.gen_range(-1.0f32..1.0)
+            }
+        })
+        .collect();
+    let mut q = vec![0u8; row_len_bytes(GgmlType::Q8_0, n).unwrap()];
+    quantize_row_act(GgmlType::Q8_0, &x, &mut q);
+    let mut aux = vec![0f32; 2 * n / QK];
+    fill_act_aux(GgmlType::Q8_0, n, &q, &mut aux);
+    (q, aux)
+}
+
+fn levels() -> Vec<SimdLevel> {
+    let mut l = vec![SimdLevel::Scalar];
+    #[cfg(target_arch = "x86_64")]
+    {
+        let best = crate::quant::simd_level();
+        if best.avx2() {
+            l.push(SimdLevel::Avx2);
+        }
+        if best.vnni() {
+            l.push(SimdLevel::Avx2Vnni);
+        }
+        if best == SimdLevel::Avx512 {
+            l.push(SimdLevel::Avx512);
+        }
+        if l.len() < 4 {
+            println!(
+                "note: this CPU runs {} of the 4 paths (best: {best:?}); the others are not checked here",
+                l.len()
+            );
+        }
+    }
+    l
+}
+
+#[test]
+fn packed_values_are_the_file_values() {
+    let mut rng = StdRng::seed_from_u64(21);
+    for ty in TYPES {
+        for (rows, cols) in [(37, 64), (16, 576), (5, 32)] {
+            let w = random_matrix(&mut rng, ty, rows, cols);
+            let p = PackedMatrix::pack(ty, rows, cols, &w).unwrap();
+            assert_eq!(p.groups(), rows.div_ceil(PACK_ROWS));
+            assert_eq!(p.bytes() % 64, 0);
+            let rb = row_len_bytes(ty, cols).unwrap();
+            let mut row = vec![0f32; cols];
+            for r in 0..rows {
+                dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut row);
+                for (c, &want) in row.iter().enumerate() {
+                    let got = p.value(r, c);
+                    assert_eq!(got.to_bits(), want.to_bits(), "{ty} ({r}, {c}): {got} vs {want}");
+                    assert_eq!(dequantize_value(ty, &w[r * rb..], c).to_bits(), want.to_bits());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_path_gives_the_portable_bits_and_columns_are_independent() {
+    let mut rng = StdRng::seed_from_u64(22);
+    for ty in TYPES {
+        let (rows, cols) = (40, 576);
+        let w = random_matrix(&mut rng, ty, rows, cols);
+        let p = PackedMatrix::pack(ty, rows, cols, &w).unwrap();
+        let data: Vec<(Vec<u8>, Vec<f32>)> = (0..8).map(|i| column(&mut rng, cols, i == 5)).collect();
+        let xs: Vec<ActRow> = data.iter().map(|(q, aux)| ActRow { q, aux }).collect();
+        for g in 0..p.groups() {
+            let mut want = vec![0f32; 8 * PACK_ROWS];
+            p.tile_on(SimdLevel::Scalar, g, &xs, &mut want);
+            for level in levels() {
+                // All eight columns at once, and each column alone.
+                let mut all = vec![0f32; 8 * PACK_ROWS];
+                p.tile_on(level, g, &xs, &mut all);
+                for (c, x) in xs.iter().enumerate() {
+                    let mut one = vec![0f32; PACK_ROWS];
+                    p.tile_on(level, g, std::slice::from_ref(x), &mut one);
+                    for r in 0..PACK_ROWS {
+                        let (a, o, s) = (all[c * PACK_ROWS + r], one[r], want[c * PACK_ROWS + r]);
+                        assert_eq!(a.to_bits(), s.to_bits(), "{ty} {level:?} group {g} column {c} row {r}: {a} vs {s}");
+                        assert_eq!(o.to_bits(), s.to_bits(), "{ty} {level:?} group {g} column {c} row {r} alone");
+                    }
+                }
+            }
+            // Padding rows (40 rows: the third group's last 8) give 0.
+            for r in 0..PACK_ROWS {
+                if g * PACK_ROWS + r >= rows {
+                    assert!((0..8).all(|c| want[c * PACK_ROWS + r] == 0.0));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn products_are_the_dot_products_of_the_values() {
+    let mut rng = StdRng::seed_from_u64(23);
+    for ty in TYPES {
+        let (rows, cols) = (16, 1536);
+        let w = random_matrix(&mut rng, ty, rows, cols);
+        let p = PackedMatrix::pack(ty, rows, cols, &w).unwrap();
+        let (q, aux) = column(&mut rng, cols, false);
+        let mut yd = vec![0f32; cols];
+        dequantize_row(GgmlType::Q8_0, &q, &mut yd);
+        let mut out = vec![0f32; PACK_ROWS];
+        p.tile(0, &[ActRow { q: &q, aux: &aux }], &mut out);
+        for (r, &got) in out.iter().enumerate() {
+            let (want, mag) = (0..cols).fold((0f64, 0f64), |(s, m), c| {
+                let t = p.value(r, c) as f64 * yd[c] as f64;
+                (s + t, m + t.abs())
+            });
+            assert!((got as f64 - want).abs() <= 1e-5 * mag, "{ty} row {r}: {got} vs {want}");
+            // And the file's own dot product (ggml's lane order) within rounding of it.
+            let v = crate::quant::vec_dot(ty, cols, &w[r * p.nb * ty.block_bytes()..], &q);
+            assert!((got - v).abs() as f64 <= 1e-5 * mag, "{ty} row {r}: {got} vs vec_dot {v}");
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let w = vec![0u8; 18 * 2];
+    assert!(matches!(PackedMatrix::pack(GgmlType::Q4_1, 1, 32, &w), Err(QuantError::NotPackable { .. })));
+    assert!(matches!(PackedMatrix::pack(GgmlType::Q4_0, 3, 32, &w), Err(QuantError::WrongByteLen { .. })));
+    assert!(matches!(PackedMatrix::pack(GgmlType::Q4_0, 1, 40, &w), Err(QuantError::PartialBlock { .. })));
+}

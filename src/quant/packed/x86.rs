@@ -1,0 +1,260 @@
+//! The packed layout's kernels for x86_64: AVX-512 (F, BW, VL, VNNI) on whole 16-row vectors, and AVX2 on
+//! two 8-row halves, with VNNI's 256-bit `vpdpbusd` where present and `maddubs` / `madd` where not.
+//!
+//! Every path computes the same exact integer sum per (row, column, block) and then, lane by lane, the
+//! portable kernel's float steps: `d = dw * dy`, `acc = fma(d, isum as f32, acc)`; so they give its bits.
+//!
+//! Safety: call only on the SIMD level's detected features, with a group of `nb` blocks and columns of
+//! `nb` q8_0 blocks with `2 * nb` aux values (checked by `PackedMatrix::tile_on`).
+
+use std::arch::x86_64::*;
+
+use super::{ActRow, Format, SimdLevel, PACK_ROWS, VECTOR_BYTES};
+
+/// Bytes of a q8_0 activation block, and where its quants start.
+const Y_BLOCK: usize = 34;
+const Y_QS: usize = 2;
+
+/// Columns one pass takes: their accumulators stay in registers beside the block's weights.
+const PASS_COLS: usize = 4;
+
+/// Dispatches `xs` in passes of up to `PASS_COLS` columns to the level's kernel.
+///
+/// # Safety
+/// See the module comment.
+pub(super) unsafe fn tile(level: SimdLevel, f: Format, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
+    for (xs, out) in xs.chunks(PASS_COLS).zip(out.chunks_mut(PASS_COLS * PACK_ROWS)) {
+        macro_rules! pass {
+            ($c:literal) => {{
+                let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
+                let a: [*const f32; $c] = std::array::from_fn(|i| xs[i].aux.as_ptr());
+                match (level, f.vectors) {
+                    (SimdLevel::Avx512, 4) => tile_512::<4, $c>(f.offset, nb, group.as_ptr(), q, a, out),
+                    (SimdLevel::Avx512, _) => tile_512::<8, $c>(f.offset, nb, group.as_ptr(), q, a, out),
+                    (SimdLevel::Avx2Vnni, 4) => tile_256_vnni::<4, $c>(f.offset, nb, group.as_ptr(), q, a, out),
+                    (SimdLevel::Avx2Vnni, _) => tile_256_vnni::<8, $c>(f.offset, nb, group.as_ptr(), q, a, out),
+                    (_, 4) => tile_256_q4::<$c>(f.offset, nb, group.as_ptr(), q, a, out),
+                    _ => tile_256_q8::<$c>(nb, group.as_ptr(), q, a, out),
+                }
+            }};
+        }
+        match xs.len() {
+            1 => pass!(1),
+            2 => pass!(2),
+            3 => pass!(3),
+            _ => pass!(4),
+        }
+    }
+}
+
+/// The four activation bytes at `p` in every 32-bit lane.
+#[inline(always)]
+unsafe fn bcast4(p: *const u8) -> i32 {
+    (p as *const i32).read_unaligned()
+}
+
+/// Where block `b`'s scales start in a group of `nb` blocks of `V` vectors.
+#[inline(always)]
+unsafe fn scales_at<const V: usize>(group: *const u8, nb: usize, b: usize) -> *const u8 {
+    group.add(nb * V * VECTOR_BYTES + b * 2 * PACK_ROWS)
+}
+
+/// AVX-512: the 16 rows in one register. `V` is the format's vectors per block (4: q4_0's nibbles, whose
+/// high halves make vectors 4..8; 8: q8_0's bytes).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile_512<const V: usize, const C: usize>(
+    offset: i32,
+    nb: usize,
+    group: *const u8,
+    q: [*const u8; C],
+    a: [*const f32; C],
+    out: &mut [f32],
+) {
+    let nib = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); C];
+    for b in 0..nb {
+        let wp = group.add(b * V * VECTOR_BYTES);
+        let mut w = [_mm512_setzero_si512(); 8];
+        if V == 4 {
+            for g in 0..4 {
+                let v = _mm512_load_si512(wp.add(g * VECTOR_BYTES) as *const __m512i);
+                w[g] = _mm512_and_si512(v, nib);
+                w[4 + g] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+            }
+        } else {
+            for (g, w) in w.iter_mut().enumerate() {
+                *w = _mm512_load_si512(wp.add(g * VECTOR_BYTES) as *const __m512i);
+            }
+        }
+        let dw = _mm512_cvtph_ps(_mm256_load_si256(scales_at::<V>(group, nb, b) as *const __m256i));
+        for c in 0..C {
+            let y = q[c].add(b * Y_BLOCK + Y_QS);
+            // Two chains of four, so decoding (one column) is not bound by vpdpbusd's latency.
+            let mut s0 = _mm512_setzero_si512();
+            let mut s1 = _mm512_setzero_si512();
+            for g in (0..8).step_by(2) {
+                s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(bcast4(y.add(4 * g))));
+                s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(bcast4(y.add(4 * g + 4))));
+            }
+            let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
+            let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(offset * ysum as i32));
+            let d = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
+            acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc[c]);
+        }
+    }
+    for c in 0..C {
+        _mm512_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS), acc[c]);
+    }
+}
+
+/// The 8-row half `h` of a group's vector `g` of block `wp`, as 256 bits.
+#[inline(always)]
+unsafe fn half_at(wp: *const u8, g: usize, h: usize) -> __m256i {
+    _mm256_load_si256(wp.add(g * VECTOR_BYTES + 32 * h) as *const __m256i)
+}
+
+/// Block `b`'s scales of half `h` as f32.
+#[inline(always)]
+unsafe fn half_scales<const V: usize>(group: *const u8, nb: usize, b: usize, h: usize) -> __m256 {
+    _mm256_cvtph_ps(_mm_load_si128(scales_at::<V>(group, nb, b).add(16 * h) as *const __m128i))
+}
+
+/// AVX2 with AVX-512 VNNI's 256-bit `vpdpbusd`: each half of the group as `tile_512` does the whole.
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn tile_256_vnni<const V: usize, const C: usize>(
+    offset: i32,
+    nb: usize,
+    group: *const u8,
+    q: [*const u8; C],
+    a: [*const f32; C],
+    out: &mut [f32],
+) {
+    let nib = _mm256_set1_epi8(0x0F);
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); C];
+        for b in 0..nb {
+            let wp = group.add(b * V * VECTOR_BYTES);
+            let mut w = [_mm256_setzero_si256(); 8];
+            if V == 4 {
+                for g in 0..4 {
+                    let v = half_at(wp, g, h);
+                    w[g] = _mm256_and_si256(v, nib);
+                    w[4 + g] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                }
+            } else {
+                for (g, w) in w.iter_mut().enumerate() {
+                    *w = half_at(wp, g, h);
+                }
+            }
+            let dw = half_scales::<V>(group, nb, b, h);
+            for c in 0..C {
+                let y = q[c].add(b * Y_BLOCK + Y_QS);
+                let mut s0 = _mm256_setzero_si256();
+                let mut s1 = _mm256_setzero_si256();
+                for g in (0..8).step_by(2) {
+                    s0 = _mm256_dpbusd_epi32(s0, w[g], _mm256_set1_epi32(bcast4(y.add(4 * g))));
+                    s1 = _mm256_dpbusd_epi32(s1, w[g + 1], _mm256_set1_epi32(bcast4(y.add(4 * g + 4))));
+                }
+                let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
+                let isum = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_set1_epi32(offset * ysum as i32));
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
+                acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[c]);
+            }
+        }
+        for c in 0..C {
+            _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), acc[c]);
+        }
+    }
+}
+
+/// AVX2 for q4_0: `maddubs` of the nibbles (at most 15) with the activations gives i16 pairs of at most
+/// 2 * 15 * 127 = 3,810 in magnitude, so all eight vectors' pairs add in i16 (30,480 < 32,767) before one
+/// `madd` widens them: the exact integer sum.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_256_q4<const C: usize>(
+    offset: i32,
+    nb: usize,
+    group: *const u8,
+    q: [*const u8; C],
+    a: [*const f32; C],
+    out: &mut [f32],
+) {
+    let nib = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); C];
+        for b in 0..nb {
+            let wp = group.add(b * 4 * VECTOR_BYTES);
+            let mut w = [_mm256_setzero_si256(); 8];
+            for g in 0..4 {
+                let v = half_at(wp, g, h);
+                w[g] = _mm256_and_si256(v, nib);
+                w[4 + g] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+            }
+            let dw = half_scales::<4>(group, nb, b, h);
+            for c in 0..C {
+                let y = q[c].add(b * Y_BLOCK + Y_QS);
+                let mut s0 = _mm256_setzero_si256();
+                let mut s1 = _mm256_setzero_si256();
+                for g in (0..8).step_by(2) {
+                    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(bcast4(y.add(4 * g)))));
+                    let y1 = _mm256_set1_epi32(bcast4(y.add(4 * g + 4)));
+                    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w[g + 1], y1));
+                }
+                let sum = _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
+                let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
+                let isum = _mm256_sub_epi32(sum, _mm256_set1_epi32(offset * ysum as i32));
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
+                acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[c]);
+            }
+        }
+        for c in 0..C {
+            _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), acc[c]);
+        }
+    }
+}
+
+/// AVX2 for q8_0: the stored codes `q ^ 0x80` flipped back to signed `q`, then ggml's sign trick
+/// (`|q|` unsigned against `y` negated where `q < 0`): pairs of at most 2 * 128 * 127 = 32,512, widened by
+/// `madd` per vector. The sum is `sum(q * y)` directly, so no offset correction.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_256_q8<const C: usize>(
+    nb: usize,
+    group: *const u8,
+    q: [*const u8; C],
+    a: [*const f32; C],
+    out: &mut [f32],
+) {
+    let flip = _mm256_set1_epi8(0x80u8 as i8);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); C];
+        for b in 0..nb {
+            let wp = group.add(b * 8 * VECTOR_BYTES);
+            let mut w = [_mm256_setzero_si256(); 8];
+            let mut aw = [_mm256_setzero_si256(); 8];
+            for g in 0..8 {
+                w[g] = _mm256_xor_si256(half_at(wp, g, h), flip);
+                aw[g] = _mm256_sign_epi8(w[g], w[g]);
+            }
+            let dw = half_scales::<8>(group, nb, b, h);
+            for c in 0..C {
+                let y = q[c].add(b * Y_BLOCK + Y_QS);
+                let mut s0 = _mm256_setzero_si256();
+                let mut s1 = _mm256_setzero_si256();
+                for g in (0..8).step_by(2) {
+                    let y0 = _mm256_sign_epi8(_mm256_set1_epi32(bcast4(y.add(4 * g))), w[g]);
+                    let y1 = _mm256_sign_epi8(_mm256_set1_epi32(bcast4(y.add(4 * g + 4))), w[g + 1]);
+                    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[g], y0), ones));
+                    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[g + 1], y1), ones));
+                }
+                let isum = _mm256_add_epi32(s0, s1);
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(*a[c].add(2 * b)));
+                acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[c]);
+            }
+        }
+        for c in 0..C {
+            _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), acc[c]);
+        }
+    }
+}
