@@ -18,8 +18,44 @@ fn main() {
                 continue;
             }
             bench(ty, n);
+            if quant::packed::packable(ty) {
+                bench_packed(ty, n);
+            }
         }
     }
+}
+
+/// The same matrix repacked (`quant::packed`): one, four and eight columns per group of 16 rows.
+fn bench_packed(ty: GgmlType, n: usize) {
+    use quant::packed::{PackedMatrix, PACK_ROWS};
+    let row_bytes = quant::row_len_bytes(ty, n).expect("whole blocks");
+    let kib: usize = std::env::var("QUANT_BENCH_KIB").ok().and_then(|v| v.parse().ok()).unwrap_or(16 << 10);
+    let n_rows = (kib << 10) / row_bytes / PACK_ROWS * PACK_ROWS;
+    let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let mut row = vec![0u8; row_bytes];
+    quant::quantize_row(ty, &x, &mut row);
+    let w: Vec<u8> = (0..n_rows).flat_map(|_| row.iter().copied()).collect();
+    let p = PackedMatrix::pack(ty, n_rows, n, &w).expect("packable");
+    let mut xa = vec![0u8; quant::row_len_bytes(GgmlType::Q8_0, n).unwrap()];
+    quant::quantize_row_act(GgmlType::Q8_0, &x, &mut xa);
+    let mut aux = vec![0f32; quant::act_aux_len(GgmlType::Q8_0, n)];
+    quant::fill_act_aux(GgmlType::Q8_0, n, &xa, &mut aux);
+    let xs: Vec<quant::ActRow> = (0..8).map(|_| quant::ActRow { q: &xa, aux: &aux }).collect();
+    let reps = (320 << 20) / (n_rows * row_bytes).max(1);
+    let mut out = [0f32; 8 * PACK_ROWS];
+    let mut line = format!("{:>5} n={n:>5} packed:", ty.name());
+    for cols in [1usize, 4, 8] {
+        let t = Instant::now();
+        for _ in 0..reps {
+            for g in 0..p.groups() {
+                p.tile(g, black_box(&xs[..cols]), &mut out[..cols * PACK_ROWS]);
+            }
+        }
+        let ns = t.elapsed().as_nanos() as f64 / (reps * n_rows) as f64;
+        line += &format!(" | {cols} col {ns:6.1} ns/row {:6.1} GB/s", row_bytes as f64 / ns);
+    }
+    black_box(out);
+    println!("{line}");
 }
 
 fn bench(ty: GgmlType, n: usize) {

@@ -15,6 +15,12 @@ use super::{ActRow, Format, SimdLevel, PACK_ROWS, VECTOR_BYTES};
 const Y_BLOCK: usize = 34;
 const Y_QS: usize = 2;
 
+/// How far ahead of the block in use the kernels prefetch the weights, into L2 (`_MM_HINT_T1`). Decoding
+/// reads each weight once, from DRAM: without it one thread streamed 10-12 GB/s of q4_0 where a plain sum
+/// reads 26 GB/s; 8 KiB ahead into L2 gave 15-20 GB/s and tg64 +24% (q4_0) / +30% (q8_0) on SmolLM2-135M
+/// (AMD EPYC, 2 threads); 1-4 KiB into L1 made no difference measurable on that noisy machine.
+const PREFETCH_BYTES: usize = 8192;
+
 /// Columns one pass takes: their accumulators stay in registers beside the block's weights.
 const PASS_COLS: usize = 4;
 
@@ -71,9 +77,13 @@ unsafe fn tile_512<const V: usize, const C: usize>(
     out: &mut [f32],
 ) {
     let nib = _mm512_set1_epi8(0x0F);
+    let off = _mm512_set1_ps(offset as f32);
     let mut acc = [_mm512_setzero_ps(); C];
     for b in 0..nb {
         let wp = group.add(b * V * VECTOR_BYTES);
+        for l in 0..V {
+            _mm_prefetch::<_MM_HINT_T1>(wp.add(PREFETCH_BYTES + l * 64) as *const i8);
+        }
         let mut w = [_mm512_setzero_si512(); 8];
         if V == 4 {
             for g in 0..4 {
@@ -97,9 +107,10 @@ unsafe fn tile_512<const V: usize, const C: usize>(
                 s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(bcast4(y.add(4 * g + 4))));
             }
             let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
-            let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(offset * ysum as i32));
+            // sum(u * y) - offset * sum(y), in f32: every term is an integer below 2^24, so exact.
+            let isum = _mm512_fnmadd_ps(off, _mm512_set1_ps(ysum), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)));
             let d = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
-            acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc[c]);
+            acc[c] = _mm512_fmadd_ps(d, isum, acc[c]);
         }
     }
     for c in 0..C {
@@ -130,10 +141,16 @@ unsafe fn tile_256_vnni<const V: usize, const C: usize>(
     out: &mut [f32],
 ) {
     let nib = _mm256_set1_epi8(0x0F);
+    let off = _mm256_set1_ps(offset as f32);
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); C];
         for b in 0..nb {
             let wp = group.add(b * V * VECTOR_BYTES);
+            if h == 0 {
+                for l in 0..V {
+                    _mm_prefetch::<_MM_HINT_T1>(wp.add(PREFETCH_BYTES + l * 64) as *const i8);
+                }
+            }
             let mut w = [_mm256_setzero_si256(); 8];
             if V == 4 {
                 for g in 0..4 {
@@ -156,9 +173,9 @@ unsafe fn tile_256_vnni<const V: usize, const C: usize>(
                     s1 = _mm256_dpbusd_epi32(s1, w[g + 1], _mm256_set1_epi32(bcast4(y.add(4 * g + 4))));
                 }
                 let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
-                let isum = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_set1_epi32(offset * ysum as i32));
+                let isum = _mm256_fnmadd_ps(off, _mm256_set1_ps(ysum), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)));
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
-                acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[c]);
+                acc[c] = _mm256_fmadd_ps(d, isum, acc[c]);
             }
         }
         for c in 0..C {
@@ -181,10 +198,16 @@ unsafe fn tile_256_q4<const C: usize>(
 ) {
     let nib = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
+    let off = _mm256_set1_ps(offset as f32);
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); C];
         for b in 0..nb {
             let wp = group.add(b * 4 * VECTOR_BYTES);
+            if h == 0 {
+                for l in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T1>(wp.add(PREFETCH_BYTES + l * 64) as *const i8);
+                }
+            }
             let mut w = [_mm256_setzero_si256(); 8];
             for g in 0..4 {
                 let v = half_at(wp, g, h);
@@ -203,9 +226,9 @@ unsafe fn tile_256_q4<const C: usize>(
                 }
                 let sum = _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
                 let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
-                let isum = _mm256_sub_epi32(sum, _mm256_set1_epi32(offset * ysum as i32));
+                let isum = _mm256_fnmadd_ps(off, _mm256_set1_ps(ysum), _mm256_cvtepi32_ps(sum));
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
-                acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[c]);
+                acc[c] = _mm256_fmadd_ps(d, isum, acc[c]);
             }
         }
         for c in 0..C {
@@ -231,6 +254,11 @@ unsafe fn tile_256_q8<const C: usize>(
         let mut acc = [_mm256_setzero_ps(); C];
         for b in 0..nb {
             let wp = group.add(b * 8 * VECTOR_BYTES);
+            if h == 0 {
+                for l in 0..8 {
+                    _mm_prefetch::<_MM_HINT_T1>(wp.add(PREFETCH_BYTES + l * 64) as *const i8);
+                }
+            }
             let mut w = [_mm256_setzero_si256(); 8];
             let mut aw = [_mm256_setzero_si256(); 8];
             for g in 0..8 {
