@@ -30,13 +30,16 @@
 //! SIMD paths (tested). The results differ from `vec_dot` (which sums eight lanes per block as ggml does)
 //! by float rounding only.
 
+mod q4k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_q4k;
 
 #[cfg(test)]
 mod tests;
 
-use super::{blocks, ActRow, GgmlType, QuantError, SimdLevel, QK};
+use super::{blocks, ActRow, GgmlType, QuantError, SimdLevel, QK, QK_K};
 
 /// Rows interleaved in one group.
 pub const PACK_ROWS: usize = 16;
@@ -52,6 +55,8 @@ struct Line([u8; 64]);
 /// What differs between the packed formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Format {
+    /// q4_0 / q8_0 (32-value blocks against q8_0), or q4_K (`q4k`).
+    k_quant: bool,
     /// Interleaved vectors per block.
     vectors: usize,
     /// `w = u - offset`.
@@ -60,14 +65,46 @@ pub(crate) struct Format {
     file_block_bytes: usize,
 }
 
-const Q4_0_FORMAT: Format = Format { vectors: 4, offset: 8, file_block_bytes: 18 };
-const Q8_0_FORMAT: Format = Format { vectors: 8, offset: 128, file_block_bytes: 34 };
+const Q4_0_FORMAT: Format = Format { k_quant: false, vectors: 4, offset: 8, file_block_bytes: 18 };
+const Q8_0_FORMAT: Format = Format { k_quant: false, vectors: 8, offset: 128, file_block_bytes: 34 };
+const Q4_K_FORMAT: Format = Format { k_quant: true, vectors: 32, offset: 0, file_block_bytes: q4k::FILE_BLOCK };
+
+impl Format {
+    /// Values per block.
+    fn block_len(self) -> usize {
+        if self.k_quant {
+            QK_K
+        } else {
+            QK
+        }
+    }
+
+    /// Bytes of a group of `nb` blocks: the legacy formats' quants and then their scales, padded to a
+    /// cache line; q4_K's super-blocks (each a whole number of lines).
+    fn group_bytes(self, nb: usize) -> usize {
+        if self.k_quant {
+            nb * q4k::SB_BYTES
+        } else {
+            (nb * VECTOR_BYTES * self.vectors + nb * 2 * PACK_ROWS).div_ceil(64) * 64
+        }
+    }
+
+    /// The activation type the products take.
+    fn act_type(self) -> GgmlType {
+        if self.k_quant {
+            GgmlType::Q8K
+        } else {
+            GgmlType::Q8_0
+        }
+    }
+}
 
 /// The packed format of `ty`, if it has one.
 fn format(ty: GgmlType) -> Option<Format> {
     match ty {
         GgmlType::Q4_0 => Some(Q4_0_FORMAT),
         GgmlType::Q8_0 => Some(Q8_0_FORMAT),
+        GgmlType::Q4K => Some(Q4_K_FORMAT),
         _ => None,
     }
 }
@@ -95,9 +132,9 @@ impl PackedMatrix {
         let format = format(ty).ok_or(QuantError::NotPackable { ty })?;
         let row_bytes = super::row_len_bytes(ty, cols)?;
         super::check_len(ty, rows * cols, src.len())?;
-        let nb = cols / QK;
+        let nb = cols / format.block_len();
         let quant_bytes = nb * VECTOR_BYTES * format.vectors;
-        let group_bytes = (quant_bytes + nb * 2 * PACK_ROWS).div_ceil(64) * 64;
+        let group_bytes = format.group_bytes(nb);
         let total = Self::bytes_for(ty, rows, cols).ok_or(QuantError::NotPackable { ty })?;
         let mut data = vec![Line([0; 64]); total / 64];
         // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's memory.
@@ -106,6 +143,12 @@ impl PackedMatrix {
         for (r, row) in src.chunks_exact(row_bytes).enumerate() {
             let (g, rr) = (r / PACK_ROWS, r % PACK_ROWS);
             let group = &mut bytes[g * group_bytes..(g + 1) * group_bytes];
+            if format.k_quant {
+                for (b, block) in row.chunks_exact(format.file_block_bytes).enumerate() {
+                    q4k::pack_block(block, rr, &mut group[b * q4k::SB_BYTES..(b + 1) * q4k::SB_BYTES]);
+                }
+                continue;
+            }
             for (b, block) in row.chunks_exact(format.file_block_bytes).enumerate() {
                 let qs = &block[2..];
                 for v in 0..format.vectors {
@@ -125,12 +168,10 @@ impl PackedMatrix {
     /// has no packed layout or the shape is not whole blocks.
     pub fn bytes_for(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
         let f = format(ty)?;
-        if cols == 0 || !cols.is_multiple_of(QK) {
+        if cols == 0 || !cols.is_multiple_of(f.block_len()) {
             return None;
         }
-        let nb = cols / QK;
-        let group_bytes = (nb * VECTOR_BYTES * f.vectors + nb * 2 * PACK_ROWS).div_ceil(64) * 64;
-        Some(rows.div_ceil(PACK_ROWS) * group_bytes)
+        Some(rows.div_ceil(PACK_ROWS) * f.group_bytes(cols / f.block_len()))
     }
 
     /// Bytes this matrix holds in memory.
@@ -181,11 +222,17 @@ impl PackedMatrix {
             self.rows,
             self.cols
         );
+        if self.format.k_quant {
+            let (b, j) = (c / QK_K, c % QK_K);
+            let group = self.group(r / PACK_ROWS);
+            return q4k::value(&group[b * q4k::SB_BYTES..(b + 1) * q4k::SB_BYTES], r % PACK_ROWS, j);
+        }
         let (d, u) = self.code(r, c);
         (u - self.format.offset) as f32 * d
     }
 
-    /// Dot products of group `g`'s rows with activation columns `xs` (q8_0, each with its `aux`):
+    /// Dot products of group `g`'s rows with activation columns `xs` (q8_0 each with its `aux`; q8_K for
+    /// q4_K):
     /// `out[c * PACK_ROWS + r]` for row `g * PACK_ROWS + r` (padding rows give 0).
     ///
     /// # Panics
@@ -204,12 +251,24 @@ impl PackedMatrix {
             xs.len()
         );
         assert!(g < self.groups(), "PackedMatrix::tile: group {g} of {}", self.groups());
+        let act = self.format.act_type();
         for x in xs {
-            super::check_len(GgmlType::Q8_0, self.cols, x.q.len())
-                .unwrap_or_else(|e| panic!("PackedMatrix::tile: {e}"));
-            assert_eq!(x.aux.len(), 2 * self.nb, "PackedMatrix::tile: activations need their f32 scales and sums");
+            super::check_len(act, self.cols, x.q.len()).unwrap_or_else(|e| panic!("PackedMatrix::tile: {e}"));
+            if !self.format.k_quant {
+                assert_eq!(x.aux.len(), 2 * self.nb, "PackedMatrix::tile: q8_0 activations need their aux");
+            }
         }
         let group = self.group(g);
+        if self.format.k_quant {
+            #[cfg(target_arch = "x86_64")]
+            if level.avx2() {
+                // SAFETY: as below, for q4_K super-blocks and q8_K columns.
+                unsafe { x86_q4k::tile(level, self.nb, group, xs, out) };
+                return;
+            }
+            q4k::tile_portable(self.nb, group, xs, out);
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if level.avx2() {
             // SAFETY: the level's features are present (the caller's promise, `simd_level` or a test that

@@ -8,38 +8,47 @@ use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const TYPES: [GgmlType; 2] = [GgmlType::Q4_0, GgmlType::Q8_0];
+const TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K];
 
 /// Random block bytes with sane scales: every code, -128 included for q8_0.
 fn random_matrix(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let mut w: Vec<u8> = (0..rows * row_len_bytes(ty, cols).unwrap()).map(|_| rng.gen()).collect();
     for b in w.chunks_exact_mut(ty.block_bytes()) {
-        let d = rng.gen_range(-0.1f32..0.1);
-        b[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        // q4_K: d and dmin, both used with either sign.
+        let scales = if ty == GgmlType::Q4K { 2 } else { 1 };
+        for s in 0..scales {
+            let d = rng.gen_range(-0.1f32..0.1);
+            b[2 * s..2 * s + 2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        }
     }
     w
 }
 
-/// An activation column of `n` values as `QuantActs` keeps it: q8_0 bytes and their aux.
-fn column(rng: &mut StdRng, n: usize, extreme: bool) -> (Vec<u8>, Vec<f32>) {
+/// An activation column of `n` values for weights of type `ty` as `QuantActs` keeps it: the bytes in the
+/// type's `vec_dot_type` and their aux.
+fn column(rng: &mut StdRng, ty: GgmlType, n: usize, extreme: bool) -> (Vec<u8>, Vec<f32>) {
     let x: Vec<f32> = (0..n)
-        .map(|i| {
-            if extreme {
-                if i % 3 == 0 {
-                    -1.0
-                } else {
-                    1.0
-                }
-            } else {
-                rng.gen_range(-1.0f32..1.0)
-            }
+        .map(|i| match (extreme, i % 3) {
+            (true, 0) => -1.0,
+            (true, _) => 1.0,
+            _ => rng.gen_range(-1.0f32..1.0),
         })
         .collect();
-    let mut q = vec![0u8; row_len_bytes(GgmlType::Q8_0, n).unwrap()];
-    quantize_row_act(GgmlType::Q8_0, &x, &mut q);
-    let mut aux = vec![0f32; 2 * n / QK];
-    fill_act_aux(GgmlType::Q8_0, n, &q, &mut aux);
+    let ta = crate::quant::vec_dot_type(ty);
+    let mut q = vec![0u8; row_len_bytes(ta, n).unwrap()];
+    quantize_row_act(ta, &x, &mut q);
+    let mut aux = vec![0f32; crate::quant::act_aux_len(ta, n)];
+    fill_act_aux(ta, n, &q, &mut aux);
     (q, aux)
+}
+
+/// Column counts that fit the type's blocks: the legacy count, or the next multiple of 256 for q4_K.
+fn cols_for(ty: GgmlType, legacy: usize) -> usize {
+    if ty == GgmlType::Q4K {
+        legacy.div_ceil(256) * 256
+    } else {
+        legacy
+    }
 }
 
 fn levels() -> Vec<SimdLevel> {
@@ -71,6 +80,7 @@ fn packed_values_are_the_file_values() {
     let mut rng = StdRng::seed_from_u64(21);
     for ty in TYPES {
         for (rows, cols) in [(37, 64), (16, 576), (5, 32)] {
+            let cols = cols_for(ty, cols);
             let w = random_matrix(&mut rng, ty, rows, cols);
             let p = PackedMatrix::pack(ty, rows, cols, &w).unwrap();
             assert_eq!(p.groups(), rows.div_ceil(PACK_ROWS));
@@ -93,10 +103,10 @@ fn packed_values_are_the_file_values() {
 fn every_path_gives_the_portable_bits_and_columns_are_independent() {
     let mut rng = StdRng::seed_from_u64(22);
     for ty in TYPES {
-        let (rows, cols) = (40, 576);
+        let (rows, cols) = (40, cols_for(ty, 576));
         let w = random_matrix(&mut rng, ty, rows, cols);
         let p = PackedMatrix::pack(ty, rows, cols, &w).unwrap();
-        let data: Vec<(Vec<u8>, Vec<f32>)> = (0..8).map(|i| column(&mut rng, cols, i == 5)).collect();
+        let data: Vec<(Vec<u8>, Vec<f32>)> = (0..8).map(|i| column(&mut rng, ty, cols, i == 5)).collect();
         let xs: Vec<ActRow> = data.iter().map(|(q, aux)| ActRow { q, aux }).collect();
         for g in 0..p.groups() {
             let mut want = vec![0f32; 8 * PACK_ROWS];
@@ -132,9 +142,9 @@ fn products_are_the_dot_products_of_the_values() {
         let (rows, cols) = (16, 1536);
         let w = random_matrix(&mut rng, ty, rows, cols);
         let p = PackedMatrix::pack(ty, rows, cols, &w).unwrap();
-        let (q, aux) = column(&mut rng, cols, false);
+        let (q, aux) = column(&mut rng, ty, cols, false);
         let mut yd = vec![0f32; cols];
-        dequantize_row(GgmlType::Q8_0, &q, &mut yd);
+        dequantize_row(crate::quant::vec_dot_type(ty), &q, &mut yd);
         let mut out = vec![0f32; PACK_ROWS];
         p.tile(0, &[ActRow { q: &q, aux: &aux }], &mut out);
         for (r, &got) in out.iter().enumerate() {
@@ -144,7 +154,7 @@ fn products_are_the_dot_products_of_the_values() {
             });
             assert!((got as f64 - want).abs() <= 1e-5 * mag, "{ty} row {r}: {got} vs {want}");
             // And the file's own dot product (ggml's lane order) within rounding of it.
-            let v = crate::quant::vec_dot(ty, cols, &w[r * p.nb * ty.block_bytes()..], &q);
+            let v = crate::quant::vec_dot(ty, cols, &w[r * row_len_bytes(ty, cols).unwrap()..], &q);
             assert!((got - v).abs() as f64 <= 1e-5 * mag, "{ty} row {r}: {got} vs vec_dot {v}");
         }
     }

@@ -1,0 +1,211 @@
+//! The q4_K layout's kernels for x86_64: AVX-512 (16 rows per register), AVX2 with VNNI's 256-bit
+//! `vpdpbusd`, and AVX2 with `maddubs` (nibbles of at most 15 times bytes of at most 127: no saturation),
+//! on two 8-row halves. Each computes `q4k`'s exact integers and then its float steps lane by lane, so all
+//! give the portable kernel's bits.
+//!
+//! Safety: call only on the SIMD level's detected features, with a group of `nb` super-blocks and
+//! columns of `nb` q8_K blocks (checked by `PackedMatrix::tile_on`).
+
+use std::arch::x86_64::*;
+
+use super::q4k::{DMIN_AT, D_AT, M_AT, SB_BYTES, SC_AT, Y_BLOCK};
+use super::{ActRow, SimdLevel, PACK_ROWS, VECTOR_BYTES};
+
+/// Where a q8_K block's quants and 16 bsums (i16) sit.
+const Y_QS: usize = 4;
+const Y_BSUMS: usize = 260;
+
+/// Columns one pass takes.
+const PASS_COLS: usize = 4;
+
+/// How far ahead the kernels prefetch the weights into L2 (see `x86::PREFETCH_BYTES`).
+const PREFETCH_BYTES: usize = 8192;
+
+/// Dispatches `xs` in passes of up to `PASS_COLS` columns to the level's kernel.
+///
+/// # Safety
+/// See the module comment.
+pub(super) unsafe fn tile(level: SimdLevel, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
+    for (xs, out) in xs.chunks(PASS_COLS).zip(out.chunks_mut(PASS_COLS * PACK_ROWS)) {
+        macro_rules! pass {
+            ($c:literal) => {{
+                let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
+                match level {
+                    SimdLevel::Avx512 => tile_512::<$c>(nb, group.as_ptr(), q, out),
+                    SimdLevel::Avx2Vnni => tile_256_vnni::<$c>(nb, group.as_ptr(), q, out),
+                    _ => tile_256::<$c>(nb, group.as_ptr(), q, out),
+                }
+            }};
+        }
+        match xs.len() {
+            1 => pass!(1),
+            2 => pass!(2),
+            3 => pass!(3),
+            _ => pass!(4),
+        }
+    }
+}
+
+/// The four activation bytes at `p` as one i32 (for a broadcast).
+#[inline(always)]
+unsafe fn bcast4(p: *const u8) -> i32 {
+    (p as *const i32).read_unaligned()
+}
+
+/// The sums of the eight 32-value sub-blocks of a q8_K block at `y` (pairs of its 16 bsums), as i32.
+#[inline(always)]
+unsafe fn sub_block_sums(y: *const u8) -> [i32; 8] {
+    let mut s = [0i32; 8];
+    for (k, s) in s.iter_mut().enumerate() {
+        let p = y.add(Y_BSUMS + 4 * k) as *const i16;
+        *s = p.read_unaligned() as i32 + p.add(1).read_unaligned() as i32;
+    }
+    s
+}
+
+/// Prefetches super-block `sb`'s lines `PREFETCH_BYTES` ahead.
+#[inline(always)]
+unsafe fn prefetch(sb: *const u8) {
+    for l in 0..SB_BYTES / 64 {
+        _mm_prefetch::<_MM_HINT_T1>(sb.add(PREFETCH_BYTES + 64 * l) as *const i8);
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile_512<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C], out: &mut [f32]) {
+    let nib = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); C];
+    for b in 0..nb {
+        let sb = group.add(b * SB_BYTES);
+        prefetch(sb);
+        let mut isum = [_mm512_setzero_si512(); C];
+        for j in 0..4 {
+            let mut v = [_mm512_setzero_si512(); 8];
+            for (g, v) in v.iter_mut().enumerate() {
+                *v = _mm512_load_si512(sb.add((8 * j + g) * VECTOR_BYTES) as *const __m512i);
+            }
+            for half in 0..2 {
+                let k = 2 * j + half;
+                let w: [__m512i; 8] = std::array::from_fn(|g| {
+                    if half == 0 {
+                        _mm512_and_si512(v[g], nib)
+                    } else {
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(v[g]), nib)
+                    }
+                });
+                let sc = _mm512_cvtepu8_epi32(_mm_load_si128(sb.add(SC_AT + k * PACK_ROWS) as *const __m128i));
+                for c in 0..C {
+                    let y = q[c].add(b * Y_BLOCK + Y_QS + 32 * k);
+                    let mut s0 = _mm512_setzero_si512();
+                    let mut s1 = _mm512_setzero_si512();
+                    for g in (0..8).step_by(2) {
+                        s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(bcast4(y.add(4 * g))));
+                        s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(bcast4(y.add(4 * g + 4))));
+                    }
+                    isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+                }
+            }
+        }
+        let d = _mm512_cvtph_ps(_mm256_load_si256(sb.add(D_AT) as *const __m256i));
+        let dmin = _mm512_cvtph_ps(_mm256_load_si256(sb.add(DMIN_AT) as *const __m256i));
+        for c in 0..C {
+            let y = q[c].add(b * Y_BLOCK);
+            let sums = sub_block_sums(y);
+            let mut msum = _mm512_setzero_si512();
+            for (k, &s) in sums.iter().enumerate() {
+                let m = _mm512_cvtepu8_epi32(_mm_load_si128(sb.add(M_AT + k * PACK_ROWS) as *const __m128i));
+                msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(m, _mm512_set1_epi32(s)));
+            }
+            let dy = _mm512_set1_ps((y as *const f32).read_unaligned());
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(isum[c]), acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(msum), acc[c]);
+        }
+    }
+    for c in 0..C {
+        _mm512_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS), acc[c]);
+    }
+}
+
+/// The 256-bit kernel, defined once per instruction set: `$dot4(acc, w, y)` adds the sums of four
+/// neighbouring products of unsigned `w` and signed `y` to the i32 lanes of `acc`.
+macro_rules! tile_256_kernel {
+    ($name:ident, $features:literal, $dot4:ident) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C], out: &mut [f32]) {
+            let nib = _mm256_set1_epi8(0x0F);
+            for h in 0..2 {
+                let mut acc = [_mm256_setzero_ps(); C];
+                for b in 0..nb {
+                    let sb = group.add(b * SB_BYTES);
+                    if h == 0 {
+                        prefetch(sb);
+                    }
+                    let mut isum = [_mm256_setzero_si256(); C];
+                    for j in 0..4 {
+                        let v: [__m256i; 8] = std::array::from_fn(|g| {
+                            _mm256_load_si256(sb.add((8 * j + g) * VECTOR_BYTES + 32 * h) as *const __m256i)
+                        });
+                        for half in 0..2 {
+                            let k = 2 * j + half;
+                            let w: [__m256i; 8] = std::array::from_fn(|g| {
+                                if half == 0 {
+                                    _mm256_and_si256(v[g], nib)
+                                } else {
+                                    _mm256_and_si256(_mm256_srli_epi16::<4>(v[g]), nib)
+                                }
+                            });
+                            let sc_at = sb.add(SC_AT + k * PACK_ROWS + 8 * h) as *const __m128i;
+                            let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc_at));
+                            for c in 0..C {
+                                let y = q[c].add(b * Y_BLOCK + Y_QS + 32 * k);
+                                let mut s0 = _mm256_setzero_si256();
+                                let mut s1 = _mm256_setzero_si256();
+                                for g in (0..8).step_by(2) {
+                                    s0 = $dot4(s0, w[g], _mm256_set1_epi32(bcast4(y.add(4 * g))));
+                                    s1 = $dot4(s1, w[g + 1], _mm256_set1_epi32(bcast4(y.add(4 * g + 4))));
+                                }
+                                let s = _mm256_mullo_epi32(_mm256_add_epi32(s0, s1), sc);
+                                isum[c] = _mm256_add_epi32(isum[c], s);
+                            }
+                        }
+                    }
+                    let d = _mm256_cvtph_ps(_mm_load_si128(sb.add(D_AT + 16 * h) as *const __m128i));
+                    let dmin = _mm256_cvtph_ps(_mm_load_si128(sb.add(DMIN_AT + 16 * h) as *const __m128i));
+                    for c in 0..C {
+                        let y = q[c].add(b * Y_BLOCK);
+                        let sums = sub_block_sums(y);
+                        let mut msum = _mm256_setzero_si256();
+                        for (k, &s) in sums.iter().enumerate() {
+                            let m_at = sb.add(M_AT + k * PACK_ROWS + 8 * h) as *const __m128i;
+                            let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(m_at));
+                            msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(m, _mm256_set1_epi32(s)));
+                        }
+                        let dy = _mm256_set1_ps((y as *const f32).read_unaligned());
+                        acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(isum[c]), acc[c]);
+                        acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(msum), acc[c]);
+                    }
+                }
+                for c in 0..C {
+                    _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), acc[c]);
+                }
+            }
+        }
+    };
+}
+
+/// `vpdpbusd` on 256 bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn dot4_vnni(acc: __m256i, w: __m256i, y: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, w, y)
+}
+
+/// `maddubs` then `madd` by ones: the same i32 sums (pairs of at most 2 * 15 * 127, no saturation).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot4_avx2(acc: __m256i, w: __m256i, y: __m256i) -> __m256i {
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), _mm256_set1_epi16(1)))
+}
+
+tile_256_kernel!(tile_256_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", dot4_vnni);
+tile_256_kernel!(tile_256, "avx2,fma,f16c", dot4_avx2);
