@@ -19,7 +19,10 @@
 //! Weights are stored as unsigned codes `u` with `w = u - offset`: q4_0 keeps its nibbles (`offset` 8;
 //! vector `g < 4` holds bytes `4g..4g + 4` of each row's `qs`, whose low nibbles are values `4g..` and high
 //! nibbles values `16 + 4g..`, so the low nibbles of vector `g` and the high nibbles, as vector `4 + g`, meet
-//! activation bytes `4g..` and `16 + 4g..`, i.e. always `4 * (vector index)`); q8_0 stores `q ^ 0x80`
+//! activation bytes `4g..` and `16 + 4g..`, i.e. always `4 * (vector index)`); q5_0 is q4_0's four
+//! vectors plus a fifth of its high bits (`offset` 16): byte `k` of a row's four holds, in bit `i`, the fifth
+//! bit of value `4 i + k`, so value-vector `i`'s bits are that vector shifted by `4 - i` and masked with
+//! 0x10 (the same size as the file's blocks); q8_0 stores `q ^ 0x80`
 //! (`offset` 128), vector `g` meeting activation bytes `4g..`. The integer sum `sum(u * y) - offset *
 //! sum(y)` is exact, and `sum(y)` of each activation block is made once per activation row (the q8_0
 //! activations' `aux`, see `quant::fill_act_aux`).
@@ -63,11 +66,14 @@ pub(crate) struct Format {
     offset: i32,
     /// Bytes of a block in the file, and where its quants start.
     file_block_bytes: usize,
+    qs_at: usize,
 }
 
-const Q4_0_FORMAT: Format = Format { k_quant: false, vectors: 4, offset: 8, file_block_bytes: 18 };
-const Q8_0_FORMAT: Format = Format { k_quant: false, vectors: 8, offset: 128, file_block_bytes: 34 };
-const Q4_K_FORMAT: Format = Format { k_quant: true, vectors: 32, offset: 0, file_block_bytes: q4k::FILE_BLOCK };
+const Q4_0_FORMAT: Format = Format { k_quant: false, vectors: 4, offset: 8, file_block_bytes: 18, qs_at: 2 };
+const Q5_0_FORMAT: Format = Format { k_quant: false, vectors: 5, offset: 16, file_block_bytes: 22, qs_at: 6 };
+const Q8_0_FORMAT: Format = Format { k_quant: false, vectors: 8, offset: 128, file_block_bytes: 34, qs_at: 2 };
+const Q4_K_FORMAT: Format =
+    Format { k_quant: true, vectors: 32, offset: 0, file_block_bytes: q4k::FILE_BLOCK, qs_at: 0 };
 
 impl Format {
     /// Values per block.
@@ -103,6 +109,7 @@ impl Format {
 fn format(ty: GgmlType) -> Option<Format> {
     match ty {
         GgmlType::Q4_0 => Some(Q4_0_FORMAT),
+        GgmlType::Q5_0 => Some(Q5_0_FORMAT),
         GgmlType::Q8_0 => Some(Q8_0_FORMAT),
         GgmlType::Q4K => Some(Q4_K_FORMAT),
         _ => None,
@@ -150,9 +157,17 @@ impl PackedMatrix {
                 continue;
             }
             for (b, block) in row.chunks_exact(format.file_block_bytes).enumerate() {
-                let qs = &block[2..];
-                for v in 0..format.vectors {
+                let qs = &block[format.qs_at..];
+                for v in 0..format.vectors.min(8) {
                     let at = (b * format.vectors + v) * VECTOR_BYTES + 4 * rr;
+                    if format.vectors == 5 && v == 4 {
+                        // q5_0's fifth bits: byte k, bit i = the bit of value 4 i + k (see the module comment).
+                        let qh = blocks::u32_at(block, 2);
+                        for (k, dst) in group[at..at + 4].iter_mut().enumerate() {
+                            *dst = (0..8).map(|i| (((qh >> (4 * i + k)) & 1) as u8) << i).sum();
+                        }
+                        continue;
+                    }
                     for (dst, &q) in group[at..at + 4].iter_mut().zip(&qs[4 * v..4 * v + 4]) {
                         *dst = q ^ flip;
                     }
@@ -197,18 +212,7 @@ impl PackedMatrix {
         let quant_bytes = self.nb * VECTOR_BYTES * self.format.vectors;
         let d = blocks::f16_at(group, quant_bytes + b * 2 * PACK_ROWS + 2 * rr);
         let block = &group[b * self.format.vectors * VECTOR_BYTES..];
-        let u = if self.ty == GgmlType::Q4_0 {
-            let k = j % 16;
-            let byte = block[(k / 4) * VECTOR_BYTES + 4 * rr + k % 4];
-            if j < 16 {
-                byte & 0x0F
-            } else {
-                byte >> 4
-            }
-        } else {
-            block[(j / 4) * VECTOR_BYTES + 4 * rr + j % 4]
-        };
-        (d, u as i32)
+        (d, legacy_code(block, self.format.vectors, rr, j))
     }
 
     /// Value `(r, c)`, exactly as `dequantize_value` gives it from the file's row.
@@ -291,19 +295,8 @@ fn tile_portable(f: Format, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f
                 let block = &group[b * f.vectors * VECTOR_BYTES..];
                 let y = &x.q[b * 34 + 2..b * 34 + 34];
                 let mut isum = 0i32;
-                for v in 0..f.vectors {
-                    let w = &block[v * VECTOR_BYTES + 4 * r..v * VECTOR_BYTES + 4 * r + 4];
-                    for k in 0..4 {
-                        let (u, yo) = match f.vectors {
-                            // q4_0: vectors 0..4 hold low and high nibbles.
-                            4 => ((w[k] & 0x0F) as i32, 4 * v + k),
-                            _ => (w[k] as i32, 4 * v + k),
-                        };
-                        isum += u * y[yo] as i8 as i32;
-                        if f.vectors == 4 {
-                            isum += (w[k] >> 4) as i32 * y[16 + 4 * v + k] as i8 as i32;
-                        }
-                    }
+                for (j, &y) in y.iter().enumerate() {
+                    isum += legacy_code(block, f.vectors, r, j) * y as i8 as i32;
                 }
                 isum -= f.offset * x.aux[2 * b + 1] as i32;
                 let dw = blocks::f16_at(group, quant_bytes + b * 2 * PACK_ROWS + 2 * r);
@@ -312,4 +305,18 @@ fn tile_portable(f: Format, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f
             *o = acc;
         }
     }
+}
+
+/// The unsigned code of value `j` (0..32) of row `rr` in a packed legacy block of `vectors` vectors: value
+/// `4 i + k` sits in byte `k` of value-vector `i`, which is vector `i` (q8_0), or the low nibbles of vector
+/// `i` / high nibbles of vector `i - 4` (q4_0, q5_0), with q5_0's fifth bit as bit `i` of vector 4's byte.
+fn legacy_code(block: &[u8], vectors: usize, rr: usize, j: usize) -> i32 {
+    let (i, k) = (j / 4, j % 4);
+    let at = |v: usize| block[v * VECTOR_BYTES + 4 * rr + k];
+    if vectors == 8 {
+        return at(i) as i32;
+    }
+    let nibble = if i < 4 { at(i) & 0x0F } else { at(i - 4) >> 4 };
+    let high = if vectors == 5 { ((at(4) >> i) & 1) << 4 } else { 0 };
+    (nibble | high) as i32
 }

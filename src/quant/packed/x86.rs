@@ -36,10 +36,13 @@ pub(super) unsafe fn tile(level: SimdLevel, f: Format, nb: usize, group: &[u8], 
                 let a: [*const f32; $c] = std::array::from_fn(|i| xs[i].aux.as_ptr());
                 match (level, f.vectors) {
                     (SimdLevel::Avx512, 4) => tile_512::<4, $c>(f.offset, nb, group.as_ptr(), q, a, out),
+                    (SimdLevel::Avx512, 5) => tile_512::<5, $c>(f.offset, nb, group.as_ptr(), q, a, out),
                     (SimdLevel::Avx512, _) => tile_512::<8, $c>(f.offset, nb, group.as_ptr(), q, a, out),
                     (SimdLevel::Avx2Vnni, 4) => tile_256_vnni::<4, $c>(f.offset, nb, group.as_ptr(), q, a, out),
+                    (SimdLevel::Avx2Vnni, 5) => tile_256_vnni::<5, $c>(f.offset, nb, group.as_ptr(), q, a, out),
                     (SimdLevel::Avx2Vnni, _) => tile_256_vnni::<8, $c>(f.offset, nb, group.as_ptr(), q, a, out),
-                    (_, 4) => tile_256_q4::<$c>(f.offset, nb, group.as_ptr(), q, a, out),
+                    (_, 4) => tile_256_q4::<4, $c>(f.offset, nb, group.as_ptr(), q, a, out),
+                    (_, 5) => tile_256_q4::<5, $c>(f.offset, nb, group.as_ptr(), q, a, out),
                     _ => tile_256_q8::<$c>(nb, group.as_ptr(), q, a, out),
                 }
             }};
@@ -85,11 +88,28 @@ unsafe fn tile_512<const V: usize, const C: usize>(
             _mm_prefetch::<_MM_HINT_T1>(wp.add(PREFETCH_BYTES + l * 64) as *const i8);
         }
         let mut w = [_mm512_setzero_si512(); 8];
-        if V == 4 {
+        if V == 4 || V == 5 {
             for g in 0..4 {
                 let v = _mm512_load_si512(wp.add(g * VECTOR_BYTES) as *const __m512i);
                 w[g] = _mm512_and_si512(v, nib);
                 w[4 + g] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+            }
+            if V == 5 {
+                let hv = _mm512_load_si512(wp.add(4 * VECTOR_BYTES) as *const __m512i);
+                let bit4 = _mm512_set1_epi8(0x10);
+                let shifted = [
+                    _mm512_slli_epi16::<4>(hv),
+                    _mm512_slli_epi16::<3>(hv),
+                    _mm512_slli_epi16::<2>(hv),
+                    _mm512_slli_epi16::<1>(hv),
+                    hv,
+                    _mm512_srli_epi16::<1>(hv),
+                    _mm512_srli_epi16::<2>(hv),
+                    _mm512_srli_epi16::<3>(hv),
+                ];
+                for (w, h) in w.iter_mut().zip(shifted) {
+                    *w = _mm512_or_si512(*w, _mm512_and_si512(h, bit4));
+                }
             }
         } else {
             for (g, w) in w.iter_mut().enumerate() {
@@ -124,6 +144,27 @@ unsafe fn half_at(wp: *const u8, g: usize, h: usize) -> __m256i {
     _mm256_load_si256(wp.add(g * VECTOR_BYTES + 32 * h) as *const __m256i)
 }
 
+/// q5_0: ORs the fifth bits of vector 4 (`hv`, see the module comment of `packed`) into the eight
+/// value-vectors' nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn or_high_bits_256(w: &mut [__m256i; 8], hv: __m256i) {
+    let bit4 = _mm256_set1_epi8(0x10);
+    let shifted = [
+        _mm256_slli_epi16::<4>(hv),
+        _mm256_slli_epi16::<3>(hv),
+        _mm256_slli_epi16::<2>(hv),
+        _mm256_slli_epi16::<1>(hv),
+        hv,
+        _mm256_srli_epi16::<1>(hv),
+        _mm256_srli_epi16::<2>(hv),
+        _mm256_srli_epi16::<3>(hv),
+    ];
+    for (w, h) in w.iter_mut().zip(shifted) {
+        *w = _mm256_or_si256(*w, _mm256_and_si256(h, bit4));
+    }
+}
+
 /// Block `b`'s scales of half `h` as f32.
 #[inline(always)]
 unsafe fn half_scales<const V: usize>(group: *const u8, nb: usize, b: usize, h: usize) -> __m256 {
@@ -152,11 +193,14 @@ unsafe fn tile_256_vnni<const V: usize, const C: usize>(
                 }
             }
             let mut w = [_mm256_setzero_si256(); 8];
-            if V == 4 {
+            if V == 4 || V == 5 {
                 for g in 0..4 {
                     let v = half_at(wp, g, h);
                     w[g] = _mm256_and_si256(v, nib);
                     w[4 + g] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                }
+                if V == 5 {
+                    or_high_bits_256(&mut w, half_at(wp, 4, h));
                 }
             } else {
                 for (g, w) in w.iter_mut().enumerate() {
@@ -184,11 +228,12 @@ unsafe fn tile_256_vnni<const V: usize, const C: usize>(
     }
 }
 
-/// AVX2 for q4_0: `maddubs` of the nibbles (at most 15) with the activations gives i16 pairs of at most
-/// 2 * 15 * 127 = 3,810 in magnitude, so all eight vectors' pairs add in i16 (30,480 < 32,767) before one
-/// `madd` widens them: the exact integer sum.
+/// AVX2 for q4_0 (`V` 4) and q5_0 (`V` 5): `maddubs` of the codes (at most 15, or 31) with the
+/// activations gives i16 pairs of at most 2 * 15 * 127 = 3,810 (7,874) in magnitude, so each chain of four
+/// vectors adds in i16 (31,496 < 32,767 at worst); q4_0's two chains add in i16 too (30,480) before one
+/// `madd` widens them, q5_0's are widened apart: the exact integer sum either way.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_256_q4<const C: usize>(
+unsafe fn tile_256_q4<const V: usize, const C: usize>(
     offset: i32,
     nb: usize,
     group: *const u8,
@@ -202,9 +247,9 @@ unsafe fn tile_256_q4<const C: usize>(
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); C];
         for b in 0..nb {
-            let wp = group.add(b * 4 * VECTOR_BYTES);
+            let wp = group.add(b * V * VECTOR_BYTES);
             if h == 0 {
-                for l in 0..4 {
+                for l in 0..V {
                     _mm_prefetch::<_MM_HINT_T1>(wp.add(PREFETCH_BYTES + l * 64) as *const i8);
                 }
             }
@@ -214,7 +259,10 @@ unsafe fn tile_256_q4<const C: usize>(
                 w[g] = _mm256_and_si256(v, nib);
                 w[4 + g] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
             }
-            let dw = half_scales::<4>(group, nb, b, h);
+            if V == 5 {
+                or_high_bits_256(&mut w, half_at(wp, 4, h));
+            }
+            let dw = half_scales::<V>(group, nb, b, h);
             for c in 0..C {
                 let y = q[c].add(b * Y_BLOCK + Y_QS);
                 let mut s0 = _mm256_setzero_si256();
@@ -224,7 +272,11 @@ unsafe fn tile_256_q4<const C: usize>(
                     let y1 = _mm256_set1_epi32(bcast4(y.add(4 * g + 4)));
                     s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w[g + 1], y1));
                 }
-                let sum = _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
+                let sum = if V == 4 {
+                    _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones)
+                } else {
+                    _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones))
+                };
                 let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
                 let isum = _mm256_fnmadd_ps(off, _mm256_set1_ps(ysum), _mm256_cvtepi32_ps(sum));
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
