@@ -24,6 +24,16 @@ pub struct InfoArgs {
 
 const MIB: f64 = (1u64 << 20) as f64;
 
+/// Bytes of `t`'s repacked copy when the CPU would multiply it in the row-interleaved layout: a 2-D weight
+/// matrix (`*.weight`, not a norm) of a packable type; the embedding table only when it is also the output
+/// head (`tied`: the file has no `output.weight`).
+fn packed_bytes(t: &strata::gguf::TensorInfo, tied: bool) -> Option<usize> {
+    if t.dims.len() != 2 || !t.name.ends_with(".weight") || (t.name == "token_embd.weight" && !tied) {
+        return None;
+    }
+    strata::quant::packed::PackedMatrix::bytes_for(t.ty, t.dims[1] as usize, t.dims[0] as usize)
+}
+
 pub fn main(a: InfoArgs) -> anyhow::Result<()> {
     let path = resolve_model(&a.model)?;
     let file = GgufFile::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -55,9 +65,29 @@ pub fn main(a: InfoArgs) -> anyhow::Result<()> {
     for (ty, (n, bytes)) in &by_type {
         println!("  {ty:>5}: {n:>4} tensors, {:.2} MiB", *bytes as f64 / MIB);
     }
+    // The layout each weight matrix gets on the CPU (`quant::packed`): repacked at load, or the file's rows.
+    let mut packed: BTreeMap<String, (usize, u64, u64)> = BTreeMap::new();
+    let tied = file.tensor("output.weight").is_none();
+    for t in &file.tensors {
+        if let Some(bytes) = packed_bytes(t, tied) {
+            let e = packed.entry(t.ty.name().to_owned()).or_default();
+            e.0 += 1;
+            e.1 += t.n_bytes;
+            e.2 += bytes as u64;
+        }
+    }
+    for (ty, (n, file_bytes, bytes)) in &packed {
+        println!(
+            "  {ty:>5}: {n} matrices repacked for the CPU at load (16-row interleaved): {:.2} MiB in RAM for the file's {:.2} MiB{}",
+            *bytes as f64 / MIB,
+            *file_bytes as f64 / MIB,
+            if strata::model::repack_enabled() { "" } else { " (off: STRATA_LAYOUT=file)" }
+        );
+    }
     if a.tensors {
         for t in &file.tensors {
-            println!("  {:<32} {:>5} {:?}", t.name, t.ty.name(), t.dims);
+            let layout = if packed_bytes(t, tied).is_some() { "16-row interleaved" } else { "file rows" };
+            println!("  {:<32} {:>5} {:<18} {:?}", t.name, t.ty.name(), layout, t.dims);
         }
     }
     println!(

@@ -200,6 +200,37 @@ fn info_shows_metadata_types_and_memory() {
         "{out}"
     );
     assert!(out.contains("preset: SmolLM2 (model card)"), "{out}");
+    // The tied q8_0 embedding is the output head: repacked for the CPU; q4_1 keeps the file's rows.
+    assert!(out.contains("q8_0: 1 matrices repacked for the CPU at load (16-row interleaved)"), "{out}");
+    assert!(!out.contains("q4_1: 210 matrices repacked"), "{out}");
+}
+
+#[test]
+fn bench_type_report_says_where_the_time_goes() {
+    let o = strata(&["bench", "-p", "32", "-n", "8", "-r", "1", "-t", "2", "--json", "--type-report"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("json");
+    let parts = ["attention products", "attention", "FFN products", "output", "other"];
+    for t in v["tests"].as_array().expect("tests") {
+        let r = &t["type_report"];
+        let ms: Vec<f64> = parts.iter().map(|p| r[*p].as_f64().unwrap_or_else(|| panic!("{p} in {t}"))).collect();
+        assert!(ms.iter().all(|&m| m >= 0.0), "{t}");
+        // Every matrix product and the attention took time; the parts add up to at most the whole.
+        assert!(ms[0] > 0.0 && ms[1] > 0.0 && ms[2] > 0.0 && ms[3] > 0.0, "{t}");
+        let whole_ms = 1e3 / t["tok_s"].as_f64().expect("rate");
+        assert!(ms[..4].iter().sum::<f64>() <= whole_ms * 1.01, "{t}: {ms:?} vs {whole_ms} ms per token");
+    }
+    let types = &v["type_report_types"];
+    assert!(types["FFN products"].as_str().expect("ffn").contains("q4_1 file rows (mapped) x3"), "{types}");
+    assert!(types["output"].as_str().expect("output").contains("q8_0 16-row interleaved"), "{types}");
+    // Without the flag there is no report; as a table it follows the rates.
+    let o = strata(&["bench", "-p", "16", "-n", "0", "-r", "1", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("json");
+    assert!(v["tests"][0]["type_report"].is_null() && v["type_report_types"].is_null(), "{v}");
+    let o = strata(&["bench", "-p", "16", "-n", "4", "-r", "1", "--type-report"]);
+    let out = stdout(&o);
+    assert!(out.contains("| test | attention products | attention | FFN products | output | other |"), "{out}");
+    assert!(out.contains("| tg4 | "), "{out}");
 }
 
 #[test]

@@ -133,8 +133,8 @@ unsafe fn tile_512<const V: usize, const C: usize>(
             acc[c] = _mm512_fmadd_ps(d, isum, acc[c]);
         }
     }
-    for c in 0..C {
-        _mm512_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS), acc[c]);
+    for (c, a) in acc.iter().enumerate() {
+        _mm512_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS), *a);
     }
 }
 
@@ -222,8 +222,8 @@ unsafe fn tile_256_vnni<const V: usize, const C: usize>(
                 acc[c] = _mm256_fmadd_ps(d, isum, acc[c]);
             }
         }
-        for c in 0..C {
-            _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), acc[c]);
+        for (c, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
         }
     }
 }
@@ -283,8 +283,8 @@ unsafe fn tile_256_q4<const V: usize, const C: usize>(
                 acc[c] = _mm256_fmadd_ps(d, isum, acc[c]);
             }
         }
-        for c in 0..C {
-            _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), acc[c]);
+        for (c, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
         }
     }
 }
@@ -333,8 +333,8 @@ unsafe fn tile_256_q8<const C: usize>(
                 acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[c]);
             }
         }
-        for c in 0..C {
-            _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), acc[c]);
+        for (c, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
         }
     }
 }

@@ -121,8 +121,8 @@ unsafe fn tile_512<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C
             acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(msum), acc[c]);
         }
     }
-    for c in 0..C {
-        _mm512_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS), acc[c]);
+    for (c, a) in acc.iter().enumerate() {
+        _mm512_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS), *a);
     }
 }
 
@@ -185,8 +185,8 @@ macro_rules! tile_256_kernel {
                         acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(msum), acc[c]);
                     }
                 }
-                for c in 0..C {
-                    _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), acc[c]);
+                for (c, a) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
                 }
             }
         }
