@@ -148,9 +148,10 @@ impl Model {
             }
             gpu_stages.push(None);
             if repack_enabled() {
+                // At debug level (`STRATA_LOG=debug`): a plain run's stderr stays one line per event.
                 let report = weights.pack_for_cpu(s.layers.clone(), i + 1 == n_stages);
                 for line in report.lines() {
-                    tracing::info!(
+                    tracing::debug!(
                         "weights on {} (layers {}..{}): {line}",
                         s.device.name(),
                         s.layers.start,
