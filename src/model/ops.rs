@@ -121,13 +121,10 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
             let w = job.w;
             let (wdata, rb) = (w.data(), w.row_bytes);
             // Tiles end at multiples of ROW_TILE within the job (a packed matrix's groups).
-            let mut r0 = lo;
-            while r0 < hi {
+            let next_tile = |r: &usize| Some((r / ROW_TILE + 1) * ROW_TILE);
+            for r0 in std::iter::successors(Some(lo), next_tile).take_while(|&r| r < hi) {
                 let r1 = ((r0 / ROW_TILE + 1) * ROW_TILE).min(hi);
                 let n = r1 - r0;
-                let tile_r0 = r0;
-                r0 = r1;
-                let r0 = tile_r0;
                 for t0 in (0..t_count).step_by(TOKEN_TILE) {
                     let t1 = (t0 + TOKEN_TILE).min(t_count);
                     let nt = t1 - t0;

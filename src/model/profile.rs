@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-/// A kind of work in the forward pass.
+/// A kind of work in the forward pass (its index in `Part::ALL` is its discriminant).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Part {
     /// Q, K, V and output projections (activation quantization included).
@@ -56,8 +56,7 @@ pub struct Timer(Option<(Part, Instant)>);
 impl Drop for Timer {
     fn drop(&mut self) {
         if let Some((part, start)) = self.0 {
-            let i = Part::ALL.iter().position(|&p| p == part).unwrap_or(0);
-            NANOS[i].fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            NANOS[part as usize].fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
     }
 }
@@ -88,8 +87,9 @@ mod tests {
         }
         let got = take();
         set_enabled(false);
-        assert!(got[1] >= 0.003, "attention counted {got:?}");
-        assert_eq!((got[0], got[2], got[3]), (0.0, 0.0, 0.0), "only attention counted: {got:?}");
-        assert_eq!(take(), [0.0; 4], "take clears");
+        // (Other tests may run forward passes on other threads meanwhile and add to any part; they cannot
+        // take this timer's 3 ms away.)
+        assert!(got[Part::Attention as usize] >= 0.003, "attention counted {got:?}");
+        assert!(take()[Part::Attention as usize] < 0.003, "take clears");
     }
 }

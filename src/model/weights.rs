@@ -100,19 +100,14 @@ impl QTensor {
     /// Makes the row-interleaved copy where the format has one (and drops the file's pages of the matrix
     /// from memory); returns the bytes the copy holds, 0 when the format keeps the file's layout.
     pub fn pack(&mut self) -> usize {
-        if self.packed.is_some() || !quant::packed::packable(self.ty) {
-            return self.packed.as_ref().map_or(0, |p| p.bytes());
-        }
-        match PackedMatrix::pack(self.ty, self.rows, self.cols, self.data()) {
-            Ok(p) => {
-                let bytes = p.bytes();
-                self.packed = Some(p);
-                self.file.advise_dontneed(&self.info);
-                bytes
-            }
+        if self.packed.is_none() && quant::packed::packable(self.ty) {
             // The sizes were checked at load; a matrix that cannot be packed keeps the file's layout.
-            Err(_) => 0,
+            self.packed = PackedMatrix::pack(self.ty, self.rows, self.cols, self.data()).ok();
+            if self.packed.is_some() {
+                self.file.advise_dontneed(&self.info);
+            }
         }
+        self.packed.as_ref().map_or(0, |p| p.bytes())
     }
 
     /// All rows' bytes, row-major.
@@ -147,17 +142,9 @@ pub struct LayerWeights {
 }
 
 impl LayerWeights {
-    /// The layer's matrices with their GGUF names' suffixes.
-    pub fn matrices_mut(&mut self) -> [(&'static str, &mut QTensor); 7] {
-        [
-            ("attn_q", &mut self.wq),
-            ("attn_k", &mut self.wk),
-            ("attn_v", &mut self.wv),
-            ("attn_output", &mut self.wo),
-            ("ffn_gate", &mut self.w_gate),
-            ("ffn_up", &mut self.w_up),
-            ("ffn_down", &mut self.w_down),
-        ]
+    /// The layer's matrices.
+    pub fn matrices_mut(&mut self) -> [&mut QTensor; 7] {
+        [&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo, &mut self.w_gate, &mut self.w_up, &mut self.w_down]
     }
 
     /// Device bytes of the layer: its matrices (with their column caches) and its f32 vectors.
@@ -200,11 +187,6 @@ impl PackReport {
         self.by_type.sort_by_key(|e| (e.0.id(), e.1 == Layout::File));
     }
 
-    /// Bytes the packed copies hold.
-    pub fn packed_bytes(&self) -> u64 {
-        self.by_type.iter().filter(|e| e.1 != Layout::File).map(|e| e.4).sum()
-    }
-
     /// One line per (type, layout): `q4_0: 210 matrices 16-row interleaved, 76.3 MiB in RAM (file 72.1 MiB)`.
     pub fn lines(&self) -> Vec<String> {
         const MIB: f64 = (1u64 << 20) as f64;
@@ -229,7 +211,7 @@ impl Weights {
     pub fn pack_for_cpu(&mut self, layers: std::ops::Range<usize>, output: bool) -> PackReport {
         let mut report = PackReport::default();
         for l in &mut self.layers[layers] {
-            for (_, m) in l.matrices_mut() {
+            for m in l.matrices_mut() {
                 let bytes = m.pack() as u64;
                 report.add(m, bytes);
             }

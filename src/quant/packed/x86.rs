@@ -19,7 +19,7 @@ const Y_QS: usize = 2;
 /// reads each weight once, from DRAM: without it one thread streamed 10-12 GB/s of q4_0 where a plain sum
 /// reads 26 GB/s; 8 KiB ahead into L2 gave 15-20 GB/s and tg64 +24% (q4_0) / +30% (q8_0) on SmolLM2-135M
 /// (AMD EPYC, 2 threads); 1-4 KiB into L1 made no difference measurable on that noisy machine.
-const PREFETCH_BYTES: usize = 8192;
+pub(super) const PREFETCH_BYTES: usize = 8192;
 
 /// Columns one pass takes: their accumulators stay in registers beside the block's weights.
 const PASS_COLS: usize = 4;
@@ -56,10 +56,59 @@ pub(super) unsafe fn tile(level: SimdLevel, f: Format, nb: usize, group: &[u8], 
     }
 }
 
-/// The four activation bytes at `p` in every 32-bit lane.
+/// The four activation bytes at `p`, as one i32 to broadcast to every lane.
 #[inline(always)]
-unsafe fn bcast4(p: *const u8) -> i32 {
+pub(super) unsafe fn bcast4(p: *const u8) -> i32 {
     (p as *const i32).read_unaligned()
+}
+
+/// Lane by lane, the i32 sums of the eight value-vectors `w` against the 32 activation bytes at `y` (vector
+/// `g` meets bytes `4 g..4 g + 4`, broadcast), by `vpdpbusd` in two chains of four (so one column is not
+/// bound by its latency).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn sum8_512(w: &[__m512i; 8], y: *const u8) -> __m512i {
+    let mut s0 = _mm512_setzero_si512();
+    let mut s1 = _mm512_setzero_si512();
+    for g in (0..8).step_by(2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(bcast4(y.add(4 * g))));
+        s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(bcast4(y.add(4 * g + 4))));
+    }
+    _mm512_add_epi32(s0, s1)
+}
+
+/// `sum8_512` on 256 bits (VNNI with AVX512VL). `_wide` is `sum8_maddubs`'s, unused here.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+pub(super) unsafe fn sum8_vnni(w: &[__m256i; 8], y: *const u8, _wide: bool) -> __m256i {
+    let mut s0 = _mm256_setzero_si256();
+    let mut s1 = _mm256_setzero_si256();
+    for g in (0..8).step_by(2) {
+        s0 = _mm256_dpbusd_epi32(s0, w[g], _mm256_set1_epi32(bcast4(y.add(4 * g))));
+        s1 = _mm256_dpbusd_epi32(s1, w[g + 1], _mm256_set1_epi32(bcast4(y.add(4 * g + 4))));
+    }
+    _mm256_add_epi32(s0, s1)
+}
+
+/// `sum8_vnni` on AVX2 alone, for codes of at most 15 (or 31 when `wide`): `maddubs` gives i16 pairs of at
+/// most 2 * 15 * 127 = 3,810 (7,874) in magnitude, so each chain of four vectors adds in i16 (31,496 <
+/// 32,767 at worst); narrow codes' two chains add in i16 too (30,480) before one `madd` widens them, wide
+/// codes' are widened apart: the exact integer sums either way. (q8_0's codes reach 255: `tile_256_q8`.)
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn sum8_maddubs(w: &[__m256i; 8], y: *const u8, wide: bool) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    let mut s0 = _mm256_setzero_si256();
+    let mut s1 = _mm256_setzero_si256();
+    for g in (0..8).step_by(2) {
+        s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(bcast4(y.add(4 * g)))));
+        s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w[g + 1], _mm256_set1_epi32(bcast4(y.add(4 * g + 4)))));
+    }
+    if wide {
+        _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones))
+    } else {
+        _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones)
+    }
 }
 
 /// Where block `b`'s scales start in a group of `nb` blocks of `V` vectors.
@@ -118,17 +167,10 @@ unsafe fn tile_512<const V: usize, const C: usize>(
         }
         let dw = _mm512_cvtph_ps(_mm256_load_si256(scales_at::<V>(group, nb, b) as *const __m256i));
         for c in 0..C {
-            let y = q[c].add(b * Y_BLOCK + Y_QS);
-            // Two chains of four, so decoding (one column) is not bound by vpdpbusd's latency.
-            let mut s0 = _mm512_setzero_si512();
-            let mut s1 = _mm512_setzero_si512();
-            for g in (0..8).step_by(2) {
-                s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(bcast4(y.add(4 * g))));
-                s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(bcast4(y.add(4 * g + 4))));
-            }
+            let sum = sum8_512(&w, q[c].add(b * Y_BLOCK + Y_QS));
             let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
             // sum(u * y) - offset * sum(y), in f32: every term is an integer below 2^24, so exact.
-            let isum = _mm512_fnmadd_ps(off, _mm512_set1_ps(ysum), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)));
+            let isum = _mm512_fnmadd_ps(off, _mm512_set1_ps(ysum), _mm512_cvtepi32_ps(sum));
             let d = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
             acc[c] = _mm512_fmadd_ps(d, isum, acc[c]);
         }
@@ -171,123 +213,64 @@ unsafe fn half_scales<const V: usize>(group: *const u8, nb: usize, b: usize, h: 
     _mm256_cvtph_ps(_mm_load_si128(scales_at::<V>(group, nb, b).add(16 * h) as *const __m128i))
 }
 
-/// AVX2 with AVX-512 VNNI's 256-bit `vpdpbusd`: each half of the group as `tile_512` does the whole.
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn tile_256_vnni<const V: usize, const C: usize>(
-    offset: i32,
-    nb: usize,
-    group: *const u8,
-    q: [*const u8; C],
-    a: [*const f32; C],
-    out: &mut [f32],
-) {
-    let nib = _mm256_set1_epi8(0x0F);
-    let off = _mm256_set1_ps(offset as f32);
-    for h in 0..2 {
-        let mut acc = [_mm256_setzero_ps(); C];
-        for b in 0..nb {
-            let wp = group.add(b * V * VECTOR_BYTES);
-            if h == 0 {
-                for l in 0..V {
-                    _mm_prefetch::<_MM_HINT_T1>(wp.add(PREFETCH_BYTES + l * 64) as *const i8);
+/// The 256-bit kernel for codes that `$sum8` can take (q4_0, q5_0; with VNNI q8_0 too), defined once per
+/// instruction set: each 8-row half of the group as `tile_512` does the whole.
+macro_rules! tile_256_kernel {
+    ($name:ident, $features:literal, $sum8:ident) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const V: usize, const C: usize>(
+            offset: i32,
+            nb: usize,
+            group: *const u8,
+            q: [*const u8; C],
+            a: [*const f32; C],
+            out: &mut [f32],
+        ) {
+            let nib = _mm256_set1_epi8(0x0F);
+            let off = _mm256_set1_ps(offset as f32);
+            for h in 0..2 {
+                let mut acc = [_mm256_setzero_ps(); C];
+                for b in 0..nb {
+                    let wp = group.add(b * V * VECTOR_BYTES);
+                    if h == 0 {
+                        for l in 0..V {
+                            _mm_prefetch::<_MM_HINT_T1>(wp.add(PREFETCH_BYTES + l * 64) as *const i8);
+                        }
+                    }
+                    let mut w = [_mm256_setzero_si256(); 8];
+                    if V == 4 || V == 5 {
+                        for g in 0..4 {
+                            let v = half_at(wp, g, h);
+                            w[g] = _mm256_and_si256(v, nib);
+                            w[4 + g] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                        }
+                        if V == 5 {
+                            or_high_bits_256(&mut w, half_at(wp, 4, h));
+                        }
+                    } else {
+                        for (g, w) in w.iter_mut().enumerate() {
+                            *w = half_at(wp, g, h);
+                        }
+                    }
+                    let dw = half_scales::<V>(group, nb, b, h);
+                    for c in 0..C {
+                        let sum = $sum8(&w, q[c].add(b * Y_BLOCK + Y_QS), V == 5);
+                        let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
+                        let isum = _mm256_fnmadd_ps(off, _mm256_set1_ps(ysum), _mm256_cvtepi32_ps(sum));
+                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
+                        acc[c] = _mm256_fmadd_ps(d, isum, acc[c]);
+                    }
                 }
-            }
-            let mut w = [_mm256_setzero_si256(); 8];
-            if V == 4 || V == 5 {
-                for g in 0..4 {
-                    let v = half_at(wp, g, h);
-                    w[g] = _mm256_and_si256(v, nib);
-                    w[4 + g] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                for (c, a) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
                 }
-                if V == 5 {
-                    or_high_bits_256(&mut w, half_at(wp, 4, h));
-                }
-            } else {
-                for (g, w) in w.iter_mut().enumerate() {
-                    *w = half_at(wp, g, h);
-                }
-            }
-            let dw = half_scales::<V>(group, nb, b, h);
-            for c in 0..C {
-                let y = q[c].add(b * Y_BLOCK + Y_QS);
-                let mut s0 = _mm256_setzero_si256();
-                let mut s1 = _mm256_setzero_si256();
-                for g in (0..8).step_by(2) {
-                    s0 = _mm256_dpbusd_epi32(s0, w[g], _mm256_set1_epi32(bcast4(y.add(4 * g))));
-                    s1 = _mm256_dpbusd_epi32(s1, w[g + 1], _mm256_set1_epi32(bcast4(y.add(4 * g + 4))));
-                }
-                let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
-                let isum = _mm256_fnmadd_ps(off, _mm256_set1_ps(ysum), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)));
-                let d = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
-                acc[c] = _mm256_fmadd_ps(d, isum, acc[c]);
             }
         }
-        for (c, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
-        }
-    }
+    };
 }
 
-/// AVX2 for q4_0 (`V` 4) and q5_0 (`V` 5): `maddubs` of the codes (at most 15, or 31) with the
-/// activations gives i16 pairs of at most 2 * 15 * 127 = 3,810 (7,874) in magnitude, so each chain of four
-/// vectors adds in i16 (31,496 < 32,767 at worst); q4_0's two chains add in i16 too (30,480) before one
-/// `madd` widens them, q5_0's are widened apart: the exact integer sum either way.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_256_q4<const V: usize, const C: usize>(
-    offset: i32,
-    nb: usize,
-    group: *const u8,
-    q: [*const u8; C],
-    a: [*const f32; C],
-    out: &mut [f32],
-) {
-    let nib = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    let off = _mm256_set1_ps(offset as f32);
-    for h in 0..2 {
-        let mut acc = [_mm256_setzero_ps(); C];
-        for b in 0..nb {
-            let wp = group.add(b * V * VECTOR_BYTES);
-            if h == 0 {
-                for l in 0..V {
-                    _mm_prefetch::<_MM_HINT_T1>(wp.add(PREFETCH_BYTES + l * 64) as *const i8);
-                }
-            }
-            let mut w = [_mm256_setzero_si256(); 8];
-            for g in 0..4 {
-                let v = half_at(wp, g, h);
-                w[g] = _mm256_and_si256(v, nib);
-                w[4 + g] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
-            }
-            if V == 5 {
-                or_high_bits_256(&mut w, half_at(wp, 4, h));
-            }
-            let dw = half_scales::<V>(group, nb, b, h);
-            for c in 0..C {
-                let y = q[c].add(b * Y_BLOCK + Y_QS);
-                let mut s0 = _mm256_setzero_si256();
-                let mut s1 = _mm256_setzero_si256();
-                for g in (0..8).step_by(2) {
-                    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(bcast4(y.add(4 * g)))));
-                    let y1 = _mm256_set1_epi32(bcast4(y.add(4 * g + 4)));
-                    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w[g + 1], y1));
-                }
-                let sum = if V == 4 {
-                    _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones)
-                } else {
-                    _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones))
-                };
-                let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
-                let isum = _mm256_fnmadd_ps(off, _mm256_set1_ps(ysum), _mm256_cvtepi32_ps(sum));
-                let d = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
-                acc[c] = _mm256_fmadd_ps(d, isum, acc[c]);
-            }
-        }
-        for (c, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
-        }
-    }
-}
+tile_256_kernel!(tile_256_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", sum8_vnni);
+tile_256_kernel!(tile_256_q4, "avx2,fma,f16c", sum8_maddubs);
 
 /// AVX2 for q8_0: the stored codes `q ^ 0x80` flipped back to signed `q`, then ggml's sign trick
 /// (`|q|` unsigned against `y` negated where `q < 0`): pairs of at most 2 * 128 * 127 = 32,512, widened by

@@ -1,6 +1,5 @@
 //! The q4_K layout's kernels for x86_64: AVX-512 (16 rows per register), AVX2 with VNNI's 256-bit
-//! `vpdpbusd`, and AVX2 with `maddubs` (nibbles of at most 15 times bytes of at most 127: no saturation),
-//! on two 8-row halves. Each computes `q4k`'s exact integers and then its float steps lane by lane, so all
+//! `vpdpbusd`, and AVX2 with `maddubs` (nibbles of at most 15: `x86::sum8_maddubs`), on two 8-row halves. Each computes `q4k`'s exact integers and then its float steps lane by lane, so all
 //! give the portable kernel's bits.
 //!
 //! Safety: call only on the SIMD level's detected features, with a group of `nb` super-blocks and
@@ -9,6 +8,7 @@
 use std::arch::x86_64::*;
 
 use super::q4k::{DMIN_AT, D_AT, M_AT, SB_BYTES, SC_AT, Y_BLOCK};
+use super::x86::{sum8_512, sum8_maddubs, sum8_vnni, PREFETCH_BYTES};
 use super::{ActRow, SimdLevel, PACK_ROWS, VECTOR_BYTES};
 
 /// Where a q8_K block's quants and 16 bsums (i16) sit.
@@ -17,9 +17,6 @@ const Y_BSUMS: usize = 260;
 
 /// Columns one pass takes.
 const PASS_COLS: usize = 4;
-
-/// How far ahead the kernels prefetch the weights into L2 (see `x86::PREFETCH_BYTES`).
-const PREFETCH_BYTES: usize = 8192;
 
 /// Dispatches `xs` in passes of up to `PASS_COLS` columns to the level's kernel.
 ///
@@ -44,12 +41,6 @@ pub(super) unsafe fn tile(level: SimdLevel, nb: usize, group: &[u8], xs: &[ActRo
             _ => pass!(4),
         }
     }
-}
-
-/// The four activation bytes at `p` as one i32 (for a broadcast).
-#[inline(always)]
-unsafe fn bcast4(p: *const u8) -> i32 {
-    (p as *const i32).read_unaligned()
 }
 
 /// The sums of the eight 32-value sub-blocks of a q8_K block at `y` (pairs of its 16 bsums), as i32.
@@ -95,14 +86,8 @@ unsafe fn tile_512<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C
                 });
                 let sc = _mm512_cvtepu8_epi32(_mm_load_si128(sb.add(SC_AT + k * PACK_ROWS) as *const __m128i));
                 for c in 0..C {
-                    let y = q[c].add(b * Y_BLOCK + Y_QS + 32 * k);
-                    let mut s0 = _mm512_setzero_si512();
-                    let mut s1 = _mm512_setzero_si512();
-                    for g in (0..8).step_by(2) {
-                        s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(bcast4(y.add(4 * g))));
-                        s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(bcast4(y.add(4 * g + 4))));
-                    }
-                    isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+                    let s = sum8_512(&w, q[c].add(b * Y_BLOCK + Y_QS + 32 * k));
+                    isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(s, sc));
                 }
             }
         }
@@ -126,10 +111,10 @@ unsafe fn tile_512<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C
     }
 }
 
-/// The 256-bit kernel, defined once per instruction set: `$dot4(acc, w, y)` adds the sums of four
-/// neighbouring products of unsigned `w` and signed `y` to the i32 lanes of `acc`.
+/// The 256-bit kernel, defined once per instruction set: `$sum8` is `x86`'s sum of a sub-block's eight
+/// value-vectors against its activations.
 macro_rules! tile_256_kernel {
-    ($name:ident, $features:literal, $dot4:ident) => {
+    ($name:ident, $features:literal, $sum8:ident) => {
         #[target_feature(enable = $features)]
         unsafe fn $name<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C], out: &mut [f32]) {
             let nib = _mm256_set1_epi8(0x0F);
@@ -157,14 +142,8 @@ macro_rules! tile_256_kernel {
                             let sc_at = sb.add(SC_AT + k * PACK_ROWS + 8 * h) as *const __m128i;
                             let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc_at));
                             for c in 0..C {
-                                let y = q[c].add(b * Y_BLOCK + Y_QS + 32 * k);
-                                let mut s0 = _mm256_setzero_si256();
-                                let mut s1 = _mm256_setzero_si256();
-                                for g in (0..8).step_by(2) {
-                                    s0 = $dot4(s0, w[g], _mm256_set1_epi32(bcast4(y.add(4 * g))));
-                                    s1 = $dot4(s1, w[g + 1], _mm256_set1_epi32(bcast4(y.add(4 * g + 4))));
-                                }
-                                let s = _mm256_mullo_epi32(_mm256_add_epi32(s0, s1), sc);
+                                let s = $sum8(&w, q[c].add(b * Y_BLOCK + Y_QS + 32 * k), false);
+                                let s = _mm256_mullo_epi32(s, sc);
                                 isum[c] = _mm256_add_epi32(isum[c], s);
                             }
                         }
@@ -193,19 +172,5 @@ macro_rules! tile_256_kernel {
     };
 }
 
-/// `vpdpbusd` on 256 bits.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn dot4_vnni(acc: __m256i, w: __m256i, y: __m256i) -> __m256i {
-    _mm256_dpbusd_epi32(acc, w, y)
-}
-
-/// `maddubs` then `madd` by ones: the same i32 sums (pairs of at most 2 * 15 * 127, no saturation).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot4_avx2(acc: __m256i, w: __m256i, y: __m256i) -> __m256i {
-    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), _mm256_set1_epi16(1)))
-}
-
-tile_256_kernel!(tile_256_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", dot4_vnni);
-tile_256_kernel!(tile_256, "avx2,fma,f16c", dot4_avx2);
+tile_256_kernel!(tile_256_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", sum8_vnni);
+tile_256_kernel!(tile_256, "avx2,fma,f16c", sum8_maddubs);
