@@ -206,6 +206,25 @@ fn info_shows_metadata_types_and_memory() {
 }
 
 #[test]
+fn bench_host_bandwidth_gives_tg_as_a_fraction_of_the_decode_floor() {
+    let o = strata(&["bench", "-p", "0", "-n", "4", "-r", "1", "-t", "2", "--json", "--host-bandwidth"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("json");
+    let gbps = v["host_read_gbps"].as_f64().expect("bandwidth");
+    let floor = v["host_floor_tg_tok_s"].as_f64().expect("floor");
+    let tg = v["tg_tok_s"].as_f64().expect("tg");
+    assert!(gbps > 0.1, "{v}");
+    assert!((v["tg_fraction_of_host_floor"].as_f64().expect("fraction") - tg / floor).abs() < 1e-9, "{v}");
+    // Without the flag nothing is measured.
+    let o = strata(&["bench", "-p", "0", "-n", "2", "-r", "1", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("json");
+    assert!(v["host_read_gbps"].is_null() && v["tg_fraction_of_host_floor"].is_null(), "{v}");
+    let o = strata(&["bench", "-p", "0", "-n", "2", "-r", "1", "--host-bandwidth"]);
+    assert!(stdout(&o).contains("  tg2: "), "{}", stdout(&o));
+    assert!(stdout(&o).contains("of the floor"), "{}", stdout(&o));
+}
+
+#[test]
 fn bench_type_report_says_where_the_time_goes() {
     let o = strata(&["bench", "-p", "32", "-n", "8", "-r", "1", "-t", "2", "--json", "--type-report"]);
     assert!(o.status.success(), "{}", stderr(&o));
