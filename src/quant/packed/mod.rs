@@ -34,10 +34,13 @@
 //! by float rounding only.
 
 mod q4k;
+mod q6k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_q4k;
+#[cfg(target_arch = "x86_64")]
+mod x86_q6k;
 
 #[cfg(test)]
 mod tests;
@@ -55,11 +58,21 @@ const VECTOR_BYTES: usize = 4 * PACK_ROWS;
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
+/// The families of packed layouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// 32-value blocks against q8_0 (q4_0, q5_0, q8_0): this module.
+    Legacy,
+    /// q4_K super-blocks: `q4k`.
+    Q4K,
+    /// q6_K super-blocks: `q6k`.
+    Q6K,
+}
+
 /// What differs between the packed formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Format {
-    /// q4_0 / q8_0 (32-value blocks against q8_0), or q4_K (`q4k`).
-    k_quant: bool,
+    kind: Kind,
     /// Interleaved vectors per block.
     vectors: usize,
     /// `w = u - offset`.
@@ -69,38 +82,46 @@ pub(crate) struct Format {
     qs_at: usize,
 }
 
-const Q4_0_FORMAT: Format = Format { k_quant: false, vectors: 4, offset: 8, file_block_bytes: 18, qs_at: 2 };
-const Q5_0_FORMAT: Format = Format { k_quant: false, vectors: 5, offset: 16, file_block_bytes: 22, qs_at: 6 };
-const Q8_0_FORMAT: Format = Format { k_quant: false, vectors: 8, offset: 128, file_block_bytes: 34, qs_at: 2 };
+const Q4_0_FORMAT: Format = Format { kind: Kind::Legacy, vectors: 4, offset: 8, file_block_bytes: 18, qs_at: 2 };
+const Q5_0_FORMAT: Format = Format { kind: Kind::Legacy, vectors: 5, offset: 16, file_block_bytes: 22, qs_at: 6 };
+const Q8_0_FORMAT: Format = Format { kind: Kind::Legacy, vectors: 8, offset: 128, file_block_bytes: 34, qs_at: 2 };
 const Q4_K_FORMAT: Format =
-    Format { k_quant: true, vectors: 32, offset: 0, file_block_bytes: q4k::FILE_BLOCK, qs_at: 0 };
+    Format { kind: Kind::Q4K, vectors: 32, offset: 0, file_block_bytes: q4k::FILE_BLOCK, qs_at: 0 };
+const Q6_K_FORMAT: Format =
+    Format { kind: Kind::Q6K, vectors: 48, offset: 32, file_block_bytes: q6k::FILE_BLOCK, qs_at: 0 };
 
 impl Format {
     /// Values per block.
     fn block_len(self) -> usize {
-        if self.k_quant {
-            QK_K
-        } else {
-            QK
+        match self.kind {
+            Kind::Legacy => QK,
+            Kind::Q4K | Kind::Q6K => QK_K,
+        }
+    }
+
+    /// Bytes of one super-block of a group (the K-quants).
+    fn super_block_bytes(self) -> usize {
+        match self.kind {
+            Kind::Q4K => q4k::SB_BYTES,
+            Kind::Q6K => q6k::SB_BYTES,
+            Kind::Legacy => 0,
         }
     }
 
     /// Bytes of a group of `nb` blocks: the legacy formats' quants and then their scales, padded to a
-    /// cache line; q4_K's super-blocks (each a whole number of lines).
+    /// cache line; the K-quants' super-blocks (each a whole number of lines).
     fn group_bytes(self, nb: usize) -> usize {
-        if self.k_quant {
-            nb * q4k::SB_BYTES
-        } else {
-            (nb * VECTOR_BYTES * self.vectors + nb * 2 * PACK_ROWS).div_ceil(64) * 64
+        match self.kind {
+            Kind::Legacy => (nb * VECTOR_BYTES * self.vectors + nb * 2 * PACK_ROWS).div_ceil(64) * 64,
+            Kind::Q4K | Kind::Q6K => nb * self.super_block_bytes(),
         }
     }
 
     /// The activation type the products take.
     fn act_type(self) -> GgmlType {
-        if self.k_quant {
-            GgmlType::Q8K
-        } else {
-            GgmlType::Q8_0
+        match self.kind {
+            Kind::Legacy => GgmlType::Q8_0,
+            Kind::Q4K | Kind::Q6K => GgmlType::Q8K,
         }
     }
 }
@@ -112,6 +133,7 @@ fn format(ty: GgmlType) -> Option<Format> {
         GgmlType::Q5_0 => Some(Q5_0_FORMAT),
         GgmlType::Q8_0 => Some(Q8_0_FORMAT),
         GgmlType::Q4K => Some(Q4_K_FORMAT),
+        GgmlType::Q6K => Some(Q6_K_FORMAT),
         _ => None,
     }
 }
@@ -150,10 +172,15 @@ impl PackedMatrix {
         for (r, row) in src.chunks_exact(row_bytes).enumerate() {
             let (g, rr) = (r / PACK_ROWS, r % PACK_ROWS);
             let group = &mut bytes[g * group_bytes..(g + 1) * group_bytes];
-            if format.k_quant {
-                for (b, block) in row.chunks_exact(format.file_block_bytes).enumerate() {
-                    q4k::pack_block(block, rr, &mut group[b * q4k::SB_BYTES..(b + 1) * q4k::SB_BYTES]);
+            let sbb = format.super_block_bytes();
+            for (b, block) in row.chunks_exact(format.file_block_bytes).enumerate() {
+                match format.kind {
+                    Kind::Q4K => q4k::pack_block(block, rr, &mut group[b * sbb..(b + 1) * sbb]),
+                    Kind::Q6K => q6k::pack_block(block, rr, &mut group[b * sbb..(b + 1) * sbb]),
+                    Kind::Legacy => {}
                 }
+            }
+            if format.kind != Kind::Legacy {
                 continue;
             }
             for (b, block) in row.chunks_exact(format.file_block_bytes).enumerate() {
@@ -226,10 +253,13 @@ impl PackedMatrix {
             self.rows,
             self.cols
         );
-        if self.format.k_quant {
-            let (b, j) = (c / QK_K, c % QK_K);
-            let group = self.group(r / PACK_ROWS);
-            return q4k::value(&group[b * q4k::SB_BYTES..(b + 1) * q4k::SB_BYTES], r % PACK_ROWS, j);
+        if self.format.kind != Kind::Legacy {
+            let (b, j, sbb) = (c / QK_K, c % QK_K, self.format.super_block_bytes());
+            let sb = &self.group(r / PACK_ROWS)[b * sbb..(b + 1) * sbb];
+            return match self.format.kind {
+                Kind::Q4K => q4k::value(sb, r % PACK_ROWS, j),
+                _ => q6k::value(sb, r % PACK_ROWS, j),
+            };
         }
         let (d, u) = self.code(r, c);
         (u - self.format.offset) as f32 * d
@@ -258,20 +288,31 @@ impl PackedMatrix {
         let act = self.format.act_type();
         for x in xs {
             super::check_len(act, self.cols, x.q.len()).unwrap_or_else(|e| panic!("PackedMatrix::tile: {e}"));
-            if !self.format.k_quant {
+            if self.format.kind == Kind::Legacy {
                 assert_eq!(x.aux.len(), 2 * self.nb, "PackedMatrix::tile: q8_0 activations need their aux");
             }
         }
         let group = self.group(g);
-        if self.format.k_quant {
-            #[cfg(target_arch = "x86_64")]
-            if level.avx2() {
-                // SAFETY: as below, for q4_K super-blocks and q8_K columns.
-                unsafe { x86_q4k::tile(level, self.nb, group, xs, out) };
-                return;
+        match self.format.kind {
+            Kind::Q4K => {
+                #[cfg(target_arch = "x86_64")]
+                if level.avx2() {
+                    // SAFETY: as below, for q4_K super-blocks and q8_K columns.
+                    unsafe { x86_q4k::tile(level, self.nb, group, xs, out) };
+                    return;
+                }
+                return q4k::tile_portable(self.nb, group, xs, out);
             }
-            q4k::tile_portable(self.nb, group, xs, out);
-            return;
+            Kind::Q6K => {
+                #[cfg(target_arch = "x86_64")]
+                if level.avx2() {
+                    // SAFETY: as below, for q6_K super-blocks and q8_K columns.
+                    unsafe { x86_q6k::tile(level, self.nb, group, xs, out) };
+                    return;
+                }
+                return q6k::tile_portable(self.nb, group, xs, out);
+            }
+            Kind::Legacy => {}
         }
         #[cfg(target_arch = "x86_64")]
         if level.avx2() {

@@ -8,17 +8,21 @@ use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const TYPES: [GgmlType; 4] = [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K];
+const TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K];
 
 /// Random block bytes with sane scales: every code, -128 included for q8_0.
 fn random_matrix(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let mut w: Vec<u8> = (0..rows * row_len_bytes(ty, cols).unwrap()).map(|_| rng.gen()).collect();
     for b in w.chunks_exact_mut(ty.block_bytes()) {
-        // q4_K: d and dmin, both used with either sign.
-        let scales = if ty == GgmlType::Q4K { 2 } else { 1 };
-        for s in 0..scales {
+        // Where the f16 scales sit: q4_K's d and dmin (both used with either sign), q6_K's d at the end.
+        let at: &[usize] = match ty {
+            GgmlType::Q4K => &[0, 2],
+            GgmlType::Q6K => &[crate::quant::blocks::Q6K_D],
+            _ => &[0],
+        };
+        for &at in at {
             let d = rng.gen_range(-0.1f32..0.1);
-            b[2 * s..2 * s + 2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+            b[at..at + 2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
         }
     }
     w
@@ -42,9 +46,9 @@ fn column(rng: &mut StdRng, ty: GgmlType, n: usize, extreme: bool) -> (Vec<u8>, 
     (q, aux)
 }
 
-/// Column counts that fit the type's blocks: the legacy count, or the next multiple of 256 for q4_K.
+/// Column counts that fit the type's blocks: the legacy count, or the next multiple of 256 for K-quants.
 fn cols_for(ty: GgmlType, legacy: usize) -> usize {
-    if ty == GgmlType::Q4K {
+    if ty.block_len() == crate::quant::QK_K {
         legacy.div_ceil(256) * 256
     } else {
         legacy
