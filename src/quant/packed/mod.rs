@@ -65,6 +65,8 @@ enum Kind {
     Legacy,
     /// q4_K super-blocks: `q4k`.
     Q4K,
+    /// q5_K super-blocks: `q4k`'s with fifth bits.
+    Q5K,
     /// q6_K super-blocks: `q6k`.
     Q6K,
 }
@@ -87,6 +89,8 @@ const Q5_0_FORMAT: Format = Format { kind: Kind::Legacy, vectors: 5, offset: 16,
 const Q8_0_FORMAT: Format = Format { kind: Kind::Legacy, vectors: 8, offset: 128, file_block_bytes: 34, qs_at: 2 };
 const Q4_K_FORMAT: Format =
     Format { kind: Kind::Q4K, vectors: 32, offset: 0, file_block_bytes: q4k::FILE_BLOCK, qs_at: 0 };
+const Q5_K_FORMAT: Format =
+    Format { kind: Kind::Q5K, vectors: 40, offset: 0, file_block_bytes: q4k::FILE_BLOCK5, qs_at: 0 };
 const Q6_K_FORMAT: Format =
     Format { kind: Kind::Q6K, vectors: 48, offset: 32, file_block_bytes: q6k::FILE_BLOCK, qs_at: 0 };
 
@@ -95,7 +99,7 @@ impl Format {
     fn block_len(self) -> usize {
         match self.kind {
             Kind::Legacy => QK,
-            Kind::Q4K | Kind::Q6K => QK_K,
+            Kind::Q4K | Kind::Q5K | Kind::Q6K => QK_K,
         }
     }
 
@@ -103,6 +107,7 @@ impl Format {
     fn super_block_bytes(self) -> usize {
         match self.kind {
             Kind::Q4K => q4k::SB_BYTES,
+            Kind::Q5K => q4k::SB5_BYTES,
             Kind::Q6K => q6k::SB_BYTES,
             Kind::Legacy => 0,
         }
@@ -113,7 +118,7 @@ impl Format {
     fn group_bytes(self, nb: usize) -> usize {
         match self.kind {
             Kind::Legacy => (nb * VECTOR_BYTES * self.vectors + nb * 2 * PACK_ROWS).div_ceil(64) * 64,
-            Kind::Q4K | Kind::Q6K => nb * self.super_block_bytes(),
+            Kind::Q4K | Kind::Q5K | Kind::Q6K => nb * self.super_block_bytes(),
         }
     }
 
@@ -121,7 +126,7 @@ impl Format {
     fn act_type(self) -> GgmlType {
         match self.kind {
             Kind::Legacy => GgmlType::Q8_0,
-            Kind::Q4K | Kind::Q6K => GgmlType::Q8K,
+            Kind::Q4K | Kind::Q5K | Kind::Q6K => GgmlType::Q8K,
         }
     }
 }
@@ -133,6 +138,7 @@ fn format(ty: GgmlType) -> Option<Format> {
         GgmlType::Q5_0 => Some(Q5_0_FORMAT),
         GgmlType::Q8_0 => Some(Q8_0_FORMAT),
         GgmlType::Q4K => Some(Q4_K_FORMAT),
+        GgmlType::Q5K => Some(Q5_K_FORMAT),
         GgmlType::Q6K => Some(Q6_K_FORMAT),
         _ => None,
     }
@@ -175,7 +181,9 @@ impl PackedMatrix {
             let sbb = format.super_block_bytes();
             for (b, block) in row.chunks_exact(format.file_block_bytes).enumerate() {
                 match format.kind {
-                    Kind::Q4K => q4k::pack_block(block, rr, &mut group[b * sbb..(b + 1) * sbb]),
+                    Kind::Q4K | Kind::Q5K => {
+                        q4k::pack_block(block, rr, format.kind == Kind::Q5K, &mut group[b * sbb..(b + 1) * sbb])
+                    }
                     Kind::Q6K => q6k::pack_block(block, rr, &mut group[b * sbb..(b + 1) * sbb]),
                     Kind::Legacy => {}
                 }
@@ -257,7 +265,8 @@ impl PackedMatrix {
             let (b, j, sbb) = (c / QK_K, c % QK_K, self.format.super_block_bytes());
             let sb = &self.group(r / PACK_ROWS)[b * sbb..(b + 1) * sbb];
             return match self.format.kind {
-                Kind::Q4K => q4k::value(sb, r % PACK_ROWS, j),
+                Kind::Q4K => q4k::value(sb, r % PACK_ROWS, false, j),
+                Kind::Q5K => q4k::value(sb, r % PACK_ROWS, true, j),
                 _ => q6k::value(sb, r % PACK_ROWS, j),
             };
         }
@@ -294,14 +303,15 @@ impl PackedMatrix {
         }
         let group = self.group(g);
         match self.format.kind {
-            Kind::Q4K => {
+            Kind::Q4K | Kind::Q5K => {
+                let five = self.format.kind == Kind::Q5K;
                 #[cfg(target_arch = "x86_64")]
                 if level.avx2() {
-                    // SAFETY: as below, for q4_K super-blocks and q8_K columns.
-                    unsafe { x86_q4k::tile(level, self.nb, group, xs, out) };
+                    // SAFETY: as below, for q4_K / q5_K super-blocks and q8_K columns.
+                    unsafe { x86_q4k::tile(level, five, self.nb, group, xs, out) };
                     return;
                 }
-                return q4k::tile_portable(self.nb, group, xs, out);
+                return q4k::tile_portable(self.nb, five, group, xs, out);
             }
             Kind::Q6K => {
                 #[cfg(target_arch = "x86_64")]

@@ -8,7 +8,8 @@ use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K];
+const TYPES: [GgmlType; 6] =
+    [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
 
 /// Random block bytes with sane scales: every code, -128 included for q8_0.
 fn random_matrix(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
@@ -16,7 +17,7 @@ fn random_matrix(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Ve
     for b in w.chunks_exact_mut(ty.block_bytes()) {
         // Where the f16 scales sit: q4_K's d and dmin (both used with either sign), q6_K's d at the end.
         let at: &[usize] = match ty {
-            GgmlType::Q4K => &[0, 2],
+            GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
             GgmlType::Q6K => &[crate::quant::blocks::Q6K_D],
             _ => &[0],
         };

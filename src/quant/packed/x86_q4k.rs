@@ -1,5 +1,6 @@
-//! The q4_K layout's kernels for x86_64: AVX-512 (16 rows per register), AVX2 with VNNI's 256-bit
-//! `vpdpbusd`, and AVX2 with `maddubs` (nibbles of at most 15: `x86::sum8_maddubs`), on two 8-row halves. Each computes `q4k`'s exact integers and then its float steps lane by lane, so all
+//! The q4_K and q5_K layouts' kernels for x86_64 (`FIVE`: q5_K): AVX-512 (16 rows per register), AVX2
+//! with VNNI's 256-bit `vpdpbusd`, and AVX2 with `maddubs` (codes of at most 31: `x86::sum8_maddubs`), on
+//! two 8-row halves. Each computes `q4k`'s exact integers and then its float steps lane by lane, so all
 //! give the portable kernel's bits.
 //!
 //! Safety: call only on the SIMD level's detected features, with a group of `nb` super-blocks and
@@ -7,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::q4k::{DMIN_AT, D_AT, M_AT, SB_BYTES, SC_AT, Y_BLOCK};
+use super::q4k::{DMIN_AT, D_AT, HB_AT, M_AT, SB5_BYTES, SB_BYTES, SC_AT, Y_BLOCK};
 use super::x86::{sum8_512, sum8_maddubs, sum8_vnni, PREFETCH_BYTES};
 use super::{ActRow, SimdLevel, PACK_ROWS, VECTOR_BYTES};
 
@@ -22,15 +23,18 @@ const PASS_COLS: usize = 4;
 ///
 /// # Safety
 /// See the module comment.
-pub(super) unsafe fn tile(level: SimdLevel, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
+pub(super) unsafe fn tile(level: SimdLevel, five: bool, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
     for (xs, out) in xs.chunks(PASS_COLS).zip(out.chunks_mut(PASS_COLS * PACK_ROWS)) {
         macro_rules! pass {
             ($c:literal) => {{
                 let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
-                match level {
-                    SimdLevel::Avx512 => tile_512::<$c>(nb, group.as_ptr(), q, out),
-                    SimdLevel::Avx2Vnni => tile_256_vnni::<$c>(nb, group.as_ptr(), q, out),
-                    _ => tile_256::<$c>(nb, group.as_ptr(), q, out),
+                match (level, five) {
+                    (SimdLevel::Avx512, false) => tile_512::<false, $c>(nb, group.as_ptr(), q, out),
+                    (SimdLevel::Avx512, true) => tile_512::<true, $c>(nb, group.as_ptr(), q, out),
+                    (SimdLevel::Avx2Vnni, false) => tile_256_vnni::<false, $c>(nb, group.as_ptr(), q, out),
+                    (SimdLevel::Avx2Vnni, true) => tile_256_vnni::<true, $c>(nb, group.as_ptr(), q, out),
+                    (_, false) => tile_256::<false, $c>(nb, group.as_ptr(), q, out),
+                    (_, true) => tile_256::<true, $c>(nb, group.as_ptr(), q, out),
                 }
             }};
         }
@@ -54,21 +58,37 @@ unsafe fn sub_block_sums(y: *const u8) -> [i32; 8] {
     s
 }
 
+/// Bytes of a super-block: q4_K, or q5_K when `FIVE`.
+const fn sb_bytes<const FIVE: bool>() -> usize {
+    if FIVE {
+        SB5_BYTES
+    } else {
+        SB_BYTES
+    }
+}
+
+/// The shift that brings bit `k` of a fifth-bit vector to bit 4, as (left, right) counts.
+#[inline(always)]
+unsafe fn fifth_shift(k: usize) -> (__m128i, __m128i) {
+    (_mm_cvtsi32_si128(4i32.saturating_sub(k as i32).max(0)), _mm_cvtsi32_si128((k as i32 - 4).max(0)))
+}
+
 /// Prefetches super-block `sb`'s lines `PREFETCH_BYTES` ahead.
 #[inline(always)]
-unsafe fn prefetch(sb: *const u8) {
-    for l in 0..SB_BYTES / 64 {
+unsafe fn prefetch<const FIVE: bool>(sb: *const u8) {
+    for l in 0..sb_bytes::<FIVE>() / 64 {
         _mm_prefetch::<_MM_HINT_T1>(sb.add(PREFETCH_BYTES + 64 * l) as *const i8);
     }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile_512<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C], out: &mut [f32]) {
+unsafe fn tile_512<const FIVE: bool, const C: usize>(nb: usize, group: *const u8, q: [*const u8; C], out: &mut [f32]) {
     let nib = _mm512_set1_epi8(0x0F);
+    let bit4 = _mm512_set1_epi8(0x10);
     let mut acc = [_mm512_setzero_ps(); C];
     for b in 0..nb {
-        let sb = group.add(b * SB_BYTES);
-        prefetch(sb);
+        let sb = group.add(b * sb_bytes::<FIVE>());
+        prefetch::<FIVE>(sb);
         let mut isum = [_mm512_setzero_si512(); C];
         for j in 0..4 {
             let mut v = [_mm512_setzero_si512(); 8];
@@ -77,13 +97,21 @@ unsafe fn tile_512<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C
             }
             for half in 0..2 {
                 let k = 2 * j + half;
-                let w: [__m512i; 8] = std::array::from_fn(|g| {
+                let mut w: [__m512i; 8] = std::array::from_fn(|g| {
                     if half == 0 {
                         _mm512_and_si512(v[g], nib)
                     } else {
                         _mm512_and_si512(_mm512_srli_epi16::<4>(v[g]), nib)
                     }
                 });
+                if FIVE {
+                    let (l, r) = fifth_shift(k);
+                    for (g, w) in w.iter_mut().enumerate() {
+                        let hb = _mm512_load_si512(sb.add(HB_AT + g * VECTOR_BYTES) as *const __m512i);
+                        let hb = _mm512_srl_epi16(_mm512_sll_epi16(hb, l), r);
+                        *w = _mm512_or_si512(*w, _mm512_and_si512(hb, bit4));
+                    }
+                }
                 let sc = _mm512_cvtepu8_epi32(_mm_load_si128(sb.add(SC_AT + k * PACK_ROWS) as *const __m128i));
                 for c in 0..C {
                     let s = sum8_512(&w, q[c].add(b * Y_BLOCK + Y_QS + 32 * k));
@@ -116,14 +144,20 @@ unsafe fn tile_512<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C
 macro_rules! tile_256_kernel {
     ($name:ident, $features:literal, $sum8:ident) => {
         #[target_feature(enable = $features)]
-        unsafe fn $name<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C], out: &mut [f32]) {
+        unsafe fn $name<const FIVE: bool, const C: usize>(
+            nb: usize,
+            group: *const u8,
+            q: [*const u8; C],
+            out: &mut [f32],
+        ) {
             let nib = _mm256_set1_epi8(0x0F);
+            let bit4 = _mm256_set1_epi8(0x10);
             for h in 0..2 {
                 let mut acc = [_mm256_setzero_ps(); C];
                 for b in 0..nb {
-                    let sb = group.add(b * SB_BYTES);
+                    let sb = group.add(b * sb_bytes::<FIVE>());
                     if h == 0 {
-                        prefetch(sb);
+                        prefetch::<FIVE>(sb);
                     }
                     let mut isum = [_mm256_setzero_si256(); C];
                     for j in 0..4 {
@@ -132,17 +166,25 @@ macro_rules! tile_256_kernel {
                         });
                         for half in 0..2 {
                             let k = 2 * j + half;
-                            let w: [__m256i; 8] = std::array::from_fn(|g| {
+                            let mut w: [__m256i; 8] = std::array::from_fn(|g| {
                                 if half == 0 {
                                     _mm256_and_si256(v[g], nib)
                                 } else {
                                     _mm256_and_si256(_mm256_srli_epi16::<4>(v[g]), nib)
                                 }
                             });
+                            if FIVE {
+                                let (l, r) = fifth_shift(k);
+                                for (g, w) in w.iter_mut().enumerate() {
+                                    let at = sb.add(HB_AT + g * VECTOR_BYTES + 32 * h) as *const __m256i;
+                                    let hb = _mm256_srl_epi16(_mm256_sll_epi16(_mm256_load_si256(at), l), r);
+                                    *w = _mm256_or_si256(*w, _mm256_and_si256(hb, bit4));
+                                }
+                            }
                             let sc_at = sb.add(SC_AT + k * PACK_ROWS + 8 * h) as *const __m128i;
                             let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc_at));
                             for c in 0..C {
-                                let s = $sum8(&w, q[c].add(b * Y_BLOCK + Y_QS + 32 * k), false);
+                                let s = $sum8(&w, q[c].add(b * Y_BLOCK + Y_QS + 32 * k), FIVE);
                                 let s = _mm256_mullo_epi32(s, sc);
                                 isum[c] = _mm256_add_epi32(isum[c], s);
                             }
