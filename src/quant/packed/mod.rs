@@ -79,20 +79,29 @@ pub(crate) struct Format {
     vectors: usize,
     /// `w = u - offset`.
     offset: i32,
+    /// q4_1 / q5_1: `w = d u + m`, against q8_1 (`offset` 0; the scales region holds `m` beside `d`).
+    min: bool,
     /// Bytes of a block in the file, and where its quants start.
     file_block_bytes: usize,
     qs_at: usize,
 }
 
-const Q4_0_FORMAT: Format = Format { kind: Kind::Legacy, vectors: 4, offset: 8, file_block_bytes: 18, qs_at: 2 };
-const Q5_0_FORMAT: Format = Format { kind: Kind::Legacy, vectors: 5, offset: 16, file_block_bytes: 22, qs_at: 6 };
-const Q8_0_FORMAT: Format = Format { kind: Kind::Legacy, vectors: 8, offset: 128, file_block_bytes: 34, qs_at: 2 };
+const Q4_0_FORMAT: Format =
+    Format { kind: Kind::Legacy, vectors: 4, offset: 8, min: false, file_block_bytes: 18, qs_at: 2 };
+const Q5_0_FORMAT: Format =
+    Format { kind: Kind::Legacy, vectors: 5, offset: 16, min: false, file_block_bytes: 22, qs_at: 6 };
+const Q8_0_FORMAT: Format =
+    Format { kind: Kind::Legacy, vectors: 8, offset: 128, min: false, file_block_bytes: 34, qs_at: 2 };
+const Q4_1_FORMAT: Format =
+    Format { kind: Kind::Legacy, vectors: 4, offset: 0, min: true, file_block_bytes: 20, qs_at: 4 };
+const Q5_1_FORMAT: Format =
+    Format { kind: Kind::Legacy, vectors: 5, offset: 0, min: true, file_block_bytes: 24, qs_at: 8 };
 const Q4_K_FORMAT: Format =
-    Format { kind: Kind::Q4K, vectors: 32, offset: 0, file_block_bytes: q4k::FILE_BLOCK, qs_at: 0 };
+    Format { kind: Kind::Q4K, vectors: 32, offset: 0, min: false, file_block_bytes: q4k::FILE_BLOCK, qs_at: 0 };
 const Q5_K_FORMAT: Format =
-    Format { kind: Kind::Q5K, vectors: 40, offset: 0, file_block_bytes: q4k::FILE_BLOCK5, qs_at: 0 };
+    Format { kind: Kind::Q5K, vectors: 40, offset: 0, min: false, file_block_bytes: q4k::FILE_BLOCK5, qs_at: 0 };
 const Q6_K_FORMAT: Format =
-    Format { kind: Kind::Q6K, vectors: 48, offset: 32, file_block_bytes: q6k::FILE_BLOCK, qs_at: 0 };
+    Format { kind: Kind::Q6K, vectors: 48, offset: 32, min: false, file_block_bytes: q6k::FILE_BLOCK, qs_at: 0 };
 
 impl Format {
     /// Values per block.
@@ -117,14 +126,20 @@ impl Format {
     /// cache line; the K-quants' super-blocks (each a whole number of lines).
     fn group_bytes(self, nb: usize) -> usize {
         match self.kind {
-            Kind::Legacy => (nb * VECTOR_BYTES * self.vectors + nb * 2 * PACK_ROWS).div_ceil(64) * 64,
+            Kind::Legacy => (nb * VECTOR_BYTES * self.vectors + nb * self.scale_bytes()).div_ceil(64) * 64,
             Kind::Q4K | Kind::Q5K | Kind::Q6K => nb * self.super_block_bytes(),
         }
+    }
+
+    /// Bytes of a legacy block's scales in a group: `d` of each row (f16), and `m` after them.
+    fn scale_bytes(self) -> usize {
+        2 * PACK_ROWS * (1 + self.min as usize)
     }
 
     /// The activation type the products take.
     fn act_type(self) -> GgmlType {
         match self.kind {
+            Kind::Legacy if self.min => GgmlType::Q8_1,
             Kind::Legacy => GgmlType::Q8_0,
             Kind::Q4K | Kind::Q5K | Kind::Q6K => GgmlType::Q8K,
         }
@@ -135,7 +150,9 @@ impl Format {
 fn format(ty: GgmlType) -> Option<Format> {
     match ty {
         GgmlType::Q4_0 => Some(Q4_0_FORMAT),
+        GgmlType::Q4_1 => Some(Q4_1_FORMAT),
         GgmlType::Q5_0 => Some(Q5_0_FORMAT),
+        GgmlType::Q5_1 => Some(Q5_1_FORMAT),
         GgmlType::Q8_0 => Some(Q8_0_FORMAT),
         GgmlType::Q4K => Some(Q4_K_FORMAT),
         GgmlType::Q5K => Some(Q5_K_FORMAT),
@@ -197,7 +214,7 @@ impl PackedMatrix {
                     let at = (b * format.vectors + v) * VECTOR_BYTES + 4 * rr;
                     if format.vectors == 5 && v == 4 {
                         // q5_0's fifth bits: byte k, bit i = the bit of value 4 i + k (see the module comment).
-                        let qh = blocks::u32_at(block, 2);
+                        let qh = blocks::u32_at(block, format.qs_at - 4);
                         for (k, dst) in group[at..at + 4].iter_mut().enumerate() {
                             *dst = (0..8).map(|i| (((qh >> (4 * i + k)) & 1) as u8) << i).sum();
                         }
@@ -207,8 +224,11 @@ impl PackedMatrix {
                         *dst = q ^ flip;
                     }
                 }
-                let at = quant_bytes + b * 2 * PACK_ROWS + 2 * rr;
+                let at = quant_bytes + b * format.scale_bytes() + 2 * rr;
                 group[at..at + 2].copy_from_slice(&block[..2]);
+                if format.min {
+                    group[at + 2 * PACK_ROWS..at + 2 * PACK_ROWS + 2].copy_from_slice(&block[2..4]);
+                }
             }
         }
         Ok(PackedMatrix { ty, rows, cols, format, nb, group_bytes, data })
@@ -240,14 +260,13 @@ impl PackedMatrix {
         &all[g * self.group_bytes..(g + 1) * self.group_bytes]
     }
 
-    /// Row `r`'s scale and unsigned code at column `c`.
-    fn code(&self, r: usize, c: usize) -> (f32, i32) {
+    /// Row `r`'s scale, min (0 without) and unsigned code at column `c`.
+    fn code(&self, r: usize, c: usize) -> (f32, f32, i32) {
         let group = self.group(r / PACK_ROWS);
         let (rr, b, j) = (r % PACK_ROWS, c / QK, c % QK);
-        let quant_bytes = self.nb * VECTOR_BYTES * self.format.vectors;
-        let d = blocks::f16_at(group, quant_bytes + b * 2 * PACK_ROWS + 2 * rr);
+        let (d, m) = legacy_scales(self.format, self.nb, group, b, rr);
         let block = &group[b * self.format.vectors * VECTOR_BYTES..];
-        (d, legacy_code(block, self.format.vectors, rr, j))
+        (d, m, legacy_code(block, self.format.vectors, rr, j))
     }
 
     /// Value `(r, c)`, exactly as `dequantize_value` gives it from the file's row.
@@ -270,7 +289,11 @@ impl PackedMatrix {
                 _ => q6k::value(sb, r % PACK_ROWS, j),
             };
         }
-        let (d, u) = self.code(r, c);
+        let (d, m, u) = self.code(r, c);
+        if self.format.min {
+            // ggml's q4_1 / q5_1: `q * d + m`.
+            return u as f32 * d + m;
+        }
         (u - self.format.offset) as f32 * d
     }
 
@@ -298,7 +321,7 @@ impl PackedMatrix {
         for x in xs {
             super::check_len(act, self.cols, x.q.len()).unwrap_or_else(|e| panic!("PackedMatrix::tile: {e}"));
             if self.format.kind == Kind::Legacy {
-                assert_eq!(x.aux.len(), 2 * self.nb, "PackedMatrix::tile: q8_0 activations need their aux");
+                assert_eq!(x.aux.len(), 2 * self.nb, "PackedMatrix::tile: {act} activations need their aux");
             }
         }
         let group = self.group(g);
@@ -336,22 +359,34 @@ impl PackedMatrix {
     }
 }
 
+/// Row `rr`'s `d` and `m` (0 without) of block `b` in a legacy group of `nb` blocks.
+fn legacy_scales(f: Format, nb: usize, group: &[u8], b: usize, rr: usize) -> (f32, f32) {
+    let at = nb * VECTOR_BYTES * f.vectors + b * f.scale_bytes() + 2 * rr;
+    let m = if f.min { blocks::f16_at(group, at + 2 * PACK_ROWS) } else { 0.0 };
+    (blocks::f16_at(group, at), m)
+}
+
 /// The portable kernel: the arithmetic every path follows (see the module comment).
 fn tile_portable(f: Format, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
-    let quant_bytes = nb * VECTOR_BYTES * f.vectors;
+    let (y_block, y_qs) = if f.min { (36, 4) } else { (34, 2) };
     for (x, out) in xs.iter().zip(out.chunks_exact_mut(PACK_ROWS)) {
         for (r, o) in out.iter_mut().enumerate() {
             let mut acc = 0f32;
             for b in 0..nb {
                 let block = &group[b * f.vectors * VECTOR_BYTES..];
-                let y = &x.q[b * 34 + 2..b * 34 + 34];
+                let y = &x.q[b * y_block + y_qs..(b + 1) * y_block];
                 let mut isum = 0i32;
                 for (j, &y) in y.iter().enumerate() {
                     isum += legacy_code(block, f.vectors, r, j) * y as i8 as i32;
                 }
-                isum -= f.offset * x.aux[2 * b + 1] as i32;
-                let dw = blocks::f16_at(group, quant_bytes + b * 2 * PACK_ROWS + 2 * r);
-                acc = (dw * x.aux[2 * b]).mul_add(isum as f32, acc);
+                let (dw, mw) = legacy_scales(f, nb, group, b, r);
+                if f.min {
+                    acc = (dw * x.aux[2 * b]).mul_add(isum as f32, acc);
+                    acc = mw.mul_add(x.aux[2 * b + 1], acc);
+                } else {
+                    isum -= f.offset * x.aux[2 * b + 1] as i32;
+                    acc = (dw * x.aux[2 * b]).mul_add(isum as f32, acc);
+                }
             }
             *o = acc;
         }

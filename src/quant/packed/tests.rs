@@ -8,8 +8,16 @@ use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const TYPES: [GgmlType; 6] =
-    [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
+const TYPES: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
 
 /// Random block bytes with sane scales: every code, -128 included for q8_0.
 fn random_matrix(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
@@ -17,7 +25,7 @@ fn random_matrix(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Ve
     for b in w.chunks_exact_mut(ty.block_bytes()) {
         // Where the f16 scales sit: q4_K's d and dmin (both used with either sign), q6_K's d at the end.
         let at: &[usize] = match ty {
-            GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
             GgmlType::Q6K => &[crate::quant::blocks::Q6K_D],
             _ => &[0],
         };
@@ -168,7 +176,7 @@ fn products_are_the_dot_products_of_the_values() {
 #[test]
 fn bad_input_is_an_error() {
     let w = vec![0u8; 18 * 2];
-    assert!(matches!(PackedMatrix::pack(GgmlType::Q4_1, 1, 32, &w), Err(QuantError::NotPackable { .. })));
+    assert!(matches!(PackedMatrix::pack(GgmlType::F16, 1, 32, &w), Err(QuantError::NotPackable { .. })));
     assert!(matches!(PackedMatrix::pack(GgmlType::Q4_0, 3, 32, &w), Err(QuantError::WrongByteLen { .. })));
     assert!(matches!(PackedMatrix::pack(GgmlType::Q4_0, 1, 40, &w), Err(QuantError::PartialBlock { .. })));
 }

@@ -11,9 +11,21 @@ use std::arch::x86_64::*;
 
 use super::{ActRow, Format, SimdLevel, PACK_ROWS, VECTOR_BYTES};
 
-/// Bytes of a q8_0 activation block, and where its quants start.
-const Y_BLOCK: usize = 34;
-const Y_QS: usize = 2;
+/// Bytes of a q8_0 activation block (q8_1 when `MIN`), and where its quants start.
+const fn y_block<const MIN: bool>() -> usize {
+    if MIN {
+        36
+    } else {
+        34
+    }
+}
+const fn y_qs<const MIN: bool>() -> usize {
+    if MIN {
+        4
+    } else {
+        2
+    }
+}
 
 /// How far ahead of the block in use the kernels prefetch the weights, into L2 (`_MM_HINT_T1`). Decoding
 /// reads each weight once, from DRAM: without it one thread streamed 10-12 GB/s of q4_0 where a plain sum
@@ -34,16 +46,23 @@ pub(super) unsafe fn tile(level: SimdLevel, f: Format, nb: usize, group: &[u8], 
             ($c:literal) => {{
                 let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
                 let a: [*const f32; $c] = std::array::from_fn(|i| xs[i].aux.as_ptr());
-                match (level, f.vectors) {
-                    (SimdLevel::Avx512, 4) => tile_512::<4, $c>(f.offset, nb, group.as_ptr(), q, a, out),
-                    (SimdLevel::Avx512, 5) => tile_512::<5, $c>(f.offset, nb, group.as_ptr(), q, a, out),
-                    (SimdLevel::Avx512, _) => tile_512::<8, $c>(f.offset, nb, group.as_ptr(), q, a, out),
-                    (SimdLevel::Avx2Vnni, 4) => tile_256_vnni::<4, $c>(f.offset, nb, group.as_ptr(), q, a, out),
-                    (SimdLevel::Avx2Vnni, 5) => tile_256_vnni::<5, $c>(f.offset, nb, group.as_ptr(), q, a, out),
-                    (SimdLevel::Avx2Vnni, _) => tile_256_vnni::<8, $c>(f.offset, nb, group.as_ptr(), q, a, out),
-                    (_, 4) => tile_256_q4::<4, $c>(f.offset, nb, group.as_ptr(), q, a, out),
-                    (_, 5) => tile_256_q4::<5, $c>(f.offset, nb, group.as_ptr(), q, a, out),
-                    _ => tile_256_q8::<$c>(nb, group.as_ptr(), q, a, out),
+                let (o, g) = (f.offset, group.as_ptr());
+                match (level, f.vectors, f.min) {
+                    (SimdLevel::Avx512, 4, false) => tile_512::<4, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx512, 5, false) => tile_512::<5, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx512, 4, true) => tile_512::<4, true, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx512, 5, true) => tile_512::<5, true, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx512, _, _) => tile_512::<8, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx2Vnni, 4, false) => tile_256_vnni::<4, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx2Vnni, 5, false) => tile_256_vnni::<5, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx2Vnni, 4, true) => tile_256_vnni::<4, true, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx2Vnni, 5, true) => tile_256_vnni::<5, true, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx2Vnni, _, _) => tile_256_vnni::<8, false, $c>(o, nb, g, q, a, out),
+                    (_, 4, false) => tile_256_q4::<4, false, $c>(o, nb, g, q, a, out),
+                    (_, 5, false) => tile_256_q4::<5, false, $c>(o, nb, g, q, a, out),
+                    (_, 4, true) => tile_256_q4::<4, true, $c>(o, nb, g, q, a, out),
+                    (_, 5, true) => tile_256_q4::<5, true, $c>(o, nb, g, q, a, out),
+                    _ => tile_256_q8::<$c>(nb, g, q, a, out),
                 }
             }};
         }
@@ -111,16 +130,17 @@ pub(super) unsafe fn sum8_maddubs(w: &[__m256i; 8], y: *const u8, wide: bool) ->
     }
 }
 
-/// Where block `b`'s scales start in a group of `nb` blocks of `V` vectors.
+/// Where block `b`'s scales (`d` of each row, then with `MIN` its `m`) start in a group of `nb` blocks of
+/// `V` vectors.
 #[inline(always)]
-unsafe fn scales_at<const V: usize>(group: *const u8, nb: usize, b: usize) -> *const u8 {
-    group.add(nb * V * VECTOR_BYTES + b * 2 * PACK_ROWS)
+unsafe fn scales_at<const V: usize, const MIN: bool>(group: *const u8, nb: usize, b: usize) -> *const u8 {
+    group.add(nb * V * VECTOR_BYTES + b * 2 * PACK_ROWS * (1 + MIN as usize))
 }
 
 /// AVX-512: the 16 rows in one register. `V` is the format's vectors per block (4: q4_0's nibbles, whose
-/// high halves make vectors 4..8; 8: q8_0's bytes).
+/// high halves make vectors 4..8; 5: with q5_0's fifth bits; 8: q8_0's bytes); `MIN`: q4_1 / q5_1.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile_512<const V: usize, const C: usize>(
+unsafe fn tile_512<const V: usize, const MIN: bool, const C: usize>(
     offset: i32,
     nb: usize,
     group: *const u8,
@@ -165,14 +185,22 @@ unsafe fn tile_512<const V: usize, const C: usize>(
                 *w = _mm512_load_si512(wp.add(g * VECTOR_BYTES) as *const __m512i);
             }
         }
-        let dw = _mm512_cvtph_ps(_mm256_load_si256(scales_at::<V>(group, nb, b) as *const __m256i));
+        let scales = scales_at::<V, MIN>(group, nb, b);
+        let dw = _mm512_cvtph_ps(_mm256_load_si256(scales as *const __m256i));
         for c in 0..C {
-            let sum = sum8_512(&w, q[c].add(b * Y_BLOCK + Y_QS));
+            let sum = sum8_512(&w, q[c].add(b * y_block::<MIN>() + y_qs::<MIN>()));
             let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
-            // sum(u * y) - offset * sum(y), in f32: every term is an integer below 2^24, so exact.
-            let isum = _mm512_fnmadd_ps(off, _mm512_set1_ps(ysum), _mm512_cvtepi32_ps(sum));
             let d = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
-            acc[c] = _mm512_fmadd_ps(d, isum, acc[c]);
+            if MIN {
+                // d dy sum(u * y) + m s_y.
+                let mw = _mm512_cvtph_ps(_mm256_load_si256(scales.add(2 * PACK_ROWS) as *const __m256i));
+                acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), acc[c]);
+                acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(ysum), acc[c]);
+            } else {
+                // sum(u * y) - offset * sum(y), in f32: every term is an integer below 2^24, so exact.
+                let isum = _mm512_fnmadd_ps(off, _mm512_set1_ps(ysum), _mm512_cvtepi32_ps(sum));
+                acc[c] = _mm512_fmadd_ps(d, isum, acc[c]);
+            }
         }
     }
     for (c, a) in acc.iter().enumerate() {
@@ -207,10 +235,17 @@ unsafe fn or_high_bits_256(w: &mut [__m256i; 8], hv: __m256i) {
     }
 }
 
-/// Block `b`'s scales of half `h` as f32.
+/// Block `b`'s scales `d` of half `h` as f32 (with `m`, its mins).
 #[inline(always)]
-unsafe fn half_scales<const V: usize>(group: *const u8, nb: usize, b: usize, h: usize) -> __m256 {
-    _mm256_cvtph_ps(_mm_load_si128(scales_at::<V>(group, nb, b).add(16 * h) as *const __m128i))
+unsafe fn half_scales<const V: usize, const MIN: bool>(
+    group: *const u8,
+    nb: usize,
+    b: usize,
+    h: usize,
+    m: bool,
+) -> __m256 {
+    let at = scales_at::<V, MIN>(group, nb, b).add(16 * h + 2 * PACK_ROWS * m as usize);
+    _mm256_cvtph_ps(_mm_load_si128(at as *const __m128i))
 }
 
 /// The 256-bit kernel for codes that `$sum8` can take (q4_0, q5_0; with VNNI q8_0 too), defined once per
@@ -218,7 +253,7 @@ unsafe fn half_scales<const V: usize>(group: *const u8, nb: usize, b: usize, h: 
 macro_rules! tile_256_kernel {
     ($name:ident, $features:literal, $sum8:ident) => {
         #[target_feature(enable = $features)]
-        unsafe fn $name<const V: usize, const C: usize>(
+        unsafe fn $name<const V: usize, const MIN: bool, const C: usize>(
             offset: i32,
             nb: usize,
             group: *const u8,
@@ -252,13 +287,19 @@ macro_rules! tile_256_kernel {
                             *w = half_at(wp, g, h);
                         }
                     }
-                    let dw = half_scales::<V>(group, nb, b, h);
+                    let dw = half_scales::<V, MIN>(group, nb, b, h, false);
                     for c in 0..C {
-                        let sum = $sum8(&w, q[c].add(b * Y_BLOCK + Y_QS), V == 5);
+                        let sum = $sum8(&w, q[c].add(b * y_block::<MIN>() + y_qs::<MIN>()), V == 5);
                         let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
-                        let isum = _mm256_fnmadd_ps(off, _mm256_set1_ps(ysum), _mm256_cvtepi32_ps(sum));
                         let d = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
-                        acc[c] = _mm256_fmadd_ps(d, isum, acc[c]);
+                        if MIN {
+                            let mw = half_scales::<V, MIN>(group, nb, b, h, true);
+                            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc[c]);
+                            acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(ysum), acc[c]);
+                        } else {
+                            let isum = _mm256_fnmadd_ps(off, _mm256_set1_ps(ysum), _mm256_cvtepi32_ps(sum));
+                            acc[c] = _mm256_fmadd_ps(d, isum, acc[c]);
+                        }
                     }
                 }
                 for (c, a) in acc.iter().enumerate() {
@@ -300,9 +341,9 @@ unsafe fn tile_256_q8<const C: usize>(
                 w[g] = _mm256_xor_si256(half_at(wp, g, h), flip);
                 aw[g] = _mm256_sign_epi8(w[g], w[g]);
             }
-            let dw = half_scales::<8>(group, nb, b, h);
+            let dw = half_scales::<8, false>(group, nb, b, h, false);
             for c in 0..C {
-                let y = q[c].add(b * Y_BLOCK + Y_QS);
+                let y = q[c].add(b * y_block::<false>() + y_qs::<false>());
                 let mut s0 = _mm256_setzero_si256();
                 let mut s1 = _mm256_setzero_si256();
                 for g in (0..8).step_by(2) {
