@@ -100,9 +100,37 @@ impl QuantActs {
 }
 
 /// Collects the values of `x` beyond `OUTLIER_RATIO` times its RMS into `out`; true if there are any.
+///
+/// The squares are summed in 16 lanes (value `i` in lane `i % 16`, in order) and the lanes in a fixed tree,
+/// so the sum has one value on every target whatever vectors the compiler makes of the lanes; the largest
+/// magnitude, found beside it, skips the scan for the row without outliers.
 fn find_outliers(x: &[f32], out: &mut Vec<(usize, f32)>) -> bool {
-    let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let limit = OUTLIER_RATIO * mean_sq.sqrt();
+    let mut sq = [0f32; 16];
+    let mut big = [0f32; 16];
+    let chunks = x.chunks_exact(16);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..16 {
+            sq[j] += c[j] * c[j];
+            big[j] = big[j].max(c[j].abs());
+        }
+    }
+    for (j, &v) in rest.iter().enumerate() {
+        sq[j] += v * v;
+        big[j] = big[j].max(v.abs());
+    }
+    let mut width = 16;
+    while width > 1 {
+        width /= 2;
+        for j in 0..width {
+            sq[j] += sq[j + width];
+            big[j] = big[j].max(big[j + width]);
+        }
+    }
+    let limit = OUTLIER_RATIO * (sq[0] / x.len() as f32).sqrt();
+    if big[0] <= limit || limit.is_nan() {
+        return false;
+    }
     out.extend(x.iter().enumerate().filter(|(_, v)| v.abs() > limit).map(|(i, &v)| (i, v)));
     !out.is_empty()
 }

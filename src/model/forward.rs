@@ -286,9 +286,7 @@ impl Model {
         let shape = AttnShape { n_head: cfg.n_head, n_head_kv: cfg.n_head_kv, head_dim: cfg.head_dim };
 
         // Attention block.
-        for t in 0..t_count {
-            ops::rms_norm(&x[t * d..(t + 1) * d], &lw.attn_norm, cfg.rms_eps, &mut s.xn[t * d..(t + 1) * d]);
-        }
+        ops::rms_norm_rows(pool, x, &lw.attn_norm, cfg.rms_eps, d, &mut s.xn[..t_count * d]);
         let products = profile::time(Part::AttnProducts);
         s.act.quantize(pool, lw.wq.ty, &s.xn, d);
         let same_act = lw.wk.ty == lw.wq.ty && lw.wv.ty == lw.wq.ty;
@@ -327,14 +325,10 @@ impl Model {
         s.act.quantize(pool, lw.wo.ty, &s.att, q_dim);
         ops::matmul(pool, &[MatJob { w: &lw.wo, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
         drop(products);
-        for (a, b) in x.iter_mut().zip(&s.proj) {
-            *a += b;
-        }
+        ops::add_par(pool, x, &s.proj);
 
         // Feed-forward block (SwiGLU).
-        for t in 0..t_count {
-            ops::rms_norm(&x[t * d..(t + 1) * d], &lw.ffn_norm, cfg.rms_eps, &mut s.xn[t * d..(t + 1) * d]);
-        }
+        ops::rms_norm_rows(pool, x, &lw.ffn_norm, cfg.rms_eps, d, &mut s.xn[..t_count * d]);
         let products = profile::time(Part::FfnProducts);
         s.act.quantize(pool, lw.w_gate.ty, &s.xn, d);
         if lw.w_up.ty == lw.w_gate.ty {
@@ -351,12 +345,10 @@ impl Model {
             s.act.quantize(pool, lw.w_up.ty, &s.xn, d);
             ops::matmul(pool, &[MatJob { w: &lw.w_up, bias: None, out: SharedMut::new(&mut s.up) }], &s.act);
         }
-        ops::swiglu(&mut s.gate, &s.up);
+        ops::swiglu_par(pool, &mut s.gate, &s.up);
         s.act.quantize(pool, lw.w_down.ty, &s.gate, ff);
         ops::matmul(pool, &[MatJob { w: &lw.w_down, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
         drop(products);
-        for (a, b) in x.iter_mut().zip(&s.proj) {
-            *a += b;
-        }
+        ops::add_par(pool, x, &s.proj);
     }
 }

@@ -61,6 +61,52 @@ pub fn swiglu(g: &mut [f32], u: &[f32]) {
     }
 }
 
+/// Element-wise work below this many values per thread runs on the caller's thread: a region costs about a
+/// microsecond, as much as a few hundred `exp`s.
+const PAR_MIN_VALUES: usize = 1024;
+
+/// Runs `f(range)` over `0..n` items of `item_values` values each, split over the pool's threads where each
+/// gets at least `PAR_MIN_VALUES` values, else on this thread. For element-wise steps and per-token rows:
+/// an item's result never depends on the split.
+pub fn par_items(pool: &ThreadPool, n: usize, item_values: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+    let parts = (n * item_values / PAR_MIN_VALUES).clamp(1, pool.n_threads()).min(n);
+    if parts <= 1 {
+        return f(0..n);
+    }
+    pool.run(parts, |c| f(split_range(c, parts, n)));
+}
+
+/// `swiglu` split over the pool's threads (same bits: each value on its own).
+pub fn swiglu_par(pool: &ThreadPool, g: &mut [f32], u: &[f32]) {
+    let shared = SharedMut::new(g);
+    par_items(pool, u.len(), 1, |r| {
+        // SAFETY: the ranges are disjoint.
+        swiglu(unsafe { shared.slice(r.start, r.len()) }, &u[r]);
+    });
+}
+
+/// `x += y` split over the pool's threads.
+pub fn add_par(pool: &ThreadPool, x: &mut [f32], y: &[f32]) {
+    let shared = SharedMut::new(x);
+    par_items(pool, y.len(), 1, |r| {
+        // SAFETY: the ranges are disjoint.
+        for (a, b) in unsafe { shared.slice(r.start, r.len()) }.iter_mut().zip(&y[r]) {
+            *a += b;
+        }
+    });
+}
+
+/// `rms_norm` of each of the rows of `d` values of `x` into `out`, rows split over the pool's threads.
+pub fn rms_norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, d: usize, out: &mut [f32]) {
+    let shared = SharedMut::new(out);
+    par_items(pool, x.len() / d, d, |rows| {
+        for t in rows {
+            // SAFETY: each row is written by one thread.
+            rms_norm(&x[t * d..(t + 1) * d], w, eps, unsafe { shared.slice(t * d, d) });
+        }
+    });
+}
+
 /// One product of a batched matmul: `out[t][r] = w[r] . act[t] (+ bias[r])` for `t` in the batch.
 pub struct MatJob<'a> {
     pub w: &'a QTensor,
@@ -142,48 +188,138 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
                         }
                         None => quant::vec_dot_tile(w.ty, w.cols, &wdata[r0 * rb..r1 * rb], rb, &acts[t0..t1], dots),
                     }
-                    for t in t0..t1 {
-                        // The token's exact outliers against each row of the tile, summed in channel
-                        // order: from the cached column where there is one, else from the weights.
-                        let mut corr = [0f32; ROW_TILE];
-                        for &(ch, slot, v) in &outliers[t] {
-                            let wv = match &columns[slot] {
-                                Some(col) => &col[r0..r1],
-                                None => {
-                                    let tw = &mut tile_w[slot * ROW_TILE..slot * ROW_TILE + n];
-                                    if tile_w_for[slot] != (ji, r0) {
-                                        for (i, x) in tw.iter_mut().enumerate() {
-                                            *x = w.value(r0 + i, ch);
-                                        }
-                                        tile_w_for[slot] = (ji, r0);
-                                    }
-                                    &*tw
-                                }
-                            };
-                            for (c, &x) in corr.iter_mut().zip(wv) {
-                                *c += x * v;
-                            }
-                        }
-                        // SAFETY: rows r0..r1 of this job are owned by this thread, for every token.
-                        let out = unsafe { job.out.slice(t * rows + r0, n) };
-                        let dots = &dots[(t - t0) * n..(t - t0 + 1) * n];
-                        match job.bias {
-                            Some(b) => {
-                                for (((o, &d), &c), &b) in out.iter_mut().zip(dots).zip(&corr).zip(&b[r0..r1]) {
-                                    *o = d + c + b;
-                                }
-                            }
-                            None => {
-                                for ((o, &d), &c) in out.iter_mut().zip(dots).zip(&corr) {
-                                    *o = d + c + 0.0;
-                                }
-                            }
-                        }
-                    }
+                    let tile = Tile { w, ji, r0, r1, t0, rows, bias: job.bias, out: &job.out };
+                    finish_tile(&tile, dots, &outliers[t0..t1], columns, &mut tile_w, &mut tile_w_for);
                 }
             }
         }
     });
+}
+
+/// One (job, row tile, token tile) of `matmul` whose products are done.
+struct Tile<'a, 'b> {
+    w: &'a QTensor,
+    /// The job's index, and the tile's rows `r0..r1` of its `rows`.
+    ji: usize,
+    r0: usize,
+    r1: usize,
+    /// The first token of the tile.
+    t0: usize,
+    rows: usize,
+    bias: Option<&'a [f32]>,
+    out: &'b SharedMut<'a, f32>,
+}
+
+/// Adds each token's exact outliers to the tile's products `dots` (tokens, rows) and writes the results
+/// (plus bias) to the job's output: on the widest vectors this CPU has (the same operations, row by row, so
+/// the same bits on every path).
+fn finish_tile(
+    tile: &Tile,
+    dots: &[f32],
+    outliers: &[Vec<(usize, usize, f32)>],
+    columns: &[Option<Arc<[f32]>>],
+    tile_w: &mut [f32],
+    tile_w_for: &mut [(usize, usize)],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let level = quant::simd_level();
+        if level == quant::SimdLevel::Avx512 {
+            // SAFETY: AVX-512 F/BW/VL were detected; the body is plain Rust.
+            return unsafe { finish_tile_avx512(tile, dots, outliers, columns, tile_w, tile_w_for) };
+        }
+        if level.avx2() {
+            // SAFETY: AVX2 was detected; the body is plain Rust.
+            return unsafe { finish_tile_avx2(tile, dots, outliers, columns, tile_w, tile_w_for) };
+        }
+    }
+    finish_tile_body(tile, dots, outliers, columns, tile_w, tile_w_for)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn finish_tile_avx512(
+    tile: &Tile,
+    dots: &[f32],
+    outliers: &[Vec<(usize, usize, f32)>],
+    columns: &[Option<Arc<[f32]>>],
+    tile_w: &mut [f32],
+    tile_w_for: &mut [(usize, usize)],
+) {
+    finish_tile_body(tile, dots, outliers, columns, tile_w, tile_w_for)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn finish_tile_avx2(
+    tile: &Tile,
+    dots: &[f32],
+    outliers: &[Vec<(usize, usize, f32)>],
+    columns: &[Option<Arc<[f32]>>],
+    tile_w: &mut [f32],
+    tile_w_for: &mut [(usize, usize)],
+) {
+    finish_tile_body(tile, dots, outliers, columns, tile_w, tile_w_for)
+}
+
+#[inline(always)]
+fn finish_tile_body(
+    tile: &Tile,
+    dots: &[f32],
+    outliers: &[Vec<(usize, usize, f32)>],
+    columns: &[Option<Arc<[f32]>>],
+    tile_w: &mut [f32],
+    tile_w_for: &mut [(usize, usize)],
+) {
+    let Tile { w, ji, r0, r1, t0, rows, bias, out } = *tile;
+    let n = r1 - r0;
+    for (i, (outliers, dots)) in outliers.iter().zip(dots.chunks_exact(n)).enumerate() {
+        let t = t0 + i;
+        // The token's exact outliers against each row of the tile, summed in channel order: from the cached
+        // column where there is one, else from the weights (read once per tile into `tile_w`).
+        for &(ch, slot, _) in outliers {
+            if columns[slot].is_none() && tile_w_for[slot] != (ji, r0) {
+                for (i, x) in tile_w[slot * ROW_TILE..slot * ROW_TILE + n].iter_mut().enumerate() {
+                    *x = w.value(r0 + i, ch);
+                }
+                tile_w_for[slot] = (ji, r0);
+            }
+        }
+        let weights = |slot: usize| match &columns[slot] {
+            Some(col) => &col[r0..r1],
+            None => &tile_w[slot * ROW_TILE..slot * ROW_TILE + n],
+        };
+        let mut corr = [0f32; ROW_TILE];
+        if n == ROW_TILE {
+            // A whole tile: the sixteen sums stay in a register.
+            for &(_, slot, v) in outliers {
+                let wv = &weights(slot)[..ROW_TILE];
+                for j in 0..ROW_TILE {
+                    corr[j] += wv[j] * v;
+                }
+            }
+        } else {
+            for &(_, slot, v) in outliers {
+                for (c, &x) in corr.iter_mut().zip(weights(slot)) {
+                    *c += x * v;
+                }
+            }
+        }
+        // SAFETY: rows r0..r1 of this job are owned by this thread, for every token.
+        let out = unsafe { out.slice(t * rows + r0, n) };
+        match bias {
+            Some(b) => {
+                for (((o, &d), &c), &b) in out.iter_mut().zip(dots).zip(&corr).zip(&b[r0..r1]) {
+                    *o = d + c + b;
+                }
+            }
+            None => {
+                for ((o, &d), &c) in out.iter_mut().zip(dots).zip(&corr) {
+                    *o = d + c + 0.0;
+                }
+            }
+        }
+    }
 }
 
 /// Shapes of an attention call.

@@ -175,6 +175,8 @@ pub struct PackedMatrix {
     /// Blocks per row.
     nb: usize,
     group_bytes: usize,
+    /// Bytes of an activation column the products take (`cols` values of the format's activation type).
+    act_bytes: usize,
     data: Vec<Line>, // (groups, group_bytes / 64)
 }
 
@@ -231,7 +233,8 @@ impl PackedMatrix {
                 }
             }
         }
-        Ok(PackedMatrix { ty, rows, cols, format, nb, group_bytes, data })
+        let act_bytes = super::row_len_bytes(format.act_type(), cols)?;
+        Ok(PackedMatrix { ty, rows, cols, format, nb, group_bytes, act_bytes, data })
     }
 
     /// Bytes a packed matrix of `rows` rows of `cols` values of type `ty` holds, or `None` when the type
@@ -317,11 +320,19 @@ impl PackedMatrix {
             xs.len()
         );
         assert!(g < self.groups(), "PackedMatrix::tile: group {g} of {}", self.groups());
-        let act = self.format.act_type();
+        let legacy = self.format.kind == Kind::Legacy;
         for x in xs {
-            super::check_len(act, self.cols, x.q.len()).unwrap_or_else(|e| panic!("PackedMatrix::tile: {e}"));
-            if self.format.kind == Kind::Legacy {
-                assert_eq!(x.aux.len(), 2 * self.nb, "PackedMatrix::tile: {act} activations need their aux");
+            // One compare per column on this hot path; the message names the mismatch when it fails.
+            if x.q.len() != self.act_bytes || (legacy && x.aux.len() != 2 * self.nb) {
+                panic!(
+                    "PackedMatrix::tile: a column of {} bytes and {} aux values for {} values of {} ({} bytes{})",
+                    x.q.len(),
+                    x.aux.len(),
+                    self.cols,
+                    self.format.act_type(),
+                    self.act_bytes,
+                    if legacy { format!(", {} aux values", 2 * self.nb) } else { String::new() }
+                );
             }
         }
         let group = self.group(g);
