@@ -392,8 +392,8 @@ fn tile_portable(f: Format, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f
                 }
                 let (dw, mw) = legacy_scales(f, nb, group, b, r);
                 if f.min {
-                    acc = (dw * x.aux[2 * b]).mul_add(isum as f32, acc);
-                    acc = mw.mul_add(x.aux[2 * b + 1], acc);
+                    // The block's two terms largely cancel (m is about -8 d): summed first, rounded once.
+                    acc += (dw * x.aux[2 * b]).mul_add(isum as f32, mw * x.aux[2 * b + 1]);
                 } else {
                     isum -= f.offset * x.aux[2 * b + 1] as i32;
                     acc = (dw * x.aux[2 * b]).mul_add(isum as f32, acc);

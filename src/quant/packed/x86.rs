@@ -192,10 +192,10 @@ unsafe fn tile_512<const V: usize, const MIN: bool, const C: usize>(
             let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
             let d = _mm512_mul_ps(dw, _mm512_set1_ps(dy));
             if MIN {
-                // d dy sum(u * y) + m s_y.
+                // d dy sum(u * y) + m s_y, the block's two terms (which largely cancel) rounded once.
                 let mw = _mm512_cvtph_ps(_mm256_load_si256(scales.add(2 * PACK_ROWS) as *const __m256i));
-                acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), acc[c]);
-                acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(ysum), acc[c]);
+                let t = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), _mm512_mul_ps(mw, _mm512_set1_ps(ysum)));
+                acc[c] = _mm512_add_ps(acc[c], t);
             } else {
                 // sum(u * y) - offset * sum(y), in f32: every term is an integer below 2^24, so exact.
                 let isum = _mm512_fnmadd_ps(off, _mm512_set1_ps(ysum), _mm512_cvtepi32_ps(sum));
@@ -294,8 +294,8 @@ macro_rules! tile_256_kernel {
                         let d = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
                         if MIN {
                             let mw = half_scales::<V, MIN>(group, nb, b, h, true);
-                            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc[c]);
-                            acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(ysum), acc[c]);
+                            let my = _mm256_mul_ps(mw, _mm256_set1_ps(ysum));
+                            acc[c] = _mm256_add_ps(acc[c], _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), my));
                         } else {
                             let isum = _mm256_fnmadd_ps(off, _mm256_set1_ps(ysum), _mm256_cvtepi32_ps(sum));
                             acc[c] = _mm256_fmadd_ps(d, isum, acc[c]);
