@@ -208,19 +208,27 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
                     let t1 = (t0 + TOKEN_TILE).min(t_count);
                     let nt = t1 - t0;
                     // dots: (nt, n), the tile's products in one call.
-                    let dots = &mut dots[..n * nt];
-                    match w.packed() {
+                    let dots: &[f32] = match w.packed() {
                         Some(p) => {
-                            // The whole group's rows, then the tile's of them.
+                            // The whole group's rows; a partial tile takes its rows out of them.
                             let group = &mut group_dots[..nt * ROW_TILE];
                             p.tile(r0 / ROW_TILE, &acts[t0..t1], group);
-                            let skip = r0 % ROW_TILE;
-                            for (d, g) in dots.chunks_exact_mut(n).zip(group.chunks_exact(ROW_TILE)) {
-                                d.copy_from_slice(&g[skip..skip + n]);
+                            if n == ROW_TILE {
+                                group
+                            } else {
+                                let (skip, dots) = (r0 % ROW_TILE, &mut dots[..n * nt]);
+                                for (d, g) in dots.chunks_exact_mut(n).zip(group.chunks_exact(ROW_TILE)) {
+                                    d.copy_from_slice(&g[skip..skip + n]);
+                                }
+                                dots
                             }
                         }
-                        None => quant::vec_dot_tile(w.ty, w.cols, &wdata[r0 * rb..r1 * rb], rb, &acts[t0..t1], dots),
-                    }
+                        None => {
+                            let dots = &mut dots[..n * nt];
+                            quant::vec_dot_tile(w.ty, w.cols, &wdata[r0 * rb..r1 * rb], rb, &acts[t0..t1], dots);
+                            dots
+                        }
+                    };
                     let tile = Tile { w, ji, r0, r1, t0, rows, bias: job.bias, out: &job.out };
                     finish_tile(&tile, dots, &outliers[t0..t1], columns, &mut tile_w, &mut tile_w_for);
                 }
