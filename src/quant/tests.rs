@@ -185,6 +185,8 @@ fn dequantize_of_quantize_is_close_for_every_type() {
         GgmlType::Q8_0 => 0.01,
         GgmlType::Q6K => 0.04,
         GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K => 0.08,
+        GgmlType::Q2K => 0.3,
+        GgmlType::Q3K => 0.2,
         _ => 0.15,
     };
     for ty in GgmlType::WEIGHT_TYPES {
