@@ -177,6 +177,14 @@ fn every_type_round_trips_a_synthetic_model_within_its_error() {
         ("q4_1", GgmlType::Q4_1, 3, 0.09),
         ("q4_K", GgmlType::Q4K, 14, 0.09),
         ("q4_0", GgmlType::Q4_0, 2, 0.10),
+        ("q5_0", GgmlType::Q5_0, 8, 0.05),
+        ("q5_1", GgmlType::Q5_1, 9, 0.05),
+        ("q5_K", GgmlType::Q5K, 16, 0.05),
+        ("q3_K", GgmlType::Q3K, 11, 0.20),
+        ("q2_K", GgmlType::Q2K, 10, 0.40),
+        ("iq4_nl", GgmlType::IQ4NL, 25, 0.10),
+        ("iq4_xs", GgmlType::IQ4XS, 30, 0.10),
+        ("mxfp4", GgmlType::MXFP4, 38, 0.15),
     ];
 
     for (name, ty, file_type, bound) in cases {
@@ -232,6 +240,11 @@ fn rows_that_are_not_whole_blocks_fall_back_like_llama_quantize() {
         ("q6_K", [GgmlType::Q6K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32]),
         ("q4_K", [GgmlType::Q4K, GgmlType::Q5_0, GgmlType::F16, GgmlType::F32]),
         ("q4_0", [GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::F16, GgmlType::F32]),
+        ("q5_K", [GgmlType::Q5K, GgmlType::Q5_1, GgmlType::F16, GgmlType::F32]),
+        ("q3_K", [GgmlType::Q3K, GgmlType::Q4_0, GgmlType::F16, GgmlType::F32]),
+        ("q2_K", [GgmlType::Q2K, GgmlType::Q4_0, GgmlType::F16, GgmlType::F32]),
+        ("iq4_xs", [GgmlType::IQ4XS, GgmlType::IQ4NL, GgmlType::F16, GgmlType::F32]),
+        ("mxfp4", [GgmlType::MXFP4, GgmlType::MXFP4, GgmlType::F16, GgmlType::F32]),
     ];
     for (name, types) in want {
         let out = dir.path().join(format!("shapes-{name}.gguf"));
@@ -267,9 +280,9 @@ fn bad_input_is_one_line_and_leaves_no_file() {
     // An unknown type names the valid ones, on the same line.
     let good = ins.join("good.gguf");
     write_model(&good, &[("w.weight", &[64, 2])], |i| i as f32);
-    let o = strata(&["quantize", s(&good), o_s, "--type", "q5_1"]);
+    let o = strata(&["quantize", s(&good), o_s, "--type", "iq2_xxs"]);
     assert_eq!(o.status.code(), Some(2));
-    assert_clean_failure(&o, &["\"q5_1\"", "f16, q8_0, q4_0, q4_1, q4_K, q6_K"]);
+    assert_clean_failure(&o, &["\"iq2_xxs\"", "f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, mxfp4"]);
     assert_eq!(entries(&outs), Vec::<String>::new(), "no file after the refusals");
 
     // IN == OUT, by the same path, another spelling of it, and a link to it: refused, IN unchanged.
@@ -307,5 +320,5 @@ fn help_lists_the_types() {
     let o = strata(&["quantize", "--help"]);
     assert!(o.status.success());
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("[possible values: f16, q8_0, q4_0, q4_1, q4_K, q6_K]"), "{out}");
+    assert!(out.contains("[possible values: f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, mxfp4]"), "{out}");
 }
