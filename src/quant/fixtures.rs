@@ -1,7 +1,8 @@
 //! Strata against ggml itself: the fixtures in `tests/data/quant`, written by `scripts/ggml-reference-blocks`
 //! from llama.cpp's libggml-base (b11312), hold ggml's dequantized values of random blocks and ggml's
 //! quantized bytes of seeded rows (`ggml_quantize_chunk` without an importance matrix, as llama-quantize
-//! runs it). These tests read only the committed files; they never need llama.cpp.
+//! runs it), and ggml-cpu's activation bytes and dot products for the new types. These tests read only
+//! the committed files; they never need llama.cpp.
 
 use super::*;
 use std::path::PathBuf;
@@ -104,6 +105,39 @@ fn dots_of_the_new_types_match_the_dot_of_dequantized_values() {
             for got in [vec_dot(ty, ROW_LEN, w, &x), reference::vec_dot(ty, ROW_LEN, w, &x)] {
                 let err = (got as f64 - want).abs();
                 assert!(err <= 1e-5 * mag + 1e-30, "{ty} row {r}: {got} vs {want} (magnitude {mag})");
+            }
+        }
+    }
+}
+
+#[test]
+fn activations_and_dots_agree_with_ggml_cpu() {
+    // ggml-cpu's activation bytes for a fixture row must be ours, and its dot (AVX2 kernels on the machine
+    // that wrote the fixtures) ours to f32 rounding: the same integer sums, added in another order.
+    let x = f32s(&read("rows.f32"));
+    let n_rows = x.len() / ROW_LEN;
+    for ty in [GgmlType::Q2K, GgmlType::Q3K, GgmlType::IQ4NL, GgmlType::IQ4XS, GgmlType::MXFP4] {
+        let (_, w_rows) = quant_fixture(ty);
+        let row_bytes = row_len_bytes(ty, ROW_LEN).unwrap();
+        let ta = vec_dot_type(ty);
+        let act_bytes = row_len_bytes(ta, ROW_LEN).unwrap();
+        let data = read(&format!("{}.dot.bin", ty.name()));
+        assert_eq!(data.len() % (act_bytes + 4), 0, "{ty}: fixture size");
+        for (r, rec) in data.chunks_exact(act_bytes + 4).enumerate() {
+            let (act, want) = rec.split_at(act_bytes);
+            let want = f32s(want)[0];
+            let xr = &x[(r + 7) % n_rows * ROW_LEN..][..ROW_LEN];
+            let mut ours = vec![0u8; act_bytes];
+            quantize_row_act(ta, xr, &mut ours);
+            assert_eq!(ours, act, "{ty} row {r}: {ta} activations differ from ggml-cpu's");
+            let w = &w_rows[r * row_bytes..(r + 1) * row_bytes];
+            let (mut wd, mut xd) = (vec![0f32; ROW_LEN], vec![0f32; ROW_LEN]);
+            dequantize_row(ty, w, &mut wd);
+            dequantize_row(ta, act, &mut xd);
+            let mag: f64 = wd.iter().zip(&xd).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+            for got in [vec_dot(ty, ROW_LEN, w, act), reference::vec_dot(ty, ROW_LEN, w, act)] {
+                let err = (got as f64 - want as f64).abs();
+                assert!(err <= 1e-5 * mag, "{ty} row {r}: {got} vs ggml-cpu {want} (magnitude {mag})");
             }
         }
     }
