@@ -240,8 +240,8 @@ fn q2_k(nb: usize, w: &[u8], x: &[u8]) -> f32 {
         let (b, y) = (&w[i * 84..(i + 1) * 84], &x[i * 292..(i + 1) * 292]);
         let sc = &b[Q2K_SCALES..Q2K_SCALES + 16];
         let mut summs = 0i32;
-        for j in 0..16 {
-            summs += i16_at(y, Q8K_BSUMS + 2 * j) as i32 * (sc[j] >> 4) as i32;
+        for (j, &s) in sc.iter().enumerate() {
+            summs += i16_at(y, Q8K_BSUMS + 2 * j) as i32 * (s >> 4) as i32;
         }
         let dall = f32_at(y, 0) * f16_at(b, Q2K_D);
         let dmin = f32_at(y, 0) * f16_at(b, Q2K_DMIN);
