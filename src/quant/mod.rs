@@ -5,7 +5,7 @@
 //! `vec_dot_type` (q8_0, q8_1, q8_K, or f16 / bf16 / f32) and then takes integer-friendly dot products
 //! of each weight row with them. `reference` is the scalar implementation of every dot product, used on
 //! targets without SIMD and as the oracle in tests; `avx2` is the x86_64 path, chosen once at run time
-//! (`avx2_nl` for iq4_nl, iq4_xs and mxfp4; q2_K and q3_K have only the scalar dot so far).
+//! (`avx2_lowbit` for q2_K, q3_K, iq4_nl, iq4_xs and mxfp4, one column at a time).
 //!
 //! What this module promises:
 //! - Dequantization gives exactly ggml's values (same float operations), on every target.
@@ -23,7 +23,7 @@ mod attn;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx2_nl;
+mod avx2_lowbit;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod blocks;
@@ -402,8 +402,8 @@ pub fn vec_dot_tile(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, xs:
 }
 
 /// Whether `ty` has an AVX2 block kernel (`avx2::dot_blocks`); the other types (the float types, and
-/// q2_K and q3_K (scalar `reference` dots only), iq4_nl, iq4_xs and mxfp4 (`avx2_nl`, one column at a
-/// time)) take the per-row path.
+/// q2_K, q3_K, iq4_nl, iq4_xs and mxfp4, whose `avx2_lowbit` kernels take one column at a time) take the
+/// per-row path.
 #[cfg(target_arch = "x86_64")]
 fn has_block_kernel(ty: GgmlType) -> bool {
     matches!(
@@ -569,14 +569,19 @@ fn simd_dot(ty: GgmlType, n: usize, w: &[u8], xs: &[ActRow], out: &mut [f32]) ->
                 }
                 GgmlType::F16 => f16_cols(n, w, xs, out),
                 GgmlType::IQ4NL | GgmlType::MXFP4 => {
-                    let table = if ty == GgmlType::IQ4NL { avx2_nl::Table::Iq4Nl } else { avx2_nl::Table::Mxfp4 };
+                    let table = if ty == GgmlType::IQ4NL { avx2_lowbit::Table::Iq4Nl } else { avx2_lowbit::Table::Mxfp4 };
                     for (x, o) in xs.iter().zip(out.iter_mut()) {
-                        *o = avx2_nl::dot(table, nb, w.as_ptr(), x.q.as_ptr());
+                        *o = avx2_lowbit::dot(table, nb, w.as_ptr(), x.q.as_ptr());
                     }
                 }
-                GgmlType::IQ4XS => {
+                GgmlType::IQ4XS | GgmlType::Q2K | GgmlType::Q3K => {
+                    let dot = match ty {
+                        GgmlType::IQ4XS => avx2_lowbit::dot_iq4_xs,
+                        GgmlType::Q2K => avx2_lowbit::dot_q2_k,
+                        _ => avx2_lowbit::dot_q3_k,
+                    };
                     for (x, o) in xs.iter().zip(out.iter_mut()) {
-                        *o = avx2_nl::dot_iq4_xs(nb, w.as_ptr(), x.q.as_ptr());
+                        *o = dot(nb, w.as_ptr(), x.q.as_ptr());
                     }
                 }
                 _ => return false,
