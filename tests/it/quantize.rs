@@ -168,7 +168,8 @@ fn every_type_round_trips_a_synthetic_model_within_its_error() {
     assert!(o.status.success(), "synth: {}", stderr(&o));
     let a = GgufFile::open(&src).expect("synthetic model");
     // (type, ggml type, llama.cpp file type, largest relative RMS error of a matrix). Measured on these
-    // uniform random weights: f16 0.022%, q8_0 0.38%, q6_K 1.5%, q4_1 6.1%, q4_K 6.1%, q4_0 6.5%. The
+    // uniform random weights: f16 0.022%, q8_0 0.38%, q6_K 1.3%, q5_K 2.8%, q5_1 3.0%, q5_0 3.1%, q4_K 5.5%,
+    // q4_1 6.1%, iq4_nl 6.4%, iq4_xs 6.5%, q4_0 6.5%, q3_K 12.6%, mxfp4 14.4%, q2_K 23.5%. The
     // bounds leave room for another seed or shape, not for a broken quantizer (errors of order 100%).
     let cases = [
         ("f16", GgmlType::F16, 1, 0.001),
@@ -181,10 +182,10 @@ fn every_type_round_trips_a_synthetic_model_within_its_error() {
         ("q5_1", GgmlType::Q5_1, 9, 0.05),
         ("q5_K", GgmlType::Q5K, 16, 0.05),
         ("q3_K", GgmlType::Q3K, 11, 0.20),
-        ("q2_K", GgmlType::Q2K, 10, 0.40),
+        ("q2_K", GgmlType::Q2K, 10, 0.35),
         ("iq4_nl", GgmlType::IQ4NL, 25, 0.10),
         ("iq4_xs", GgmlType::IQ4XS, 30, 0.10),
-        ("mxfp4", GgmlType::MXFP4, 38, 0.15),
+        ("mxfp4", GgmlType::MXFP4, 38, 0.20),
     ];
 
     for (name, ty, file_type, bound) in cases {
