@@ -113,17 +113,17 @@ impl Target {
     /// llama.cpp's `enum llama_ftype` for a file of this type (`general.file_type`).
     pub fn llama_ftype(self) -> u32 {
         match self {
-            Target::F16 => 1,  // LLAMA_FTYPE_MOSTLY_F16
-            Target::Q4_0 => 2, // LLAMA_FTYPE_MOSTLY_Q4_0
-            Target::Q4_1 => 3, // LLAMA_FTYPE_MOSTLY_Q4_1
-            Target::Q8_0 => 7, // LLAMA_FTYPE_MOSTLY_Q8_0
-            Target::Q5_0 => 8, // LLAMA_FTYPE_MOSTLY_Q5_0
-            Target::Q5_1 => 9, // LLAMA_FTYPE_MOSTLY_Q5_1
-            Target::Q2K => 10, // LLAMA_FTYPE_MOSTLY_Q2_K
-            Target::Q3K => 11, // LLAMA_FTYPE_MOSTLY_Q3_K_S: every matrix q3_K (Q3_K_M/L mix in more bits)
-            Target::Q4K => 14, // LLAMA_FTYPE_MOSTLY_Q4_K_S: every matrix q4_K (Q4_K_M mixes in q6_K)
-            Target::Q5K => 16, // LLAMA_FTYPE_MOSTLY_Q5_K_S
-            Target::Q6K => 18, // LLAMA_FTYPE_MOSTLY_Q6_K
+            Target::F16 => 1,    // LLAMA_FTYPE_MOSTLY_F16
+            Target::Q4_0 => 2,   // LLAMA_FTYPE_MOSTLY_Q4_0
+            Target::Q4_1 => 3,   // LLAMA_FTYPE_MOSTLY_Q4_1
+            Target::Q8_0 => 7,   // LLAMA_FTYPE_MOSTLY_Q8_0
+            Target::Q5_0 => 8,   // LLAMA_FTYPE_MOSTLY_Q5_0
+            Target::Q5_1 => 9,   // LLAMA_FTYPE_MOSTLY_Q5_1
+            Target::Q2K => 10,   // LLAMA_FTYPE_MOSTLY_Q2_K
+            Target::Q3K => 11,   // LLAMA_FTYPE_MOSTLY_Q3_K_S: every matrix q3_K (Q3_K_M/L mix in more bits)
+            Target::Q4K => 14,   // LLAMA_FTYPE_MOSTLY_Q4_K_S: every matrix q4_K (Q4_K_M mixes in q6_K)
+            Target::Q5K => 16,   // LLAMA_FTYPE_MOSTLY_Q5_K_S
+            Target::Q6K => 18,   // LLAMA_FTYPE_MOSTLY_Q6_K
             Target::IQ4NL => 25, // LLAMA_FTYPE_MOSTLY_IQ4_NL
             Target::IQ4XS => 30, // LLAMA_FTYPE_MOSTLY_IQ4_XS
             Target::MXFP4 => 38, // LLAMA_FTYPE_MOSTLY_MXFP4_MOE (llama.cpp's only mxfp4 file type)

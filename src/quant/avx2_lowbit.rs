@@ -178,7 +178,10 @@ pub unsafe fn dot_q3_k(nb: usize, w: *const u8, y: *const u8) -> f32 {
                 let qy = _mm256_loadu_si256(yb.as_ptr().add(Q8K_QS + 128 * h + 32 * j) as *const __m256i);
                 let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(qy, a));
                 let is = 8 * h + 2 * j;
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scales_16x2(q3k_scale(is, sc), q3k_scale(is + 1, sc))));
+                acc = _mm256_add_epi32(
+                    acc,
+                    _mm256_madd_epi16(p16, scales_16x2(q3k_scale(is, sc), q3k_scale(is + 1, sc))),
+                );
             }
         }
         let d = f16_at(b, Q3K_D) * f32_at(yb, 0);

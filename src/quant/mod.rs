@@ -29,6 +29,7 @@ mod avx512;
 mod blocks;
 mod dequant;
 mod kquantize;
+mod nlquantize;
 pub mod packed;
 mod quantize;
 pub mod reference;
@@ -175,7 +176,9 @@ pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4NL | GgmlType::MXFP4 => GgmlType::Q8_0,
         GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
-        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::IQ4XS => GgmlType::Q8K,
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::IQ4XS => {
+            GgmlType::Q8K
+        }
         GgmlType::F16 => GgmlType::F16,
         GgmlType::BF16 => GgmlType::BF16,
         GgmlType::F32 => GgmlType::F32,
@@ -569,7 +572,8 @@ fn simd_dot(ty: GgmlType, n: usize, w: &[u8], xs: &[ActRow], out: &mut [f32]) ->
                 }
                 GgmlType::F16 => f16_cols(n, w, xs, out),
                 GgmlType::IQ4NL | GgmlType::MXFP4 => {
-                    let table = if ty == GgmlType::IQ4NL { avx2_lowbit::Table::Iq4Nl } else { avx2_lowbit::Table::Mxfp4 };
+                    let table =
+                        if ty == GgmlType::IQ4NL { avx2_lowbit::Table::Iq4Nl } else { avx2_lowbit::Table::Mxfp4 };
                     for (x, o) in xs.iter().zip(out.iter_mut()) {
                         *o = avx2_lowbit::dot(table, nb, w.as_ptr(), x.q.as_ptr());
                     }

@@ -1,8 +1,8 @@
 //! Quantization from f32: reference quantizers for weights, and the scalar activation quantizers.
 //!
 //! Weights: q4_0 .. q8_0 follow ggml's `quantize_row_*_ref` exactly, here; the K-quants, iq4_nl, iq4_xs
-//! and mxfp4 follow ggml's reference searches exactly, in `kquantize`. Both are checked byte for byte
-//! against ggml's own output (`tests/data/quant`, the `fixtures` tests).
+//! and mxfp4 follow ggml's reference searches exactly, in `kquantize` and `nlquantize`. All are checked
+//! byte for byte against ggml's own output (`tests/data/quant`, the `fixtures` tests).
 //!
 //! Activations: q8_0 and q8_1 follow ggml-cpu's x86 `quantize_row_q8_0/1` (scale 127 / amax, round half
 //! to even) rather than the `_ref` versions (1 / d, round half away from zero). llama.cpp on an AVX
@@ -10,8 +10,8 @@
 //! q8_K follows `quantize_row_q8_K_ref`, which is what ggml-cpu uses on every target.
 
 use super::blocks::*;
-use super::kquantize;
 use super::types::{GgmlType, QK, QK_K};
+use super::{kquantize, nlquantize};
 
 /// Quantizes a row of weights. `x.len()` is a whole number of blocks and `dst` has its row size.
 pub fn quantize_weights(ty: GgmlType, x: &[f32], dst: &mut [u8]) {
@@ -44,9 +44,9 @@ pub fn quantize_weights(ty: GgmlType, x: &[f32], dst: &mut [u8]) {
         GgmlType::Q5K => each_block(x, dst, bb, QK_K, kquantize::q5_k),
         GgmlType::Q6K => each_block(x, dst, bb, QK_K, kquantize::q6_k),
         GgmlType::Q8K => each_block(x, dst, bb, QK_K, q8_k_act),
-        GgmlType::IQ4NL => each_block(x, dst, bb, QK, kquantize::iq4_nl),
-        GgmlType::IQ4XS => each_block(x, dst, bb, QK_K, kquantize::iq4_xs),
-        GgmlType::MXFP4 => each_block(x, dst, bb, QK, kquantize::mxfp4),
+        GgmlType::IQ4NL => each_block(x, dst, bb, QK, nlquantize::iq4_nl),
+        GgmlType::IQ4XS => each_block(x, dst, bb, QK_K, nlquantize::iq4_xs),
+        GgmlType::MXFP4 => each_block(x, dst, bb, QK, nlquantize::mxfp4),
     }
 }
 

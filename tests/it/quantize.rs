@@ -283,7 +283,10 @@ fn bad_input_is_one_line_and_leaves_no_file() {
     write_model(&good, &[("w.weight", &[64, 2])], |i| i as f32);
     let o = strata(&["quantize", s(&good), o_s, "--type", "iq2_xxs"]);
     assert_eq!(o.status.code(), Some(2));
-    assert_clean_failure(&o, &["\"iq2_xxs\"", "f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, mxfp4"]);
+    assert_clean_failure(
+        &o,
+        &["\"iq2_xxs\"", "f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, mxfp4"],
+    );
     assert_eq!(entries(&outs), Vec::<String>::new(), "no file after the refusals");
 
     // IN == OUT, by the same path, another spelling of it, and a link to it: refused, IN unchanged.
@@ -321,7 +324,12 @@ fn help_lists_the_types() {
     let o = strata(&["quantize", "--help"]);
     assert!(o.status.success());
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("[possible values: f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, mxfp4]"), "{out}");
+    assert!(
+        out.contains(
+            "[possible values: f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, mxfp4]"
+        ),
+        "{out}"
+    );
 }
 
 #[test]
