@@ -10,7 +10,7 @@
 
 use super::blocks::*;
 use super::quantize::nearest_int;
-use super::types::{QK, QK_K};
+use super::types::QK_K;
 
 /// ggml's `GROUP_MAX_EPS`: a sub-block whose largest magnitude is below this is all zeros.
 pub(super) const GROUP_MAX_EPS: f32 = 1e-15;

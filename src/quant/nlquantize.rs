@@ -174,9 +174,9 @@ mod tests {
         assert_eq!(best_index(t, -500.0), 0);
         assert_eq!(best_index(t, 500.0), 15);
         assert_eq!(best_index(t, 1.0), 8);
-        assert_eq!(best_index(t, -4.5), 8); // -10 and 1 are 5.5 away: nearer 1
+        assert_eq!(best_index(t, -4.5), 8); // 5.5 from both -10 and 1: the upper
         assert_eq!(best_index(t, -5.0), 7); // 5 from -10, 6 from 1
-        assert_eq!(best_index(t, 7.0), 9); // a tie between 1 and 13 takes the upper
+        assert_eq!(best_index(t, 7.0), 9); // 6 from both 1 and 13: the upper
     }
 
     #[test]
