@@ -43,7 +43,8 @@ enum Command {
     Serve(cli::serve::ServeArgs),
     /// Write a llama-shaped model with seeded random weights (speed and memory tests).
     Synth(cli::synth::SynthArgs),
-    /// Requantize a GGUF model's weight matrices to f16, q8_0, q4_0, q4_1, q4_K or q6_K, like llama-quantize.
+    /// Requantize a GGUF model's weight matrices (f16, q8_0, q4_0 .. q5_1, q2_K .. q6_K, iq4_nl, iq4_xs,
+    /// mxfp4), like llama-quantize.
     Quantize(cli::quantize::QuantizeArgs),
 }
 

@@ -8,9 +8,10 @@
 //!   and `output` do too: this is llama-quantize's `--pure`. Its default of q6_K for `output.weight` (or
 //!   for the embedding when the head is tied to it) under the 4-bit and K-quant types is not applied, so a
 //!   q4_K file is all q4_K and says `general.file_type` = MOSTLY_Q4_K_S (14).
-//! - A matrix whose rows are not whole blocks of the target type falls back as llama-quantize does: q4_K
-//!   to q5_0 and q6_K to q8_0, and f16 where even 32-value blocks do not fit (llama-quantize gives up on
-//!   those; f16 always fits). Each fallback is said on stderr.
+//! - A matrix whose rows are not whole blocks of the target type falls back as llama-quantize does
+//!   (`tensor_type_fallback` in llama.cpp b11312): q2_K and q3_K to q4_0, q4_K to q5_0, q5_K to q5_1, q6_K
+//!   to q8_0, iq4_xs to iq4_nl; and f16 where even 32-value blocks do not fit (f16 always fits). Each
+//!   fallback is said on stderr.
 //! - Everything else is copied byte for byte: 1-D tensors (norms and biases, f32 in llama.cpp's
 //!   conversions), the matrices llama-quantize never quantizes (expert routers, position embeddings and
 //!   the small state-space and RWKV ones), and matrices already in their new type.
@@ -19,8 +20,8 @@
 //!
 //! Quantized inputs are requantized without asking (llama-quantize wants `--allow-requantize`): each row
 //! is dequantized to f32 and quantized again. To f16 that costs only f16 rounding; between quantized types
-//! the errors add up, which is said once on stderr. The K-quants come from `quant`'s simple min/max scheme,
-//! not ggml's iterative search, so their error is somewhat above llama-quantize's.
+//! the errors add up, which is said once on stderr. Every type's blocks are ggml's reference quantizers'
+//! (`quant::quantize_row`, byte for byte what llama-quantize writes without an importance matrix).
 //!
 //! Memory: IN is memory-mapped and OUT is streamed. At any time this holds the header (metadata and tensor
 //! index), one tensor's output bytes, and one f32 row per thread. OUT is written to a temporary file in
@@ -67,10 +68,26 @@ pub enum Target {
     Q4_0,
     #[value(name = "q4_1")]
     Q4_1,
+    #[value(name = "q5_0")]
+    Q5_0,
+    #[value(name = "q5_1")]
+    Q5_1,
+    #[value(name = "q2_K")]
+    Q2K,
+    #[value(name = "q3_K")]
+    Q3K,
     #[value(name = "q4_K")]
     Q4K,
+    #[value(name = "q5_K")]
+    Q5K,
     #[value(name = "q6_K")]
     Q6K,
+    #[value(name = "iq4_nl")]
+    IQ4NL,
+    #[value(name = "iq4_xs")]
+    IQ4XS,
+    #[value(name = "mxfp4")]
+    MXFP4,
 }
 
 impl Target {
@@ -80,20 +97,36 @@ impl Target {
             Target::Q8_0 => GgmlType::Q8_0,
             Target::Q4_0 => GgmlType::Q4_0,
             Target::Q4_1 => GgmlType::Q4_1,
+            Target::Q5_0 => GgmlType::Q5_0,
+            Target::Q5_1 => GgmlType::Q5_1,
+            Target::Q2K => GgmlType::Q2K,
+            Target::Q3K => GgmlType::Q3K,
             Target::Q4K => GgmlType::Q4K,
+            Target::Q5K => GgmlType::Q5K,
             Target::Q6K => GgmlType::Q6K,
+            Target::IQ4NL => GgmlType::IQ4NL,
+            Target::IQ4XS => GgmlType::IQ4XS,
+            Target::MXFP4 => GgmlType::MXFP4,
         }
     }
 
     /// llama.cpp's `enum llama_ftype` for a file of this type (`general.file_type`).
     pub fn llama_ftype(self) -> u32 {
         match self {
-            Target::F16 => 1,  // LLAMA_FTYPE_MOSTLY_F16
-            Target::Q4_0 => 2, // LLAMA_FTYPE_MOSTLY_Q4_0
-            Target::Q4_1 => 3, // LLAMA_FTYPE_MOSTLY_Q4_1
-            Target::Q8_0 => 7, // LLAMA_FTYPE_MOSTLY_Q8_0
-            Target::Q4K => 14, // LLAMA_FTYPE_MOSTLY_Q4_K_S: every matrix q4_K (Q4_K_M mixes in q6_K)
-            Target::Q6K => 18, // LLAMA_FTYPE_MOSTLY_Q6_K
+            Target::F16 => 1,    // LLAMA_FTYPE_MOSTLY_F16
+            Target::Q4_0 => 2,   // LLAMA_FTYPE_MOSTLY_Q4_0
+            Target::Q4_1 => 3,   // LLAMA_FTYPE_MOSTLY_Q4_1
+            Target::Q8_0 => 7,   // LLAMA_FTYPE_MOSTLY_Q8_0
+            Target::Q5_0 => 8,   // LLAMA_FTYPE_MOSTLY_Q5_0
+            Target::Q5_1 => 9,   // LLAMA_FTYPE_MOSTLY_Q5_1
+            Target::Q2K => 10,   // LLAMA_FTYPE_MOSTLY_Q2_K
+            Target::Q3K => 11,   // LLAMA_FTYPE_MOSTLY_Q3_K_S: every matrix q3_K (Q3_K_M/L mix in more bits)
+            Target::Q4K => 14,   // LLAMA_FTYPE_MOSTLY_Q4_K_S: every matrix q4_K (Q4_K_M mixes in q6_K)
+            Target::Q5K => 16,   // LLAMA_FTYPE_MOSTLY_Q5_K_S
+            Target::Q6K => 18,   // LLAMA_FTYPE_MOSTLY_Q6_K
+            Target::IQ4NL => 25, // LLAMA_FTYPE_MOSTLY_IQ4_NL
+            Target::IQ4XS => 30, // LLAMA_FTYPE_MOSTLY_IQ4_XS
+            Target::MXFP4 => 38, // LLAMA_FTYPE_MOSTLY_MXFP4_MOE (llama.cpp's only mxfp4 file type)
         }
     }
 }
@@ -151,15 +184,18 @@ fn is_weight_matrix(name: &str, dims: &[u64]) -> bool {
 }
 
 /// The type a matrix with rows of `row_len` values gets for `target`: the target when rows are whole blocks
-/// of it, else llama-quantize's fallback (q4_K to q5_0, q6_K to q8_0), else f16.
+/// of it, else llama-quantize's fallback (see the top of this file), else f16.
 fn type_for_rows(target: GgmlType, row_len: u64) -> GgmlType {
     let fits = |t: GgmlType| row_len.is_multiple_of(t.block_len() as u64);
     if fits(target) {
         return target;
     }
     let fallback = match target {
+        GgmlType::Q2K | GgmlType::Q3K => GgmlType::Q4_0,
         GgmlType::Q4K => GgmlType::Q5_0,
+        GgmlType::Q5K => GgmlType::Q5_1,
         GgmlType::Q6K => GgmlType::Q8_0,
+        GgmlType::IQ4XS => GgmlType::IQ4NL,
         _ => GgmlType::F16,
     };
     if fits(fallback) {
@@ -507,6 +543,14 @@ mod tests {
         assert_eq!(type_for_rows(GgmlType::Q4K, 512), GgmlType::Q4K);
         assert_eq!(type_for_rows(GgmlType::Q4K, 576), GgmlType::Q5_0);
         assert_eq!(type_for_rows(GgmlType::Q6K, 576), GgmlType::Q8_0);
+        assert_eq!(type_for_rows(GgmlType::Q5K, 576), GgmlType::Q5_1);
+        assert_eq!(type_for_rows(GgmlType::Q2K, 576), GgmlType::Q4_0);
+        assert_eq!(type_for_rows(GgmlType::Q3K, 576), GgmlType::Q4_0);
+        assert_eq!(type_for_rows(GgmlType::IQ4XS, 576), GgmlType::IQ4NL);
+        assert_eq!(type_for_rows(GgmlType::IQ4XS, 1536), GgmlType::IQ4XS);
+        assert_eq!(type_for_rows(GgmlType::IQ4XS, 40), GgmlType::F16);
+        assert_eq!(type_for_rows(GgmlType::MXFP4, 576), GgmlType::MXFP4);
+        assert_eq!(type_for_rows(GgmlType::IQ4NL, 40), GgmlType::F16);
         assert_eq!(type_for_rows(GgmlType::Q6K, 40), GgmlType::F16);
         assert_eq!(type_for_rows(GgmlType::Q4_0, 40), GgmlType::F16);
         assert_eq!(type_for_rows(GgmlType::F16, 7), GgmlType::F16);
@@ -532,8 +576,16 @@ mod tests {
             (Target::Q4_0, 2),
             (Target::Q4_1, 3),
             (Target::Q8_0, 7),
+            (Target::Q5_0, 8),
+            (Target::Q5_1, 9),
+            (Target::Q2K, 10),
+            (Target::Q3K, 11),
             (Target::Q4K, 14),
+            (Target::Q5K, 16),
             (Target::Q6K, 18),
+            (Target::IQ4NL, 25),
+            (Target::IQ4XS, 30),
+            (Target::MXFP4, 38),
         ];
         for (t, ftype) in want {
             assert_eq!(t.llama_ftype(), ftype, "{t:?}");

@@ -18,6 +18,14 @@
 //! | q5_K | d: f16 @0, dmin: f16 @2, scales: [u8; 12] @4, qh: [u8; 32] @16, qs: [u8; 128] @48 | 176 |
 //! | q6_K | ql: [u8; 128] @0, qh: [u8; 64] @128, scales: [i8; 16] @192, d: f16 @208 | 210   |
 //! | q8_K | d: f32 @0, qs: [i8; 256] @4, bsums: [i16; 16] @260                       | 292   |
+//! | q2_K | scales: [u8; 16] @0 (scale low nibble, min high), qs: [u8; 64] @16, d: f16 @80, dmin: f16 @82 | 84 |
+//! | q3_K | hmask: [u8; 32] @0, qs: [u8; 64] @32, scales: [u8; 12] @96 (16 x 6 bits), d: f16 @108 | 110 |
+//! | iq4_nl | d: f16 @0, qs: [u8; 16] @2 (indices into `KVALUES_IQ4NL`, as q4_0's nibbles)   | 18    |
+//! | iq4_xs | d: f16 @0, scales_h: u16 @2, scales_l: [u8; 4] @4, qs: [u8; 128] @8          | 136   |
+//! | mxfp4 | e: u8 @0 (e8m0 exponent), qs: [u8; 16] @1 (indices into `KVALUES_MXFP4`)        | 17    |
+//!
+//! q2_K and q3_K store 2-bit quants four to a byte: value `128 * h + 32 * j + l` (h < 2, j < 4, l < 32) is
+//! bits `2j..2j+2` of `qs[32 * h + l]`; q3_K's third bit is bit `128 * h + 32 * j` / 32 of `hmask[l]`.
 
 /// Reads the little-endian f16 at `b[at..at + 2]` as f32 (exact: every f16 is an f32).
 #[inline(always)]
@@ -78,6 +86,51 @@ pub const Q6K_SCALES: usize = 192;
 pub const Q6K_D: usize = 208;
 pub const Q8K_QS: usize = 4;
 pub const Q8K_BSUMS: usize = 260;
+pub const Q2K_SCALES: usize = 0;
+pub const Q2K_QS: usize = 16;
+pub const Q2K_D: usize = 80;
+pub const Q2K_DMIN: usize = 82;
+pub const Q3K_HMASK: usize = 0;
+pub const Q3K_QS: usize = 32;
+pub const Q3K_SCALES: usize = 96;
+pub const Q3K_D: usize = 108;
+pub const IQ4XS_SCALES_H: usize = 2;
+pub const IQ4XS_SCALES_L: usize = 4;
+pub const IQ4XS_QS: usize = 8;
+
+/// The 16 levels of iq4_nl and iq4_xs (ggml's `kvalues_iq4nl`): a non-uniform grid, denser near zero.
+pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// The 16 e2m1 (fp4) values of mxfp4, doubled to integers (ggml's `kvalues_mxfp4`); the block's scale is
+/// halved to match (`e8m0_to_f32_half`).
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half of the e8m0 scale `2^(e - 127)`, i.e. `2^(e - 128)`, built from its bits as ggml's
+/// `ggml_e8m0_to_fp32_half` (e = 0 and 1 are subnormal; e = 255 is not treated as NaN).
+#[inline(always)]
+pub fn e8m0_to_f32_half(e: u8) -> f32 {
+    let bits = if e < 2 { 0x0020_0000u32 << e } else { ((e - 1) as u32) << 23 };
+    f32::from_bits(bits)
+}
+
+/// The 6-bit signed scale `j` (0..16) of a q3_K block from its 12 packed bytes, minus the bias 32: the low
+/// nibble in `q[j]` (j < 8) or the high nibble of `q[j - 8]`, the two high bits in `q[8 + j % 4]` at bit
+/// `2 * (j / 4)`.
+#[inline(always)]
+pub fn q3k_scale(j: usize, q: &[u8]) -> i32 {
+    let low = if j < 8 { q[j] & 0xF } else { q[j - 8] >> 4 };
+    let high = (q[8 + j % 4] >> (2 * (j / 4))) & 3;
+    (low | (high << 4)) as i32 - 32
+}
+
+/// The 6-bit scale of sub-block `ib` (0..8) of an iq4_xs block, minus the bias 32.
+#[inline(always)]
+pub fn iq4xs_scale(ib: usize, b: &[u8]) -> i32 {
+    let h = u16::from_le_bytes([b[IQ4XS_SCALES_H], b[IQ4XS_SCALES_H + 1]]);
+    let low = (b[IQ4XS_SCALES_L + ib / 2] >> (4 * (ib % 2))) & 0xF;
+    let high = ((h >> (2 * ib)) & 3) as u8;
+    (low | (high << 4)) as i32 - 32
+}
 
 /// Scale and min of sub-block `j` (0..8) of a q4_K / q5_K block, from the 12 packed bytes: 6 bits each,
 /// the first four stored plainly, the last four split into a low nibble and two high bits borrowed from
@@ -129,6 +182,31 @@ mod tests {
         let mut packed = [0u8; 12];
         pack_scales_mins_k4(&sc, &mn, &mut packed);
         assert_eq!(scales_mins_k4(&packed), (sc, mn));
+    }
+
+    #[test]
+    fn e8m0_half_is_two_to_the_e_minus_128() {
+        for e in 0..=254u8 {
+            assert_eq!(e8m0_to_f32_half(e) as f64, 2f64.powi(e as i32 - 128), "e = {e}");
+        }
+    }
+
+    #[test]
+    fn q3k_scales_unpack_every_position() {
+        // Scale j set to a distinct 6-bit code, packed as ggml's quantizer does.
+        let mut q = [0u8; 12];
+        for j in 0..16 {
+            let l = (j * 4 + 3) as u8 & 63;
+            if j < 8 {
+                q[j] = l & 0xF;
+            } else {
+                q[j - 8] |= (l & 0xF) << 4;
+            }
+            q[8 + j % 4] |= (l >> 4) << (2 * (j / 4));
+        }
+        for j in 0..16 {
+            assert_eq!(q3k_scale(j, &q), ((j * 4 + 3) & 63) as i32 - 32, "scale {j}");
+        }
     }
 
     #[test]

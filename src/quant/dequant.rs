@@ -36,6 +36,11 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::Q5K => each_block(src, dst, bb, QK_K, q5_k),
         GgmlType::Q6K => each_block(src, dst, bb, QK_K, q6_k),
         GgmlType::Q8K => each_block(src, dst, bb, QK_K, q8_k),
+        GgmlType::Q2K => each_block(src, dst, bb, QK_K, q2_k),
+        GgmlType::Q3K => each_block(src, dst, bb, QK_K, q3_k),
+        GgmlType::IQ4NL => each_block(src, dst, bb, QK, iq4_nl),
+        GgmlType::IQ4XS => each_block(src, dst, bb, QK_K, iq4_xs),
+        GgmlType::MXFP4 => each_block(src, dst, bb, QK, mxfp4),
     }
 }
 
@@ -162,6 +167,70 @@ fn q6_k(b: &[u8], y: &mut [f32]) {
     }
 }
 
+// q2_K and q3_K: value `128 * h + 32 * j + l` is the 2-bit field `j` of `qs[32 * h + l]`, with the scale of
+// its 16-value sub-block `8 * h + 2 * j + l / 16`.
+fn q2_k(b: &[u8], y: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, Q2K_D), f16_at(b, Q2K_DMIN));
+    for h in 0..QK_K / 128 {
+        for j in 0..4 {
+            for half in 0..2 {
+                let sc = b[Q2K_SCALES + 8 * h + 2 * j + half];
+                let (dl, ml) = (d * (sc & 0xF) as f32, dmin * (sc >> 4) as f32);
+                for l in 16 * half..16 * half + 16 {
+                    let q = (b[Q2K_QS + 32 * h + l] >> (2 * j)) & 3;
+                    y[128 * h + 32 * j + l] = dl * q as f32 - ml;
+                }
+            }
+        }
+    }
+}
+
+fn q3_k(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, Q3K_D);
+    let sc = &b[Q3K_SCALES..Q3K_SCALES + 12];
+    for h in 0..QK_K / 128 {
+        for j in 0..4 {
+            let bit = 1u8 << (4 * h + j);
+            for half in 0..2 {
+                let dl = d * q3k_scale(8 * h + 2 * j + half, sc) as f32;
+                for l in 16 * half..16 * half + 16 {
+                    let low = ((b[Q3K_QS + 32 * h + l] >> (2 * j)) & 3) as i32;
+                    let q = low - if b[Q3K_HMASK + l] & bit != 0 { 0 } else { 4 };
+                    y[128 * h + 32 * j + l] = dl * q as f32;
+                }
+            }
+        }
+    }
+}
+
+fn iq4_nl(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for j in 0..QK / 2 {
+        y[j] = d * KVALUES_IQ4NL[(b[2 + j] & 0xF) as usize] as f32;
+        y[j + QK / 2] = d * KVALUES_IQ4NL[(b[2 + j] >> 4) as usize] as f32;
+    }
+}
+
+fn iq4_xs(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for ib in 0..QK_K / 32 {
+        let dl = d * iq4xs_scale(ib, b) as f32;
+        let qs = &b[IQ4XS_QS + 16 * ib..IQ4XS_QS + 16 * ib + 16];
+        for j in 0..16 {
+            y[32 * ib + j] = dl * KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as f32;
+            y[32 * ib + j + 16] = dl * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f32;
+        }
+    }
+}
+
+fn mxfp4(b: &[u8], y: &mut [f32]) {
+    let d = e8m0_to_f32_half(b[0]);
+    for j in 0..QK / 2 {
+        y[j] = KVALUES_MXFP4[(b[1 + j] & 0xF) as usize] as f32 * d;
+        y[j + QK / 2] = KVALUES_MXFP4[(b[1 + j] >> 4) as usize] as f32 * d;
+    }
+}
+
 fn q8_k(b: &[u8], y: &mut [f32]) {
     let d = f32_at(b, 0);
     for j in 0..QK_K {
@@ -264,6 +333,56 @@ mod tests {
     }
 
     #[test]
+    fn new_formats_known_blocks() {
+        // iq4_nl: d = 0.5; value 0 index 0 (-127), value 16 index 15 (113).
+        let mut b = [0u8; 18];
+        b[..2].copy_from_slice(&[0x00, 0x38]);
+        b[2] = 0xF0;
+        b[3] = 0x88;
+        let mut y = [0f32; 32];
+        dequantize(GgmlType::IQ4NL, &b, &mut y);
+        assert_eq!((y[0], y[16], y[1], y[17]), (-63.5, 56.5, 0.5, 0.5));
+
+        // mxfp4: e = 128 gives d = 1 (the table is doubled e2m1): index 7 -> 12, index 9 -> -1.
+        let mut b = [0u8; 17];
+        b[0] = 128;
+        b[1] = 0x97;
+        let mut y = [0f32; 32];
+        dequantize(GgmlType::MXFP4, &b, &mut y);
+        assert_eq!((y[0], y[16], y[1]), (12.0, -1.0, 0.0));
+
+        // q2_K: d = 1, dmin = 0.5; sub-block 0 scale 3 min 2; value 0 = 3 * 2 - 1; value 32 (field 1 of
+        // qs[0], sub-block 2: scale 0, min 0) = 0.
+        let mut b = vec![0u8; 84];
+        b[80..82].copy_from_slice(&[0x00, 0x3C]);
+        b[82..84].copy_from_slice(&[0x00, 0x38]);
+        b[0] = 0x23;
+        b[16] = 0b0110;
+        let mut y = vec![0f32; 256];
+        dequantize(GgmlType::Q2K, &b, &mut y);
+        assert_eq!((y[0], y[32], y[1]), (5.0, 0.0, -1.0));
+
+        // q3_K: d = 2, every scale code 0 (-32) but scale 0 = 33 (1); value 0: low 3, high bit set -> 3.
+        let mut b = vec![0u8; 110];
+        b[108..110].copy_from_slice(&[0x00, 0x40]);
+        b[96] = 1; // scale 0 low nibble 1
+        b[104] = 2; // scale 0 high bits 2 -> code 33
+        b[32] = 3;
+        b[0] = 1;
+        dequantize(GgmlType::Q3K, &b, &mut y);
+        assert_eq!((y[0], y[1], y[16]), (6.0, -8.0, 2.0 * -32.0 * -4.0));
+
+        // iq4_xs: d = 1, sub-block 1 scale code 1 | (3 << 4) = 49 -> 17; sub-block 0 code 0 -> -32.
+        let mut b = vec![0u8; 136];
+        b[..2].copy_from_slice(&[0x00, 0x3C]);
+        b[2..4].copy_from_slice(&(3u16 << 2).to_le_bytes());
+        b[4] = 0x10;
+        b[8 + 16] = 0x08; // value 32: index 8 (1); value 48: index 0 (-127)
+        dequantize(GgmlType::IQ4XS, &b, &mut y);
+        assert_eq!((y[32], y[48], y[0]), (17.0, -17.0 * 127.0, 32.0 * 127.0));
+    }
+
+    #[test]
     fn float_types_known_values() {
         let mut y = [0f32; 2];
         dequantize(GgmlType::F16, &[0x00, 0x3C, 0x00, 0xC0], &mut y);
@@ -277,7 +396,7 @@ mod tests {
 }
 
 /// Value `i` of the row `row` of type `ty`, without dequantizing its whole block where the layout allows
-/// (the legacy quants and the float types); the K-quants dequantize the one super-block. Same values as
+/// (the legacy quants, iq4_nl, mxfp4 and the float types); the K-quants and iq4_xs dequantize the one super-block. Same values as
 /// `dequantize`.
 pub fn dequantize_value(ty: GgmlType, row: &[u8], i: usize) -> f32 {
     let (bl, bb) = (ty.block_len(), ty.block_bytes());
@@ -294,6 +413,8 @@ pub fn dequantize_value(ty: GgmlType, row: &[u8], i: usize) -> f32 {
         GgmlType::Q5_0 => (((nibble(6) | high_bit(u32_at(b, 2)) << 4) as i32) - 16) as f32 * f16_at(b, 0),
         GgmlType::Q5_1 => (nibble(8) | high_bit(u32_at(b, 4)) << 4) as f32 * f16_at(b, 0) + f16_at(b, 2),
         GgmlType::Q8_0 => (b[2 + j] as i8) as f32 * f16_at(b, 0),
+        GgmlType::IQ4NL => f16_at(b, 0) * KVALUES_IQ4NL[nibble(2) as usize] as f32,
+        GgmlType::MXFP4 => KVALUES_MXFP4[nibble(1) as usize] as f32 * e8m0_to_f32_half(b[0]),
         _ => {
             let mut y = [0f32; QK_K];
             dequantize(ty, b, &mut y[..bl]);

@@ -4,7 +4,8 @@
 //! llama.cpp's CPU backend: a matrix product quantizes the activations to the weight type's
 //! `vec_dot_type` (q8_0, q8_1, q8_K, or f16 / bf16 / f32) and then takes integer-friendly dot products
 //! of each weight row with them. `reference` is the scalar implementation of every dot product, used on
-//! targets without SIMD and as the oracle in tests; `avx2` is the x86_64 path, chosen once at run time.
+//! targets without SIMD and as the oracle in tests; `avx2` is the x86_64 path, chosen once at run time
+//! (`avx2_lowbit` for q2_K, q3_K, iq4_nl, iq4_xs and mxfp4, one column at a time).
 //!
 //! What this module promises:
 //! - Dequantization gives exactly ggml's values (same float operations), on every target.
@@ -22,14 +23,20 @@ mod attn;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_lowbit;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 mod blocks;
 mod dequant;
+mod kquantize;
+mod nlquantize;
 pub mod packed;
 mod quantize;
 pub mod reference;
 pub mod types;
 
+#[cfg(test)]
+mod fixtures;
 #[cfg(test)]
 mod tests;
 
@@ -167,9 +174,11 @@ pub fn fill_act_aux(ty_act: GgmlType, n: usize, x_act: &[u8], aux: &mut [f32]) {
 /// The format activations are quantized to before a dot product with weights of type `ty`.
 pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
     match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4NL | GgmlType::MXFP4 => GgmlType::Q8_0,
         GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
-        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => GgmlType::Q8K,
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::IQ4XS => {
+            GgmlType::Q8K
+        }
         GgmlType::F16 => GgmlType::F16,
         GgmlType::BF16 => GgmlType::BF16,
         GgmlType::F32 => GgmlType::F32,
@@ -225,8 +234,9 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Quantizes `x` to weights of type `ty` (ggml's `_ref` quantizers for q4_0 .. q8_0, a simple min/max
-/// scheme for the K-quants). For tests and tools that write models, not for the hot path.
+/// Quantizes `x` to weights of type `ty`, with the bytes of ggml's reference quantizers (what
+/// llama-quantize writes without an importance matrix). For tests and tools that write models, not for
+/// the hot path.
 ///
 /// # Panics
 /// When `x.len()` is not a whole number of blocks or `dst` is not exactly its size in bytes.
@@ -346,7 +356,7 @@ pub fn vec_dot_tile(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, xs:
         check_act(ty, n, row_bytes, x);
     }
     #[cfg(target_arch = "x86_64")]
-    if simd_level().avx2() && !matches!(ty, GgmlType::F16 | GgmlType::F32 | GgmlType::BF16) {
+    if simd_level().avx2() && has_block_kernel(ty) {
         let vnni = simd_level().vnni();
         let nb = n / ty.block_len();
         let all = 0..n_rows;
@@ -372,7 +382,7 @@ pub fn vec_dot_tile(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, xs:
                 GgmlType::Q4K => tile_cols::<{ avx2::Q4_K }>(nb, w_rows, row_bytes, xs, vnni, all, out),
                 GgmlType::Q5K => tile_cols::<{ avx2::Q5_K }>(nb, w_rows, row_bytes, xs, vnni, all, out),
                 GgmlType::Q6K => tile_cols::<{ avx2::Q6_K }>(nb, w_rows, row_bytes, xs, vnni, all, out),
-                _ => unreachable!("float types take the per-row path"),
+                _ => unreachable!("has_block_kernel lists the types above"),
             }
         }
         return;
@@ -392,6 +402,24 @@ pub fn vec_dot_tile(ty: GgmlType, n: usize, w_rows: &[u8], row_bytes: usize, xs:
             }
         }
     }
+}
+
+/// Whether `ty` has an AVX2 block kernel (`avx2::dot_blocks`); the other types (the float types, and
+/// q2_K, q3_K, iq4_nl, iq4_xs and mxfp4, whose `avx2_lowbit` kernels take one column at a time) take the
+/// per-row path.
+#[cfg(target_arch = "x86_64")]
+fn has_block_kernel(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Q4K
+            | GgmlType::Q5K
+            | GgmlType::Q6K
+    )
 }
 
 /// The tile of `vec_dot_tile` for a block format, over its rows `rows`: columns in groups of up to four,
@@ -543,6 +571,23 @@ fn simd_dot(ty: GgmlType, n: usize, w: &[u8], xs: &[ActRow], out: &mut [f32]) ->
                     }
                 }
                 GgmlType::F16 => f16_cols(n, w, xs, out),
+                GgmlType::IQ4NL | GgmlType::MXFP4 => {
+                    let table =
+                        if ty == GgmlType::IQ4NL { avx2_lowbit::Table::Iq4Nl } else { avx2_lowbit::Table::Mxfp4 };
+                    for (x, o) in xs.iter().zip(out.iter_mut()) {
+                        *o = avx2_lowbit::dot(table, nb, w.as_ptr(), x.q.as_ptr());
+                    }
+                }
+                GgmlType::IQ4XS | GgmlType::Q2K | GgmlType::Q3K => {
+                    let dot = match ty {
+                        GgmlType::IQ4XS => avx2_lowbit::dot_iq4_xs,
+                        GgmlType::Q2K => avx2_lowbit::dot_q2_k,
+                        _ => avx2_lowbit::dot_q3_k,
+                    };
+                    for (x, o) in xs.iter().zip(out.iter_mut()) {
+                        *o = dot(nb, w.as_ptr(), x.q.as_ptr());
+                    }
+                }
                 _ => return false,
             }
         }

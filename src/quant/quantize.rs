@@ -1,8 +1,8 @@
 //! Quantization from f32: reference quantizers for weights, and the scalar activation quantizers.
 //!
-//! Weights: q4_0 .. q8_0 follow ggml's `quantize_row_*_ref` exactly. The K-quants use a simpler scheme
-//! than ggml's iterative search (per-sub-block min/max scales, then 6- or 8-bit scales of those); it
-//! makes valid blocks with sensible error, which is all tests and synthetic models need.
+//! Weights: q4_0 .. q8_0 follow ggml's `quantize_row_*_ref` exactly, here; the K-quants, iq4_nl, iq4_xs
+//! and mxfp4 follow ggml's reference searches exactly, in `kquantize` and `nlquantize`. All are checked
+//! byte for byte against ggml's own output (`tests/data/quant`, the `fixtures` tests).
 //!
 //! Activations: q8_0 and q8_1 follow ggml-cpu's x86 `quantize_row_q8_0/1` (scale 127 / amax, round half
 //! to even) rather than the `_ref` versions (1 / d, round half away from zero). llama.cpp on an AVX
@@ -11,6 +11,7 @@
 
 use super::blocks::*;
 use super::types::{GgmlType, QK, QK_K};
+use super::{kquantize, nlquantize};
 
 /// Quantizes a row of weights. `x.len()` is a whole number of blocks and `dst` has its row size.
 pub fn quantize_weights(ty: GgmlType, x: &[f32], dst: &mut [u8]) {
@@ -37,10 +38,15 @@ pub fn quantize_weights(ty: GgmlType, x: &[f32], dst: &mut [u8]) {
         GgmlType::Q5_1 => each_block(x, dst, bb, QK, q5_1),
         GgmlType::Q8_0 => each_block(x, dst, bb, QK, q8_0_ref),
         GgmlType::Q8_1 => each_block(x, dst, bb, QK, q8_1_act),
-        GgmlType::Q4K => each_block(x, dst, bb, QK_K, q4_k),
-        GgmlType::Q5K => each_block(x, dst, bb, QK_K, q5_k),
-        GgmlType::Q6K => each_block(x, dst, bb, QK_K, q6_k),
+        GgmlType::Q2K => each_block(x, dst, bb, QK_K, kquantize::q2_k),
+        GgmlType::Q3K => each_block(x, dst, bb, QK_K, kquantize::q3_k),
+        GgmlType::Q4K => each_block(x, dst, bb, QK_K, kquantize::q4_k),
+        GgmlType::Q5K => each_block(x, dst, bb, QK_K, kquantize::q5_k),
+        GgmlType::Q6K => each_block(x, dst, bb, QK_K, kquantize::q6_k),
         GgmlType::Q8K => each_block(x, dst, bb, QK_K, q8_k_act),
+        GgmlType::IQ4NL => each_block(x, dst, bb, QK, nlquantize::iq4_nl),
+        GgmlType::IQ4XS => each_block(x, dst, bb, QK_K, nlquantize::iq4_xs),
+        GgmlType::MXFP4 => each_block(x, dst, bb, QK, nlquantize::mxfp4),
     }
 }
 
@@ -166,7 +172,7 @@ pub fn q8_1_act(x: &[f32], b: &mut [u8]) {
 
 /// ggml's `nearest_int`: round half to even through the 1.5 * 2^23 trick (valid for |v| < 2^22).
 #[inline(always)]
-fn nearest_int(v: f32) -> i32 {
+pub(super) fn nearest_int(v: f32) -> i32 {
     let bits = (v + 12582912.0f32).to_bits() as i32;
     (bits & 0x007f_ffff) - 0x0040_0000
 }
@@ -187,101 +193,6 @@ pub fn q8_k_act(x: &[f32], b: &mut [u8]) {
         b[Q8K_BSUMS + 2 * g..Q8K_BSUMS + 2 * g + 2].copy_from_slice(&(sum as i16).to_le_bytes());
     }
     b[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
-}
-
-/// Per-sub-block affine scales for q4_K / q5_K: `x ~ d * sc[j] * q - dmin * mn[j]`, q in 0..=qmax.
-/// Returns the 256 levels; writes d, dmin and the packed scales.
-fn k_affine(x: &[f32], qmax: f32, b: &mut [u8]) -> [u8; QK_K] {
-    let mut scale = [0f32; 8];
-    let mut minv = [0f32; 8];
-    for j in 0..8 {
-        let (lo, hi) = min_max(&x[32 * j..32 * j + 32]);
-        let lo = lo.min(0.0); // mins are stored as positive offsets
-        scale[j] = (hi - lo) / qmax;
-        minv[j] = -lo;
-    }
-    let max_scale = scale.iter().fold(0f32, |a, &v| a.max(v));
-    let max_min = minv.iter().fold(0f32, |a, &v| a.max(v));
-    let d = half::f16::from_f32(max_scale / 63.0).to_f32();
-    let dmin = half::f16::from_f32(max_min / 63.0).to_f32();
-    let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
-    for j in 0..8 {
-        sc[j] = if d > 0.0 { (scale[j] / d).round().min(63.0) as u8 } else { 0 };
-        mn[j] = if dmin > 0.0 { (minv[j] / dmin).round().min(63.0) as u8 } else { 0 };
-    }
-    put_f16(b, 0, d);
-    put_f16(b, 2, dmin);
-    pack_scales_mins_k4(&sc, &mn, &mut b[4..16]);
-    let mut levels = [0u8; QK_K];
-    for j in 0..8 {
-        let ds = d * sc[j] as f32;
-        let dm = dmin * mn[j] as f32;
-        for i in 32 * j..32 * j + 32 {
-            let q = if ds > 0.0 { ((x[i] + dm) / ds).round() } else { 0.0 };
-            levels[i] = q.clamp(0.0, qmax) as u8;
-        }
-    }
-    levels
-}
-
-fn q4_k(x: &[f32], b: &mut [u8]) {
-    let l = k_affine(x, 15.0, b);
-    for g in 0..QK_K / 64 {
-        for i in 0..32 {
-            b[Q4K_QS + 32 * g + i] = l[64 * g + i] | (l[64 * g + 32 + i] << 4);
-        }
-    }
-}
-
-fn q5_k(x: &[f32], b: &mut [u8]) {
-    let l = k_affine(x, 31.0, b);
-    b[Q5K_QH..Q5K_QH + 32].fill(0);
-    for g in 0..QK_K / 64 {
-        let (m1, m2) = (1u8 << (2 * g), 2u8 << (2 * g));
-        for i in 0..32 {
-            let (l1, l2) = (l[64 * g + i], l[64 * g + 32 + i]);
-            if l1 > 15 {
-                b[Q5K_QH + i] |= m1;
-            }
-            if l2 > 15 {
-                b[Q5K_QH + i] |= m2;
-            }
-            b[Q5K_QS + 32 * g + i] = (l1 & 0xF) | ((l2 & 0xF) << 4);
-        }
-    }
-}
-
-fn q6_k(x: &[f32], b: &mut [u8]) {
-    // Sub-blocks of 16 with a signed 8-bit scale each: x ~ d * sc[j] * (L - 32), L in 0..64.
-    let mut scale = [0f32; 16];
-    for j in 0..16 {
-        scale[j] = signed_amax(&x[16 * j..16 * j + 16]) / -32.0;
-    }
-    let smax = signed_amax(&scale);
-    let d = half::f16::from_f32(smax / -128.0).to_f32();
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    let mut levels = [32u8; QK_K];
-    for j in 0..16 {
-        let sc = (scale[j] * id).round().clamp(-128.0, 127.0) as i8;
-        b[Q6K_SCALES + j] = sc as u8;
-        let ds = d * sc as f32;
-        if ds == 0.0 {
-            continue;
-        }
-        for i in 16 * j..16 * j + 16 {
-            levels[i] = ((x[i] / ds).round().clamp(-32.0, 31.0) + 32.0) as u8;
-        }
-    }
-    put_f16(b, Q6K_D, d);
-    for h in 0..QK_K / 128 {
-        let l = &levels[128 * h..128 * h + 128];
-        for i in 0..32 {
-            b[Q6K_QL + 64 * h + i] = (l[i] & 0xF) | ((l[i + 64] & 0xF) << 4);
-            b[Q6K_QL + 64 * h + 32 + i] = (l[i + 32] & 0xF) | ((l[i + 96] & 0xF) << 4);
-            b[Q6K_QH + 32 * h + i] =
-                (l[i] >> 4) | ((l[i + 32] >> 4) << 2) | ((l[i + 64] >> 4) << 4) | ((l[i + 96] >> 4) << 6);
-        }
-    }
 }
 
 #[cfg(test)]

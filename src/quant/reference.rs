@@ -22,6 +22,11 @@ pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> f32 {
         GgmlType::Q4K => k_quant(n / QK_K, w, 144, x, q4_k_unpack),
         GgmlType::Q5K => k_quant(n / QK_K, w, 176, x, q5_k_unpack),
         GgmlType::Q6K => q6_k(n / QK_K, w, x),
+        GgmlType::Q2K => q2_k(n / QK_K, w, x),
+        GgmlType::Q3K => q3_k(n / QK_K, w, x),
+        GgmlType::IQ4NL => blocks(n / QK, w, 18, x, 34, iq4_nl),
+        GgmlType::IQ4XS => iq4_xs(n / QK_K, w, x),
+        GgmlType::MXFP4 => blocks(n / QK, w, 17, x, 34, mxfp4),
         GgmlType::Q8_1 | GgmlType::Q8K => unreachable!("{ty} is an activation type"),
     }
 }
@@ -202,6 +207,118 @@ fn q6_k(nb: usize, w: &[u8], x: &[u8]) -> f32 {
     let mut sumf = 0f32;
     for s in sums {
         sumf += s;
+    }
+    sumf
+}
+
+/// The 16-entry table lookups of iq4_nl and mxfp4 against a q8_0 block: the two halves' integer sums.
+#[inline(always)]
+fn table_sums(qs: &[u8], table: &[i8; 16], y: &[u8]) -> i32 {
+    let (mut s0, mut s1) = (0i32, 0i32);
+    for j in 0..QK / 2 {
+        s0 += y_at(y, 2, j) * table[(qs[j] & 0xF) as usize] as i32;
+        s1 += y_at(y, 2, j + 16) * table[(qs[j] >> 4) as usize] as i32;
+    }
+    s0 + s1
+}
+
+fn iq4_nl(w: &[u8], y: &[u8]) -> f32 {
+    let d = f16_at(y, 0) * f16_at(w, 0);
+    d * table_sums(&w[2..18], &KVALUES_IQ4NL, y) as f32
+}
+
+fn mxfp4(w: &[u8], y: &[u8]) -> f32 {
+    let d = f16_at(y, 0) * e8m0_to_f32_half(w[0]);
+    d * table_sums(&w[1..17], &KVALUES_MXFP4, y) as f32
+}
+
+/// q2_K against q8_K, as `ggml_vec_dot_q2_K_q8_K_generic`: one integer sum per block, the mins through the
+/// activations' 16-value sums.
+fn q2_k(nb: usize, w: &[u8], x: &[u8]) -> f32 {
+    let mut sumf = 0f32;
+    for i in 0..nb {
+        let (b, y) = (&w[i * 84..(i + 1) * 84], &x[i * 292..(i + 1) * 292]);
+        let sc = &b[Q2K_SCALES..Q2K_SCALES + 16];
+        let mut summs = 0i32;
+        for (j, &s) in sc.iter().enumerate() {
+            summs += i16_at(y, Q8K_BSUMS + 2 * j) as i32 * (s >> 4) as i32;
+        }
+        let dall = f32_at(y, 0) * f16_at(b, Q2K_D);
+        let dmin = f32_at(y, 0) * f16_at(b, Q2K_DMIN);
+        let mut isum = 0i32;
+        for h in 0..QK_K / 128 {
+            for j in 0..4 {
+                for half in 0..2 {
+                    let d = (sc[8 * h + 2 * j + half] & 0xF) as i32;
+                    let mut isuml = 0i32;
+                    for l in 16 * half..16 * half + 16 {
+                        let q = ((b[Q2K_QS + 32 * h + l] >> (2 * j)) & 3) as i32;
+                        isuml += y_at(y, Q8K_QS, 128 * h + 32 * j + l) * q;
+                    }
+                    isum += d * isuml;
+                }
+            }
+        }
+        sumf += dall * isum as f32 - dmin * summs as f32;
+    }
+    sumf
+}
+
+/// q3_K against q8_K, as `ggml_vec_dot_q3_K_q8_K_generic`: eight i32 lanes, scaled per block into eight
+/// f32 sums added at the end.
+fn q3_k(nb: usize, w: &[u8], x: &[u8]) -> f32 {
+    let mut a = [0i8; QK_K];
+    let mut sums = [0f32; 8];
+    for i in 0..nb {
+        let (b, y) = (&w[i * 110..(i + 1) * 110], &x[i * 292..(i + 1) * 292]);
+        for h in 0..QK_K / 128 {
+            for j in 0..4 {
+                let bit = 1u8 << (4 * h + j);
+                for l in 0..32 {
+                    let low = ((b[Q3K_QS + 32 * h + l] >> (2 * j)) & 3) as i8;
+                    a[128 * h + 32 * j + l] = low - if b[Q3K_HMASK + l] & bit != 0 { 0 } else { 4 };
+                }
+            }
+        }
+        let sc = &b[Q3K_SCALES..Q3K_SCALES + 12];
+        let mut aux32 = [0i32; 8];
+        for j in 0..QK_K / 16 {
+            let scale = q3k_scale(j, sc);
+            for k in 0..2 {
+                let base = 16 * j + 8 * k;
+                for l in 0..8 {
+                    aux32[l] += scale * (y_at(y, Q8K_QS, base + l) * a[base + l] as i32);
+                }
+            }
+        }
+        let d = f16_at(b, Q3K_D) * f32_at(y, 0);
+        for l in 0..8 {
+            sums[l] += d * aux32[l] as f32;
+        }
+    }
+    let mut sumf = 0f32;
+    for s in sums {
+        sumf += s;
+    }
+    sumf
+}
+
+/// iq4_xs against q8_K, as `ggml_vec_dot_iq4_xs_q8_K_generic`: one f32 term per 32-value sub-block.
+fn iq4_xs(nb: usize, w: &[u8], x: &[u8]) -> f32 {
+    let mut sumf = 0f32;
+    for i in 0..nb {
+        let (b, y) = (&w[i * 136..(i + 1) * 136], &x[i * 292..(i + 1) * 292]);
+        let d4d8 = f16_at(b, 0) * f32_at(y, 0);
+        for ib in 0..QK_K / 32 {
+            let dl = d4d8 * iq4xs_scale(ib, b) as f32;
+            let qs = &b[IQ4XS_QS + 16 * ib..IQ4XS_QS + 16 * ib + 16];
+            let (mut s0, mut s1) = (0i32, 0i32);
+            for j in 0..16 {
+                s0 += y_at(y, Q8K_QS, 32 * ib + j) * KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as i32;
+                s1 += y_at(y, Q8K_QS, 32 * ib + j + 16) * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as i32;
+            }
+            sumf += dl * (s0 + s1) as f32;
+        }
     }
     sumf
 }

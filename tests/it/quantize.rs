@@ -168,7 +168,8 @@ fn every_type_round_trips_a_synthetic_model_within_its_error() {
     assert!(o.status.success(), "synth: {}", stderr(&o));
     let a = GgufFile::open(&src).expect("synthetic model");
     // (type, ggml type, llama.cpp file type, largest relative RMS error of a matrix). Measured on these
-    // uniform random weights: f16 0.022%, q8_0 0.38%, q6_K 1.5%, q4_1 6.1%, q4_K 6.1%, q4_0 6.5%. The
+    // uniform random weights: f16 0.022%, q8_0 0.38%, q6_K 1.3%, q5_K 2.8%, q5_1 3.0%, q5_0 3.1%, q4_K 5.5%,
+    // q4_1 6.1%, iq4_nl 6.4%, iq4_xs 6.5%, q4_0 6.5%, q3_K 12.6%, mxfp4 14.4%, q2_K 23.5%. The
     // bounds leave room for another seed or shape, not for a broken quantizer (errors of order 100%).
     let cases = [
         ("f16", GgmlType::F16, 1, 0.001),
@@ -177,6 +178,14 @@ fn every_type_round_trips_a_synthetic_model_within_its_error() {
         ("q4_1", GgmlType::Q4_1, 3, 0.09),
         ("q4_K", GgmlType::Q4K, 14, 0.09),
         ("q4_0", GgmlType::Q4_0, 2, 0.10),
+        ("q5_0", GgmlType::Q5_0, 8, 0.05),
+        ("q5_1", GgmlType::Q5_1, 9, 0.05),
+        ("q5_K", GgmlType::Q5K, 16, 0.05),
+        ("q3_K", GgmlType::Q3K, 11, 0.20),
+        ("q2_K", GgmlType::Q2K, 10, 0.35),
+        ("iq4_nl", GgmlType::IQ4NL, 25, 0.10),
+        ("iq4_xs", GgmlType::IQ4XS, 30, 0.10),
+        ("mxfp4", GgmlType::MXFP4, 38, 0.20),
     ];
 
     for (name, ty, file_type, bound) in cases {
@@ -232,6 +241,11 @@ fn rows_that_are_not_whole_blocks_fall_back_like_llama_quantize() {
         ("q6_K", [GgmlType::Q6K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32]),
         ("q4_K", [GgmlType::Q4K, GgmlType::Q5_0, GgmlType::F16, GgmlType::F32]),
         ("q4_0", [GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::F16, GgmlType::F32]),
+        ("q5_K", [GgmlType::Q5K, GgmlType::Q5_1, GgmlType::F16, GgmlType::F32]),
+        ("q3_K", [GgmlType::Q3K, GgmlType::Q4_0, GgmlType::F16, GgmlType::F32]),
+        ("q2_K", [GgmlType::Q2K, GgmlType::Q4_0, GgmlType::F16, GgmlType::F32]),
+        ("iq4_xs", [GgmlType::IQ4XS, GgmlType::IQ4NL, GgmlType::F16, GgmlType::F32]),
+        ("mxfp4", [GgmlType::MXFP4, GgmlType::MXFP4, GgmlType::F16, GgmlType::F32]),
     ];
     for (name, types) in want {
         let out = dir.path().join(format!("shapes-{name}.gguf"));
@@ -267,9 +281,12 @@ fn bad_input_is_one_line_and_leaves_no_file() {
     // An unknown type names the valid ones, on the same line.
     let good = ins.join("good.gguf");
     write_model(&good, &[("w.weight", &[64, 2])], |i| i as f32);
-    let o = strata(&["quantize", s(&good), o_s, "--type", "q5_1"]);
+    let o = strata(&["quantize", s(&good), o_s, "--type", "iq2_xxs"]);
     assert_eq!(o.status.code(), Some(2));
-    assert_clean_failure(&o, &["\"q5_1\"", "f16, q8_0, q4_0, q4_1, q4_K, q6_K"]);
+    assert_clean_failure(
+        &o,
+        &["\"iq2_xxs\"", "f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, mxfp4"],
+    );
     assert_eq!(entries(&outs), Vec::<String>::new(), "no file after the refusals");
 
     // IN == OUT, by the same path, another spelling of it, and a link to it: refused, IN unchanged.
@@ -307,5 +324,30 @@ fn help_lists_the_types() {
     let o = strata(&["quantize", "--help"]);
     assert!(o.status.success());
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("[possible values: f16, q8_0, q4_0, q4_1, q4_K, q6_K]"), "{out}");
+    assert!(
+        out.contains(
+            "[possible values: f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, mxfp4]"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_gpu_without_kernels_for_a_type_refuses_the_model_in_one_line() {
+    // The CUDA backend has no kernels for q2_K, q3_K, iq4_nl, iq4_xs or mxfp4: a stage that would hold such
+    // a matrix is refused when it loads, with the type named, never a panic. (The emulated GPU runs the
+    // CUDA backend's code on the CPU, so this holds on a real card too.)
+    let dir = tempfile::tempdir().expect("temp dir");
+    let src = dir.path().join("synth-f32.gguf");
+    let o = strata(&["synth", "-o", s(&src), "--type", "f32"]);
+    assert!(o.status.success(), "synth: {}", stderr(&o));
+    for name in ["q2_K", "q3_K", "iq4_nl", "iq4_xs", "mxfp4"] {
+        let out = dir.path().join(format!("synth-{name}.gguf"));
+        quantize(&src, &out, name);
+        let r = strata(&["run", "-m", s(&out), "-n", "2", "--temp", "0", "-p", "the sea", "--devices", "emu:64"]);
+        assert_clean_failure(&r, &[&format!("no GPU kernel for {name} weights")]);
+        // And the same file runs on the CPU.
+        let r = strata(&["run", "-m", s(&out), "-n", "2", "--temp", "0", "-p", "the sea"]);
+        assert!(r.status.success(), "run on {name}: {}", stderr(&r));
+    }
 }
