@@ -221,7 +221,7 @@ fn weights(sc: &mut [f32; KEY_TILE], valid: usize, scale: f32, m_old: f32, p: &m
 }
 
 /// `o = o * alpha + sum over i of p[i] * v[i]` (row `i` of `v` at `i * stride`), the keys in order, for
-/// each of `o`'s dimensions, each term by a fused multiply-add.
+/// each of `o`'s dimensions.
 #[inline(always)]
 fn weigh_values(o: &mut [f32], alpha: f32, p: &[f32], v: &[f32], stride: usize) {
     let hd = o.len();
@@ -230,13 +230,13 @@ fn weigh_values(o: &mut [f32], alpha: f32, p: &[f32], v: &[f32], stride: usize) 
     }
     for (i, &w) in p.iter().enumerate() {
         for (x, &y) in o.iter_mut().zip(&v[i * stride..i * stride + hd]) {
-            *x = w.mul_add(y, *x);
+            *x += w * y;
         }
     }
 }
 
 /// `sc[i] = q . k[i]` (row `i` of `k` at `i * stride`) for the tile's keys: eight lanes, lane `j` summing
-/// the products of dimensions `j, j + 8, ..` in order by fused multiply-adds, then the lanes in pairs
+/// the products of dimensions `j, j + 8, ..` in order, then the lanes in pairs
 /// (`((0+1)+(2+3))+((4+5)+(6+7))`).
 #[inline(always)]
 fn scores(qv: &[f32], k: &[f32], stride: usize, sc: &mut [f32; KEY_TILE]) {
@@ -246,7 +246,7 @@ fn scores(qv: &[f32], k: &[f32], stride: usize, sc: &mut [f32; KEY_TILE]) {
         let mut l = [0f32; 8];
         for (qc, kc) in qv.chunks_exact(8).zip(kr.chunks_exact(8)) {
             for j in 0..8 {
-                l[j] = qc[j].mul_add(kc[j], l[j]);
+                l[j] += qc[j] * kc[j];
             }
         }
         *a = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));

@@ -14,10 +14,9 @@
 //!   sizes, chunkings and thread counts, and a restored cache gives what a reread one does.
 //! - Page location: on the CPU every page is host memory and is read the same way; a tile never straddles
 //!   a page (`KV_PAGE_TOKENS` is a multiple of `KEY_TILE`).
-//! - The arithmetic is plain f32 with explicit fused multiply-adds for the score and value products
-//!   (`mul_add`, the vector forms' `fmadd`; Rust never contracts on its own), with `exp` from a polynomial
-//!   (`exp_nonpos`), so the AVX2 instance (the same code compiled with AVX2 enabled, for 8-lane vectors) and
-//!   the portable one give the same bits.
+//! - The arithmetic is plain f32 (no fused multiply-adds, which Rust never contracts), with `exp` from a
+//!   polynomial (`exp_nonpos`), so the AVX2 instance (the same code compiled with AVX2 enabled, for 8-lane
+//!   vectors) and the portable one give the same bits.
 //!
 //! Hot path: a key's score is eight lanes of products summed in a fixed tree, eight keys per step; the
 //! weighted sum of V runs along the head dimension with the output in registers. Scratch lives per thread

@@ -1,6 +1,6 @@
 //! The x86-64 vector forms of a chunk's steps (scores, weights, weighted values, `exp_nonpos`), on 8 lanes
-//! (AVX2) and 16 (AVX-512). Each does the portable step's multiplies, adds and fused multiply-adds (the
-//! products of scores and weighted values) in the same order, lane by lane, so it gives the same bits; the lane trees (`sum_key_lanes`, `sum_key_lanes_i32`) add in the pairs
+//! (AVX2) and 16 (AVX-512). Each does the portable step's multiplies and adds in the same order, lane by
+//! lane, so it gives the same bits; the lane trees (`sum_key_lanes`, `sum_key_lanes_i32`) add in the pairs
 //! `kernel::scores` uses. Only `kernel.rs` calls these, after detecting the features they enable.
 
 use crate::quant::QK;
@@ -130,7 +130,7 @@ pub(super) unsafe fn weigh_values_avx2(o: &mut [f32], alpha: f32, p: &[f32], v: 
             let b = _mm256_set1_ps(w);
             let vr = v.as_ptr().add(i * stride + d0);
             for (j, x) in acc.iter_mut().enumerate() {
-                *x = _mm256_fmadd_ps(b, _mm256_loadu_ps(vr.add(8 * j)), *x);
+                *x = _mm256_add_ps(*x, _mm256_mul_ps(b, _mm256_loadu_ps(vr.add(8 * j))));
             }
         }
         for (j, x) in acc.iter().enumerate() {
@@ -156,7 +156,7 @@ pub(super) unsafe fn weigh_values_avx512(o: &mut [f32], alpha: f32, p: &[f32], v
             let b = _mm512_set1_ps(w);
             let vr = v.as_ptr().add(i * stride + d0);
             for (j, x) in acc.iter_mut().enumerate() {
-                *x = _mm512_fmadd_ps(b, _mm512_loadu_ps(vr.add(16 * j)), *x);
+                *x = _mm512_add_ps(*x, _mm512_mul_ps(b, _mm512_loadu_ps(vr.add(16 * j))));
             }
         }
         for (j, x) in acc.iter().enumerate() {
@@ -178,7 +178,7 @@ pub(super) unsafe fn scores_avx2(qv: &[f32], k: &[f32], stride: usize, sc: &mut 
             let q = _mm256_loadu_ps(qc.as_ptr());
             for (j, x) in a.iter_mut().enumerate() {
                 let kp = k.as_ptr().add((i0 + j) * stride + 8 * c);
-                *x = _mm256_fmadd_ps(q, _mm256_loadu_ps(kp), *x);
+                *x = _mm256_add_ps(*x, _mm256_mul_ps(q, _mm256_loadu_ps(kp)));
             }
         }
         _mm256_storeu_ps(
@@ -223,7 +223,7 @@ pub(super) unsafe fn scores_avx512(qv: &[f32], k: &[f32], stride: usize, sc: &mu
             let q = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(q8)));
             for (j, x) in a.iter_mut().enumerate() {
                 let kp = k.as_ptr().add((i0 / 2 + j) * 2 * stride + 16 * c);
-                *x = _mm512_fmadd_ps(q, _mm512_loadu_ps(kp), *x);
+                *x = _mm512_add_ps(*x, _mm512_mul_ps(q, _mm512_loadu_ps(kp)));
             }
         }
         // Key 2j's lanes in the low half of a[j], key 2j + 1's in the high half.
