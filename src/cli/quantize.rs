@@ -8,6 +8,8 @@
 //!   and `output` do too: this is llama-quantize's `--pure`. Its default of q6_K for `output.weight` (or
 //!   for the embedding when the head is tied to it) under the 4-bit and K-quant types is not applied, so a
 //!   q4_K file is all q4_K and says `general.file_type` = MOSTLY_Q4_K_S (14).
+//! - `q4_K_M` and `q5_K_M` are llama-quantize's mixes (see `Mix::wanted`): the output head and the
+//!   `attn_v` / `ffn_down` of the layers that get more bits take q6_K, the rest the base K type.
 //! - A matrix whose rows are not whole blocks of the target type falls back as llama-quantize does
 //!   (`tensor_type_fallback` in llama.cpp b11312): q2_K and q3_K to q4_0, q4_K to q5_0, q5_K to q5_1, q6_K
 //!   to q8_0, iq4_xs to iq4_nl; and f16 where even 32-value blocks do not fit (f16 always fits). Each
@@ -82,6 +84,13 @@ pub enum Target {
     Q5K,
     #[value(name = "q6_K")]
     Q6K,
+    /// llama-quantize's Q4_K_M mix: q4_K, with q6_K for the output head and for `attn_v` / `ffn_down` in the
+    /// layers that get more bits.
+    #[value(name = "q4_K_M")]
+    Q4KM,
+    /// The Q5_K_M mix: q5_K, with q6_K as in Q4_K_M.
+    #[value(name = "q5_K_M")]
+    Q5KM,
     #[value(name = "iq4_nl")]
     IQ4NL,
     #[value(name = "iq4_xs")]
@@ -104,6 +113,8 @@ impl Target {
             Target::Q4K => GgmlType::Q4K,
             Target::Q5K => GgmlType::Q5K,
             Target::Q6K => GgmlType::Q6K,
+            Target::Q4KM => GgmlType::Q4K,
+            Target::Q5KM => GgmlType::Q5K,
             Target::IQ4NL => GgmlType::IQ4NL,
             Target::IQ4XS => GgmlType::IQ4XS,
             Target::MXFP4 => GgmlType::MXFP4,
@@ -124,6 +135,8 @@ impl Target {
             Target::Q4K => 14,   // LLAMA_FTYPE_MOSTLY_Q4_K_S: every matrix q4_K (Q4_K_M mixes in q6_K)
             Target::Q5K => 16,   // LLAMA_FTYPE_MOSTLY_Q5_K_S
             Target::Q6K => 18,   // LLAMA_FTYPE_MOSTLY_Q6_K
+            Target::Q4KM => 15,  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+            Target::Q5KM => 17,  // LLAMA_FTYPE_MOSTLY_Q5_K_M
             Target::IQ4NL => 25, // LLAMA_FTYPE_MOSTLY_IQ4_NL
             Target::IQ4XS => 30, // LLAMA_FTYPE_MOSTLY_IQ4_XS
             Target::MXFP4 => 38, // LLAMA_FTYPE_MOSTLY_MXFP4_MOE (llama.cpp's only mxfp4 file type)
@@ -205,6 +218,87 @@ fn type_for_rows(target: GgmlType, row_len: u64) -> GgmlType {
     }
 }
 
+/// Where each matrix sits in the model, for the K_M mixes: llama-quantize counts the `attn_v` and
+/// `ffn_down` matrices in file order and asks whether the model has an `output.weight` of its own.
+struct Mix {
+    target: Target,
+    has_output: bool,
+    n_attn_v: usize,
+    n_ffn_down: usize,
+}
+
+impl Mix {
+    fn new(target: Target, tensors: &[TensorInfo]) -> Mix {
+        let count = |part: &str| tensors.iter().filter(|t| t.name.contains(part)).count();
+        Mix {
+            target,
+            has_output: tensors.iter().any(|t| t.name == "output.weight"),
+            n_attn_v: count("attn_v.weight"),
+            n_ffn_down: count("ffn_down"),
+        }
+    }
+
+    /// The type the matrices take before the row-length fallback: the target's, or for the K_M mixes
+    /// llama-quantize's choice (`llama_tensor_get_type_impl`, llama.cpp b11312, for a model without
+    /// experts): the output head (the tied embedding when there is no `output.weight`) q6_K, or q8_0 when
+    /// its rows are not whole 256-value blocks; `attn_v` and `ffn_down` q6_K in the layers `use_more_bits`
+    /// picks; a fused `attn_qkv` q5_K (Q4_K_M) or q6_K (Q5_K_M). `i_attn_v` and `i_ffn_down` count the
+    /// matrices of their kind before this one.
+    fn wanted(&self, t: &TensorInfo, i_attn_v: usize, i_ffn_down: usize) -> GgmlType {
+        let base = self.target.ggml_type();
+        if !matches!(self.target, Target::Q4KM | Target::Q5KM) {
+            return base;
+        }
+        let name = t.name.as_str();
+        if name == "output.weight" || (!self.has_output && name == "token_embd.weight") {
+            return if t.dims[0].is_multiple_of(256) { GgmlType::Q6K } else { GgmlType::Q8_0 };
+        }
+        if name.contains("attn_v.weight") && use_more_bits(i_attn_v, self.n_attn_v) {
+            return GgmlType::Q6K;
+        }
+        if name.contains("ffn_down") && use_more_bits(i_ffn_down, self.n_ffn_down) {
+            return GgmlType::Q6K;
+        }
+        if name.contains("attn_qkv.weight") {
+            return if self.target == Target::Q4KM { GgmlType::Q5K } else { GgmlType::Q6K };
+        }
+        base
+    }
+}
+
+/// llama-quantize's choice of the layers whose `attn_v` and `ffn_down` get more bits: the first and last
+/// eighth, and every third layer between.
+fn use_more_bits(i_layer: usize, n_layers: usize) -> bool {
+    i_layer < n_layers / 8 || i_layer >= 7 * n_layers / 8 || (i_layer as i64 - (n_layers / 8) as i64) % 3 == 2
+}
+
+/// The layer of a tensor named `blk.N.…`, -1 for the others.
+fn layer_of(name: &str) -> i64 {
+    name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|n| n.parse().ok()).unwrap_or(-1)
+}
+
+/// Each tensor's wanted type, in file order (see `Mix::wanted`). llama-quantize counts the matrices in its
+/// loader's order, by layer and then by name (`weight_name_comparer`), whatever the file's order.
+fn wanted_types(target: Target, tensors: &[TensorInfo]) -> Vec<GgmlType> {
+    let mix = Mix::new(target, tensors);
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&tensors[a].name, &tensors[b].name);
+        (layer_of(a), a).cmp(&(layer_of(b), b))
+    });
+    let mut wanted = vec![GgmlType::F16; tensors.len()];
+    let (mut i_attn_v, mut i_ffn_down) = (0, 0);
+    for i in order {
+        let t = &tensors[i];
+        wanted[i] = mix.wanted(t, i_attn_v, i_ffn_down);
+        if is_weight_matrix(&t.name, &t.dims) {
+            i_attn_v += t.name.contains("attn_v.weight") as usize;
+            i_ffn_down += t.name.contains("ffn_down") as usize;
+        }
+    }
+    wanted
+}
+
 /// What happens to one tensor of IN.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Action {
@@ -261,8 +355,9 @@ pub fn main(a: QuantizeArgs) -> anyhow::Result<()> {
     }
     let file = GgufFile::open(&a.input).with_context(|| format!("input {}", a.input.display()))?;
     file.advise_willneed();
-    let steps = file.tensors.iter().map(|t| Step::new(t, target)).collect::<anyhow::Result<Vec<_>>>()?;
-    report_fallbacks(&steps, target);
+    let wanted = wanted_types(a.target, &file.tensors);
+    let steps = file.tensors.iter().zip(&wanted).map(|(t, &w)| Step::new(t, w)).collect::<anyhow::Result<Vec<_>>>()?;
+    report_fallbacks(&steps, &wanted);
     report_requantization(&steps);
 
     let entries: Vec<TensorEntry> = steps
@@ -313,7 +408,7 @@ pub fn main(a: QuantizeArgs) -> anyhow::Result<()> {
         "strata quantize: wrote {} ({}): {n_converted} tensors requantized, {n_kept} kept; {:.1} MB -> {:.1} MB \
          in {:.1} s",
         a.output.display(),
-        target,
+        a.target.to_possible_value().map_or_else(|| target.name().to_owned(), |v| v.get_name().to_owned()),
         file.file_bytes() as f64 / 1e6,
         out_bytes as f64 / 1e6,
         started.elapsed().as_secs_f64()
@@ -357,15 +452,17 @@ fn refuse_same_file(input: &Path, output: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Says on stderr which matrices do not take the target type, grouped by row length and fallback.
-fn report_fallbacks(steps: &[Step], target: GgmlType) {
-    let mut groups: BTreeMap<(u64, &'static str), Vec<&str>> = BTreeMap::new();
-    for s in steps {
-        if is_weight_matrix(&s.info.name, &s.info.dims) && s.ty != target {
-            groups.entry((s.info.dims[0], s.ty.name())).or_default().push(&s.info.name);
+/// Says on stderr which matrices do not take their wanted type, grouped by row length, type and fallback.
+fn report_fallbacks(steps: &[Step], wanted: &[GgmlType]) {
+    // Keyed by (row length, wanted type's id, fallback's id): ordered and printable.
+    let mut groups: BTreeMap<(u64, u32, u32), (GgmlType, GgmlType, Vec<&str>)> = BTreeMap::new();
+    for (s, &want) in steps.iter().zip(wanted) {
+        if is_weight_matrix(&s.info.name, &s.info.dims) && s.ty != want {
+            let key = (s.info.dims[0], want.id(), s.ty.id());
+            groups.entry(key).or_insert_with(|| (want, s.ty, Vec::new())).2.push(&s.info.name);
         }
     }
-    for ((row_len, fallback), names) in groups {
+    for ((row_len, _, _), (target, fallback, names)) in groups {
         let shown = names.iter().take(3).copied().collect::<Vec<_>>().join(", ");
         let more = if names.len() > 3 { format!(" and {} more", names.len() - 3) } else { String::new() };
         let what = if names.len() == 1 { "matrix has" } else { "matrices have" };
@@ -569,6 +666,72 @@ mod tests {
         assert_eq!(plan_tensor(&info("output.weight", &[64, 100], GgmlType::Q8_0), t), Action::Keep);
     }
 
+    /// A 30-layer model shaped like SmolLM2 (576-wide rows, 1536-wide `ffn_down`, the output tied to the
+    /// embedding), in llama.cpp's tensor order.
+    fn smollm2_like() -> Vec<TensorInfo> {
+        let mut t = vec![info("token_embd.weight", &[576, 49152], GgmlType::Q8_0)];
+        for l in 0..30 {
+            for (part, dims) in [
+                ("attn_norm", &[576u64][..]),
+                ("attn_q", &[576, 576]),
+                ("attn_k", &[576, 192]),
+                ("attn_v", &[576, 192]),
+                ("attn_output", &[576, 576]),
+                ("ffn_gate", &[576, 1536]),
+                ("ffn_up", &[576, 1536]),
+                ("ffn_down", &[1536, 576]),
+            ] {
+                t.push(info(&format!("blk.{l}.{part}.weight"), dims, GgmlType::Q4_1));
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn the_k_m_mixes_choose_as_llama_quantize_does() {
+        assert_eq!(
+            (0..30).filter(|&i| use_more_bits(i, 30)).collect::<Vec<_>>(),
+            [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29]
+        );
+        let tensors = smollm2_like();
+        let count = |target: Target| {
+            let wanted = wanted_types(target, &tensors);
+            let mut n: BTreeMap<&str, usize> = BTreeMap::new();
+            for (t, w) in tensors.iter().zip(wanted) {
+                if is_weight_matrix(&t.name, &t.dims) {
+                    *n.entry(type_for_rows(w, t.dims[0]).name()).or_default() += 1;
+                }
+            }
+            n
+        };
+        // llama-quantize --allow-requantize ... Q4_K_M on SmolLM2-135M (b11312) wrote q4_K:16 q5_0:166
+        // q6_K:14 q8_0:15: ffn_down q6_K in the 14 layers with more bits, attn_v there q6_K -> q8_0 (576-wide
+        // rows), the tied embedding q8_0, the rest q4_K -> q5_0.
+        let q4km = count(Target::Q4KM);
+        assert_eq!(q4km, BTreeMap::from([("q4_K", 16), ("q5_0", 166), ("q6_K", 14), ("q8_0", 15)]));
+        let q5km = count(Target::Q5KM);
+        assert_eq!(q5km, BTreeMap::from([("q5_K", 16), ("q5_1", 166), ("q6_K", 14), ("q8_0", 15)]));
+        // Counted by layer (llama.cpp's loader order), not in the file's order: blk.11 gets more bits, blk.10
+        // does not, even when the names sort blk.10 before blk.2.
+        let wanted = wanted_types(Target::Q4KM, &tensors);
+        let of = |name: &str| wanted[tensors.iter().position(|t| t.name == name).unwrap()];
+        assert_eq!(of("blk.11.ffn_down.weight"), GgmlType::Q6K);
+        assert_eq!(of("blk.10.ffn_down.weight"), GgmlType::Q4K);
+        assert_eq!(of("blk.2.attn_v.weight"), GgmlType::Q6K);
+        let mut shuffled = tensors.clone();
+        shuffled.reverse();
+        let w2 = wanted_types(Target::Q4KM, &shuffled);
+        assert_eq!(w2[shuffled.iter().position(|t| t.name == "blk.11.ffn_down.weight").unwrap()], GgmlType::Q6K);
+        // The plain types do not mix.
+        assert_eq!(count(Target::Q4K), BTreeMap::from([("q4_K", 30), ("q5_0", 181)]));
+        // With an output.weight of its own, the embedding takes the base type and the head q6_K.
+        let mut with_head = tensors.clone();
+        with_head.push(info("output.weight", &[1024, 49152], GgmlType::F16));
+        let wanted = wanted_types(Target::Q4KM, &with_head);
+        assert_eq!(wanted[0], GgmlType::Q4K);
+        assert_eq!(*wanted.last().unwrap(), GgmlType::Q6K);
+    }
+
     #[test]
     fn file_types_are_llama_cpps() {
         let want = [
@@ -583,6 +746,8 @@ mod tests {
             (Target::Q4K, 14),
             (Target::Q5K, 16),
             (Target::Q6K, 18),
+            (Target::Q4KM, 15),
+            (Target::Q5KM, 17),
             (Target::IQ4NL, 25),
             (Target::IQ4XS, 30),
             (Target::MXFP4, 38),

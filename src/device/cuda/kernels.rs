@@ -73,3 +73,9 @@ pub fn entries() -> impl Iterator<Item = Entry> {
 pub fn entry(name: &str) -> Option<Entry> {
     entries().find(|e| e.name == name)
 }
+
+/// Whether the GPU has kernels for weights of type `ty` (products and row lookups: `matvec_T`, `gemm_T`,
+/// `rows_T`). A model with other weights on a GPU stage is refused at load, naming the type.
+pub fn has_weight_kernels(ty: crate::quant::GgmlType) -> bool {
+    ["matvec", "gemm", "rows"].iter().all(|p| entry(&format!("{p}_{}", ty.name())).is_some())
+}
