@@ -455,7 +455,8 @@ fn refuse_same_file(input: &Path, output: &Path) -> anyhow::Result<()> {
 /// Says on stderr which matrices do not take their wanted type, grouped by row length, type and fallback.
 fn report_fallbacks(steps: &[Step], wanted: &[GgmlType]) {
     // Keyed by (row length, wanted type's id, fallback's id): ordered and printable.
-    let mut groups: BTreeMap<(u64, u32, u32), (GgmlType, GgmlType, Vec<&str>)> = BTreeMap::new();
+    type Group<'a> = (GgmlType, GgmlType, Vec<&'a str>);
+    let mut groups: BTreeMap<(u64, u32, u32), Group> = BTreeMap::new();
     for (s, &want) in steps.iter().zip(wanted) {
         if is_weight_matrix(&s.info.name, &s.info.dims) && s.ty != want {
             let key = (s.info.dims[0], want.id(), s.ty.id());
