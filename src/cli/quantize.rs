@@ -51,7 +51,7 @@ pub struct QuantizeArgs {
     /// Where to write the new model (replaced at once, never left half-written)
     #[arg(value_name = "OUT")]
     pub output: PathBuf,
-    /// Type of the weight matrices
+    /// Type of the weight matrices (q4_K_M, q5_K_M: llama-quantize's mixes, q6_K where they give more bits)
     #[arg(long = "type", value_name = "TYPE", value_parser = TargetParser)]
     pub target: Target,
     /// Worker threads [default: the number of CPUs]
@@ -84,11 +84,11 @@ pub enum Target {
     Q5K,
     #[value(name = "q6_K")]
     Q6K,
-    /// llama-quantize's Q4_K_M mix: q4_K, with q6_K for the output head and for `attn_v` / `ffn_down` in the
-    /// layers that get more bits.
+    // llama-quantize's Q4_K_M mix: q4_K, with q6_K for the output head and for `attn_v` / `ffn_down` in the
+    // layers that get more bits (`Mix::wanted`).
     #[value(name = "q4_K_M")]
     Q4KM,
-    /// The Q5_K_M mix: q5_K, with q6_K as in Q4_K_M.
+    // The Q5_K_M mix: q5_K, with q6_K as in Q4_K_M.
     #[value(name = "q5_K_M")]
     Q5KM,
     #[value(name = "iq4_nl")]

@@ -285,7 +285,10 @@ fn bad_input_is_one_line_and_leaves_no_file() {
     assert_eq!(o.status.code(), Some(2));
     assert_clean_failure(
         &o,
-        &["\"iq2_xxs\"", "f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, mxfp4"],
+        &[
+            "\"iq2_xxs\"",
+            "f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, q4_K_M, q5_K_M, iq4_nl, iq4_xs, mxfp4",
+        ],
     );
     assert_eq!(entries(&outs), Vec::<String>::new(), "no file after the refusals");
 
@@ -326,7 +329,7 @@ fn help_lists_the_types() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         out.contains(
-            "[possible values: f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, mxfp4]"
+            "[possible values: f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, q4_K_M, q5_K_M, iq4_nl, iq4_xs, mxfp4]"
         ),
         "{out}"
     );
