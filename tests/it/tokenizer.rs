@@ -5,6 +5,9 @@
 //! `reference/tokenize.json`, with special tokens parsed and not. The model must be present: these tests
 //! fail, not skip, without it (run `scripts/fetch-model`). The speed/count check reads the reference text
 //! `perplexity_GPL-3.txt` from `tests/data/reference`.
+//!
+//! Module `gemma` does the same for Gemma 3 270M (SentencePiece, 262,144 tokens) against
+//! `tests/data/tokenizer-gemma`, when that model file is present.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -310,4 +313,244 @@ fn an_earlier_reply_goes_into_the_prompt_as_its_generated_tokens() {
     let t = encode_chat(&trimming, tok, &padded, |t| replies.get(t)).unwrap();
     assert_eq!(t.kept_reply_tokens, 0, "the template trims the content: its tokens are not the reply's");
     assert_eq!(t.tokens, tok.encode_templated(&trimming.render(&padded, true).unwrap()));
+}
+
+/// Gemma 3 270M (SentencePiece, 262,144 tokens, `add_space_prefix` false, user-defined tokens for runs of
+/// spaces, tabs and newlines and for HTML tags), checked against llama.cpp's output for the same file in
+/// `tests/data/tokenizer-gemma/llama-cpp.json` (see the README there). The file is optional: without
+/// `models/gemma-3-270m-q4_k_m.gguf` (scripts/fetch-gemma, or `STRATA_GEMMA_MODEL`) these tests print that
+/// they are skipped and pass, except that Gemma 3's chat template is still rendered and checked.
+mod gemma {
+    use std::path::PathBuf;
+    use std::sync::OnceLock;
+    use std::time::Instant;
+
+    use serde_json::Value;
+    use strata::gguf::GgufFile;
+    use strata::tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer, TokenizerError};
+
+    const FILE_NAME: &str = "gemma-3-270m-q4_k_m.gguf";
+
+    fn data_path(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tokenizer-gemma").join(name)
+    }
+
+    fn reference() -> &'static Value {
+        static DOC: OnceLock<Value> = OnceLock::new();
+        DOC.get_or_init(|| {
+            let path = data_path("llama-cpp.json");
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+        })
+    }
+
+    /// Where the Gemma file is looked for: `STRATA_GEMMA_MODEL`, else `models/gemma-3-270m-q4_k_m.gguf`.
+    fn gemma_path() -> PathBuf {
+        match std::env::var_os("STRATA_GEMMA_MODEL") {
+            Some(p) => PathBuf::from(p),
+            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(FILE_NAME),
+        }
+    }
+
+    /// The Gemma file and its tokenizer, or `None` (with a message saying that `test` is skipped, or what
+    /// part of it) when the file is absent.
+    fn gemma(test: &str) -> Option<&'static (GgufFile, Tokenizer)> {
+        static LOADED: OnceLock<Option<(GgufFile, Tokenizer)>> = OnceLock::new();
+        let loaded = LOADED.get_or_init(|| {
+            let path = gemma_path();
+            if !path.is_file() {
+                return None;
+            }
+            let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+            let start = Instant::now();
+            let tok = Tokenizer::from_gguf(&file).expect("Gemma's tokenizer loads");
+            // Reported, not asserted (timing belongs to benchmarks).
+            let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
+            eprintln!("Gemma tokenizer ({} tokens) loaded in {elapsed_ms:.1} ms", tok.n_vocab());
+            Some((file, tok))
+        });
+        if loaded.is_none() {
+            eprintln!(
+                "{test}: skipped: {} is absent (run scripts/fetch-gemma or set STRATA_GEMMA_MODEL)",
+                gemma_path().display()
+            );
+        }
+        loaded.as_ref()
+    }
+
+    fn ids(v: &Value) -> Vec<u32> {
+        v.as_array().expect("an array of ids").iter().map(|x| x.as_u64().expect("an id") as u32).collect()
+    }
+
+    fn cases() -> &'static [Value] {
+        reference()["cases"].as_array().expect("cases")
+    }
+
+    #[test]
+    fn gemma_special_ids_and_flags_match_llama_cpp() {
+        let Some((_, t)) = gemma("gemma_special_ids_and_flags_match_llama_cpp") else { return };
+        let v = &reference()["vocab"];
+        assert_eq!((t.model(), t.n_vocab() as u64), ("llama", v["n_vocab"].as_u64().unwrap()));
+        assert_eq!(t.bos_id().map(u64::from), v["bos"].as_u64());
+        assert_eq!(t.eos_id().map(u64::from), v["eos"].as_u64());
+        assert_eq!(t.eot_id().map(u64::from), v["eot"].as_u64(), "<end_of_turn> is found by its text");
+        assert_eq!(t.pad_id().map(u64::from), v["pad"].as_u64());
+        assert_eq!(t.add_bos_token(), v["add_bos"].as_bool().unwrap());
+        assert_eq!(t.add_eos_token(), v["add_eos"].as_bool().unwrap());
+        assert_eq!(t.token_text(106), Some("<end_of_turn>"));
+    }
+
+    #[test]
+    fn gemma_end_of_generation_set_matches_llama_cpp() {
+        let Some((_, t)) = gemma("gemma_end_of_generation_set_matches_llama_cpp") else { return };
+        // <eos>, <end_of_turn> and (by its text, as llama.cpp does) the user-defined `</s>`.
+        let expected = ids(&reference()["vocab"]["eog"]);
+        assert_eq!(expected, [1, 106, 212]);
+        assert_eq!(t.eog_ids(), &expected[..]);
+        assert!(t.is_eog(106) && t.is_eog(1) && !t.is_eog(105) && !t.is_eog(2));
+    }
+
+    #[test]
+    fn gemma_tokens_match_llama_cpp() {
+        let Some((_, t)) = gemma("gemma_tokens_match_llama_cpp") else { return };
+        for case in cases() {
+            let text = case["text"].as_str().unwrap();
+            assert_eq!(t.encode(text, true), ids(&case["ids"]), "parse_special, text {text:?}");
+            assert_eq!(t.encode(text, false), ids(&case["ids_no_parse_special"]), "as text, text {text:?}");
+            assert_eq!(t.encode_with_bos(text, true), ids(&case["ids_with_bos"]), "with BOS, text {text:?}");
+        }
+    }
+
+    #[test]
+    fn gemma_detokenization_matches_llama_cpp() {
+        let Some((_, t)) = gemma("gemma_detokenization_matches_llama_cpp") else { return };
+        for case in cases() {
+            let text = case["text"].as_str().unwrap();
+            for (ids_key, text_key) in
+                [("ids", "detokenized"), ("ids_no_parse_special", "detokenized_no_parse_special")]
+            {
+                let ids = ids(&case[ids_key]);
+                let expected = case[text_key].as_str().unwrap();
+                assert_eq!(t.decode(&ids), expected, "{ids_key} of {text:?}");
+                assert_eq!(expected, text, "llama.cpp round-trips {text:?}");
+                let mut d = StreamDecoder::new();
+                let mut streamed: String = ids.iter().map(|&id| d.push(t, id)).collect();
+                streamed.push_str(&d.finish());
+                assert_eq!(streamed, expected, "streamed {ids_key} of {text:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn gemma_token_pieces_match_llama_cpp() {
+        let Some((_, t)) = gemma("gemma_token_pieces_match_llama_cpp") else { return };
+        for p in reference()["pieces"].as_array().unwrap() {
+            let id = p["id"].as_u64().unwrap() as u32;
+            let bytes: Vec<u8> =
+                p["bytes_special"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8).collect();
+            assert_eq!(t.token_to_piece(id), bytes, "token {id} ({:?})", t.token_text(id));
+            // Control and unknown tokens are the ones llama.cpp hides without `special`.
+            let hidden = p["bytes_plain"].as_array().unwrap().is_empty() && !bytes.is_empty();
+            assert_eq!(t.is_control(id) || t.unk_id() == Some(id), hidden, "token {id}");
+        }
+    }
+
+    #[test]
+    fn gemma_long_text_count_and_checksum_match_llama_cpp() {
+        let Some((_, t)) = gemma("gemma_long_text_count_and_checksum_match_llama_cpp") else { return };
+        for l in reference()["long_texts"].as_array().unwrap() {
+            let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(l["path"].as_str().unwrap());
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+            let start = Instant::now();
+            let ids = t.encode(&text, false);
+            let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
+            eprintln!("Gemma: tokenized {} bytes into {} tokens in {elapsed_ms:.1} ms", text.len(), ids.len());
+            assert_eq!(ids.len() as u64, l["n_tokens"].as_u64().unwrap());
+            // The checksum llama_reference.cpp writes: h = h * 1000003 + id + 1 (mod 2^64).
+            let sum = ids.iter().fold(0u64, |h, &id| h.wrapping_mul(1_000_003).wrapping_add(u64::from(id) + 1));
+            assert_eq!(sum.to_string(), l["checksum"].as_str().unwrap());
+            assert_eq!(t.decode(&ids), text);
+        }
+    }
+
+    fn messages(chat: &Value) -> Vec<ChatMessage> {
+        chat["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect()
+    }
+
+    /// Checks one render against llama.cpp's: the same prompt (llama.cpp drops the template's leading BOS
+    /// text, since tokenizing adds BOS) or the same raised error, and with a tokenizer the same tokens.
+    fn check_render(t: Option<&Tokenizer>, template: &ChatTemplate, chat: &Value, expected: &Value) {
+        let name = chat["name"].as_str().unwrap();
+        let rendered = template.render(&messages(chat), chat["add_generation_prompt"].as_bool().unwrap());
+        match (rendered, expected["error"].as_str()) {
+            (Ok(text), None) => {
+                let prompt = expected["prompt"].as_str().unwrap();
+                assert_eq!(text.strip_prefix("<bos>").unwrap_or(&text), prompt, "chat {name:?}");
+                if let Some(t) = t {
+                    assert_eq!(t.encode_templated(&text), ids(&expected["ids"]), "chat {name:?}");
+                }
+            }
+            (Err(TokenizerError::TemplateRaised { message }), Some(error)) => {
+                assert!(error.contains(&message), "chat {name:?}: raised {message:?}, llama.cpp: {error:?}");
+            }
+            (got, want) => panic!("chat {name:?}: Strata gave {got:?}, llama.cpp's error: {want:?}"),
+        }
+    }
+
+    #[test]
+    fn gemma_file_template_is_chatml_as_in_llama_cpp() {
+        let Some((file, t)) = gemma("gemma_file_template_is_chatml_as_in_llama_cpp") else { return };
+        // The file (the base model) has no tokenizer.chat_template: both fall back to ChatML.
+        assert!(file.get("tokenizer.chat_template").is_none());
+        let template = ChatTemplate::from_gguf(file).expect("the fallback compiles");
+        for chat in reference()["chats"].as_array().unwrap() {
+            check_render(Some(t), &template, chat, &chat["file_template"]);
+        }
+    }
+
+    #[test]
+    fn gemma3_chat_template_renders_as_in_llama_cpp() {
+        // The renders are checked without the file too; their tokens only with it.
+        let t = gemma("gemma3_chat_template_renders_as_in_llama_cpp (its tokens)").map(|(_, t)| t);
+        let source = std::fs::read_to_string(data_path("gemma3-chat-template.jinja")).expect("the template is there");
+        let template = ChatTemplate::new(&source, "<bos>", "<eos>").expect("Gemma 3's template compiles");
+        for chat in reference()["chats"].as_array().unwrap() {
+            check_render(t, &template, chat, &chat["gemma3_template"]);
+        }
+    }
+
+    #[test]
+    fn gemma3_template_keeps_a_generated_reply_as_its_tokens() {
+        use strata::tokenizer::turns::{encode_chat, tokens_of_text, ReplyTokens};
+        let Some((_, t)) = gemma("gemma3_template_keeps_a_generated_reply_as_its_tokens") else { return };
+        let source = std::fs::read_to_string(data_path("gemma3-chat-template.jinja")).expect("the template is there");
+        let template = ChatTemplate::new(&source, "<bos>", "<eos>").unwrap();
+        // Steps a model could have generated, which the text alone tokenizes differently.
+        let pieces = ["The", " cap", "ital", " of", " Italy", " is", " Rome", "."];
+        let ids: Vec<u32> = pieces.iter().flat_map(|p| t.encode(p, false)).collect();
+        let reply = pieces.concat();
+        assert_ne!(t.encode(&reply, false), ids, "the test needs a reply that retokenizes differently");
+        // Generation ends with <end_of_turn>, an end-of-generation token left out of the reply.
+        let generated: Vec<u32> = ids.iter().copied().chain([106]).collect();
+        assert_eq!(tokens_of_text(t, &generated, &reply), Some(&ids[..]));
+        let mut replies = ReplyTokens::default();
+        replies.remember(&reply, &ids);
+        let first = vec![ChatMessage::new("system", "Be terse."), ChatMessage::new("user", "Capital of Italy?")];
+        let mut conv = first.clone();
+        conv.push(ChatMessage::new("assistant", reply.clone()));
+        conv.push(ChatMessage::new("user", "And of France?"));
+        let p = encode_chat(&template, t, &conv, |text| replies.get(text)).unwrap();
+        assert_eq!((p.kept_replies, p.kept_reply_tokens), (1, ids.len()));
+        let turn1 = t.encode_templated(&template.render(&first, true).unwrap());
+        assert_eq!(turn1[..2], [2, 105], "one BOS, then <start_of_turn>");
+        assert_eq!(&p.tokens[..turn1.len()], &turn1[..]);
+        assert_eq!(&p.tokens[turn1.len()..turn1.len() + ids.len()], &ids[..]);
+        assert_eq!(p.tokens[turn1.len() + ids.len()..][..2], [106, 107], "<end_of_turn> and a newline follow");
+        assert_eq!(t.decode(&p.tokens), template.render(&conv, true).unwrap());
+    }
 }
