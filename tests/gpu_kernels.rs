@@ -188,7 +188,8 @@ fn norm_rope_swiglu_and_adds_match_the_cpu() {
         for (name, x, xb, heads) in [("q", &q, &qb, n_head), ("k", &k, &kb, n_head_kv)] {
             let mut want = x.clone();
             for tt in 0..t {
-                let table = ops::rope_table(pos0 + tt, rope_dims, base);
+                let rope = strata::model::RopeParams { base, freq_scale: 1.0, mscale: 1.0 };
+                let table = ops::rope_table(pos0 + tt, rope_dims, &rope, None);
                 for h in 0..heads {
                     let at = (tt * heads + h) * head_dim;
                     ops::rope_apply(&mut want[at..at + rope_dims], &table, kind);

@@ -108,7 +108,7 @@ pub fn main(a: InfoArgs) -> anyhow::Result<()> {
             let widths = (4 * cfg.n_embd + 3 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.n_ff) as f64;
             let scratch = batch as f64 * widths * 4.0 + cfg.n_vocab as f64 * 4.0;
             println!("memory at context {ctx}:");
-            for ty in [KvType::F16, KvType::Int8] {
+            for ty in [KvType::F16, KvType::F32, KvType::Int8] {
                 let kv = (ty.row_bytes(cfg.kv_dim()) * 2 * cfg.n_layer) as f64 * ctx as f64;
                 println!(
                     "  --kv {:<4}: weights {:.1} MiB + KV {:.1} MiB ({} bytes/token) + scratch {:.1} MiB = {:.1} MiB",

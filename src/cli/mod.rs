@@ -55,7 +55,8 @@ pub struct EngineArgs {
     #[arg(short = 'c', long = "max-context", visible_alias = "ctx-size", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_context: Option<u32>,
-    /// KV cache element type: f16, or int8 (blocks of 32 with a scale; half the memory)
+    /// KV cache element type: f16; f32 (the values exactly, twice the memory; CPU and sim devices only); or
+    /// int8 (blocks of 32 with a scale; half the memory)
     #[arg(long = "kv", default_value = "f16", value_parser = parse_kv)]
     pub kv: KvType,
     /// Tokens per prompt-processing batch

@@ -29,7 +29,7 @@ pub struct PerplexityArgs {
     /// Worker threads [default: the number of CPUs]
     #[arg(short = 't', long = "threads", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
-    /// KV cache element type: f16 or int8
+    /// KV cache element type: f16, f32 (CPU and sim devices only) or int8
     #[arg(long = "kv", default_value = "f16", value_parser = |s: &str| s.parse::<KvType>())]
     pub kv: KvType,
     /// Tokens per prompt-processing batch

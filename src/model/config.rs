@@ -2,26 +2,35 @@
 
 use crate::gguf::{GgufFile, GgufValue};
 
+use super::family::{self, Family, SwaLayers};
 use super::ModelError;
 
-/// The architectures whose forward pass Strata implements (all llama-shaped).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    Llama,
-    Mistral,
-    Qwen2,
-}
+pub use super::family::Arch;
 
-/// How RoPE pairs dimensions: `Norm` rotates (2i, 2i+1) (llama, mistral); `Neox` rotates (i, i + d/2) (qwen2).
+/// How RoPE pairs dimensions: `Norm` rotates (2i, 2i+1) (llama, mistral); `Neox` rotates (i, i + d/2)
+/// (qwen2, qwen3, gemma, phi3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeKind {
     Norm,
     Neox,
 }
 
+/// How positions become rotation angles in one layer: angle `i` of position `p` is
+/// `freq_scale * (p * base^(-2i/rope_dims) / factor_i)`, its cosine and sine scaled by `mscale`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    pub base: f32,
+    /// Linear position scaling: `1 / rope.scaling.factor` (1 when unscaled).
+    pub freq_scale: f32,
+    /// Multiplies the cosines and sines (LongRoPE's attention factor; 1 otherwise).
+    pub mscale: f32,
+}
+
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
     pub arch: Arch,
+    /// What this architecture differs in (`family::FAMILIES`).
+    pub family: &'static Family,
     /// The `general.architecture` string, which prefixes the hyper-parameter keys.
     pub arch_name: String,
     pub n_layer: usize,
@@ -38,13 +47,30 @@ pub struct ModelConfig {
     /// Dimensions of each head that RoPE rotates.
     pub rope_dims: usize,
     pub rms_eps: f32,
+    /// RoPE of the global layers, and of the sliding-window ones.
+    pub rope: RopeParams,
+    pub rope_swa: RopeParams,
+    /// The context RoPE was trained at before any extension (`rope.scaling.original_context_length`):
+    /// LongRoPE takes its long factors for a context beyond it.
+    pub rope_orig_ctx: usize,
+    /// Keys a sliding-window layer attends: its query's position and the `window - 1` before it.
+    pub swa_window: Option<usize>,
+    /// (n_layer): whether layer `l` attends through the sliding window.
+    pub swa_layers: Vec<bool>,
+    /// The scores' scale (`1/sqrt(head_dim)` for most).
+    pub attn_scale: f32,
+    /// Scores become `c * tanh(score / c)` (gemma2).
+    pub attn_softcap: Option<f32>,
+    /// Logits become `c * tanh(logit / c)` (gemma2).
+    pub final_softcap: Option<f32>,
 }
 
 impl ModelConfig {
     /// Reads the hyper-parameters and checks them against each other and against the tensors the file
     /// holds, before anything is allocated by them: a corrupt count names the key, never reserves memory.
     pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
-        let (arch, arch_name) = read_arch(file)?;
+        let (family, arch_name) = read_arch(file)?;
+        let arch = family.arch;
         let keys = Keys { file, arch_name: &arch_name };
         let n_layer = keys.req_u("block_count")?;
         let n_embd = keys.req_u("embedding_length")?;
@@ -58,12 +84,30 @@ impl ModelConfig {
         let rms_eps = keys.opt_f("attention.layer_norm_rms_epsilon", 1e-5)?;
         let n_tokens = tokenizer_len(file)?;
         let n_vocab = keys.n_vocab(n_tokens)?;
-        let rope_kind = match arch {
-            Arch::Llama | Arch::Mistral => RopeKind::Norm,
-            Arch::Qwen2 => RopeKind::Neox,
+        let rope_kind = family.rope_kind;
+        let freq_scale = keys.rope_freq_scale()?;
+        // LongRoPE's attention factor scales the cosines and sines (llama.cpp applies the key to any family).
+        let mscale = keys.opt_f("rope.scaling.attn_factor", 1.0)?;
+        let rope = RopeParams { base: rope_base, freq_scale, mscale };
+        let rope_swa_base = match family.swa_rope_base {
+            Some(b) => keys.opt_f("rope.freq_base_swa", b)?,
+            None => keys.opt_f("rope.freq_base_swa", rope_base)?,
         };
+        // llama.cpp's sliding-window layers keep an unscaled RoPE unless the family says otherwise
+        // (gemma2 takes the global one's scale).
+        let swa_scale = if family.swa_rope_base.is_none() { freq_scale } else { 1.0 };
+        let rope_swa = RopeParams { base: rope_swa_base, freq_scale: swa_scale, mscale };
+        let rope_orig_ctx = keys.opt_u("rope.scaling.original_context_length")?.unwrap_or(n_ctx_train);
+        let (swa_window, swa_layers) = keys.sliding_window(family, n_layer)?;
+        let attn_scale = match family.scale_by_embd_at_layers {
+            Some(n) if n == n_layer => 1.0 / ((n_embd / n_head) as f32).sqrt(),
+            _ => 1.0 / (head_dim as f32).sqrt(),
+        };
+        let attn_softcap = keys.softcap("attn_logit_softcapping", family.attn_softcap)?;
+        let final_softcap = keys.softcap("final_logit_softcapping", family.final_softcap)?;
         let cfg = ModelConfig {
             arch,
+            family,
             arch_name,
             n_layer,
             n_embd,
@@ -77,6 +121,14 @@ impl ModelConfig {
             rope_base,
             rope_dims,
             rms_eps,
+            rope,
+            rope_swa,
+            rope_orig_ctx,
+            swa_window,
+            swa_layers,
+            attn_scale,
+            attn_softcap,
+            final_softcap,
         };
         cfg.check_heads()?;
         check_blocks(file, n_layer, &cfg.key("block_count"))?;
@@ -93,6 +145,20 @@ impl ModelConfig {
     /// Width of the query rows: `n_head * head_dim`.
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
+    }
+
+    /// The window of layer `l`'s attention (None: global).
+    pub fn window(&self, l: usize) -> Option<usize> {
+        self.swa_window.filter(|_| self.swa_layers[l])
+    }
+
+    /// The RoPE of layer `l`.
+    pub fn rope_of(&self, l: usize) -> &RopeParams {
+        if self.swa_layers[l] {
+            &self.rope_swa
+        } else {
+            &self.rope
+        }
     }
 
     /// The metadata key of hyper-parameter `name` for this architecture: `{arch}.{name}`.
@@ -126,10 +192,15 @@ impl ModelConfig {
         let heads = format!("{n_head} heads of {head_dim}");
         let kv_heads = format!("{n_head_kv} KV heads of {head_dim}");
         let ffn = format!("{} {n_ff}", self.key("feed_forward_length"));
+        // phi3's up matrix holds the gate's rows too.
+        let up_rows = if self.family.fused_gate_up { 2 * n_ff } else { n_ff };
+        let qkv = format!("{heads} and {kv_heads} (q, k and v fused)");
+        let qkv_rows = (n_head + 2 * n_head_kv).saturating_mul(head_dim);
         for (name, cols, rows, what) in [
             ("blk.0.attn_q.weight", n_embd, n_head.saturating_mul(head_dim), &heads),
             ("blk.0.attn_k.weight", n_embd, n_head_kv.saturating_mul(head_dim), &kv_heads),
-            ("blk.0.ffn_up.weight", n_embd, n_ff, &ffn),
+            ("blk.0.attn_qkv.weight", n_embd, qkv_rows, &qkv),
+            ("blk.0.ffn_up.weight", n_embd, up_rows, &ffn),
         ] {
             let Some(t) = file.tensor(name) else { continue };
             if t.dims.len() != 2 || t.dims[0] != cols as u64 || t.dims[1] != rows as u64 {
@@ -179,19 +250,14 @@ fn wrong_type(key: &str, v: &GgufValue, expected: &'static str) -> ModelError {
 }
 
 /// The architecture (`general.architecture`), refused unless Strata implements it, and its name.
-fn read_arch(file: &GgufFile) -> Result<(Arch, String), ModelError> {
+fn read_arch(file: &GgufFile) -> Result<(&'static Family, String), ModelError> {
     let arch_key = "general.architecture";
     let arch_name = match file.get(arch_key) {
         None => return Err(ModelError::MissingKey(arch_key.into())),
         Some(v) => v.as_str().ok_or_else(|| wrong_type(arch_key, v, "a string"))?.to_owned(),
     };
-    let arch = match arch_name.as_str() {
-        "llama" => Arch::Llama,
-        "mistral" => Arch::Mistral,
-        "qwen2" => Arch::Qwen2,
-        other => return Err(ModelError::UnsupportedArch(other.to_owned())),
-    };
-    Ok((arch, arch_name))
+    let family = family::by_name(&arch_name).ok_or_else(|| ModelError::UnsupportedArch(arch_name.clone()))?;
+    Ok((family, arch_name))
 }
 
 /// The number of tokens of the tokenizer in the file, if it has one.
@@ -251,6 +317,84 @@ impl Keys<'_> {
                 .filter(|x| x.is_finite() && *x > 0.0)
                 .ok_or_else(|| ModelError::BadValue { key: full, value: v.display_short() }),
         }
+    }
+
+    /// An optional non-negative number (0 and absence both read as "none" when `default` is none).
+    fn softcap(&self, k: &str, default: Option<f32>) -> Result<Option<f32>, ModelError> {
+        let full = self.key(k);
+        let Some(v) = self.file.get(&full) else { return Ok(default) };
+        match v.as_f64().filter(|x| x.is_finite() && *x >= 0.0) {
+            Some(0.0) => Ok(None),
+            Some(x) => Ok(Some(x as f32)),
+            None => Err(ModelError::BadValue { key: full, value: v.display_short() }),
+        }
+    }
+
+    /// The linear position scale, `1 / rope.scaling.factor` (or the older `rope.scale_linear`); RoPE
+    /// scalings Strata does not compute (YaRN) are refused by name.
+    fn rope_freq_scale(&self) -> Result<f32, ModelError> {
+        let key = self.key("rope.scaling.type");
+        if let Some(v) = self.file.get(&key) {
+            let ty = v.as_str().ok_or_else(|| wrong_type(&key, v, "a string"))?;
+            if !matches!(ty, "none" | "linear" | "longrope") {
+                return Err(ModelError::BadValue { key, value: format!("{ty:?} (supported: none, linear, longrope)") });
+            }
+        }
+        let factor = match self.file.get(&self.key("rope.scaling.factor")) {
+            Some(_) => self.opt_f0("rope.scaling.factor")?,
+            None => self.opt_f0("rope.scale_linear")?,
+        };
+        Ok(if factor == 0.0 { 1.0 } else { 1.0 / factor })
+    }
+
+    /// An optional finite number >= 0; 0 when absent.
+    fn opt_f0(&self, k: &str) -> Result<f32, ModelError> {
+        let full = self.key(k);
+        match self.file.get(&full) {
+            None => Ok(0.0),
+            Some(v) => v
+                .as_f64()
+                .map(|x| x as f32)
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| ModelError::BadValue { key: full, value: v.display_short() }),
+        }
+    }
+
+    /// The sliding window and which layers use it: `attention.sliding_window` (absent or 0: none), the
+    /// layers by the family's pattern, which `attention.sliding_window_pattern` overrides with a period or
+    /// a per-layer array of booleans.
+    fn sliding_window(&self, family: &Family, n_layer: usize) -> Result<(Option<usize>, Vec<bool>), ModelError> {
+        let SwaLayers::Pattern(default_period) = family.swa else { return Ok((None, vec![false; n_layer])) };
+        let window = match self.file.get(&self.key("attention.sliding_window")) {
+            None => None,
+            Some(v) if v.as_u64() == Some(0) => None,
+            Some(_) => self.opt_u("attention.sliding_window")?,
+        };
+        let Some(window) = window else { return Ok((None, vec![false; n_layer])) };
+        let key = self.key("attention.sliding_window_pattern");
+        let layers = match self.file.get(&key) {
+            Some(GgufValue::Array(items)) => {
+                if items.len() != n_layer {
+                    return Err(ModelError::Inconsistent(format!(
+                        "{key} has {} entries for {n_layer} layers",
+                        items.len()
+                    )));
+                }
+                items
+                    .iter()
+                    .map(|x| match x {
+                        GgufValue::Bool(b) => Ok(b),
+                        x if x.is_integer() => Ok(x.as_u64() != Some(0)),
+                        x => Err(wrong_type(&key, &x, "an array of booleans")),
+                    })
+                    .collect::<Result<Vec<bool>, _>>()?
+            }
+            _ => {
+                let period = self.opt_u("attention.sliding_window_pattern")?.unwrap_or(default_period);
+                (0..n_layer).map(|l| l % period < period - 1).collect()
+            }
+        };
+        Ok((Some(window), layers))
     }
 
     /// The head size: `attention.key_length`, else the embedding width over the heads when they divide it.

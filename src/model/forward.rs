@@ -1,4 +1,4 @@
-//! The forward pass of a llama-shaped model over a batch of tokens appended to a sequence's KV cache.
+//! The forward pass of a model over a batch of tokens appended to a sequence's KV cache.
 //!
 //! Hot path: one decoded token runs this once (a batch of 1); a prompt runs it once per chunk. Each step is
 //! written once for any batch size, which is what makes the logits batch-invariant (see `ops`). The layers
@@ -11,7 +11,7 @@ use crate::device::{Device, DeviceError};
 use crate::threadpool::{SharedMut, ThreadPool};
 
 use super::acts::QuantActs;
-use super::attn;
+use super::attn::{self, AttnOpts};
 use super::gpu::GpuStage;
 use super::kv::KvCache;
 use super::ops::{self, AttnShape, MatJob};
@@ -41,13 +41,17 @@ struct Scratch {
     gate: Vec<f32>, // (t_count, n_ff)
     up: Vec<f32>,   // (t_count, n_ff)
     act: QuantActs,
-    ropes: Vec<Vec<(f32, f32)>>, // (t_count, rope_dims / 2)
+    ropes: Vec<Vec<(f32, f32)>>,     // (t_count, rope_dims / 2): the global layers'
+    ropes_swa: Vec<Vec<(f32, f32)>>, // (t_count, rope_dims / 2): the sliding-window layers', when they differ
 }
 
 impl Scratch {
-    /// Zeroed activations for `t_count` positions from `pos0`, with their rope tables.
-    fn new(cfg: &ModelConfig, t_count: usize, pos0: usize) -> Scratch {
+    /// Zeroed activations for `t_count` positions from `pos0`, with their rope tables (`factors`: the
+    /// file's per-dimension frequency divisors for this sequence's context).
+    fn new(cfg: &ModelConfig, factors: Option<&[f32]>, t_count: usize, pos0: usize) -> Scratch {
         let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let table = |rope| (0..t_count).map(|t| ops::rope_table(pos0 + t, cfg.rope_dims, rope, factors)).collect();
+        let swa_differs = cfg.swa_layers.iter().any(|&s| s) && cfg.rope_swa != cfg.rope;
         Scratch {
             xn: vec![0f32; t_count * d],
             q: vec![0f32; t_count * q_dim],
@@ -58,7 +62,8 @@ impl Scratch {
             gate: vec![0f32; t_count * ff],
             up: vec![0f32; t_count * ff],
             act: QuantActs::default(),
-            ropes: (0..t_count).map(|t| ops::rope_table(pos0 + t, cfg.rope_dims, cfg.rope_base)).collect(),
+            ropes: table(&cfg.rope),
+            ropes_swa: if swa_differs { table(&cfg.rope_swa) } else { Vec::new() },
         }
     }
 }
@@ -141,6 +146,10 @@ impl Model {
             placement.extra_scratch(&self.cfg, span.t_count, want.len()).inspect_err(|_| kv.release_unused())?;
 
         let (mut x, embedded_on_gpu) = self.embed_tokens(kv, tokens)?;
+        if self.cfg.family.embed_scale {
+            let scale = (self.cfg.n_embd as f32).sqrt();
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
         let mut s: Option<Scratch> = None;
         let gpu_logits = self.run_stages(pool, kv, span, embedded_on_gpu, &mut x, &mut s)?;
         kv.set_len(span.pos0 + span.t_count);
@@ -220,7 +229,7 @@ impl Model {
                 *x = copy_to(&stage.device, std::mem::take(x));
             }
             for l in stage.layers.clone() {
-                let scratch = s.get_or_insert_with(|| Scratch::new(&self.cfg, span.t_count, span.pos0));
+                let scratch = s.get_or_insert_with(|| self.scratch(kv, span));
                 self.layer(pool, kv, l, span.pos0, x, scratch);
             }
         }
@@ -269,11 +278,20 @@ impl Model {
         let mut data = vec![0f32; n_out * cfg.n_vocab];
         if n_out > 0 {
             let _t = profile::time(Part::Output);
-            let act = &mut s.get_or_insert_with(|| Scratch::new(cfg, span.t_count, span.pos0)).act;
+            let act = &mut s.get_or_insert_with(|| Scratch::new(cfg, None, span.t_count, span.pos0)).act;
             act.quantize(pool, w.output.ty, &hn, d);
             ops::matmul(pool, &[MatJob { w: &w.output, bias: None, out: SharedMut::new(&mut data) }], act);
         }
+        if let Some(c) = cfg.final_softcap {
+            ops::softcap(&mut data, c);
+        }
         data
+    }
+
+    /// The CPU stages' scratch for a batch, its rope tables for this sequence's context.
+    fn scratch(&self, kv: &KvCache, span: Span<'_>) -> Scratch {
+        let factors = self.weights.rope_factors.for_context(kv.max_tokens, self.cfg.rope_orig_ctx);
+        Scratch::new(&self.cfg, factors, span.t_count, span.pos0)
     }
 
     /// Layer `l` over the batch: attention (writing the batch's K and V rows at `pos0..`) and feed-forward,
@@ -308,26 +326,38 @@ impl Model {
         }
         drop(products);
         let attention = profile::time(Part::Attention);
-        for t in 0..t_count {
+        let (hd, rope_dims) = (cfg.head_dim, cfg.rope_dims);
+        let ropes = if cfg.swa_layers[l] && !s.ropes_swa.is_empty() { &s.ropes_swa } else { &s.ropes };
+        for (t, rope) in ropes.iter().enumerate().take(t_count) {
             for h in 0..cfg.n_head {
-                let at = t * q_dim + h * cfg.head_dim;
-                ops::rope_apply(&mut s.q[at..at + cfg.rope_dims], &s.ropes[t], cfg.rope_kind);
+                let at = t * q_dim + h * hd;
+                if let Some(w) = &lw.q_norm {
+                    ops::rms_norm_in_place(&mut s.q[at..at + hd], w, cfg.rms_eps);
+                }
+                ops::rope_apply(&mut s.q[at..at + rope_dims], rope, cfg.rope_kind);
             }
             for h in 0..cfg.n_head_kv {
-                let at = t * kv_dim + h * cfg.head_dim;
-                ops::rope_apply(&mut s.k[at..at + cfg.rope_dims], &s.ropes[t], cfg.rope_kind);
+                let at = t * kv_dim + h * hd;
+                if let Some(w) = &lw.k_norm {
+                    ops::rms_norm_in_place(&mut s.k[at..at + hd], w, cfg.rms_eps);
+                }
+                ops::rope_apply(&mut s.k[at..at + rope_dims], rope, cfg.rope_kind);
             }
             kv.write(l, pos0 + t, &s.k[t * kv_dim..(t + 1) * kv_dim], &s.v[t * kv_dim..(t + 1) * kv_dim]);
         }
-        attn::attention(pool, kv, l, &shape, &s.q, pos0, &mut s.att);
+        let opts = AttnOpts { scale: cfg.attn_scale, softcap: cfg.attn_softcap, window: cfg.window(l) };
+        attn::attention(pool, kv, l, &shape, &opts, &s.q, pos0, &mut s.att);
         drop(attention);
         let products = profile::time(Part::AttnProducts);
         s.act.quantize(pool, lw.wo.ty, &s.att, q_dim);
         ops::matmul(pool, &[MatJob { w: &lw.wo, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
         drop(products);
+        if let Some(w) = &lw.attn_post_norm {
+            ops::rms_norm_rows_in_place(pool, &mut s.proj[..t_count * d], w, cfg.rms_eps, d);
+        }
         ops::add_par(pool, x, &s.proj);
 
-        // Feed-forward block (SwiGLU).
+        // Feed-forward block (gated: SwiGLU or GeGLU).
         ops::rms_norm_rows(pool, x, &lw.ffn_norm, cfg.rms_eps, d, &mut s.xn[..t_count * d]);
         let products = profile::time(Part::FfnProducts);
         s.act.quantize(pool, lw.w_gate.ty, &s.xn, d);
@@ -345,10 +375,13 @@ impl Model {
             s.act.quantize(pool, lw.w_up.ty, &s.xn, d);
             ops::matmul(pool, &[MatJob { w: &lw.w_up, bias: None, out: SharedMut::new(&mut s.up) }], &s.act);
         }
-        ops::swiglu_par(pool, &mut s.gate, &s.up);
+        ops::glu_par(pool, &mut s.gate, &s.up, cfg.family.ffn_act);
         s.act.quantize(pool, lw.w_down.ty, &s.gate, ff);
         ops::matmul(pool, &[MatJob { w: &lw.w_down, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
         drop(products);
+        if let Some(w) = &lw.ffn_post_norm {
+            ops::rms_norm_rows_in_place(pool, &mut s.proj[..t_count * d], w, cfg.rms_eps, d);
+        }
         ops::add_par(pool, x, &s.proj);
     }
 }

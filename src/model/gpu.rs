@@ -342,7 +342,11 @@ impl GpuStage {
         let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
         let (x, xn, q, k, v, att, gate, up) =
             (ptr(&s.x), ptr(&s.xn), ptr(&s.q), ptr(&s.k), ptr(&s.v), ptr(&s.att), ptr(&s.gate), ptr(&s.up));
-        let int8 = kv.ty == KvType::Int8;
+        let int8 = match kv.ty {
+            KvType::F16 => false,
+            KvType::Int8 => true,
+            KvType::F32 => unreachable!("f32 KV is refused on GPU stages (Model::new_kv)"),
+        };
         let (store, attend) =
             if int8 { ("kv_store_q8_0", "attention_q8_0") } else { ("kv_store_f16", "attention_f16") };
         let store_dims = Dims::over(2 * t * if int8 { kv_dim / 32 } else { kv_dim }, 128);

@@ -1,5 +1,7 @@
-//! The KV cache of one sequence: per layer, the K and V rows of every position, as f16 or as int8 blocks of
-//! 32 values with an f16 scale (the Q8_0 layout), in pages of `KV_PAGE_TOKENS` positions.
+//! The KV cache of one sequence: per layer, the K and V rows of every position, as f16, as f32 (the values
+//! exactly as computed, to compare with llama.cpp's `-ctk f32 -ctv f32`) or as int8 blocks of 32 values
+//! with an f16 scale (the Q8_0 layout), in pages of `KV_PAGE_TOKENS` positions. The GPU backend's kernels
+//! read f16 and int8 only: f32 KV runs on the CPU and sim devices (`Model` refuses it on a GPU stage).
 //!
 //! Each layer's pages live on that layer's device, allocated through its ledger as the sequence grows, so
 //! a short conversation at a long `--max-context` holds only what it uses. With `--kv-resident N`, pages
@@ -38,6 +40,8 @@ pub const KV_PAGE_TOKENS: usize = 64;
 pub enum KvType {
     #[default]
     F16,
+    /// Bit-exact K and V, twice f16's memory (CPU and sim devices only).
+    F32,
     Int8,
 }
 
@@ -46,6 +50,7 @@ impl KvType {
     pub fn row_bytes(self, dim: usize) -> usize {
         match self {
             KvType::F16 => dim * 2,
+            KvType::F32 => dim * 4,
             KvType::Int8 => dim / 32 * GgmlType::Q8_0.block_bytes(),
         }
     }
@@ -55,6 +60,7 @@ impl std::fmt::Display for KvType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             KvType::F16 => "f16",
+            KvType::F32 => "f32",
             KvType::Int8 => "int8",
         })
     }
@@ -65,8 +71,9 @@ impl std::str::FromStr for KvType {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "f16" => Ok(KvType::F16),
+            "f32" => Ok(KvType::F32),
             "int8" | "q8_0" => Ok(KvType::Int8),
-            _ => Err(format!("unknown KV type {s:?} (expected f16 or int8)")),
+            _ => Err(format!("unknown KV type {s:?} (expected f16, f32 or int8)")),
         }
     }
 }
@@ -74,6 +81,7 @@ impl std::str::FromStr for KvType {
 /// K or V rows of one page: `KV_PAGE_TOKENS` rows of `kv_dim` values.
 pub enum KvRows {
     F16(Vec<f16>), // (KV_PAGE_TOKENS, kv_dim)
+    F32(Vec<f32>), // (KV_PAGE_TOKENS, kv_dim)
     Int8(Vec<u8>), // (KV_PAGE_TOKENS, kv_dim / 32 blocks of 34 bytes)
     /// In the page's GPU (or pinned host) memory: K at offset 0, V at half the page.
     Gpu,
@@ -84,6 +92,7 @@ impl KvRows {
     fn bytes(&self) -> &[u8] {
         match self {
             KvRows::F16(v) => bytemuck::cast_slice(v),
+            KvRows::F32(v) => bytemuck::cast_slice(v),
             KvRows::Int8(v) => v,
             KvRows::Gpu => unreachable!("GPU rows are read with a copy"),
         }
@@ -92,6 +101,7 @@ impl KvRows {
     fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
             KvRows::F16(v) => bytemuck::cast_slice_mut(v),
+            KvRows::F32(v) => bytemuck::cast_slice_mut(v),
             KvRows::Int8(v) => v,
             KvRows::Gpu => unreachable!("GPU rows are written with a copy"),
         }
@@ -471,10 +481,11 @@ impl KvCache {
     /// fails with the host's figures instead of the process aborting.
     fn page_rows(&self, strict: bool) -> Result<KvRows, DeviceError> {
         let (ty, kv_dim, host) = (self.ty, self.kv_dim, &self.host);
-        let (n_f16, n_i8) = (KV_PAGE_TOKENS * kv_dim, KV_PAGE_TOKENS * ty.row_bytes(kv_dim));
+        let (n_values, n_i8) = (KV_PAGE_TOKENS * kv_dim, KV_PAGE_TOKENS * ty.row_bytes(kv_dim));
         let filled = !strict;
         Ok(match ty {
-            KvType::F16 => KvRows::F16(host_vec(host, n_f16, filled.then_some(f16::ZERO))?),
+            KvType::F16 => KvRows::F16(host_vec(host, n_values, filled.then_some(f16::ZERO))?),
+            KvType::F32 => KvRows::F32(host_vec(host, n_values, filled.then_some(0f32))?),
             KvType::Int8 => KvRows::Int8(host_vec(host, n_i8, filled.then_some(0u8))?),
         })
     }
@@ -561,17 +572,23 @@ impl KvCache {
                     v.clear();
                     KvRows::F16(v)
                 }
+                (KvType::F32, Some(KvRows::F32(mut v))) => {
+                    v.clear();
+                    KvRows::F32(v)
+                }
                 (KvType::Int8, Some(KvRows::Int8(mut v))) => {
                     v.clear();
                     KvRows::Int8(v)
                 }
                 (KvType::F16, _) => KvRows::F16(host_vec(&self.host, n * dim, None)?),
+                (KvType::F32, _) => KvRows::F32(host_vec(&self.host, n * dim, None)?),
                 (KvType::Int8, _) => KvRows::Int8(host_vec(&self.host, n * row, None)?),
             };
             if layer.device.gpu().is_some() {
                 // Sized here, filled from the device below (`download`), all GPU layers together.
                 match &mut out {
                     KvRows::F16(o) => o.resize(n * dim, f16::ZERO),
+                    KvRows::F32(o) => o.resize(n * dim, 0.0),
                     KvRows::Int8(o) => o.resize(n * row, 0),
                     KvRows::Gpu => unreachable!("snapshots live in host memory"),
                 }
@@ -582,6 +599,7 @@ impl KvCache {
                 let src = if v_half { &page.v } else { &page.k };
                 match (&mut out, src) {
                     (KvRows::F16(o), KvRows::F16(p)) => o.extend_from_slice(&p[..rows * dim]),
+                    (KvRows::F32(o), KvRows::F32(p)) => o.extend_from_slice(&p[..rows * dim]),
                     (KvRows::Int8(o), KvRows::Int8(p)) => o.extend_from_slice(&p[..rows * row]),
                     _ => unreachable!("a cache holds one KV type"),
                 }
@@ -589,6 +607,7 @@ impl KvCache {
             // A larger reused buffer gives its tail back: the cache counts what a snapshot holds.
             match &mut out {
                 KvRows::F16(o) => o.shrink_to_fit(),
+                KvRows::F32(o) => o.shrink_to_fit(),
                 KvRows::Int8(o) => o.shrink_to_fit(),
                 KvRows::Gpu => {}
             }
@@ -717,6 +736,10 @@ impl KvCache {
                             d.extend_from_slice(&s[at * dim..(at + rows) * dim]);
                             d.resize(KV_PAGE_TOKENS * dim, f16::ZERO);
                         }
+                        (KvRows::F32(d), KvRows::F32(s)) => {
+                            d.extend_from_slice(&s[at * dim..(at + rows) * dim]);
+                            d.resize(KV_PAGE_TOKENS * dim, 0.0);
+                        }
                         (KvRows::Int8(d), KvRows::Int8(s)) => {
                             d.extend_from_slice(&s[at * row..(at + rows) * row]);
                             d.resize(KV_PAGE_TOKENS * row, 0);
@@ -820,6 +843,7 @@ impl KvCache {
                         *d = f16::from_f32(*s);
                     }
                 }
+                KvRows::F32(buf) => buf[r * dim..(r + 1) * dim].copy_from_slice(&src[..dim]),
                 KvRows::Int8(buf) => quant::quantize_q8_0_row(src, &mut buf[r * row..(r + 1) * row]),
                 KvRows::Gpu => unreachable!("GPU layers store K and V with a kernel"),
             }
@@ -901,5 +925,96 @@ mod tests {
         assert!(matches!(e, DeviceError::AllocFailed { .. }));
         assert_eq!(kv.allocated_bytes() as u64, 10 * page, "pages past the filled positions were freed");
         assert_eq!(kv.len(), 64 * 5);
+    }
+
+    #[test]
+    fn kv_types_parse_print_and_size() {
+        for (name, ty, row) in [("f16", KvType::F16, 128), ("f32", KvType::F32, 256), ("int8", KvType::Int8, 68)] {
+            assert_eq!(name.parse::<KvType>(), Ok(ty));
+            assert_eq!(ty.to_string(), name);
+            assert_eq!(ty.row_bytes(64), row);
+        }
+        assert_eq!("q8_0".parse::<KvType>(), Ok(KvType::Int8));
+        let e = "f64".parse::<KvType>().unwrap_err();
+        assert!(e.contains("f16, f32 or int8"), "{e}");
+    }
+
+    /// Row `pos` of layer `layer`'s K (`v` false) or V rows, as the bits of its values (f32 KV).
+    fn f32_row(kv: &KvCache, layer: usize, pos: usize, v: bool) -> Vec<u32> {
+        let page = &kv.layers[layer].pages[pos / KV_PAGE_TOKENS];
+        let KvRows::F32(rows) = (if v { &page.v } else { &page.k }) else { panic!("f32 KV holds f32 rows") };
+        let r = pos % KV_PAGE_TOKENS;
+        rows[r * kv.kv_dim..(r + 1) * kv.kv_dim].iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// The K and V values of position `pos`: bit patterns f16 would not keep (subnormals, large and tiny
+    /// magnitudes, a NaN's payload, negative zero).
+    fn awkward_values(pos: usize, dim: usize) -> (Vec<f32>, Vec<f32>) {
+        let k =
+            (0..dim).map(|i| f32::from_bits(0x3f80_0001u32.wrapping_mul(pos as u32 * 977 + i as u32 + 1))).collect();
+        let v = (0..dim)
+            .map(|i| match i % 4 {
+                0 => f32::from_bits(1 + pos as u32), // subnormal
+                1 => -0.0,
+                2 => f32::from_bits(0x7fc0_1234), // a NaN with a payload
+                _ => 1e30 / (pos + i + 1) as f32,
+            })
+            .collect();
+        (k, v)
+    }
+
+    #[test]
+    fn f32_kv_keeps_the_bits_written_through_a_snapshot_and_a_restore() {
+        let dim = 64;
+        let dev = Device::sim(0, 64 << 20, 0);
+        let host = Device::cpu(1);
+        // Layer 0 on a sim device keeping the newest 100 positions (older pages on the host), layer 1 on
+        // the host.
+        let layers = vec![dev.clone(), host.clone()];
+        let mut kv = KvCache::new(KvType::F32, dim, 4096, layers.clone(), host.clone(), Some(100));
+        let n = 300;
+        kv.reserve(n).unwrap();
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+        let mut want = Vec::new();
+        for pos in 0..n {
+            let (k, v) = awkward_values(pos, dim);
+            for layer in 0..2 {
+                kv.write(layer, pos, &k, &v);
+            }
+            want.push((bits(&k), bits(&v)));
+        }
+        kv.set_len(n);
+        assert!(kv.layers[0].pages.iter().any(|p| p.on_host()) && kv.layers[0].pages.iter().any(|p| !p.on_host()));
+        assert_eq!(kv.page_bytes(), (KV_PAGE_TOKENS * dim * 4 * 2) as u64);
+        for (pos, (k, v)) in want.iter().enumerate() {
+            for layer in 0..2 {
+                assert_eq!(&f32_row(&kv, layer, pos, false), k, "K of position {pos}, layer {layer}");
+                assert_eq!(&f32_row(&kv, layer, pos, true), v, "V of position {pos}, layer {layer}");
+            }
+        }
+
+        let snap = kv.snapshot().unwrap();
+        assert_eq!(snap.bytes(), kv.snapshot_bytes());
+        assert_eq!(snap.bytes(), (n * dim * 4 * 2 * 2) as u64);
+        // Into the buffers of an earlier snapshot: the same bits, and the buffers sized to what they hold.
+        let again = kv.snapshot_into(Some(kv.snapshot().unwrap())).unwrap();
+        let bytes = |s: &KvSnapshot| -> Vec<Vec<u8>> {
+            s.layers.iter().flat_map(|(k, v)| [k.bytes().to_vec(), v.bytes().to_vec()]).collect()
+        };
+        assert_eq!(bytes(&again), bytes(&snap));
+
+        let mut back = KvCache::new(KvType::F32, dim, 4096, layers, host, Some(100));
+        back.restore(&snap, n).unwrap();
+        assert_eq!(back.len(), n);
+        for (pos, (k, v)) in want.iter().enumerate() {
+            for layer in 0..2 {
+                assert_eq!(&f32_row(&back, layer, pos, false), k, "restored K of position {pos}, layer {layer}");
+                assert_eq!(&f32_row(&back, layer, pos, true), v, "restored V of position {pos}, layer {layer}");
+            }
+        }
+        assert_eq!(bytes(&back.snapshot().unwrap()), bytes(&snap));
+        // A shorter restore keeps the first positions only.
+        back.restore(&snap, 70).unwrap();
+        assert_eq!(bytes(&back.snapshot().unwrap())[0], snap.layers[0].0.bytes()[..70 * dim * 4].to_vec());
     }
 }

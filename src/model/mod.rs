@@ -1,4 +1,5 @@
-//! A llama-shaped model (llama, mistral, qwen2): its configuration, its weights, and the forward pass.
+//! A transformer model of one of the families in `family` (llama, mistral, qwen2, qwen3, gemma2, gemma3,
+//! phi3): its configuration, its weights, and the forward pass.
 //!
 //! The model owns the mapped file and never changes after load; all per-sequence state lives in a
 //! [`KvCache`], so one model serves many sequences. Its [`Placement`] says which device runs which layers
@@ -7,6 +8,7 @@
 pub mod acts;
 pub mod attn;
 pub mod config;
+pub mod family;
 mod forward;
 pub mod gpu;
 pub mod kv;
@@ -25,7 +27,8 @@ use crate::gguf::{GgufError, GgufFile};
 use crate::quant::GgmlType;
 use crate::split::SplitError;
 
-pub use config::{Arch, ModelConfig, RopeKind};
+pub use config::{Arch, ModelConfig, RopeKind, RopeParams};
+pub use family::{Family, FfnAct};
 pub use forward::Logits;
 pub use kv::{KvCache, KvType};
 pub use placement::{Placement, PlanOptions, StagePlan};
@@ -36,7 +39,7 @@ pub use weights::Weights;
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported model architecture {0:?} (supported: llama, mistral, qwen2)")]
+    #[error("unsupported model architecture {0:?} (supported: {supported})", supported = family::supported_names())]
     UnsupportedArch(String),
     #[error("model metadata lacks {0}")]
     MissingKey(String),
@@ -58,6 +61,11 @@ pub enum ModelError {
     BadToken { id: u32, n_vocab: usize },
     #[error("--kv int8 needs heads whose size is a multiple of 32 (this model's is {0})")]
     KvLayout(usize),
+    #[error(
+        "--kv {kv} runs on the CPU and sim devices only, and device {device} is a GPU (the CUDA kernels read \
+         f16 or int8 KV)"
+    )]
+    KvOnGpu { kv: KvType, device: String },
     #[error(transparent)]
     Split(#[from] SplitError),
     #[error(transparent)]
@@ -198,7 +206,9 @@ impl Model {
             return Err(ModelError::KvLayout(cfg.head_dim));
         }
         let popts = PlanOptions { kv_type: opts.kv_type, batch: opts.batch.max(1) };
-        Ok(placement::plan(cfg, weights, &opts.devices, opts.split.as_deref(), &popts)?)
+        let stages = placement::plan(cfg, weights, &opts.devices, opts.split.as_deref(), &popts)?;
+        check_kv_devices(opts.kv_type, &stages)?;
+        Ok(stages)
     }
 
     /// A new empty KV cache for this model holding up to `max_tokens` positions, each layer's pages on its
@@ -207,6 +217,7 @@ impl Model {
         if ty == KvType::Int8 && !self.cfg.head_dim.is_multiple_of(32) {
             return Err(ModelError::KvLayout(self.cfg.head_dim));
         }
+        check_kv_devices(ty, &self.placement.stages)?;
         let p = &self.placement;
         let layer_devices = p.layer_stage.iter().map(|&s| p.stages[s].device.clone()).collect();
         Ok(KvCache::new(ty, self.cfg.kv_dim(), max_tokens, layer_devices, p.devices.host.clone(), p.kv_resident))
@@ -233,5 +244,14 @@ impl Model {
     /// Bytes of KV cache per position for `ty`, over all layers, K and V.
     pub fn kv_bytes_per_token(&self, ty: KvType) -> usize {
         ty.row_bytes(self.cfg.kv_dim()) * 2 * self.cfg.n_layer
+    }
+}
+
+/// Refuses f32 KV when a stage runs on a GPU (`cuda`, `emu`): the CUDA kernels store and read f16 or int8
+/// KV only. `sim` stages compute on the CPU, so they take any KV type.
+fn check_kv_devices(ty: KvType, stages: &[StagePlan]) -> Result<(), ModelError> {
+    match stages.iter().find(|s| s.device.kind.is_gpu()) {
+        Some(s) if ty == KvType::F32 => Err(ModelError::KvOnGpu { kv: ty, device: s.device.name() }),
+        _ => Ok(()),
     }
 }

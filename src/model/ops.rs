@@ -1,4 +1,4 @@
-//! The CPU arithmetic of the forward pass beside attention (`attn`): RMSNorm, RoPE, SwiGLU
+//! The CPU arithmetic of the forward pass beside attention (`attn`): RMSNorm, RoPE, the gated activations
 //! and the threaded matrix products over quantized weights.
 //!
 //! Batch invariance is this module's promise: every value for a token is computed by the same operations in
@@ -12,7 +12,8 @@ pub use crate::threadpool::SharedMut;
 use crate::threadpool::{split_range, ThreadPool};
 
 use super::acts::QuantActs;
-use super::config::RopeKind;
+use super::config::{RopeKind, RopeParams};
+use super::family::FfnAct;
 use super::weights::QTensor;
 
 /// `out = x / rms(x) * w`, with the mean of squares summed in f64 as ggml does.
@@ -25,14 +26,27 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// Cos/sin of every rotated pair at one position: `(cos, sin)` for `rope_dims / 2` pairs.
-pub fn rope_table(pos: usize, rope_dims: usize, base: f32) -> Vec<(f32, f32)> {
+/// `x = x / rms(x) * w` in place (`rms_norm`'s operations).
+pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v = (*v * scale) * g;
+    }
+}
+
+/// Cos/sin of every rotated pair at one position: `(cos, sin)` for `rope_dims / 2` pairs, pair `i` at
+/// angle `freq_scale * (pos * base^(-2i/rope_dims) / factors[i])`, both scaled by `mscale`.
+pub fn rope_table(pos: usize, rope_dims: usize, rope: &RopeParams, factors: Option<&[f32]>) -> Vec<(f32, f32)> {
     // ggml advances theta by repeated multiplication; doing the same keeps us close to llama.cpp.
-    let theta_scale = base.powf(-2.0 / rope_dims as f32);
+    let theta_scale = rope.base.powf(-2.0 / rope_dims as f32);
     let mut theta = pos as f32;
     (0..rope_dims / 2)
-        .map(|_| {
-            let cs = (theta.cos(), theta.sin());
+        .map(|i| {
+            let ff = factors.map_or(1.0, |f| f[i]);
+            let t = rope.freq_scale * (theta / ff);
+            let cs = (t.cos() * rope.mscale, t.sin() * rope.mscale);
             theta *= theta_scale;
             cs
         })
@@ -53,44 +67,78 @@ pub fn rope_apply(x: &mut [f32], table: &[(f32, f32)], kind: RopeKind) {
     }
 }
 
-/// `g = silu(g) * u`, element-wise: `silu(v) = v * sigmoid(v)`, the sigmoid from `e = e^-|v|` (the
-/// attention's polynomial `exp_nonpos`, about 2 ulp) as `1 / (1 + e)` or `e / (1 + e)`. Branch-free plain
-/// f32 steps, so the compiler's vectors give the scalar loop's bits; on x86-64 it runs on AVX2 or AVX-512.
-pub fn swiglu(g: &mut [f32], u: &[f32]) {
+/// `g = act(g) * u`, element-wise (a gated FFN's activation). `silu(v) = v * sigmoid(v)`; GELU's tanh form
+/// is `0.5 v (1 + tanh(c v (1 + a v^2)))` = `v * sigmoid(2 c v (1 + a v^2))`, the same sigmoid. The
+/// sigmoid comes from `e = e^-|v|` (the attention's polynomial `exp_nonpos`, about 2 ulp) as `1 / (1 + e)`
+/// or `e / (1 + e)`. Branch-free plain f32 steps, so the compiler's vectors give the scalar loop's bits; on
+/// x86-64 it runs on AVX2 or AVX-512.
+pub fn glu(g: &mut [f32], u: &[f32], act: FfnAct) {
+    let gelu = act == FfnAct::GeluTanh;
     #[cfg(target_arch = "x86_64")]
     {
         let level = quant::simd_level();
         if level == quant::SimdLevel::Avx512 {
             // SAFETY: AVX-512 F was detected; the body is plain Rust.
-            return unsafe { swiglu_avx512(g, u) };
+            return unsafe { glu_avx512(g, u, gelu) };
         }
         if level.avx2() {
             // SAFETY: AVX2 was detected; the body is plain Rust.
-            return unsafe { swiglu_avx2(g, u) };
+            return unsafe { glu_avx2(g, u, gelu) };
         }
     }
-    swiglu_body(g, u)
+    glu_body(g, u, gelu)
+}
+
+/// `silu(g) * u` (`glu` with SiLU).
+pub fn swiglu(g: &mut [f32], u: &[f32]) {
+    glu(g, u, FfnAct::Silu)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-unsafe fn swiglu_avx512(g: &mut [f32], u: &[f32]) {
-    swiglu_body(g, u)
+unsafe fn glu_avx512(g: &mut [f32], u: &[f32], gelu: bool) {
+    glu_body(g, u, gelu)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn swiglu_avx2(g: &mut [f32], u: &[f32]) {
-    swiglu_body(g, u)
+unsafe fn glu_avx2(g: &mut [f32], u: &[f32], gelu: bool) {
+    glu_body(g, u, gelu)
+}
+
+/// `2 * sqrt(2 / pi)` and the cubic term's coefficient of GELU's tanh form.
+const GELU_2C: f32 = 1.595_769;
+const GELU_A: f32 = 0.044_715;
+
+#[inline(always)]
+fn glu_body(g: &mut [f32], u: &[f32], gelu: bool) {
+    if gelu {
+        for (a, &b) in g.iter_mut().zip(u) {
+            let v = *a;
+            *a = v * sigmoid(GELU_2C * v * (1.0 + GELU_A * v * v)) * b;
+        }
+    } else {
+        for (a, &b) in g.iter_mut().zip(u) {
+            let v = *a;
+            *a = v * sigmoid(v) * b;
+        }
+    }
 }
 
 #[inline(always)]
-fn swiglu_body(g: &mut [f32], u: &[f32]) {
-    for (a, &b) in g.iter_mut().zip(u) {
-        let v = *a;
-        let e = super::attn::exp_nonpos(-v.abs());
-        let sig = if v >= 0.0 { 1.0 / (1.0 + e) } else { e / (1.0 + e) };
-        *a = v * sig * b;
+fn sigmoid(v: f32) -> f32 {
+    let e = super::attn::exp_nonpos(-v.abs());
+    if v >= 0.0 {
+        1.0 / (1.0 + e)
+    } else {
+        e / (1.0 + e)
+    }
+}
+
+/// `x = c * tanh(x / c)` for each value (Gemma 2's soft-capping of scores and logits).
+pub fn softcap(x: &mut [f32], c: f32) {
+    for v in x {
+        *v = c * (*v / c).tanh();
     }
 }
 
@@ -109,12 +157,12 @@ pub fn par_items(pool: &ThreadPool, n: usize, item_values: usize, f: impl Fn(std
     pool.run(parts, |c| f(split_range(c, parts, n)));
 }
 
-/// `swiglu` split over the pool's threads (same bits: each value on its own).
-pub fn swiglu_par(pool: &ThreadPool, g: &mut [f32], u: &[f32]) {
+/// `glu` split over the pool's threads (same bits: each value on its own).
+pub fn glu_par(pool: &ThreadPool, g: &mut [f32], u: &[f32], act: FfnAct) {
     let shared = SharedMut::new(g);
     par_items(pool, u.len(), 1, |r| {
         // SAFETY: the ranges are disjoint.
-        swiglu(unsafe { shared.slice(r.start, r.len()) }, &u[r]);
+        glu(unsafe { shared.slice(r.start, r.len()) }, &u[r], act);
     });
 }
 
@@ -125,6 +173,18 @@ pub fn add_par(pool: &ThreadPool, x: &mut [f32], y: &[f32]) {
         // SAFETY: the ranges are disjoint.
         for (a, b) in unsafe { shared.slice(r.start, r.len()) }.iter_mut().zip(&y[r]) {
             *a += b;
+        }
+    });
+}
+
+/// `rms_norm_in_place` of each of the rows of `d` values of `x`, rows split over the pool's threads.
+pub fn rms_norm_rows_in_place(pool: &ThreadPool, x: &mut [f32], w: &[f32], eps: f32, d: usize) {
+    let n = x.len() / d;
+    let shared = SharedMut::new(x);
+    par_items(pool, n, d, |rows| {
+        for t in rows {
+            // SAFETY: each row is written by one thread.
+            rms_norm_in_place(unsafe { shared.slice(t * d, d) }, w, eps);
         }
     });
 }
@@ -382,28 +442,39 @@ mod tests {
     }
 
     #[test]
-    fn swiglu_is_silu_times_up_to_a_few_ulp_and_the_same_bits_on_every_path() {
+    fn glu_is_the_activation_times_up_to_a_few_ulp_and_the_same_bits_on_every_path() {
         let g = inputs();
         let u: Vec<f32> = (0..g.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
-        let mut fast = g.clone();
-        swiglu(&mut fast, &u);
-        let mut portable = g.clone();
-        swiglu_body(&mut portable, &u);
-        for (i, ((&a, &b), &v)) in fast.iter().zip(&portable).zip(&g).enumerate() {
-            assert_eq!(a.to_bits(), b.to_bits(), "value {i} ({v}): {a} vs portable {b}");
-            if v.is_nan() {
-                assert!(a.is_nan());
-                continue;
+        for act in [FfnAct::Silu, FfnAct::GeluTanh] {
+            let gelu = act == FfnAct::GeluTanh;
+            let mut fast = g.clone();
+            glu(&mut fast, &u, act);
+            let mut portable = g.clone();
+            glu_body(&mut portable, &u, gelu);
+            for (i, ((&a, &b), &v)) in fast.iter().zip(&portable).zip(&g).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{act:?} value {i} ({v}): {a} vs portable {b}");
+                if v.is_nan() {
+                    assert!(a.is_nan());
+                    continue;
+                }
+                let x = v as f64;
+                let (want, rel) = if gelu {
+                    let inner = (2.0 / std::f64::consts::PI).sqrt() * x * (1.0 + 0.044715 * x * x);
+                    // The sigmoid's argument carries the f32 rounding of the cubic: up to about 1e-5
+                    // relative far in the negative tail, where GELU is below 1e-5.
+                    (0.5 * x * (1.0 + inner.tanh()) * u[i] as f64, 1e-5)
+                } else {
+                    (x / (1.0 + (-x).exp()) * u[i] as f64, 4.0 * f32::EPSILON as f64)
+                };
+                let err = (a as f64 - want).abs();
+                // Below -87.3 the exponential stops at e^-87.3 (`exp_nonpos`): an absolute error under 1e-35.
+                assert!(err <= rel * want.abs() + 1e-35 + if gelu { 1e-7 } else { 0.0 }, "{act:?} {v}: {a} vs {want}");
             }
-            let want = v as f64 / (1.0 + (-(v as f64)).exp()) * u[i] as f64;
-            let err = (a as f64 - want).abs();
-            // Below -87.3 the exponential stops at e^-87.3 (`exp_nonpos`): an absolute error under 1e-35.
-            assert!(err <= 4.0 * f32::EPSILON as f64 * want.abs() + 1e-35, "{v}: {a} vs {want}");
+            // Split over threads: the same bits.
+            let pool = ThreadPool::new(2);
+            let mut split = g.clone();
+            glu_par(&pool, &mut split, &u, act);
+            assert!(split.iter().zip(&fast).all(|(a, b)| a.to_bits() == b.to_bits()));
         }
-        // Split over threads: the same bits.
-        let pool = ThreadPool::new(2);
-        let mut split = g.clone();
-        swiglu_par(&pool, &mut split, &u);
-        assert!(split.iter().zip(&fast).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 }

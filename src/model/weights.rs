@@ -1,4 +1,4 @@
-//! The weights of a llama-shaped model: quantized matrices borrowed from the mapped GGUF file, small
+//! The weights of a model: quantized matrices borrowed from the mapped GGUF file, small
 //! vectors (norms, biases) dequantized to f32 at load, and, for the matrices the CPU multiplies in a
 //! format that has one, a row-interleaved copy made at load (`quant::packed`) that the products read
 //! instead of the file's bytes.
@@ -127,18 +127,24 @@ impl QTensor {
 }
 
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,  // (n_embd)
-    pub wq: QTensor,          // (q_dim rows, n_embd cols)
-    pub wk: QTensor,          // (kv_dim, n_embd)
-    pub wv: QTensor,          // (kv_dim, n_embd)
+    pub attn_norm: Vec<f32>, // (n_embd)
+    /// Per-head RMS norms of q and k before RoPE (qwen3, gemma3).
+    pub q_norm: Option<Vec<f32>>, // (head_dim)
+    pub k_norm: Option<Vec<f32>>, // (head_dim)
+    /// RMS norms of the attention's and the FFN's outputs before the residual add (gemma2, gemma3).
+    pub attn_post_norm: Option<Vec<f32>>, // (n_embd)
+    pub ffn_post_norm: Option<Vec<f32>>, // (n_embd)
+    pub wq: QTensor,         // (q_dim rows, n_embd cols)
+    pub wk: QTensor,         // (kv_dim, n_embd)
+    pub wv: QTensor,         // (kv_dim, n_embd)
     pub bq: Option<Vec<f32>>, // (q_dim), qwen2 only
     pub bk: Option<Vec<f32>>, // (kv_dim)
     pub bv: Option<Vec<f32>>, // (kv_dim)
-    pub wo: QTensor,          // (n_embd, q_dim)
-    pub ffn_norm: Vec<f32>,   // (n_embd)
-    pub w_gate: QTensor,      // (n_ff, n_embd)
-    pub w_up: QTensor,        // (n_ff, n_embd)
-    pub w_down: QTensor,      // (n_embd, n_ff)
+    pub wo: QTensor,         // (n_embd, q_dim)
+    pub ffn_norm: Vec<f32>,  // (n_embd)
+    pub w_gate: QTensor,     // (n_ff, n_embd)
+    pub w_up: QTensor,       // (n_ff, n_embd)
+    pub w_down: QTensor,     // (n_embd, n_ff)
 }
 
 impl LayerWeights {
@@ -150,8 +156,17 @@ impl LayerWeights {
     /// Device bytes of the layer: its matrices (with their column caches) and its f32 vectors.
     pub fn device_bytes(&self) -> u64 {
         let matrices = [&self.wq, &self.wk, &self.wv, &self.wo, &self.w_gate, &self.w_up, &self.w_down];
-        let vectors =
-            [Some(&self.attn_norm), Some(&self.ffn_norm), self.bq.as_ref(), self.bk.as_ref(), self.bv.as_ref()];
+        let vectors = [
+            Some(&self.attn_norm),
+            Some(&self.ffn_norm),
+            self.bq.as_ref(),
+            self.bk.as_ref(),
+            self.bv.as_ref(),
+            self.q_norm.as_ref(),
+            self.k_norm.as_ref(),
+            self.attn_post_norm.as_ref(),
+            self.ffn_post_norm.as_ref(),
+        ];
         matrices.iter().map(|m| m.device_bytes()).sum::<u64>()
             + vectors.iter().flatten().map(|v| v.len() as u64 * 4).sum::<u64>()
     }
@@ -164,6 +179,32 @@ pub struct Weights {
     /// The output head; the embedding matrix itself when the model ties them.
     pub output: QTensor, // (n_vocab, n_embd)
     pub tied_output: bool,
+    pub rope_factors: RopeFactors,
+}
+
+/// Per-dimension divisors of RoPE's frequencies, from the file: llama 3's `rope_freqs` (its long-context
+/// scaling), or phi3's LongRoPE pair, the long one for contexts beyond the original training length.
+#[derive(Clone, Debug, Default)]
+pub struct RopeFactors {
+    pub freqs: Option<Vec<f32>>, // (rope_dims / 2)
+    pub long: Option<Vec<f32>>,  // (rope_dims / 2)
+    pub short: Option<Vec<f32>>, // (rope_dims / 2)
+}
+
+impl RopeFactors {
+    /// The divisors for a sequence of up to `max_tokens` positions: LongRoPE's long factors past the
+    /// original context `orig_ctx` (llama.cpp decides on its context size the same way), else the short
+    /// ones; llama 3's factors always.
+    pub fn for_context(&self, max_tokens: usize, orig_ctx: usize) -> Option<&[f32]> {
+        if let Some(f) = &self.freqs {
+            return Some(f);
+        }
+        match (&self.long, &self.short) {
+            (Some(long), _) if max_tokens > orig_ctx => Some(long),
+            (_, Some(short)) => Some(short),
+            _ => None,
+        }
+    }
 }
 
 /// What `Weights::pack_for_cpu` did: per weight type, the matrices packed and the bytes they hold.
@@ -223,34 +264,18 @@ impl Weights {
         report
     }
     pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Weights, ModelError> {
-        let matrix = |name: &str, rows: usize, cols: usize| -> Result<QTensor, ModelError> {
-            let info = file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
-            if rows == 0
-                || cols == 0
-                || info.dims.len() != 2
-                || info.dims[0] != cols as u64
-                || info.dims[1] != rows as u64
-            {
-                return Err(ModelError::TensorShape {
-                    name: name.to_owned(),
-                    expected: vec![cols as u64, rows as u64],
-                    found: info.dims.clone(),
-                });
-            }
-            if !GgmlType::WEIGHT_TYPES.contains(&info.ty) {
-                return Err(ModelError::TensorType { name: name.to_owned(), ty: info.ty });
-            }
-            Ok(QTensor {
-                file: file.clone(),
-                info: info.clone(),
-                ty: info.ty,
-                rows,
-                cols,
-                row_bytes: (info.n_bytes / rows as u64) as usize,
-                columns: Mutex::new(Vec::new()),
-                packed: None,
-            })
+        // Rows `first..first + rows` of the matrix `name` of `total` rows: a fused matrix (phi3's qkv and
+        // gate/up) is read as its parts, each a view of the file's rows (no copy).
+        let part = |name: &str, first: usize, rows: usize, total: usize, cols: usize| -> Result<QTensor, ModelError> {
+            let mut m = matrix_of(file, name, total, cols)?;
+            let row_bytes = m.row_bytes as u64;
+            m.info.file_offset += first as u64 * row_bytes;
+            m.info.n_bytes = rows as u64 * row_bytes;
+            m.info.dims[1] = rows as u64;
+            m.rows = rows;
+            Ok(m)
         };
+        let matrix = |name: &str, rows: usize, cols: usize| matrix_of(file, name, rows, cols);
         let vector = |name: &str, len: usize| -> Result<Vec<f32>, ModelError> {
             let info = file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
             if info.n_elements() != len as u64 || info.dims[0] != len as u64 {
@@ -273,24 +298,53 @@ impl Weights {
                 None => Ok(None),
             }
         };
+        let fam = cfg.family;
+        let required = |name: &str, len: usize, wanted: bool| -> Result<Option<Vec<f32>>, ModelError> {
+            if wanted {
+                vector(name, len).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
 
-        let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let (d, q, kv, ff, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff, cfg.head_dim);
         let token_embd = matrix("token_embd.weight", cfg.n_vocab, d)?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for l in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{l}.{s}");
+            let (wq, wk, wv) = if fam.fused_qkv {
+                let qkv = n("attn_qkv.weight");
+                let total = q + 2 * kv;
+                (part(&qkv, 0, q, total, d)?, part(&qkv, q, kv, total, d)?, part(&qkv, q + kv, kv, total, d)?)
+            } else {
+                (
+                    matrix(&n("attn_q.weight"), q, d)?,
+                    matrix(&n("attn_k.weight"), kv, d)?,
+                    matrix(&n("attn_v.weight"), kv, d)?,
+                )
+            };
+            let (w_gate, w_up) = if fam.fused_gate_up {
+                let up = n("ffn_up.weight");
+                (part(&up, 0, ff, 2 * ff, d)?, part(&up, ff, ff, 2 * ff, d)?)
+            } else {
+                (matrix(&n("ffn_gate.weight"), ff, d)?, matrix(&n("ffn_up.weight"), ff, d)?)
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(&n("attn_norm.weight"), d)?,
-                wq: matrix(&n("attn_q.weight"), q, d)?,
-                wk: matrix(&n("attn_k.weight"), kv, d)?,
-                wv: matrix(&n("attn_v.weight"), kv, d)?,
+                q_norm: required(&n("attn_q_norm.weight"), hd, fam.qk_norm)?,
+                k_norm: required(&n("attn_k_norm.weight"), hd, fam.qk_norm)?,
+                attn_post_norm: required(&n("post_attention_norm.weight"), d, fam.post_norms)?,
+                ffn_post_norm: required(&n("post_ffw_norm.weight"), d, fam.post_norms)?,
+                wq,
+                wk,
+                wv,
                 bq: optional_vector(&n("attn_q.bias"), q)?,
                 bk: optional_vector(&n("attn_k.bias"), kv)?,
                 bv: optional_vector(&n("attn_v.bias"), kv)?,
                 wo: matrix(&n("attn_output.weight"), d, q)?,
                 ffn_norm: vector(&n("ffn_norm.weight"), d)?,
-                w_gate: matrix(&n("ffn_gate.weight"), ff, d)?,
-                w_up: matrix(&n("ffn_up.weight"), ff, d)?,
+                w_gate,
+                w_up,
                 w_down: matrix(&n("ffn_down.weight"), d, ff)?,
             });
         }
@@ -299,6 +353,37 @@ impl Weights {
             Some(_) => (matrix("output.weight", cfg.n_vocab, d)?, false),
             None => (matrix("token_embd.weight", cfg.n_vocab, d)?, true),
         };
-        Ok(Weights { token_embd, layers, output_norm, output, tied_output })
+        let half = cfg.rope_dims / 2;
+        let rope_factors = RopeFactors {
+            freqs: optional_vector("rope_freqs.weight", half)?,
+            long: optional_vector("rope_factors_long.weight", half)?,
+            short: optional_vector("rope_factors_short.weight", half)?,
+        };
+        Ok(Weights { token_embd, layers, output_norm, output, tied_output, rope_factors })
     }
+}
+
+/// The matrix `name` of `rows` rows of `cols` values, its shape and type checked, read from the mapped file.
+fn matrix_of(file: &Arc<GgufFile>, name: &str, rows: usize, cols: usize) -> Result<QTensor, ModelError> {
+    let info = file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
+    if rows == 0 || cols == 0 || info.dims.len() != 2 || info.dims[0] != cols as u64 || info.dims[1] != rows as u64 {
+        return Err(ModelError::TensorShape {
+            name: name.to_owned(),
+            expected: vec![cols as u64, rows as u64],
+            found: info.dims.clone(),
+        });
+    }
+    if !GgmlType::WEIGHT_TYPES.contains(&info.ty) {
+        return Err(ModelError::TensorType { name: name.to_owned(), ty: info.ty });
+    }
+    Ok(QTensor {
+        file: file.clone(),
+        info: info.clone(),
+        ty: info.ty,
+        rows,
+        cols,
+        row_bytes: (info.n_bytes / rows as u64) as usize,
+        columns: Mutex::new(Vec::new()),
+        packed: None,
+    })
 }

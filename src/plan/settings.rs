@@ -332,6 +332,10 @@ impl EngineSettings {
         let reserve_bytes = self.vram_reserve_mib * MIB;
         let devices = DeviceSet::parse(self.devices.trim(), reserve_bytes)
             .map_err(|e| FieldError::new("devices", e.to_string()))?;
+        // The model would refuse it at load (`ModelError::KvOnGpu`); said here, the settings need no model.
+        if let (KvType::F32, Some(d)) = (self.kv, devices.devices.iter().find(|d| d.kind.is_gpu())) {
+            return Err(FieldError::new("kv", ModelError::KvOnGpu { kv: self.kv, device: d.name() }.to_string()));
+        }
         for d in devices.devices.iter().filter(|d| !d.is_host()) {
             if reserve_bytes >= d.total_bytes() {
                 return Err(FieldError::new(
@@ -388,7 +392,7 @@ impl EngineSettings {
             PlanError::Draft(m) => {
                 let field = match &m {
                     ModelError::Split(_) | ModelError::Device(_) => "draft_devices",
-                    ModelError::KvLayout(_) => "kv",
+                    ModelError::KvLayout(_) | ModelError::KvOnGpu { .. } => "kv",
                     _ => "speculative.model_path",
                 };
                 FieldError::new(field, format!("the draft model: {m}"))
@@ -436,7 +440,7 @@ fn model_field_error(e: ModelError) -> FieldError {
     let field = match &e {
         ModelError::Split(SplitError::Device(_)) | ModelError::Device(_) => "devices",
         ModelError::Split(_) => "layer_split",
-        ModelError::KvLayout(_) => "kv",
+        ModelError::KvLayout(_) | ModelError::KvOnGpu { .. } => "kv",
         ModelError::ContextOverflow { .. } => "max_context",
         _ => "model_path",
     };
@@ -492,6 +496,7 @@ mod tests {
             (EngineSettings { devices: " ".into(), ..ok.clone() }, "devices"),
             (EngineSettings { devices: "gpu:1".into(), ..ok.clone() }, "devices"),
             (EngineSettings { layer_split: "x".into(), ..ok.clone() }, "layer_split"),
+            (EngineSettings { devices: "cpu,emu:64".into(), kv: KvType::F32, ..ok.clone() }, "kv"),
             (EngineSettings { kv_resident: Some(0), ..ok.clone() }, "kv_resident"),
             (EngineSettings { max_context: Some(0), ..ok.clone() }, "max_context"),
             (EngineSettings { vram_reserve_mib: MAX_MIB + 1, ..ok.clone() }, "vram_reserve_mib"),
@@ -669,5 +674,12 @@ mod tests {
             "--devices sim:200,sim:400 --layer-split 15 --kv int8 --max-context 4096 --vram-reserve-mib 0 \
              --conversation-cache-slots 4 --conversation-cache-mib 4096 --threads 2"
         );
+        // f32 KV on sim devices (they compute on the CPU): stored as "f32", passed on as `--kv f32`.
+        let f32_kv = EngineSettings { kv: KvType::F32, ..s };
+        assert_eq!(f32_kv.load_options().map(|o| o.kv_type), Ok(KvType::F32));
+        assert!(f32_kv.serve_flags().join(" ").contains("--kv f32 "));
+        let json = serde_json::to_value(&f32_kv).unwrap();
+        assert_eq!(json["kv"], "f32");
+        assert_eq!(serde_json::from_value::<EngineSettings>(json).unwrap(), f32_kv);
     }
 }

@@ -192,8 +192,10 @@ fn info_shows_metadata_types_and_memory() {
     assert!(out.contains("general.architecture = \"llama\""));
     assert!(out.contains("q4_1:  210 tensors"));
     assert!(out.contains("memory at context 8192"));
-    // 30 layers * 192 * 2 (K, V) * 2 bytes.
-    assert!(out.contains("23040 bytes/token"), "{out}");
+    // 30 layers * 192 * 2 (K, V) * 2 bytes; f32 KV twice that, int8 6 blocks of 34 bytes a row.
+    assert!(out.contains("--kv f16 : ") && out.contains("23040 bytes/token"), "{out}");
+    assert!(out.contains("--kv f32 : ") && out.contains("46080 bytes/token"), "{out}");
+    assert!(out.contains("--kv int8: ") && out.contains("12240 bytes/token"), "{out}");
     // The default model's sampling: its model card's preset, the rest Strata's chain.
     assert!(
         out.contains("sampling for fields a request does not send: temperature 0.2 (preset), top_k 40 (default), top_p 0.9 (preset), min_p 0.05 (default)"),
@@ -401,6 +403,45 @@ fn the_kv_type_flag_is_honoured_and_checked() {
     let o = strata(&["run", "-p", "hi", "--kv", "int4"]);
     assert_eq!(o.status.code(), Some(2));
     assert_clean_failure(&o, "unknown KV type");
+    assert!(stderr(&o).contains("expected f16, f32 or int8"), "{}", stderr(&o));
+}
+
+#[test]
+fn f32_kv_runs_on_the_cpu_and_sim_devices_and_is_refused_on_a_gpu() {
+    // The values exactly (llama.cpp's -ctk f32 -ctv f32): the same greedy tokens on the CPU and split over
+    // two sim devices, which compute on the CPU.
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "-p", "The quick brown fox", "-n", "4", "--temp", "0", "--kv", "f32", "--json"];
+        args.extend_from_slice(extra);
+        json_of(&strata(&args))["tokens"].clone()
+    };
+    let cpu = run(&[]);
+    assert_eq!(cpu[0], 351, "f32 KV keeps the greedy first token");
+    assert_eq!(run(&["--devices", "sim:200,sim:400", "--layer-split", "15"]), cpu);
+    // The plan counts 4 bytes a value: 15 layers * (K + V) * 192 values.
+    let plan = ["plan", "--devices", "sim:200,sim:400", "--layer-split", "15", "--kv", "f32", "--tokens", "100"];
+    let v = json_of(&strata(&[&plan[..], &["--json"]].concat()));
+    for s in v["stages"].as_array().expect("stages") {
+        assert_eq!(u(&s["kv_bytes_per_token"]), 15 * 2 * 192 * 4, "{s}");
+    }
+    // A GPU stage (the CUDA backend, here on its emulator) is refused before anything is allocated.
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = common::tiny_model_file(dir.path());
+    let tiny = tiny.to_str().unwrap();
+    for args in [
+        &["run", "-p", "hi", "-n", "1", "--kv", "f32", "--devices", "emu:64", "-m", tiny][..],
+        &["plan", "--kv", "f32", "--devices", "cpu,emu:64", "-m", tiny][..],
+    ] {
+        let o = strata(args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            err.contains("--kv f32 runs on the CPU and sim devices only, and device ")
+                && err.contains(" (emu:64) is a GPU (the CUDA kernels read f16 or int8 KV)"),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 // Devices and layer split: `plan`, `devices`, and the engine flags (--devices, --layer-split,

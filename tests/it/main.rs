@@ -10,6 +10,7 @@ mod cache_props;
 mod cli;
 mod cuda;
 mod engine;
+mod families;
 mod gguf;
 mod hardening;
 mod kernels;

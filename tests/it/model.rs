@@ -122,6 +122,26 @@ fn int8_kv_stays_close_to_f16_kv() {
 }
 
 #[test]
+fn f32_kv_removes_the_kv_rounding_and_keeps_batch_invariance() {
+    // f32 weights see f32 activations: with f16 KV the cache is the one rounding left, with f32 KV none is.
+    let pool = ThreadPool::new(2);
+    let model = build(&common::spec_for(GgmlType::F32));
+    let toks = common::tokens(70, model.cfg.n_vocab, 13);
+    let reference = common::reference_logits(&model, &toks);
+    let f16 = rel_error(&common::logits_in_batches(&model, &pool, KvType::F16, &toks, 70), &reference);
+    let f32_logits = common::logits_in_batches(&model, &pool, KvType::F32, &toks, 70);
+    let f32 = rel_error(&f32_logits, &reference);
+    println!("relative logit error: f16 KV {f16:.2e}, f32 KV {f32:.2e}");
+    assert!(f32 < f16 / 100.0, "f32 KV ({f32:e}) is not clearly closer to float64 than f16 KV ({f16:e})");
+    let whole = common::bits(&f32_logits);
+    for batch in [1, 7, 64] {
+        let other = common::bits(&common::logits_in_batches(&model, &pool, KvType::F32, &toks, batch));
+        assert!(whole == other, "f32 KV: batch {batch} differs from one batch of 70");
+    }
+    assert_eq!(model.kv_bytes_per_token(KvType::F32), 2 * model.kv_bytes_per_token(KvType::F16));
+}
+
+#[test]
 fn tied_and_separate_output_heads_both_load() {
     let tied = build(&SyntheticSpec::default());
     assert!(tied.weights.tied_output);

@@ -7,6 +7,8 @@ import {
   formFromSettings,
   INSECURE_URL_MESSAGE,
   isInsecureUrl,
+  KV_CHOICES,
+  kvChoiceOf,
   remoteKeyOf,
   settingsFromForm,
   urlHost,
@@ -15,6 +17,16 @@ import { keyStatus } from "../src/views/settings/RemoteKeyField";
 import { deviceOf, MIB, plan, row, settings } from "./fakes";
 
 describe("settings form", () => {
+  it("offers every KV type and reads a select's value as one", () => {
+    expect(KV_CHOICES.map((c) => c.value)).toEqual(["f16", "f32", "int8"]);
+    for (const kv of ["f16", "f32", "int8"] as const) {
+      expect(kvChoiceOf(kv)).toBe(kv);
+      const f = formFromSettings(settings({ kv }));
+      expect(settingsFromForm(f)).toEqual({ ok: true, settings: settings({ kv }) });
+    }
+    expect(kvChoiceOf("q4")).toBe("f16");
+  });
+
   it("round-trips settings, optional numbers as empty fields", () => {
     const s = settings({
       engine: { kind: "remote", url: "https://h:1/v1", api_key: { kind: "kept", hint: "wxyz" }, model: "m", allow_insecure: false },

@@ -73,7 +73,11 @@ pub(super) fn chunk_body<const AVX2: bool, const WIDE: bool>(
     let stride = heads.len() * hd;
     start_chunk(ctx, stride, s);
     let Scratch { k, kq, kd, v, m, l, acc, queries, .. } = s;
-    for start in (c0..=end).step_by(KEY_TILE) {
+    // In a sliding-window layer the tiles before every query's window are not read (their pages may be
+    // gone).
+    let lo = queries.iter().map(|x| x.lo).min().unwrap_or(0);
+    let first = c0.max(lo / KEY_TILE * KEY_TILE);
+    for start in (first..=end).step_by(KEY_TILE) {
         let n_keys = KEY_TILE.min(end + 1 - start);
         if ctx.int8 {
             load_tile_q8::<AVX2>(ctx, heads.clone(), start, n_keys, kq, kd, v);
@@ -81,10 +85,12 @@ pub(super) fn chunk_body<const AVX2: bool, const WIDE: bool>(
             load_tile::<AVX2, WIDE>(ctx, heads.clone(), start, n_keys, k, v);
         }
         for (qi, query) in queries.iter().enumerate() {
-            if query.pos < start {
+            if query.pos < start || start + n_keys <= query.lo {
                 continue;
             }
             let valid = n_keys.min(query.pos + 1 - start);
+            // Keys before the query's window (the first lanes of its first tile) get a weight of exactly 0.
+            let skip = query.lo.saturating_sub(start);
             let qv = &q.f[query.q_at..query.q_at + hd];
             let off = (query.kvh - heads.start) * hd;
             let vh = &v[off..];
@@ -95,8 +101,17 @@ pub(super) fn chunk_body<const AVX2: bool, const WIDE: bool>(
             } else {
                 tile_scores::<AVX2, WIDE>(qv, k, off, stride, &mut sc);
             }
+            let mut scale = ctx.scale;
+            if let Some(c) = ctx.softcap {
+                for a in &mut sc[..valid] {
+                    *a = c * (*a * scale / c).tanh();
+                }
+                scale = 1.0;
+            }
+            sc[..skip].fill(f32::NEG_INFINITY);
             let mut p = [0f32; KEY_TILE];
-            let m_new = tile_weights::<AVX2, WIDE>(&mut sc, valid, ctx.scale, m[qi], &mut p);
+            let m_new = tile_weights::<AVX2, WIDE>(&mut sc, valid, scale, m[qi], &mut p);
+            p[..skip].fill(0.0);
             let alpha = if m[qi] == f32::NEG_INFINITY { 0.0 } else { exp_nonpos(m[qi] - m_new) };
             l[qi] = l[qi] * alpha + sum_tile(&p);
             m[qi] = m_new;

@@ -70,12 +70,13 @@ const QUERY_TOKENS: usize = 8;
 const _: () = assert!(KV_PAGE_TOKENS.is_multiple_of(KEY_TILE), "a tile must not straddle a page");
 const _: () = assert!(CHUNK_KEYS.is_multiple_of(KEY_TILE), "a tile must not straddle a chunk");
 
-/// One query of a pass: its vector, its last key position (causal: keys `0..=pos`) and where its output
-/// goes (an offset into the output, `head_dim` values).
+/// One query of a pass: its vector, its keys (causal: `lo..=pos`, `lo` past 0 in a sliding-window layer)
+/// and where its output goes (an offset into the output, `head_dim` values).
 #[derive(Clone, Copy)]
 struct Query {
     q_at: usize,
     pos: usize,
+    lo: usize,
     out_at: usize,
     kvh: usize,
 }
@@ -127,17 +128,39 @@ struct Layer<'a> {
     row_bytes: usize,
     head_bytes: usize,
     scale: f32,
+    /// Scores become `c * tanh(score * scale / c)` (gemma2), then enter the softmax unscaled.
+    softcap: Option<f32>,
+    /// A query at `pos` reads the keys `pos + 1 - window..=pos` (a sliding-window layer).
+    window: Option<usize>,
     /// K and V are q8_0 rows: the scores are integer dot products against the quantized queries.
     int8: bool,
 }
 
+impl Layer<'_> {
+    /// The first key a query at `pos` reads.
+    fn first_key(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+}
+
+/// How one layer's attention scores: the scale, an optional soft-cap, an optional sliding window.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnOpts {
+    pub scale: f32,
+    pub softcap: Option<f32>,
+    pub window: Option<usize>,
+}
+
 /// Causal attention of the `t_count` queries in `q` at positions `pos0..pos0 + t_count` over layer `layer`
-/// of `kv` (already holding those positions). `q`: (t_count, n_head * head_dim); `out`: same shape.
+/// of `kv` (already holding those positions, and in a sliding-window layer at least each query's window).
+/// `q`: (t_count, n_head * head_dim); `out`: same shape.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
     kv: &KvCache,
     layer: usize,
     shape: &AttnShape,
+    opts: &AttnOpts,
     q: &[f32],
     pos0: usize,
     out: &mut [f32],
@@ -149,7 +172,9 @@ pub fn attention(
         head_dim,
         row_bytes: kv.ty.row_bytes(n_head_kv * head_dim),
         head_bytes: kv.ty.row_bytes(head_dim),
-        scale: 1.0 / (head_dim as f32).sqrt(),
+        scale: opts.scale,
+        softcap: opts.softcap,
+        window: opts.window,
         int8: kv.ty == super::KvType::Int8,
     };
     QUERY_BLOCKS.with_borrow_mut(|blocks| {

@@ -32,15 +32,18 @@ pub(super) fn attend_all(pool: &ThreadPool, ctx: &Layer, shape: &AttnShape, q: Q
         for t in block * QUERY_TOKENS..((block + 1) * QUERY_TOKENS).min(t_count) {
             for h in kv_heads.start * group..kv_heads.end * group {
                 let at = t * q_dim + h * head_dim;
-                list.push(Query { q_at: at, pos: pos0 + t, out_at: at, kvh: h / group });
+                let pos = pos0 + t;
+                list.push(Query { q_at: at, pos, lo: ctx.first_key(pos), out_at: at, kvh: h / group });
             }
         }
     };
     let shared_out = SharedMut::new(out);
     let n_key_chunks = (pos0 + t_count).div_ceil(CHUNK_KEYS);
-    if n_blocks == 1 && n_key_chunks > 1 {
+    // Chunks wholly before every query's window hold no key any query reads.
+    let first_chunk = ctx.first_key(pos0) / CHUNK_KEYS;
+    if n_blocks == 1 && n_key_chunks - first_chunk > 1 {
         let per_item = t_count * n_head * (2 + head_dim);
-        let items = n_key_chunks;
+        let items = n_key_chunks - first_chunk;
         PARTIALS.with_borrow_mut(|partials| {
             partials.resize(items * per_item, 0.0);
             let shared = SharedMut::new(partials);
@@ -49,7 +52,7 @@ pub(super) fn attend_all(pool: &ThreadPool, ctx: &Layer, shape: &AttnShape, q: Q
                 SCRATCH.with_borrow_mut(|s| {
                     for c in split_range(chunk, n_chunks, items) {
                         queries_of(0, 0..n_head_kv, &mut s.queries);
-                        chunk_pass(ctx, 0..n_head_kv, q, c * CHUNK_KEYS, s);
+                        chunk_pass(ctx, 0..n_head_kv, q, (first_chunk + c) * CHUNK_KEYS, s);
                         // SAFETY: each item writes its own slot.
                         save_chunk(s, head_dim, unsafe { shared.slice(c * per_item, per_item) });
                     }
@@ -58,8 +61,9 @@ pub(super) fn attend_all(pool: &ThreadPool, ctx: &Layer, shape: &AttnShape, q: Q
             SCRATCH.with_borrow_mut(|s| {
                 queries_of(0, 0..n_head_kv, &mut s.queries);
                 start_totals(s, head_dim);
-                for c in 0..n_key_chunks {
-                    merge_saved(s, head_dim, c * CHUNK_KEYS, &partials[c * per_item..(c + 1) * per_item]);
+                for c in 0..items {
+                    let c0 = (first_chunk + c) * CHUNK_KEYS;
+                    merge_saved(s, head_dim, c0, &partials[c * per_item..(c + 1) * per_item]);
                 }
                 write_out(s, head_dim, shared_out);
             });
@@ -74,8 +78,9 @@ pub(super) fn attend_all(pool: &ThreadPool, ctx: &Layer, shape: &AttnShape, q: Q
                 let kvh = item % n_head_kv;
                 queries_of(item / n_head_kv, kvh..kvh + 1, &mut s.queries);
                 let last = s.queries.iter().map(|x| x.pos).max().unwrap_or(0);
+                let first = s.queries.iter().map(|x| x.lo).min().unwrap_or(0) / CHUNK_KEYS * CHUNK_KEYS;
                 start_totals(s, head_dim);
-                for c0 in (0..=last).step_by(CHUNK_KEYS) {
+                for c0 in (first..=last).step_by(CHUNK_KEYS) {
                     chunk_pass(ctx, kvh..kvh + 1, q, c0, s);
                     merge_chunk(s, head_dim, c0);
                 }
@@ -106,7 +111,7 @@ fn save_chunk(s: &Scratch, hd: usize, slot: &mut [f32]) {
 /// Merges the states of the chunk at `c0` that `save_chunk` wrote into the totals.
 fn merge_saved(s: &mut Scratch, hd: usize, c0: usize, slot: &[f32]) {
     for ((query, t), st) in s.queries.iter().zip(s.total.chunks_exact_mut(2 + hd)).zip(slot.chunks_exact(2 + hd)) {
-        if query.pos >= c0 {
+        if reads_chunk(query, c0) {
             merge(t, st[0], st[1], &st[2..]);
         }
     }
@@ -116,10 +121,15 @@ fn merge_saved(s: &mut Scratch, hd: usize, c0: usize, slot: &[f32]) {
 fn merge_chunk(s: &mut Scratch, hd: usize, c0: usize) {
     let Scratch { m, l, acc, total, queries, .. } = s;
     for (qi, (query, t)) in queries.iter().zip(total.chunks_exact_mut(2 + hd)).enumerate() {
-        if query.pos >= c0 {
+        if reads_chunk(query, c0) {
             merge(t, m[qi], l[qi], &acc[qi * hd..(qi + 1) * hd]);
         }
     }
+}
+
+/// Whether `query` reads a key of the chunk at `c0` (its state from the chunk is not the empty one).
+fn reads_chunk(query: &Query, c0: usize) -> bool {
+    query.pos >= c0 && query.lo < c0 + CHUNK_KEYS
 }
 
 /// Merges a chunk's state (`m`, `l`, `acc`) into a query's total `t` = (m, l, acc...). Into the empty total

@@ -37,6 +37,8 @@ fn layer(kv: &KvCache) -> Layer<'_> {
         row_bytes: kv.ty.row_bytes(SHAPE.n_head_kv * hd),
         head_bytes: kv.ty.row_bytes(hd),
         scale: 1.0 / (hd as f32).sqrt(),
+        softcap: None,
+        window: None,
         int8: kv.ty == KvType::Int8,
     }
 }
@@ -51,20 +53,32 @@ fn as_q8(q: &[f32]) -> Vec<f32> {
     back
 }
 
+/// The scale of `SHAPE`'s heads.
+fn plain() -> AttnOpts {
+    AttnOpts { scale: 1.0 / (SHAPE.head_dim as f32).sqrt(), softcap: None, window: None }
+}
+
+/// Plain causal attention, a sliding window (across chunk and tile edges), and a window with a soft-cap.
+fn variants() -> [AttnOpts; 3] {
+    [plain(), AttnOpts { window: Some(300), ..plain() }, AttnOpts { window: Some(45), softcap: Some(0.5), ..plain() }]
+}
+
 /// Attention in f64 over the values the cache holds (as f32), one query at position `pos`.
-fn attend_f64(kv: &KvCache, h: usize, q: &[f32], pos: usize) -> Vec<f64> {
+fn attend_f64(kv: &KvCache, h: usize, q: &[f32], pos: usize, opts: &AttnOpts) -> Vec<f64> {
     let hd = SHAPE.head_dim;
     let ctx = layer(kv);
     let kvh = h / (SHAPE.n_head / SHAPE.n_head_kv);
     let (mut k, mut v) = (vec![0f32; hd], vec![0f32; hd]);
     let mut scores = Vec::with_capacity(pos + 1);
     let mut rows = Vec::with_capacity(pos + 1);
-    for j in 0..=pos {
+    let lo = opts.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    for j in lo..=pos {
         let page = &ctx.pages[j / KV_PAGE_TOKENS];
         heads_row(&ctx, &page.k, j % KV_PAGE_TOKENS, kvh..kvh + 1, &mut k);
         heads_row(&ctx, &page.v, j % KV_PAGE_TOKENS, kvh..kvh + 1, &mut v);
         let dot: f64 = q.iter().zip(&k).map(|(&a, &b)| a as f64 * b as f64).sum();
-        scores.push(dot / (hd as f64).sqrt());
+        let score = dot * opts.scale as f64;
+        scores.push(opts.softcap.map_or(score, |c| c as f64 * (score / c as f64).tanh()));
         rows.push(v.clone());
     }
     let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -74,12 +88,13 @@ fn attend_f64(kv: &KvCache, h: usize, q: &[f32], pos: usize) -> Vec<f64> {
 }
 
 /// The attention of the last `t` positions of an `n`-position cache, batched.
-fn attend(pool: &ThreadPool, kv: &KvCache, q: &[f32], n: usize, t: usize) -> Vec<f32> {
+fn attend(pool: &ThreadPool, kv: &KvCache, q: &[f32], n: usize, t: usize, opts: &AttnOpts) -> Vec<f32> {
     let mut out = vec![0f32; q.len()];
-    attention(pool, kv, 0, &SHAPE, q, n - t, &mut out);
+    attention(pool, kv, 0, &SHAPE, opts, q, n - t, &mut out);
     out
 }
 
+/// ... and through a sliding window and a soft-cap (gemma's layers), whose masked keys weigh exactly 0.
 #[test]
 fn attention_follows_float64_for_f16_and_int8_kv_at_every_length() {
     let pool = ThreadPool::new(2);
@@ -89,7 +104,7 @@ fn attention_follows_float64_for_f16_and_int8_kv_at_every_length() {
     // float64 attention is given those operands, and separately the exact query, against which the error
     // is the quantization's.
     let mut worst_exact_q = 0f64;
-    for ty in [KvType::F16, KvType::Int8] {
+    for ty in [KvType::F16, KvType::F32, KvType::Int8] {
         for n in [1, 2, 31, 32, 33, 64, 65, 255, 1000, 2049, 5000] {
             let kv = filled(ty, n, &mut rng);
             if n > 1064 {
@@ -100,34 +115,39 @@ fn attention_follows_float64_for_f16_and_int8_kv_at_every_length() {
             // query takes the chunks-on-threads one.
             let t = n.min(11);
             let q: Vec<f32> = (0..t * q_dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-            let got = attend(&pool, &kv, &q, n, t);
-            let operands = if ty == KvType::Int8 { as_q8(&q) } else { q.clone() };
-            let mut worst = 0f64;
-            for ti in 0..t {
-                for h in 0..SHAPE.n_head {
-                    let at = ti * q_dim + h * SHAPE.head_dim;
-                    let want = attend_f64(&kv, h, &operands[at..at + SHAPE.head_dim], n - t + ti);
-                    let error = |want: &[f64]| {
-                        let scale = want.iter().fold(0f64, |a, b| a.max(b.abs()));
-                        let got = &got[at..at + SHAPE.head_dim];
-                        got.iter().zip(want).map(|(g, w)| (*g as f64 - w).abs() / scale).fold(0f64, f64::max)
-                    };
-                    worst = worst.max(error(&want));
-                    if ty == KvType::Int8 {
-                        let exact_q = attend_f64(&kv, h, &q[at..at + SHAPE.head_dim], n - t + ti);
-                        worst_exact_q = worst_exact_q.max(error(&exact_q));
+            for opts in variants() {
+                let got = attend(&pool, &kv, &q, n, t, &opts);
+                let operands = if ty == KvType::Int8 { as_q8(&q) } else { q.clone() };
+                let mut worst = 0f64;
+                for ti in 0..t {
+                    for h in 0..SHAPE.n_head {
+                        let at = ti * q_dim + h * SHAPE.head_dim;
+                        let want = attend_f64(&kv, h, &operands[at..at + SHAPE.head_dim], n - t + ti, &opts);
+                        let error = |want: &[f64]| {
+                            let scale = want.iter().fold(0f64, |a, b| a.max(b.abs()));
+                            let got = &got[at..at + SHAPE.head_dim];
+                            got.iter().zip(want).map(|(g, w)| (*g as f64 - w).abs() / scale).fold(0f64, f64::max)
+                        };
+                        worst = worst.max(error(&want));
+                        if ty == KvType::Int8 {
+                            let exact_q = attend_f64(&kv, h, &q[at..at + SHAPE.head_dim], n - t + ti, &opts);
+                            worst_exact_q = worst_exact_q.max(error(&exact_q));
+                        }
                     }
                 }
-            }
-            assert!(worst < 1e-5, "{ty:?}, {n} positions: relative error {worst:e}");
-            // Alone, each query gives the bits it gave in the batch.
-            for ti in 0..t {
-                let pos = n - t + ti;
-                let qi = &q[ti * q_dim..(ti + 1) * q_dim];
-                let mut one = vec![0f32; q_dim];
-                attention(&pool, &kv, 0, &SHAPE, qi, pos, &mut one);
-                let batched = &got[ti * q_dim..(ti + 1) * q_dim];
-                assert!(one.iter().zip(batched).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?}, {n}: query {ti}");
+                assert!(worst < 1e-5, "{ty:?}, {n} positions, {opts:?}: relative error {worst:e}");
+                // Alone, each query gives the bits it gave in the batch.
+                for ti in 0..t {
+                    let pos = n - t + ti;
+                    let qi = &q[ti * q_dim..(ti + 1) * q_dim];
+                    let mut one = vec![0f32; q_dim];
+                    attention(&pool, &kv, 0, &SHAPE, &opts, qi, pos, &mut one);
+                    let batched = &got[ti * q_dim..(ti + 1) * q_dim];
+                    assert!(
+                        one.iter().zip(batched).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{ty:?}, {n}, {opts:?}: query {ti}"
+                    );
+                }
             }
         }
     }
@@ -153,7 +173,7 @@ fn chunk_pass_has_the_same_bits_on_every_instruction_set() {
     let q_dim = SHAPE.n_head * hd;
     let group = SHAPE.n_head / SHAPE.n_head_kv;
     let mut rng = StdRng::seed_from_u64(6);
-    for ty in [KvType::F16, KvType::Int8] {
+    for ty in [KvType::F16, KvType::F32, KvType::Int8] {
         let n = 1300;
         let kv = filled(ty, n, &mut rng);
         let ctx = layer(&kv);
@@ -169,7 +189,7 @@ fn chunk_pass_has_the_same_bits_on_every_instruction_set() {
                     heads.flat_map(move |kvh| {
                         (kvh * group..(kvh + 1) * group).map(move |h| {
                             let at = ti * q_dim + h * hd;
-                            Query { q_at: at, pos: positions[ti], out_at: at, kvh }
+                            Query { q_at: at, pos: positions[ti], lo: 0, out_at: at, kvh }
                         })
                     })
                 })

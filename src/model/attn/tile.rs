@@ -1,8 +1,8 @@
 //! Bringing a tile of `KEY_TILE` keys from the layer's pages into the scratch, as the kernels read it: f16
-//! rows converted to f32 (in the AVX-512 instance, K as key pairs interleaved in 8-value chunks), int8 KV's
-//! keys kept as quants with their block scales apart, values always as f32, and the keys past the last
-//! one zeroed. Conversions are exact (f16 to f32; q8_0 as `q as f32 * d`), so the AVX2 loaders give the
-//! portable ones' values. A tile never straddles a page, and only host pages are read: a GPU layer's
+//! rows converted to f32 and f32 rows copied as they are (in the AVX-512 instance, K as key pairs
+//! interleaved in 8-value chunks), int8 KV's keys kept as quants with their block scales apart, values
+//! always as f32, and the keys past the last one zeroed. Conversions are exact (f16 to f32; q8_0 as
+//! `q as f32 * d`), so the AVX2 loaders give the portable ones' values. A tile never straddles a page, and only host pages are read: a GPU layer's
 //! pages are never touched here.
 
 use std::ops::Range;
@@ -16,8 +16,8 @@ use super::{Layer, KEY_TILE, Q8_BLOCK};
 
 /// Converts keys `start..start + n_keys` of the KV heads `heads` into `k` and their values into `v`
 /// (rows of the heads' values, one after the other), zeroing the keys past `n_keys`. `AVX2`: converted
-/// with F16C and AVX2 in line (the same values: f16 to f32 is exact, and q8_0 is `q as f32 * d` either
-/// way). `WIDE`: `k` holds key pairs, each pair's rows interleaved in 8-value chunks (chunk `c` of key
+/// with F16C and AVX2 in line (the same values: f16 to f32 is exact, f32 is copied, and q8_0 is
+/// `q as f32 * d` either way). `WIDE`: `k` holds key pairs, each pair's rows interleaved in 8-value chunks (chunk `c` of key
 /// `2p + s` at `2p * stride + 16c + 8s`), which `scores_avx512` reads.
 #[inline(always)]
 pub(super) fn load_tile<const AVX2: bool, const WIDE: bool>(
@@ -137,6 +137,10 @@ pub(super) fn heads_row(ctx: &Layer, rows: &KvRows, r: usize, heads: Range<usize
             let at = r * ctx.kv_dim + heads.start * ctx.head_dim;
             k[at..at + heads.len() * ctx.head_dim].convert_to_f32_slice(dst);
         }
+        KvRows::F32(k) => {
+            let at = r * ctx.kv_dim + heads.start * ctx.head_dim;
+            dst.copy_from_slice(&k[at..at + heads.len() * ctx.head_dim]);
+        }
         KvRows::Int8(k) => {
             let at = r * ctx.row_bytes + heads.start * ctx.head_bytes;
             quant::dequantize_row(GgmlType::Q8_0, &k[at..at + heads.len() * ctx.head_bytes], dst);
@@ -155,6 +159,9 @@ fn prefetch_heads(ctx: &Layer, rows: &KvRows, r: usize, heads: Range<usize>) {
         KvRows::F16(k) => {
             (k.as_ptr() as *const i8, 2 * (r * ctx.kv_dim + heads.start * ctx.head_dim), 2 * heads.len() * ctx.head_dim)
         }
+        KvRows::F32(k) => {
+            (k.as_ptr() as *const i8, 4 * (r * ctx.kv_dim + heads.start * ctx.head_dim), 4 * heads.len() * ctx.head_dim)
+        }
         KvRows::Int8(k) => {
             (k.as_ptr() as *const i8, r * ctx.row_bytes + heads.start * ctx.head_bytes, heads.len() * ctx.head_bytes)
         }
@@ -170,7 +177,8 @@ fn prefetch_heads(ctx: &Layer, rows: &KvRows, r: usize, heads: Range<usize>) {
 }
 
 /// `heads_row` with F16C and AVX2, in line (`head_dim` a multiple of 32), the row's 8-value chunk `c` written
-/// at `dst[step * c..]` (`step` 8: a plain row; 16: one of a key pair's interleaved rows).
+/// at `dst[step * c..]` (`step` 8: a plain row; 16: one of a key pair's interleaved rows). f32 rows are
+/// copied with plain loads and stores.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -185,6 +193,13 @@ unsafe fn heads_row_avx2(ctx: &Layer, rows: &KvRows, r: usize, heads: Range<usiz
             for c in 0..n / 8 {
                 let h = _mm_loadu_si128(src.as_ptr().add(8 * c) as *const __m128i);
                 _mm256_storeu_ps(dst.as_mut_ptr().add(step * c), _mm256_cvtph_ps(h));
+            }
+        }
+        KvRows::F32(k) => {
+            let at = r * ctx.kv_dim + heads.start * ctx.head_dim;
+            let src = &k[at..at + n];
+            for c in 0..n / 8 {
+                _mm256_storeu_ps(dst.as_mut_ptr().add(step * c), _mm256_loadu_ps(src.as_ptr().add(8 * c)));
             }
         }
         KvRows::Int8(k) => {

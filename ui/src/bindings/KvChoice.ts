@@ -3,4 +3,4 @@
 /**
  * The element format of the KV cache (`--kv`).
  */
-export type KvChoice = "f16" | "int8";
+export type KvChoice = "f16" | "f32" | "int8";

@@ -79,6 +79,18 @@ export function formFromSettings(s: EngineSettings): SettingsForm {
   };
 }
 
+/** The KV types a select offers, in the order the backend lists them, each with its label. */
+export const KV_CHOICES: readonly { value: KvChoice; label: string }[] = [
+  { value: "f16", label: "f16" },
+  { value: "f32", label: "f32 (exact; CPU and sim devices only)" },
+  { value: "int8", label: "int8" },
+];
+
+/** A select's value as a KV type; anything else reads as the default, f16. */
+export function kvChoiceOf(value: string): KvChoice {
+  return KV_CHOICES.find((c) => c.value === value)?.value ?? "f16";
+}
+
 const WHOLE = /^\d+$/;
 
 function whole(value: string, field: FieldName, errors: FieldErrors, what: string): number {

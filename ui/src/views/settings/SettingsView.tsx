@@ -10,6 +10,8 @@ import {
   fieldOf,
   forPlanning,
   formFromSettings,
+  KV_CHOICES,
+  kvChoiceOf,
   settingsFromForm,
   type FieldErrors,
   type SettingsForm,
@@ -217,10 +219,13 @@ export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps
             value={form.kv}
             aria-invalid={errors.kv ? "true" : "false"}
             aria-describedby={errors.kv ? "settings-kv-error" : undefined}
-            onChange={(e) => set({ kv: (e.target as HTMLSelectElement).value === "int8" ? "int8" : "f16" })}
+            onChange={(e) => set({ kv: kvChoiceOf((e.target as HTMLSelectElement).value) })}
           >
-            <option value="f16">f16</option>
-            <option value="int8">int8</option>
+            {KV_CHOICES.map((c) => (
+              <option key={c.value} value={c.value}>
+                {c.label}
+              </option>
+            ))}
           </select>
           {errors.kv && (
             <p id="settings-kv-error" class="field-error" data-testid="error-kv">

@@ -1,0 +1,219 @@
+//! Every model family against llama.cpp on the tiny random-weight fixtures of tests/data/families (made by
+//! scripts/family-fixtures with the `gguf` package; llama.cpp b11312's outputs beside them): greedy tokens
+//! and the first step's log-probs, and the bit-identity promises (batch, chunking, threads) per family.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use strata::device::{DeviceKind, DeviceSet};
+use strata::model::{FfnAct, KvType, LoadOptions, Model};
+use strata::threadpool::ThreadPool;
+
+/// Every fixture: (file stem, reference stem, context the sequence is sized for).
+const FIXTURES: [(&str, &str, usize); 7] = [
+    ("llama3", "llama3", 512),
+    ("qwen2", "qwen2", 512),
+    ("qwen3", "qwen3", 512),
+    ("gemma2", "gemma2", 512),
+    ("gemma3", "gemma3", 512),
+    ("phi3", "phi3", 512),
+    // phi3 at a context within its original training length: LongRoPE's short factors.
+    ("phi3", "phi3-short", 256),
+];
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/families")
+}
+
+fn load(stem: &str) -> Model {
+    Model::load(&dir().join(format!("{stem}.gguf"))).unwrap_or_else(|e| panic!("{stem}.gguf loads: {e}"))
+}
+
+fn reference(stem: &str) -> Value {
+    let text = std::fs::read_to_string(dir().join(format!("{stem}.json"))).expect("reference json");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array().expect("floats").iter().map(|x| x.as_f64().expect("float")).collect()
+}
+
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+    let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+    row.iter().map(|&x| x as f64 - max - sum.ln()).collect()
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The prompt's last log-probs and `n` greedy tokens after it, one token per step.
+fn run(model: &Model, pool: &ThreadPool, prompt: &[u32], n: usize, ctx: usize) -> (Vec<f64>, Vec<u32>) {
+    let mut kv = model.new_kv(KvType::F32, ctx).expect("kv");
+    let logits = model.forward(pool, &mut kv, prompt, &[prompt.len() - 1]).expect("prompt");
+    let first = log_softmax(logits.row(0));
+    let mut next = argmax(logits.row(0));
+    let mut greedy = vec![next];
+    while greedy.len() < n {
+        let l = model.forward(pool, &mut kv, &[next], &[0]).expect("decode");
+        next = argmax(l.row(0));
+        greedy.push(next);
+    }
+    (first, greedy)
+}
+
+#[test]
+fn every_family_gives_llama_cpps_greedy_tokens_and_log_probs() {
+    let pool = ThreadPool::new(2);
+    let mut report = Vec::new();
+    for (stem, ref_stem, ctx) in FIXTURES {
+        let model = load(stem);
+        let r = reference(ref_stem);
+        let prompt = ids(&r["prompt"]);
+        let want = ids(&r["greedy"]);
+        let (first, greedy) = run(&model, &pool, &prompt, want.len(), ctx);
+        let llama = floats(&r["logprobs_last"]);
+        let diff = first.iter().zip(&llama).map(|(a, b)| (a - b).abs()).fold(0f64, f64::max);
+        assert_eq!(greedy, want, "{ref_stem}: greedy tokens");
+        // llama.cpp's GELU reads an f16 table (its input rounded to f16): on the gemma files it is up to
+        // 5.6e-3 nat from the exact GELU of the float64 pass, which Strata follows to 1e-3 there.
+        let exact = floats(&r["f64"]["logprobs_last"]);
+        let diff64 = first.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0f64, f64::max);
+        report.push(format!("{ref_stem}: max |strata - llama.cpp| {diff:.2e} nat, |strata - float64| {diff64:.2e}"));
+        let bound = if model.cfg.family.ffn_act == FfnAct::GeluTanh { 1e-2 } else { 1e-3 };
+        assert!(diff < bound, "{ref_stem}: first-step log-probs differ from llama.cpp's by {diff:e} nat");
+        assert!(diff64 < 1e-3, "{ref_stem}: first-step log-probs differ from the float64 pass by {diff64:e} nat");
+    }
+    println!("{}", report.join("\n"));
+}
+
+/// Logits of every position of `tokens` read in batches of `batch` into a cache sized `ctx`, the cache
+/// first filled from `start` (a restored snapshot) when given.
+fn logits(model: &Model, pool: &ThreadPool, tokens: &[u32], batch: usize, ctx: usize) -> Vec<u32> {
+    let mut kv = model.new_kv(KvType::F32, ctx).expect("kv");
+    let mut out = Vec::new();
+    for chunk in tokens.chunks(batch) {
+        let want: Vec<usize> = (0..chunk.len()).collect();
+        out.extend(model.forward(pool, &mut kv, chunk, &want).expect("forward").data.iter().map(|x| x.to_bits()));
+    }
+    out
+}
+
+/// The engine's promise per family: a position's logits have the same bits whether the prompt is read in
+/// one batch, in chunks or token by token, on one thread or two, on the CPU or split over two simulated
+/// GPUs, and after a snapshot of the cache is restored (whole, or cut back to a shorter prefix).
+#[test]
+fn every_family_is_bit_identical_across_batches_threads_splits_and_restores() {
+    let (pool, pool1) = (ThreadPool::new(2), ThreadPool::new(1));
+    for stem in ["llama3", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"] {
+        let model = load(stem);
+        let r = reference(stem);
+        let mut tokens = ids(&r["prompt"]);
+        tokens.extend(ids(&r["greedy"]));
+        let (n, ctx, v) = (tokens.len(), 512, model.cfg.n_vocab);
+        let whole = logits(&model, &pool, &tokens, n, ctx);
+        for batch in [1, 7, 32] {
+            assert!(logits(&model, &pool, &tokens, batch, ctx) == whole, "{stem}: batches of {batch}");
+        }
+        assert!(logits(&model, &pool1, &tokens, 7, ctx) == whole, "{stem}: one thread");
+
+        let kinds = vec![DeviceKind::Sim { capacity_bytes: 64 << 20 }; 2];
+        let devices = DeviceSet::from_kinds(&kinds, 0).expect("sim devices");
+        let opts = LoadOptions { devices, split: Some(vec![1]), ..Default::default() };
+        let path = dir().join(format!("{stem}.gguf"));
+        let split = Model::load_with(&path, &opts).expect("split model loads");
+        assert_eq!(split.placement.stages.len(), 2, "{stem}: two stages");
+        assert!(logits(&split, &pool, &tokens, 9, ctx) == whole, "{stem}: split over two sim devices");
+
+        // Park after 30 positions, restore all of them or the first 23, and read on.
+        let mut kv = model.new_kv(KvType::F32, ctx).expect("kv");
+        model.forward(&pool, &mut kv, &tokens[..30], &[]).expect("prompt");
+        let snap = kv.snapshot().expect("snapshot");
+        for keep in [30, 23] {
+            let mut back = model.new_kv(KvType::F32, ctx).expect("kv");
+            back.restore(&snap, keep).expect("restore");
+            let want: Vec<usize> = (0..n - keep).collect();
+            let rest = model.forward(&pool, &mut back, &tokens[keep..], &want).expect("read on");
+            let bits: Vec<u32> = rest.data.iter().map(|x| x.to_bits()).collect();
+            assert!(bits == whole[keep * v..], "{stem}: restored {keep} of 30 positions");
+        }
+    }
+}
+
+/// The real Gemma 3 270M Q4_K_M (scripts/fetch-gemma) against llama.cpp (tests/data/families/
+/// gemma3-270m-q4_k_m.json, f32 KV). Both engines quantize activations to 8 bits, in blocks that Gemma's
+/// large activations make coarse, so their log-probs differ by up to about 0.3 nat and each is about
+/// 0.15 nat from the same weights run with exact activations (llama.cpp on the file dequantized to F32,
+/// where Strata agrees to 2e-3). The fair checks, as for the default model: under teacher forcing along
+/// llama.cpp's greedy tokens, the same argmax at every step where llama.cpp's top-2 margin exceeds 0.4
+/// nat; the first step's top-10 log-probs within 0.3 nat of the exact-activation run, and no further from it
+/// than llama.cpp's.
+#[test]
+fn gemma3_270m_q4_k_m_follows_llama_cpps_tokens() {
+    let path = std::env::var_os("STRATA_GEMMA_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf"));
+    if !path.exists() {
+        println!("skipped: {} is absent (run scripts/fetch-gemma)", path.display());
+        return;
+    }
+    let model = Model::load(&path).expect("gemma loads");
+    assert_eq!(model.cfg.arch_name, "gemma3");
+    let r = reference("gemma3-270m-q4_k_m");
+    let pool = ThreadPool::new(2);
+    let pairs = |v: &Value| -> Vec<(usize, f64)> {
+        v.as_array()
+            .expect("pairs")
+            .iter()
+            .map(|p| (p[0].as_u64().expect("id") as usize, p[1].as_f64().expect("logprob")))
+            .collect()
+    };
+    for case in r["cases"].as_array().expect("cases") {
+        let text = case["text"].as_str().unwrap_or_default();
+        let prompt = ids(&case["prompt"]);
+        let greedy = ids(&case["greedy"]);
+        let mut all = prompt.clone();
+        all.extend_from_slice(&greedy);
+        let mut kv = model.new_kv(KvType::F32, 512).expect("kv");
+        let want: Vec<usize> = (prompt.len() - 1..all.len()).collect();
+        let logits = model.forward(&pool, &mut kv, &all, &want).expect("forward");
+        let (mut checked, mut agreed) = (0, 0);
+        for (step, top2) in case["forced_top2"].as_array().expect("forced").iter().enumerate() {
+            let top2 = pairs(top2);
+            if top2[0].1 - top2[1].1 <= 0.4 {
+                continue;
+            }
+            checked += 1;
+            let ours = argmax(logits.row(step)) as usize;
+            assert_eq!(ours, top2[0].0, "{text:?}: step {step} (llama.cpp's margin {:.3})", top2[0].1 - top2[1].1);
+            agreed += 1;
+        }
+        let first = log_softmax(logits.row(0));
+        let llama = pairs(&case["top10_last"]);
+        let exact = pairs(&case["top10_last_dequantized"]);
+        let ours_err = exact.iter().map(|&(i, lp)| (first[i] - lp).abs()).fold(0f64, f64::max);
+        let llama_at = |i: usize| llama.iter().find(|p| p.0 == i).map(|p| p.1);
+        let llama_err = exact.iter().filter_map(|&(i, lp)| Some((llama_at(i)? - lp).abs())).fold(0f64, f64::max);
+        let vs_llama = llama.iter().map(|&(i, lp)| (first[i] - lp).abs()).fold(0f64, f64::max);
+        println!(
+            "{text:?}: argmax equal at {agreed} of {checked} clear steps; top-10 vs exact activations: strata \
+             {ours_err:.3} nat, llama.cpp {llama_err:.3}; strata vs llama.cpp {vs_llama:.3}"
+        );
+        assert_eq!(argmax(logits.row(0)), greedy[0], "{text:?}: the first token");
+        assert!(
+            ours_err < 0.3 && ours_err <= llama_err,
+            "{text:?}: top-10 log-probs {ours_err} nat from the exact-activation run (llama.cpp's: {llama_err})"
+        );
+    }
+}
