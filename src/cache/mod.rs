@@ -196,7 +196,9 @@ impl ConversationCache {
             let (tokens, kind) = if common == s.tokens.len() {
                 (common, RestoreKind::Live)
             } else {
-                let at = s.checkpoints.iter().copied().filter(|&c| c <= common).max().unwrap_or(0);
+                // A sliding-window layer holds the keys of positions from `min_len` on only.
+                let usable = |c: usize| c <= common && c >= s.kv.min_len;
+                let at = s.checkpoints.iter().copied().filter(|&c| usable(c)).max().unwrap_or(0);
                 (at, RestoreKind::Checkpoint)
             };
             if tokens > at_least && best.is_none_or(|b| tokens > b.tokens) {
@@ -247,6 +249,8 @@ mod tests {
             kv_dim: 32,
             len: n,
             layers: vec![(KvRows::Int8(vec![0; n * 34]), KvRows::Int8(vec![0; n * 34]))],
+            firsts: vec![0],
+            min_len: 0,
         };
         Snapshot::new(tokens.to_vec(), checkpoints.to_vec(), kv, ident())
     }

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Args;
 
 use strata::gguf::GgufFile;
-use strata::model::{KvType, ModelConfig};
+use strata::model::{kv, KvType, ModelConfig};
 
 use super::{resolve_model, ModelArgs};
 
@@ -101,6 +101,15 @@ pub fn main(a: InfoArgs) -> anyhow::Result<()> {
                 cfg.arch_name, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff,
                 cfg.n_vocab, cfg.rope_kind, cfg.rope_base, cfg.n_ctx_train
             );
+            println!("family: {} ({})", cfg.family.name, cfg.family.features);
+            if let Some(w) = cfg.swa_window {
+                let swa = cfg.swa_layers.iter().filter(|&&s| s).count();
+                println!(
+                    "sliding window: {w} positions on {swa} of {} layers (RoPE base {} there), which keep only their \
+                     window of KV on the CPU",
+                    cfg.n_layer, cfg.rope_swa.base
+                );
+            }
             let ctx = a.ctx.map_or(cfg.n_ctx_train, |c| c as usize);
             // Scratch of one prompt batch of 512 tokens: the widest activations plus one logits row.
             let batch = 512usize;
@@ -108,8 +117,14 @@ pub fn main(a: InfoArgs) -> anyhow::Result<()> {
             let widths = (4 * cfg.n_embd + 3 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.n_ff) as f64;
             let scratch = batch as f64 * widths * 4.0 + cfg.n_vocab as f64 * 4.0;
             println!("memory at context {ctx}:");
+            // A sliding-window layer holds its window and a margin, in whole pages (`KvCache`).
+            let kept = cfg.swa_window.map_or(ctx, |w| {
+                ctx.min(((w + kv::SWA_MARGIN_TOKENS).div_ceil(kv::KV_PAGE_TOKENS) + 1) * kv::KV_PAGE_TOKENS)
+            });
+            let swa = cfg.swa_layers.iter().filter(|&&s| s).count();
             for ty in [KvType::F16, KvType::F32, KvType::Int8] {
-                let kv = (ty.row_bytes(cfg.kv_dim()) * 2 * cfg.n_layer) as f64 * ctx as f64;
+                let row = (ty.row_bytes(cfg.kv_dim()) * 2) as f64;
+                let kv = row * ((cfg.n_layer - swa) as f64 * ctx as f64 + swa as f64 * kept as f64);
                 println!(
                     "  --kv {:<4}: weights {:.1} MiB + KV {:.1} MiB ({} bytes/token) + scratch {:.1} MiB = {:.1} MiB",
                     format!("{ty:?}").to_lowercase(),

@@ -39,6 +39,8 @@ impl Sequence {
     /// Goes back to the first `n` tokens and frees the KV pages past them: what a failed request does,
     /// so that it holds no device memory afterwards.
     pub fn rewind(&mut self, n: usize) {
+        // Below `min_len` a sliding-window layer has freed keys: back to nothing (the next request rereads).
+        let n = if n < self.kv.min_len() { 0 } else { n };
         self.tokens.truncate(n);
         self.kv.truncate(n);
         self.kv.release_unused();
@@ -139,8 +141,12 @@ fn prefill_until(
     let common = seq.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
     // At least the last prompt token is read again: its logits are needed.
     let reused = common.min(prompt.len() - 1);
+    // A sliding-window layer keeps the keys of the last prompt's end and of the newest positions: a
+    // prefix shorter than that is read again.
+    let reused = if reused < seq.kv.min_len() { 0 } else { reused };
     seq.tokens.truncate(reused);
     seq.kv.truncate(reused);
+    seq.kv.set_protect(None);
     let rest = &prompt[reused..];
     let mut last = Vec::new();
     for chunk in rest.chunks(batch.max(1)) {
@@ -151,6 +157,8 @@ fn prefill_until(
         seq.tokens.extend_from_slice(chunk);
         last = logits.data;
     }
+    // The next turn's common prefix usually ends here (the reply is rendered anew): keep it restorable.
+    seq.kv.set_protect(Some(prompt.len()));
     Ok((last, reused))
 }
 

@@ -281,7 +281,8 @@ impl<'a> Session<'a> {
     ) -> Result<(), Option<Fallback>> {
         // The draft model's KV comes back with the target's: the gate counts both, per device.
         let draft_tokens = self.cache.get(id).and_then(|s| s.draft.as_ref()).map_or(0, |d| d.len.min(tokens));
-        let needs = self.restore_needs(tokens, draft_tokens);
+        let firsts = self.cache.get(id).map(|s| s.kv.firsts.clone()).unwrap_or_default();
+        let needs = self.restore_needs(tokens, &firsts, draft_tokens);
         // The live sequence keeps its common prefix with the prompt; the rest is read.
         self.ask_gate(id, &needs, tokens, prompt_len - live_common).map_err(Some)?;
         let t0 = Instant::now();
@@ -310,10 +311,11 @@ impl<'a> Session<'a> {
     }
 
     /// What restoring `tokens` (and `draft_tokens` of the draft model) needs on each device, with the
-    /// credit of what the live sequences hold there now (they are released first).
-    fn restore_needs(&self, tokens: usize, draft_tokens: usize) -> Vec<gate::Need> {
+    /// credit of what the live sequences hold there now (they are released first). `firsts`: the
+    /// snapshot's first position per layer (a sliding-window layer brings back only its window).
+    fn restore_needs(&self, tokens: usize, firsts: &[usize], draft_tokens: usize) -> Vec<gate::Need> {
         let mut held = self.live.kv.device_held_bytes();
-        let mut need = self.live.kv.device_need_bytes(tokens);
+        let mut need = self.live.kv.device_need_bytes_from(tokens, firsts);
         if let Some(d) = self.drafter.as_ref().and_then(Drafter::draft_seq) {
             held.extend(d.kv.device_held_bytes());
             need.extend(d.kv.device_need_bytes(draft_tokens));

@@ -33,6 +33,10 @@ use crate::sync::LockUnpoisoned;
 /// Positions per page: storage grows, and moves to the host, this many positions at a time.
 pub const KV_PAGE_TOKENS: usize = 64;
 
+/// Positions a sliding-window layer keeps beyond its window, so that the sequence can always be cut back
+/// this far (a rejected speculative draft, the last prompt token read again) without rereading.
+pub const SWA_MARGIN_TOKENS: usize = KV_PAGE_TOKENS;
+
 /// The element format of the KV cache (`--kv`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(rename = "KvChoice"))]
@@ -114,13 +118,19 @@ pub struct KvSnapshot {
     pub ty: KvType,
     pub kv_dim: usize,
     pub len: usize,
-    pub layers: Vec<(KvRows, KvRows)>, // per layer: K (len, kv_dim), V (len, kv_dim)
+    pub layers: Vec<(KvRows, KvRows)>, // per layer: K (len - first, kv_dim), V (len - first, kv_dim)
+    /// Per layer, the first position held: 0, or for a sliding-window layer the first one it had kept.
+    pub firsts: Vec<usize>,
+    /// The fewest positions this snapshot can be restored at: below it, a sliding-window layer would miss
+    /// keys of its window (0 when every layer holds every position).
+    pub min_len: usize,
 }
 
 impl KvSnapshot {
     /// Host bytes it holds.
     pub fn bytes(&self) -> u64 {
-        (self.len * self.ty.row_bytes(self.kv_dim) * 2 * self.layers.len()) as u64
+        let rows: usize = self.firsts.iter().map(|&f| self.len - f).sum();
+        (rows * self.ty.row_bytes(self.kv_dim) * 2) as u64
     }
 }
 
@@ -138,27 +148,49 @@ pub struct KvPage {
 /// new one until the sequence is cut below the slab.
 enum PageMem {
     Own(Allocation),
-    Slab { slab: Arc<Allocation>, k: u64, v: u64 },
+    Slab {
+        slab: Arc<Allocation>,
+        k: u64,
+        v: u64,
+    },
+    /// Freed: every position of the page fell out of its sliding-window layer's window (no memory, no rows).
+    Dropped,
 }
 
 impl PageMem {
-    fn device(&self) -> &Arc<Device> {
+    fn device(&self) -> Option<&Arc<Device>> {
         match self {
-            PageMem::Own(a) => a.device(),
-            PageMem::Slab { slab, .. } => slab.device(),
+            PageMem::Own(a) => Some(a.device()),
+            PageMem::Slab { slab, .. } => Some(slab.device()),
+            PageMem::Dropped => None,
         }
     }
 }
 
 impl KvPage {
+    /// A page freed by its sliding window, holding no rows.
+    fn dropped(ty: KvType) -> KvPage {
+        let rows = || match ty {
+            KvType::F16 => KvRows::F16(Vec::new()),
+            KvType::F32 => KvRows::F32(Vec::new()),
+            KvType::Int8 => KvRows::Int8(Vec::new()),
+        };
+        KvPage { k: rows(), v: rows(), alloc: PageMem::Dropped }
+    }
+
+    /// Whether the page holds memory (it was not dropped by a sliding window).
+    pub fn held(&self) -> bool {
+        !matches!(self.alloc, PageMem::Dropped)
+    }
+
     pub fn on_host(&self) -> bool {
-        self.alloc.device().is_host()
+        self.alloc.device().is_some_and(|d| d.is_host())
     }
 
     /// A device page that moving to the host would free: not on the host, and not part of a restored
     /// layer's slab (its memory goes only with the whole slab, when the sequence is cut below it).
     fn movable(&self) -> bool {
-        !self.on_host() && matches!(self.alloc, PageMem::Own(_))
+        self.held() && !self.on_host() && matches!(self.alloc, PageMem::Own(_))
     }
 
     /// Addresses of its K and V rows, for a page in GPU (or pinned host) memory.
@@ -169,6 +201,7 @@ impl KvPage {
                 Some((mem.ptr(), mem.ptr() + mem.bytes() / 2))
             }
             PageMem::Slab { k, v, .. } => Some((*k, *v)),
+            PageMem::Dropped => None,
         }
     }
 }
@@ -211,6 +244,11 @@ pub struct LayerKv {
     pub device: Arc<Device>,
     pub pages: Vec<KvPage>,
     table: Option<PageTable>,
+    /// A sliding-window layer's window (keys `pos + 1 - window ..= pos`) when its old pages are freed (a
+    /// layer computed on the CPU; a GPU layer keeps every page, its kernels masking what it does not read).
+    window: Option<usize>,
+    /// Leading pages freed because they fell out of the window (`PageMem::Dropped`).
+    dropped: usize,
 }
 
 impl LayerKv {
@@ -239,6 +277,9 @@ pub struct KvCache {
     spilled_pages: u64,
     /// Pinned buffers for parking and restoring, per GPU, made at the first and kept (pinning is slow).
     staging: Mutex<Vec<Staging>>,
+    /// A position the sequence must stay able to be cut back to (the end of the last prompt, where the
+    /// next turn's common prefix usually ends): sliding-window layers keep its window too.
+    protect: Option<usize>,
 }
 
 impl KvCache {
@@ -261,10 +302,50 @@ impl KvCache {
             host,
             layers: layer_devices
                 .into_iter()
-                .map(|device| LayerKv { device, pages: Vec::new(), table: None })
+                .map(|device| LayerKv { device, pages: Vec::new(), table: None, window: None, dropped: 0 })
                 .collect(),
             spilled_pages: 0,
             staging: Mutex::new(Vec::new()),
+            protect: None,
+        }
+    }
+
+    /// Gives the sliding-window layers their windows (`windows[l]`: None for a global layer): their pages
+    /// that every later query's window has passed are freed as the sequence grows. GPU layers keep theirs.
+    pub fn set_windows(&mut self, windows: &[Option<usize>]) {
+        for (l, &w) in self.layers.iter_mut().zip(windows) {
+            l.window = w.filter(|_| l.device.gpu().is_none());
+        }
+    }
+
+    /// Keeps the sequence able to be cut back to `pos` (None: only by `SWA_MARGIN_TOKENS`).
+    pub fn set_protect(&mut self, pos: Option<usize>) {
+        self.protect = pos;
+    }
+
+    /// The fewest positions the sequence can be cut back to (`truncate`) and still attend correctly: 0
+    /// unless a sliding-window layer freed pages.
+    pub fn min_len(&self) -> usize {
+        let layer_min = |l: &LayerKv| match l.window {
+            Some(w) if l.dropped > 0 => l.dropped * KV_PAGE_TOKENS + w - 1,
+            _ => 0,
+        };
+        self.layers.iter().map(layer_min).max().unwrap_or(0)
+    }
+
+    /// Frees the pages of sliding-window layers that no query from the kept positions on reads: those
+    /// before the window of the anchor, the protected position or the length less the margin, whichever
+    /// is smaller.
+    fn drop_stale(&mut self) {
+        let anchor = self.len.saturating_sub(SWA_MARGIN_TOKENS).min(self.protect.unwrap_or(usize::MAX));
+        let ty = self.ty;
+        for l in &mut self.layers {
+            let Some(w) = l.window else { continue };
+            let to = ((anchor + 1).saturating_sub(w) / KV_PAGE_TOKENS).min(l.pages.len());
+            for page in l.pages.iter_mut().take(to).skip(l.dropped) {
+                *page = KvPage::dropped(ty);
+            }
+            l.dropped = l.dropped.max(to);
         }
     }
 
@@ -276,8 +357,12 @@ impl KvCache {
         self.len == 0
     }
 
-    /// Forgets every position after the first `n` (the pages stay, for the next tokens).
+    /// Forgets every position after the first `n` (the pages stay, for the next tokens). Below
+    /// `min_len()` a sliding-window layer lacks keys: the cache is then emptied (the caller rereads).
     pub fn truncate(&mut self, n: usize) {
+        if n < self.min_len() {
+            self.clear();
+        }
         self.len = self.len.min(n);
     }
 
@@ -286,6 +371,11 @@ impl KvCache {
         let keep = self.len.div_ceil(KV_PAGE_TOKENS);
         for l in &mut self.layers {
             l.pages.truncate(keep);
+            l.dropped = l.dropped.min(keep);
+            if l.pages.iter().all(|p| !p.held()) {
+                l.pages.clear();
+                l.dropped = 0;
+            }
         }
     }
 
@@ -302,7 +392,8 @@ impl KvCache {
 
     /// Bytes of storage held now, wherever it lives.
     pub fn allocated_bytes(&self) -> usize {
-        self.layers.iter().map(|l| l.pages.len()).sum::<usize>() * self.page_bytes() as usize
+        self.layers.iter().map(|l| l.pages.iter().filter(|p| p.held()).count()).sum::<usize>()
+            * self.page_bytes() as usize
     }
 
     /// Bytes held on the host because they were moved or put there (layers whose device is not the host).
@@ -430,6 +521,11 @@ impl KvCache {
     ) -> Result<(), DeviceError> {
         let on_host = self.layers[layer].device.is_host();
         let idx = self.layers[layer].pages.len();
+        if idx < self.layers[layer].dropped {
+            // Before a restored sliding-window layer's first kept position.
+            self.layers[layer].pages.push(KvPage::dropped(self.ty));
+            return Ok(());
+        }
         let alloc = if on_host || idx < first_resident {
             self.alloc_host_page(gpu)?
         } else {
@@ -525,21 +621,40 @@ impl KvCache {
 
     /// Bytes each device needs to hold `n` positions (pages in the resident window on the layers' own
     /// devices; the host's pages are not listed).
+    /// (A sliding-window layer needs only the pages of its window and margin.)
     pub fn device_need_bytes(&self, n: usize) -> Vec<(Arc<Device>, u64)> {
-        let pages = n.div_ceil(KV_PAGE_TOKENS) - self.first_resident_page(n).min(n.div_ceil(KV_PAGE_TOKENS));
-        self.pages_per_device(|_| pages)
+        self.device_need_bytes_from(n, &[])
+    }
+
+    /// [`device_need_bytes`](Self::device_need_bytes) for a restore of a snapshot whose layer `l` holds
+    /// positions from `firsts[l]` on (a layer absent from `firsts`: the pages its window keeps).
+    pub fn device_need_bytes_from(&self, n: usize, firsts: &[usize]) -> Vec<(Arc<Device>, u64)> {
+        let total = n.div_ceil(KV_PAGE_TOKENS);
+        let first_resident = self.first_resident_page(n).min(total);
+        let mut l = 0;
+        self.pages_per_device(|layer| {
+            let kept = layer.window.map_or(0, |w| (n.saturating_sub(SWA_MARGIN_TOKENS) + 1).saturating_sub(w));
+            let first_kept = firsts.get(l).copied().unwrap_or(kept).min(n);
+            l += 1;
+            total - first_resident.max((first_kept / KV_PAGE_TOKENS).min(total))
+        })
     }
 
     /// Bytes of pages this cache holds on each of its layers' devices (not the host).
     pub fn device_held_bytes(&self) -> Vec<(Arc<Device>, u64)> {
-        self.pages_per_device(|l| l.pages.iter().filter(|p| !p.on_host()).count())
+        self.pages_per_device(|l| l.pages.iter().filter(|p| p.held() && !p.on_host()).count())
     }
 
-    /// `pages(layer)` pages of each layer on a device other than the host, summed per device, in bytes.
-    fn pages_per_device(&self, pages: impl Fn(&LayerKv) -> usize) -> Vec<(Arc<Device>, u64)> {
+    /// `pages(layer)` pages of each layer on a device other than the host, summed per device, in bytes
+    /// (`pages` is called once per layer, in order).
+    fn pages_per_device(&self, mut pages: impl FnMut(&LayerKv) -> usize) -> Vec<(Arc<Device>, u64)> {
         let mut out: Vec<(Arc<Device>, u64)> = Vec::new();
-        for l in self.layers.iter().filter(|l| !l.device.is_host()) {
-            let bytes = pages(l) as u64 * self.page_bytes();
+        for l in &self.layers {
+            let n = pages(l);
+            if l.device.is_host() {
+                continue;
+            }
+            let bytes = n as u64 * self.page_bytes();
             match out.iter_mut().find(|(d, _)| Arc::ptr_eq(d, &l.device)) {
                 Some((_, b)) => *b += bytes,
                 None => out.push((l.device.clone(), bytes)),
@@ -550,7 +665,8 @@ impl KvCache {
 
     /// Host bytes a snapshot of the filled positions takes (`KvSnapshot::bytes` of `snapshot()`).
     pub fn snapshot_bytes(&self) -> u64 {
-        (self.len * self.ty.row_bytes(self.kv_dim) * 2 * self.layers.len()) as u64
+        let rows: usize = self.layers.iter().map(|l| self.len - (l.dropped * KV_PAGE_TOKENS).min(self.len)).sum();
+        (rows * self.ty.row_bytes(self.kv_dim) * 2) as u64
     }
 
     /// A host copy of the first `len()` positions, copied page by page (no second full copy on the way).
@@ -567,6 +683,8 @@ impl KvCache {
         let mut spare: Vec<(KvRows, KvRows)> = reuse.filter(fits).map(|s| s.layers).unwrap_or_default();
         spare.reverse();
         let copy = |layer: &LayerKv, v_half: bool, buf: Option<KvRows>| -> Result<KvRows, DeviceError> {
+            let first = (layer.dropped * KV_PAGE_TOKENS).min(n);
+            let n = n - first;
             let mut out = match (self.ty, buf) {
                 (KvType::F16, Some(KvRows::F16(mut v))) => {
                     v.clear();
@@ -594,8 +712,9 @@ impl KvCache {
                 }
                 return Ok(out);
             }
-            for (i, page) in layer.pages.iter().enumerate().take(n.div_ceil(KV_PAGE_TOKENS)) {
-                let rows = (n - i * KV_PAGE_TOKENS).min(KV_PAGE_TOKENS);
+            let held = layer.pages.iter().enumerate().skip(layer.dropped);
+            for (i, page) in held.take((n + first).div_ceil(KV_PAGE_TOKENS).saturating_sub(layer.dropped)) {
+                let rows = (n + first - i * KV_PAGE_TOKENS).min(KV_PAGE_TOKENS);
                 let src = if v_half { &page.v } else { &page.k };
                 match (&mut out, src) {
                     (KvRows::F16(o), KvRows::F16(p)) => o.extend_from_slice(&p[..rows * dim]),
@@ -622,7 +741,8 @@ impl KvCache {
             })
             .collect::<Result<_, DeviceError>>()?;
         self.download(&mut layers)?;
-        Ok(KvSnapshot { ty: self.ty, kv_dim: dim, len: n, layers })
+        let firsts = self.layers.iter().map(|l| (l.dropped * KV_PAGE_TOKENS).min(n)).collect();
+        Ok(KvSnapshot { ty: self.ty, kv_dim: dim, len: n, layers, firsts, min_len: self.min_len() })
     }
 
     /// The first `len()` rows of every GPU layer's pages into `out` (sized already), per GPU in one staged
@@ -718,18 +838,30 @@ impl KvCache {
         debug_assert!(snap.ty == self.ty && snap.kv_dim == self.kv_dim && snap.layers.len() == self.layers.len());
         let n = n.min(snap.len).min(self.max_tokens);
         self.clear();
+        if n < snap.min_len {
+            // A sliding-window layer of the snapshot lacks keys a query at `n` reads (the cache's lookup
+            // never asks this): nothing restored, the caller rereads.
+            return Err(DeviceError::Unavailable {
+                device: self.host.name(),
+                why: format!("the snapshot restores at {} positions or more, not {n}", snap.min_len),
+            });
+        }
+        for (layer, &first) in self.layers.iter_mut().zip(&snap.firsts) {
+            layer.dropped = first / KV_PAGE_TOKENS;
+        }
         if let Err(e) = self.try_reserve(n, true) {
             self.clear();
             return Err(e);
         }
         let (dim, row) = (self.kv_dim, self.ty.row_bytes(self.kv_dim));
-        for (layer, (sk, sv)) in self.layers.iter_mut().zip(&snap.layers) {
+        for ((layer, (sk, sv)), &first) in self.layers.iter_mut().zip(&snap.layers).zip(&snap.firsts) {
             if layer.device.gpu().is_some() {
                 continue; // copied below (`upload`), all GPU layers together
             }
-            for (i, page) in layer.pages.iter_mut().enumerate() {
+            for (i, page) in layer.pages.iter_mut().enumerate().skip(layer.dropped) {
                 let rows = n.saturating_sub(i * KV_PAGE_TOKENS).min(KV_PAGE_TOKENS);
-                let at = i * KV_PAGE_TOKENS;
+                // The snapshot's rows start at its first kept position.
+                let at = i * KV_PAGE_TOKENS - first;
                 for (dst, src) in [(&mut page.k, sk), (&mut page.v, sv)] {
                     match (dst, src) {
                         (KvRows::F16(d), KvRows::F16(s)) => {
@@ -747,7 +879,9 @@ impl KvCache {
                         _ => unreachable!("a cache holds one KV type"),
                     }
                 }
-                page.alloc.device().count_copy_in((rows * row * 2) as u64);
+                if let Some(d) = page.alloc.device() {
+                    d.count_copy_in((rows * row * 2) as u64);
+                }
             }
         }
         self.len = n;
@@ -791,9 +925,11 @@ impl KvCache {
     }
 
     /// Marks positions up to `n` (exclusive) as filled; they must have been written.
+    /// Sliding-window layers then free the pages their windows have passed.
     pub fn set_len(&mut self, n: usize) {
         debug_assert!(self.layers.iter().all(|l| l.pages.len() * KV_PAGE_TOKENS >= n));
         self.len = n;
+        self.drop_stale();
     }
 
     /// The device addresses of GPU layer `layer`'s K and V page tables, uploaded when its pages changed

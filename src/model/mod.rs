@@ -220,7 +220,11 @@ impl Model {
         check_kv_devices(ty, &self.placement.stages)?;
         let p = &self.placement;
         let layer_devices = p.layer_stage.iter().map(|&s| p.stages[s].device.clone()).collect();
-        Ok(KvCache::new(ty, self.cfg.kv_dim(), max_tokens, layer_devices, p.devices.host.clone(), p.kv_resident))
+        let mut kv =
+            KvCache::new(ty, self.cfg.kv_dim(), max_tokens, layer_devices, p.devices.host.clone(), p.kv_resident);
+        let windows: Vec<Option<usize>> = (0..self.cfg.n_layer).map(|l| self.cfg.window(l)).collect();
+        kv.set_windows(&windows);
+        Ok(kv)
     }
 
     /// Bytes of weights (the mapped tensor data).

@@ -11,7 +11,7 @@ use crate::device::{Allocation, Device, DeviceError, DeviceSet, Purpose};
 use crate::split::{stage_layers, SplitError};
 
 use super::gpu;
-use super::kv::{KvType, KV_PAGE_TOKENS};
+use super::kv::{KvType, KV_PAGE_TOKENS, SWA_MARGIN_TOKENS};
 use super::{ModelConfig, Weights};
 
 /// What the plan depends on besides the model and the devices.
@@ -32,6 +32,11 @@ pub struct StagePlan {
     pub staging_bytes: u64,
     /// KV bytes per position for this stage's layers (K and V).
     pub kv_bytes_per_token: u64,
+    /// The part of `kv_bytes_per_token` from sliding-window layers that free the pages their window has
+    /// passed (CPU and sim stages), and how many positions those keep at most (window and margin, in whole
+    /// pages, one more for alignment).
+    pub swa_kv_bytes_per_token: u64,
+    pub swa_kept_tokens: usize,
 }
 
 impl StagePlan {
@@ -42,15 +47,19 @@ impl StagePlan {
 
     /// KV bytes on the device when a sequence holds `tokens` positions (whole pages; pages older than the
     /// resident window are on the host).
+    /// (Sliding-window layers count only the pages they keep.)
     pub fn kv_device_bytes(&self, tokens: usize, kv_resident: Option<usize>) -> u64 {
         let (device_pages, _) = kv_pages(tokens, kv_resident);
-        device_pages as u64 * KV_PAGE_TOKENS as u64 * self.kv_bytes_per_token
+        let swa_pages = device_pages.min(self.swa_kept_tokens.div_ceil(KV_PAGE_TOKENS));
+        let global = self.kv_bytes_per_token - self.swa_kv_bytes_per_token;
+        KV_PAGE_TOKENS as u64 * (device_pages as u64 * global + swa_pages as u64 * self.swa_kv_bytes_per_token)
     }
 
-    /// KV bytes of this stage's layers on the host at `tokens` positions (the pages out of the window).
+    /// KV bytes of this stage's layers on the host at `tokens` positions (the pages out of the window;
+    /// a sliding-window layer's kept pages are the newest, resident ones).
     pub fn kv_host_bytes(&self, tokens: usize, kv_resident: Option<usize>) -> u64 {
         let (_, host_pages) = kv_pages(tokens, kv_resident);
-        host_pages as u64 * KV_PAGE_TOKENS as u64 * self.kv_bytes_per_token
+        host_pages as u64 * KV_PAGE_TOKENS as u64 * (self.kv_bytes_per_token - self.swa_kv_bytes_per_token)
     }
 }
 
@@ -100,6 +109,8 @@ pub fn plan(
                 return StagePlan {
                     device: devs[s].clone(),
                     kv_bytes_per_token: 2 * row_bytes * layers.len() as u64,
+                    swa_kv_bytes_per_token: 0,
+                    swa_kept_tokens: 0,
                     weights_bytes: gpu::weight_bytes(weights, layers.clone(), last),
                     scratch_bytes: gpu::scratch_bytes(cfg, opts.batch, last),
                     staging_bytes: 0,
@@ -115,9 +126,15 @@ pub fn plan(
             }
             // Hidden states arrive from the previous stage; a tied head's embedding rows from the last.
             let staging_bytes = if !first || (weights.tied_output && n_stages > 1) { hidden_bytes } else { 0 };
+            let swa_layers = layers.clone().filter(|&l| cfg.window(l).is_some()).count();
+            let swa_kept_tokens = cfg.swa_window.map_or(0, |w| {
+                ((w + SWA_MARGIN_TOKENS).div_ceil(KV_PAGE_TOKENS) + 1) * KV_PAGE_TOKENS
+            });
             StagePlan {
                 device: devs[s].clone(),
                 kv_bytes_per_token: 2 * row_bytes * layers.len() as u64,
+                swa_kv_bytes_per_token: 2 * row_bytes * swa_layers as u64,
+                swa_kept_tokens,
                 layers,
                 weights_bytes,
                 scratch_bytes: scratch_bytes(cfg, opts.batch, 1, last),

@@ -217,3 +217,83 @@ fn gemma3_270m_q4_k_m_follows_llama_cpps_tokens() {
         );
     }
 }
+
+/// Sliding-window layers keep only their window (and a margin) of KV: on the gemma fixtures (windows of 6
+/// and 8 positions) over 400 positions, the freed pages change no bit of the logits, whatever the batches;
+/// the cache, a snapshot and a restore hold only what is kept; and a cut or a restore below what the
+/// windows kept is refused, never attended wrongly.
+#[test]
+fn sliding_window_layers_keep_only_their_window() {
+    use strata::model::kv::{KV_PAGE_TOKENS, SWA_MARGIN_TOKENS};
+    let pool = ThreadPool::new(2);
+    for stem in ["gemma3", "gemma2"] {
+        let model = load(stem);
+        let cfg = &model.cfg;
+        let w = cfg.swa_window.expect("a window");
+        let n = 400;
+        let tokens = strata_tokens(n, cfg.n_vocab);
+        // One batch: nothing is freed before every position is read.
+        let whole = logits(&model, &pool, &tokens, n, 512);
+        for batch in [1, 7, 64] {
+            assert!(logits(&model, &pool, &tokens, batch, 512) == whole, "{stem}: batches of {batch}");
+        }
+        let mut kv = model.new_kv(KvType::F32, 512).expect("kv");
+        model.forward(&pool, &mut kv, &tokens, &[]).expect("read");
+        let pages = |l: usize| kv.layers[l].pages.iter().filter(|p| p.held()).count();
+        let window_pages = (w + SWA_MARGIN_TOKENS).div_ceil(KV_PAGE_TOKENS) + 1;
+        for l in 0..cfg.n_layer {
+            if cfg.swa_layers[l] {
+                assert!(pages(l) <= window_pages, "{stem}: layer {l} holds {} pages", pages(l));
+            } else {
+                assert_eq!(pages(l), n.div_ceil(KV_PAGE_TOKENS), "{stem}: global layer {l} holds every page");
+            }
+        }
+        // Positions a sliding-window layer frees at least, and the bytes of a position of one layer.
+        let swa = cfg.swa_layers.iter().filter(|&&s| s).count();
+        let freed = n - window_pages * KV_PAGE_TOKENS;
+        let row = (kv.ty.row_bytes(kv.kv_dim) * 2) as u64;
+        let pages_bytes = (n.div_ceil(KV_PAGE_TOKENS) * KV_PAGE_TOKENS * cfg.n_layer) as u64 * row;
+        // The memory plan counts what the layers keep: at least what they hold, less what they free.
+        let plan = LoadOptions { kv_type: KvType::F32, ..Default::default() };
+        let (_, stages) = Model::plan(&model.file, &plan).expect("plan");
+        let planned = stages[0].kv_device_bytes(n, None);
+        let held = kv.allocated_bytes() as u64;
+        assert!(
+            held <= planned && planned <= pages_bytes - (swa * freed) as u64 * row,
+            "{stem}: plan {planned}, held {held}, every page {pages_bytes}"
+        );
+        // A snapshot holds the kept rows only.
+        let snap = kv.snapshot().expect("snapshot");
+        assert_eq!(snap.bytes(), kv.snapshot_bytes());
+        let all_rows = (n * cfg.n_layer) as u64 * row;
+        assert!(snap.bytes() <= all_rows - (swa * freed) as u64 * row, "{stem}: snapshot {} bytes", snap.bytes());
+        let min = kv.min_len();
+        assert!(min > 0 && min <= n - SWA_MARGIN_TOKENS, "{stem}: min_len {min}");
+
+        // Restored at its length, the sequence reads on with the bits of one that never parked.
+        let v = cfg.n_vocab;
+        let more = strata_tokens(20, cfg.n_vocab);
+        let mut all = tokens.clone();
+        all.extend_from_slice(&more);
+        let want = logits(&model, &pool, &all, all.len(), 512);
+        for keep in [n, n - SWA_MARGIN_TOKENS + 1] {
+            let mut back = model.new_kv(KvType::F32, 512).expect("kv");
+            back.restore(&snap, keep).expect("restore");
+            let idx: Vec<usize> = (0..all.len() - keep).collect();
+            let got = model.forward(&pool, &mut back, &all[keep..], &idx).expect("read on");
+            let bits: Vec<u32> = got.data.iter().map(|x| x.to_bits()).collect();
+            assert!(bits == want[keep * v..], "{stem}: restored at {keep}");
+        }
+        // Below what the windows kept: refused, and a cut there empties the cache.
+        let mut back = model.new_kv(KvType::F32, 512).expect("kv");
+        assert!(back.restore(&snap, min - 1).is_err(), "{stem}: a restore below min_len is refused");
+        assert_eq!(back.len(), 0);
+        kv.truncate(min - 1);
+        assert_eq!(kv.len(), 0, "{stem}: a cut below min_len empties the cache");
+    }
+}
+
+/// `n` token ids spread over the vocabulary (past the special ones), the same every run.
+fn strata_tokens(n: usize, n_vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| (4 + (i * 7919 + i * i * 31) % (n_vocab - 4)) as u32).collect()
+}
