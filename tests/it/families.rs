@@ -297,3 +297,50 @@ fn sliding_window_layers_keep_only_their_window() {
 fn strata_tokens(n: usize, n_vocab: usize) -> Vec<u32> {
     (0..n).map(|i| (4 + (i * 7919 + i * i * 31) % (n_vocab - 4)) as u32).collect()
 }
+
+/// The conversation cache on a sliding-window model (the gemma3 fixture on a 2-way sim split): a
+/// conversation parked and come back to with an edited last message restores from the checkpoint at the
+/// end of its first prompt (whose window its sliding-window layers kept), reads only the rest, and
+/// replies with the tokens of a full reread on the CPU.
+#[test]
+fn a_sliding_window_conversation_restores_from_its_checkpoint_as_a_reread() {
+    use std::sync::Arc;
+    use strata::cache::RestoreKind;
+    use strata::engine::session::{Session, SessionConfig};
+    use strata::engine::{generate, GenerateParams, Quiet, Request, Sequence};
+    use strata::gguf::GgufFile;
+    use strata::sample::SamplerConfig;
+    use strata::tokenizer::Tokenizer;
+
+    const MIB: u64 = 1 << 20;
+    let file = Arc::new(GgufFile::open(&dir().join("gemma3.gguf")).expect("fixture"));
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let pool = ThreadPool::new(2);
+    let kinds = [DeviceKind::Sim { capacity_bytes: 64 * MIB }, DeviceKind::Sim { capacity_bytes: 64 * MIB }];
+    let devices = DeviceSet::from_kinds(&kinds, MIB).expect("sims");
+    let opts = LoadOptions { devices, split: Some(vec![3]), kv_type: KvType::F32, ..Default::default() };
+    let model = Model::from_file_with(file.clone(), &opts).expect("model");
+    let cfg = SessionConfig { kv_type: KvType::F32, max_context: 512, cache_slots: 4, cache_budget_bytes: 64 * MIB };
+    let mut session = Session::new(&model, &tok, &pool, &cfg).expect("session");
+    let params =
+        GenerateParams { max_tokens: 8, sampler: SamplerConfig::greedy(), ignore_eos: true, ..Default::default() };
+
+    let first = strata_tokens(300, model.cfg.n_vocab);
+    let reply = session.serve(&first, &params, &mut Quiet).expect("turn 1").generation.tokens;
+    let mut history = first.clone();
+    history.extend_from_slice(&reply);
+    let mut turn2 = history.clone();
+    turn2.extend(strata_tokens(40, 200).iter().map(|t| t + 50));
+    session.serve(&turn2, &params, &mut Quiet).expect("turn 2");
+    session.serve(&strata_tokens(30, 100), &params, &mut Quiet).expect("conversation b");
+    let mut edited = history.clone();
+    edited.extend(strata_tokens(25, 150).iter().map(|t| t + 100));
+    let served = session.serve(&edited, &params, &mut Quiet).expect("edited turn");
+
+    assert_eq!(served.restored, Some((RestoreKind::Checkpoint, first.len())), "{:?}", served.restored);
+    assert_eq!((served.reused, served.read), (first.len(), edited.len() - first.len()));
+    let cpu = Model::from_file(file).expect("cpu model");
+    let mut fresh = Sequence::new(&cpu, KvType::F32, 512).expect("sequence");
+    let want = generate(&cpu, &tok, &pool, &mut fresh, Request::new(&edited, &params), &mut Quiet).expect("reread");
+    assert_eq!(served.generation.tokens, want.tokens, "a checkpoint restore gives the reread's tokens");
+}
