@@ -71,43 +71,56 @@ extern "C" __global__ void kv_gather(const u64 *table, u8 *dst, int row0, int ro
 }
 
 // Causal attention of the queries q (tokens, n_head * head_dim) at positions pos0 .. over one layer's pages,
-// into out (same shape). One block of ATTN_WARPS warps per (token, head); warp w takes positions w,
-// w + ATTN_WARPS, ... with an online softmax, lanes splitting the head's values (lane + 32i); the warps'
-// partial results are merged by log-sum-exp at the end. head_dim a multiple of 32, at most HEAD_DIM_MAX.
+// into out (same shape). One block of ATTN_WARPS warps per (token, head); warp w takes positions lo + w,
+// lo + w + ATTN_WARPS, ... with an online softmax, lanes splitting the head's values (lane + 32i, the lanes past
+// head_dim idle); the warps' partial results are merged by log-sum-exp at the end. head_dim at most
+// HEAD_DIM_MAX (a multiple of 32 for int8 pages, whose q8_0 blocks must not straddle heads).
+// A sliding-window layer (window > 0) attends to the query's position and the window - 1 before it: lo is
+// pos + 1 - window, and the positions before it are never read (as the CPU gives them a weight of exactly
+// 0). With softcap > 0 a score becomes softcap * tanh(score * scale / softcap) (Gemma 2), else score * scale.
 template <bool INT8>
 __device__ __forceinline__ void attention(const float *q, float *out, const u64 *k_pages, const u64 *v_pages,
-                                          int pos0, int n_head, int n_head_kv, int head_dim, float scale) {
+                                          int pos0, int n_head, int n_head_kv, int head_dim, float scale, int window,
+                                          float softcap) {
     __shared__ float part_m[ATTN_WARPS], part_l[ATTN_WARPS];
     __shared__ float part_acc[ATTN_WARPS][HEAD_DIM_MAX];
     const int t = blockIdx.x / n_head, h = blockIdx.x % n_head, kvh = h / (n_head / n_head_kv);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_lane = head_dim / 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_lane = (head_dim + 31) / 32;
     const int kv_dim = n_head_kv * head_dim, pos = pos0 + t;
+    const int lo = window > 0 && pos + 1 > window ? pos + 1 - window : 0;
     const long long row_bytes = INT8 ? (long long)kv_dim / 32 * 34 : (long long)kv_dim * 2;
     const long long head_off = INT8 ? (long long)kvh * (head_dim / 32) * 34 : (long long)kvh * head_dim * 2;
     const float *qv = q + ((long long)t * n_head + h) * head_dim;
     float qr[HEAD_DIM_MAX / 32], acc[HEAD_DIM_MAX / 32];
     for (int i = 0; i < per_lane; i++) {
-        qr[i] = qv[lane + 32 * i];
+        qr[i] = lane + 32 * i < head_dim ? qv[lane + 32 * i] : 0.0f;
         acc[i] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
-    for (int p = warp; p <= pos; p += ATTN_WARPS) {
+    for (int p = lo + warp; p <= pos; p += ATTN_WARPS) {
         const long long at = (long long)(p % PAGE_TOKENS) * row_bytes + head_off;
         const u8 *kr = (const u8 *)k_pages[p / PAGE_TOKENS] + at;
         const u8 *vr = (const u8 *)v_pages[p / PAGE_TOKENS] + at;
         float s = 0.0f;
         for (int i = 0; i < per_lane; i++) {
-            float k = INT8 ? load_f16(kr + 34 * i) * (float)(signed char)kr[34 * i + 2 + lane]
-                           : load_f16(kr + 2 * (lane + 32 * i));
-            s += qr[i] * k;
+            if (INT8) {
+                s += qr[i] * (load_f16(kr + 34 * i) * (float)(signed char)kr[34 * i + 2 + lane]);
+            } else if (lane + 32 * i < head_dim) {
+                s += qr[i] * load_f16(kr + 2 * (lane + 32 * i));
+            }
         }
-        s = warp_sum(s) * scale;
+        s = warp_sum(s);
+        s = softcap > 0.0f ? softcap * tanhf(s * scale / softcap) : s * scale;
         float m_new = fmaxf(m, s);
         float corr = expf(m - m_new), e = expf(s - m_new);
         l = l * corr + e;
         for (int i = 0; i < per_lane; i++) {
-            float v = INT8 ? load_f16(vr + 34 * i) * (float)(signed char)vr[34 * i + 2 + lane]
-                           : load_f16(vr + 2 * (lane + 32 * i));
+            float v = 0.0f;
+            if (INT8) {
+                v = load_f16(vr + 34 * i) * (float)(signed char)vr[34 * i + 2 + lane];
+            } else if (lane + 32 * i < head_dim) {
+                v = load_f16(vr + 2 * (lane + 32 * i));
+            }
             acc[i] = acc[i] * corr + e * v;
         }
         m = m_new;
@@ -117,11 +130,13 @@ __device__ __forceinline__ void attention(const float *q, float *out, const u64 
         part_l[warp] = l;
     }
     for (int i = 0; i < per_lane; i++) {
-        part_acc[warp][lane + 32 * i] = acc[i];
+        if (lane + 32 * i < head_dim) {
+            part_acc[warp][lane + 32 * i] = acc[i];
+        }
     }
     __syncthreads();
     if (warp == 0) {
-        float mx = part_m[0]; // warp 0 always saw position 0
+        float mx = part_m[0]; // warp 0 always saw position lo
         for (int w = 1; w < ATTN_WARPS; w++) mx = fmaxf(mx, part_m[w]);
         float sum = 0.0f, f[ATTN_WARPS];
         for (int w = 0; w < ATTN_WARPS; w++) {
@@ -130,19 +145,23 @@ __device__ __forceinline__ void attention(const float *q, float *out, const u64 
         }
         float *o = out + ((long long)t * n_head + h) * head_dim;
         for (int i = 0; i < per_lane; i++) {
-            float v = 0.0f;
-            for (int w = 0; w < ATTN_WARPS; w++) v += part_acc[w][lane + 32 * i] * f[w];
-            o[lane + 32 * i] = v / sum;
+            if (lane + 32 * i < head_dim) {
+                float v = 0.0f;
+                for (int w = 0; w < ATTN_WARPS; w++) v += part_acc[w][lane + 32 * i] * f[w];
+                o[lane + 32 * i] = v / sum;
+            }
         }
     }
 }
 
 extern "C" __global__ void attention_f16(const float *q, float *out, const u64 *k_pages, const u64 *v_pages, int pos0,
-                                         int n_head, int n_head_kv, int head_dim, float scale) {
-    attention<false>(q, out, k_pages, v_pages, pos0, n_head, n_head_kv, head_dim, scale);
+                                         int n_head, int n_head_kv, int head_dim, float scale, int window,
+                                         float softcap) {
+    attention<false>(q, out, k_pages, v_pages, pos0, n_head, n_head_kv, head_dim, scale, window, softcap);
 }
 
 extern "C" __global__ void attention_q8_0(const float *q, float *out, const u64 *k_pages, const u64 *v_pages,
-                                          int pos0, int n_head, int n_head_kv, int head_dim, float scale) {
-    attention<true>(q, out, k_pages, v_pages, pos0, n_head, n_head_kv, head_dim, scale);
+                                          int pos0, int n_head, int n_head_kv, int head_dim, float scale, int window,
+                                          float softcap) {
+    attention<true>(q, out, k_pages, v_pages, pos0, n_head, n_head_kv, head_dim, scale, window, softcap);
 }

@@ -1,4 +1,4 @@
-// Element-wise steps of a llama layer. One thread per value; shapes are flat unless said otherwise.
+// Element-wise steps of a layer. One thread per value; shapes are flat unless said otherwise.
 #include "common.cuh"
 
 // x[r][i] += b[i]: a bias added to every row. x (rows, n), `total` = rows * n.
@@ -18,6 +18,36 @@ extern "C" __global__ void swiglu_f32(float *g, const float *u, int n) {
     }
 }
 
+// GeGLU: g[i] = gelu(g[i]) * u[i], GELU in its tanh form written as the CPU's `ops::glu` writes it:
+// gelu(v) = v * sigmoid(2c v (1 + a v^2)), c = sqrt(2/pi), a = 0.044715, the sigmoid from e = exp(-|z|) as
+// 1 / (1 + e) or e / (1 + e) (no overflow at either end).
+extern "C" __global__ void geglu_f32(float *g, const float *u, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = g[i];
+        float z = 1.595769f * v * (1.0f + 0.044715f * v * v);
+        float e = expf(-fabsf(z));
+        float s = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+        g[i] = v * s * u[i];
+    }
+}
+
+// x[i] *= s (Gemma's embeddings times sqrt(n_embd)).
+extern "C" __global__ void scale_f32(float *x, float s, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        x[i] *= s;
+    }
+}
+
+// x[i] = c * tanh(x[i] / c): a soft-cap (Gemma 2's final logits).
+extern "C" __global__ void softcap_f32(float *x, float c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        x[i] = c * tanhf(x[i] / c);
+    }
+}
+
 // out[i] = x[idx[i]]: rows of n values picked by index (the positions whose logits are wanted).
 // One block per output row.
 extern "C" __global__ void gather_rows_f32(const float *x, const int *idx, float *out, int n) {
@@ -30,11 +60,13 @@ extern "C" __global__ void gather_rows_f32(const float *x, const int *idx, float
 
 // RoPE on the query heads q (tokens, n_head * head_dim) and the key heads k (tokens, n_head_kv * head_dim) in one
 // launch, rotating the first `rope_dims` of each head, for tokens at positions pos0, pos0 + 1, ... Pairs are
-// (2i, 2i + 1) for norm RoPE (llama) and (i, i + rope_dims/2) for neox RoPE (qwen2). The angle of pair i is
-// pos * theta_scale^i by repeated multiplication, as the CPU and ggml compute it. One thread per (token,
-// head, pair), query heads first.
-extern "C" __global__ void rope_f32(float *q, float *k, int tokens, int n_head, int n_head_kv, int head_dim,
-                                    int rope_dims, int pos0, float theta_scale, int neox) {
+// (2i, 2i + 1) for norm RoPE (llama) and (i, i + rope_dims/2) for neox RoPE (qwen2). Pair i turns by
+// freq_scale * (pos * theta_scale^i / factors[i]) (`factors` null: 1), with pos * theta_scale^i by repeated
+// multiplication as the CPU and ggml compute it, its cosine and sine times mscale (LongRoPE's attention
+// factor). One thread per (token, head, pair), query heads first.
+extern "C" __global__ void rope_f32(float *q, float *k, const float *factors, int tokens, int n_head, int n_head_kv,
+                                    int head_dim, int rope_dims, int pos0, float theta_scale, float freq_scale,
+                                    float mscale, int neox) {
     int half = rope_dims / 2, heads = n_head + n_head_kv;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long total = (long long)tokens * heads * half;
@@ -48,7 +80,8 @@ extern "C" __global__ void rope_f32(float *q, float *k, int tokens, int n_head, 
     for (int j = 0; j < i; j++) {
         theta *= theta_scale;
     }
-    float c = cosf(theta), s = sinf(theta);
+    float angle = freq_scale * (theta / (factors ? factors[i] : 1.0f));
+    float c = cosf(angle) * mscale, s = sinf(angle) * mscale;
     float *v = h < n_head ? q + ((long long)t * n_head + h) * head_dim
                           : k + ((long long)t * n_head_kv + (h - n_head)) * head_dim;
     int a = neox ? i : 2 * i;

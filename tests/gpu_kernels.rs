@@ -1,7 +1,9 @@
 //! Every CUDA kernel against the CPU's arithmetic, run through the CPU emulator of a GPU (`emu`): the
-//! products for each weight type (one token, a batch, row lookups), RMSNorm, RoPE, SwiGLU, the residual and
-//! bias adds, storing K/V rows into f16 and int8 pages, and attention over pages that live partly in device
-//! memory and partly in pinned host memory. Also checks that the Rust side, the PTX and the emulator agree
+//! products for each weight type (one token, a batch, row lookups), RMSNorm (also added into its output and
+//! over rows of a head), RoPE (with frequency factors, linear scaling and an attention factor), SwiGLU and
+//! GeGLU, scaling and soft-capping, the residual and bias adds, storing K/V rows into f16 and int8 pages,
+//! and attention over pages that live partly in device memory and partly in pinned host memory (with a
+//! sliding window, a soft-cap, and heads narrower than a warp). Also checks that the Rust side, the PTX and the emulator agree
 //! on every kernel's parameters.
 
 use std::sync::Arc;
@@ -148,7 +150,7 @@ fn products_and_row_lookups_match_the_cpu_for_every_weight_type() {
 }
 
 #[test]
-fn norm_rope_swiglu_and_adds_match_the_cpu() {
+fn norms_rope_glus_caps_and_adds_match_the_cpu() {
     let gpu = gpu();
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     let (t, n) = (5, 576);
@@ -163,39 +165,66 @@ fn norm_rope_swiglu_and_adds_match_the_cpu() {
         ops::rms_norm(&x[r * n..(r + 1) * n], &w, 1e-5, &mut want[r * n..(r + 1) * n]);
     }
     assert_close("rms_norm", &out.read_f32(t * n).unwrap(), &want, 1e-5);
+    // Added into its output (a post-norm joining the residual stream): out = previous out + norm.
+    let previous = out.read_f32(t * n).unwrap();
+    run(&*gpu, "rms_norm_add_f32", Dims::linear(t as u32, 256), &args).unwrap();
+    let twice: Vec<f32> = previous.iter().zip(&want).map(|(a, b)| a + b).collect();
+    assert_close("rms_norm_add", &out.read_f32(t * n).unwrap(), &twice, 1e-5);
+    // In place over rows of a head (the q/k head norms): 36 rows of 16.
+    let (rows, hd) = (t * n / 16, 16);
+    let hw = randn(&mut rng, hd, 1.0);
+    let hwb = upload_f32(&gpu, &hw);
+    let args = [Arg::Ptr(xb.ptr()), Arg::Ptr(hwb.ptr()), Arg::Ptr(xb.ptr()), Arg::I32(hd as i32), Arg::F32(1e-6)];
+    run(&*gpu, "rms_norm_f32", Dims::linear(rows as u32, 256), &args).unwrap();
+    let mut want = x.clone();
+    for r in 0..rows {
+        ops::rms_norm_in_place(&mut want[r * hd..(r + 1) * hd], &hw, 1e-6);
+    }
+    assert_close("rms_norm in place over heads", &xb.read_f32(t * n).unwrap(), &want, 1e-5);
+    let xb = upload_f32(&gpu, &x);
 
     // RoPE on query and key heads in one launch, both pair layouts, partial rotation (rope_dims <
-    // head_dim), positions from 1000.
+    // head_dim), positions from 1000; plain, and with per-pair frequency factors, a linear scale and an
+    // attention factor (LongRoPE, llama 3's rope_freqs).
     let (n_head, n_head_kv, head_dim, rope_dims, pos0, base) = (3, 2, 64, 32, 1000, 10000.0f32);
+    let factors: Vec<f32> = (0..rope_dims / 2).map(|i| 1.0 + 0.37 * i as f32).collect();
+    let fb = upload_f32(&gpu, &factors);
+    let plain = strata::model::RopeParams { base, freq_scale: 1.0, mscale: 1.0 };
+    let scaled = strata::model::RopeParams { base: 500000.0, freq_scale: 0.25, mscale: 1.2247449 };
     for (kind, neox) in [(RopeKind::Norm, 0), (RopeKind::Neox, 1)] {
-        let q = randn(&mut rng, t * n_head * head_dim, 1.0);
-        let k = randn(&mut rng, t * n_head_kv * head_dim, 1.0);
-        let (qb, kb) = (upload_f32(&gpu, &q), upload_f32(&gpu, &k));
-        let theta_scale = base.powf(-2.0 / rope_dims as f32);
-        let args = [
-            Arg::Ptr(qb.ptr()),
-            Arg::Ptr(kb.ptr()),
-            Arg::I32(t as i32),
-            Arg::I32(n_head as i32),
-            Arg::I32(n_head_kv as i32),
-            Arg::I32(head_dim as i32),
-            Arg::I32(rope_dims as i32),
-            Arg::I32(pos0 as i32),
-            Arg::F32(theta_scale),
-            Arg::I32(neox),
-        ];
-        run(&*gpu, "rope_f32", Dims::over(t * (n_head + n_head_kv) * rope_dims / 2, 128), &args).unwrap();
-        for (name, x, xb, heads) in [("q", &q, &qb, n_head), ("k", &k, &kb, n_head_kv)] {
-            let mut want = x.clone();
-            for tt in 0..t {
-                let rope = strata::model::RopeParams { base, freq_scale: 1.0, mscale: 1.0 };
-                let table = ops::rope_table(pos0 + tt, rope_dims, &rope, None);
-                for h in 0..heads {
-                    let at = (tt * heads + h) * head_dim;
-                    ops::rope_apply(&mut want[at..at + rope_dims], &table, kind);
+        for (rope, with_factors) in [(plain, false), (scaled, true)] {
+            let q = randn(&mut rng, t * n_head * head_dim, 1.0);
+            let k = randn(&mut rng, t * n_head_kv * head_dim, 1.0);
+            let (qb, kb) = (upload_f32(&gpu, &q), upload_f32(&gpu, &k));
+            let theta_scale = rope.base.powf(-2.0 / rope_dims as f32);
+            let args = [
+                Arg::Ptr(qb.ptr()),
+                Arg::Ptr(kb.ptr()),
+                Arg::Ptr(if with_factors { fb.ptr() } else { 0 }),
+                Arg::I32(t as i32),
+                Arg::I32(n_head as i32),
+                Arg::I32(n_head_kv as i32),
+                Arg::I32(head_dim as i32),
+                Arg::I32(rope_dims as i32),
+                Arg::I32(pos0 as i32),
+                Arg::F32(theta_scale),
+                Arg::F32(rope.freq_scale),
+                Arg::F32(rope.mscale),
+                Arg::I32(neox),
+            ];
+            run(&*gpu, "rope_f32", Dims::over(t * (n_head + n_head_kv) * rope_dims / 2, 128), &args).unwrap();
+            for (name, x, xb, heads) in [("q", &q, &qb, n_head), ("k", &k, &kb, n_head_kv)] {
+                let mut want = x.clone();
+                for tt in 0..t {
+                    let table = ops::rope_table(pos0 + tt, rope_dims, &rope, with_factors.then_some(&factors[..]));
+                    for h in 0..heads {
+                        let at = (tt * heads + h) * head_dim;
+                        ops::rope_apply(&mut want[at..at + rope_dims], &table, kind);
+                    }
                 }
+                let what = format!("rope {kind:?} {name} (factors {with_factors})");
+                assert_close(&what, &xb.read_f32(x.len()).unwrap(), &want, 1e-5);
             }
-            assert_close(&format!("rope {kind:?} {name}"), &xb.read_f32(x.len()).unwrap(), &want, 1e-5);
         }
     }
 
@@ -206,6 +235,25 @@ fn norm_rope_swiglu_and_adds_match_the_cpu() {
     ops::swiglu(&mut want, &u);
     let swiglu_out = gb.read_f32(1000).unwrap();
     assert_close("swiglu", &swiglu_out, &want, 1e-6);
+
+    // GeGLU (Gemma's GELU, tanh form) over a range that reaches both tails of its sigmoid.
+    let (g2, u2) = (randn(&mut rng, 1000, 12.0), randn(&mut rng, 1000, 1.0));
+    let (g2b, u2b) = (upload_f32(&gpu, &g2), upload_f32(&gpu, &u2));
+    run(&*gpu, "geglu_f32", Dims::over(1000, 256), &[Arg::Ptr(g2b.ptr()), Arg::Ptr(u2b.ptr()), Arg::I32(1000)])
+        .unwrap();
+    let mut want = g2.clone();
+    ops::glu(&mut want, &u2, strata::model::FfnAct::GeluTanh);
+    assert_close("geglu", &g2b.read_f32(1000).unwrap(), &want, 1e-6);
+
+    // Scaling (Gemma's embeddings) is exact; the soft-cap (Gemma 2's logits) within tanh's rounding.
+    let sb = upload_f32(&gpu, &g2);
+    run(&*gpu, "scale_f32", Dims::over(1000, 256), &[Arg::Ptr(sb.ptr()), Arg::F32(8.0), Arg::I32(1000)]).unwrap();
+    let want: Vec<f32> = g2.iter().map(|v| v * 8.0).collect();
+    assert_eq!(sb.read_f32(1000).unwrap(), want, "scale");
+    run(&*gpu, "softcap_f32", Dims::over(1000, 256), &[Arg::Ptr(sb.ptr()), Arg::F32(30.0), Arg::I32(1000)]).unwrap();
+    let mut want: Vec<f32> = g2.iter().map(|v| v * 8.0).collect();
+    ops::softcap(&mut want, 30.0);
+    assert_close("softcap", &sb.read_f32(1000).unwrap(), &want, 1e-6);
 
     let bias = randn(&mut rng, 100, 1.0);
     let bb = upload_f32(&gpu, &bias);
@@ -272,104 +320,128 @@ fn pages(gpu: &Arc<dyn Gpu>, n: usize, row_bytes: usize) -> Pages {
 fn kv_rows_are_stored_as_the_cpu_stores_them_and_attention_matches() {
     let gpu = gpu();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    let (n_head, n_head_kv, head_dim) = (6, 2, 64);
+    // Global attention; a sliding window with a soft-cap (Gemma 2); a window narrower than the kernel's
+    // warps, so some warps see no position.
+    let variants = [(None, None), (Some(40), Some(50.0)), (Some(3), None)];
+    for int8 in [false, true] {
+        stores_and_attends(&gpu, &mut rng, (6, 2, 64), int8, &variants);
+    }
+    // Heads narrower than a warp (llama 3, qwen2 and phi3's small sizes): f16 pages only, as int8 KV needs
+    // heads of whole q8_0 blocks.
+    stores_and_attends(&gpu, &mut rng, (4, 2, 16), false, &variants);
+}
+
+/// Stores K and V rows of 155 positions (over 3 pages, odd pages in pinned host memory) into f16 or int8
+/// pages for heads of `(n_head, n_head_kv, head_dim)`, checks the stored bytes against the CPU's and a
+/// gather of them, then runs attention of the last 5 positions' queries for each (window, soft-cap) of
+/// `variants` against an f64 reference.
+fn stores_and_attends(
+    gpu: &Arc<dyn Gpu>,
+    rng: &mut ChaCha8Rng,
+    (n_head, n_head_kv, head_dim): (usize, usize, usize),
+    int8: bool,
+    variants: &[(Option<usize>, Option<f32>)],
+) {
     let kv_dim = n_head_kv * head_dim;
     let (pos0, tokens) = (150, 5); // 155 positions over 3 pages, the batch crossing no page boundary
     let n = pos0 + tokens;
-    for int8 in [false, true] {
-        let row_bytes = if int8 { kv_dim / 32 * 34 } else { kv_dim * 2 };
-        let (kp, vp) = (pages(&gpu, n, row_bytes), pages(&gpu, n, row_bytes));
-        let k = randn(&mut rng, n * kv_dim, 1.0);
-        let v = randn(&mut rng, n * kv_dim, 1.0);
-        let store = if int8 { "kv_store_q8_0" } else { "kv_store_f16" };
-        // Positions 0..pos0 in one batch, then the last `tokens` positions in another.
-        for (from, count) in [(0, pos0), (pos0, tokens)] {
-            let kb = upload_f32(&gpu, &k[from * kv_dim..(from + count) * kv_dim]);
-            let vb = upload_f32(&gpu, &v[from * kv_dim..(from + count) * kv_dim]);
-            let per_thread = if int8 { kv_dim / 32 } else { kv_dim };
-            let args = [
-                Arg::Ptr(kb.ptr()),
-                Arg::Ptr(vb.ptr()),
-                Arg::Ptr(kp.table.ptr()),
-                Arg::Ptr(vp.table.ptr()),
-                Arg::I32(count as i32),
-                Arg::I32(from as i32),
-                Arg::I32(kv_dim as i32),
-            ];
-            run(&*gpu, store, Dims::over(2 * count * per_thread, 128), &args).unwrap();
-        }
-        // Stored bytes equal the CPU cache's.
-        let mut stored_k = vec![0u8; n * row_bytes];
-        for (i, page) in kp.pages.iter().enumerate() {
-            let rows = (n - i * 64).min(64);
-            page.read_at(0, &mut stored_k[i * 64 * row_bytes..(i * 64 + rows) * row_bytes]).unwrap();
-        }
-        let mut want_k = vec![0u8; n * row_bytes];
-        for p in 0..n {
-            let (src, dst) = (&k[p * kv_dim..(p + 1) * kv_dim], &mut want_k[p * row_bytes..(p + 1) * row_bytes]);
-            if int8 {
-                quant::quantize_q8_0_row(src, dst);
-            } else {
-                for (j, x) in src.iter().enumerate() {
-                    dst[2 * j..2 * j + 2].copy_from_slice(&f16::from_f32(*x).to_le_bytes());
-                }
-            }
-        }
-        assert!(
-            stored_k == want_k,
-            "{store}: stored bytes differ from the CPU's: {}",
-            byte_diffs(&stored_k, &want_k, row_bytes)
-        );
-        // Gathered through the page table into pinned host memory (how a conversation is parked): the same
-        // rows in order, from row 3 on (a start inside a page).
-        let gathered = Buffer::pinned_host(&gpu, (n * row_bytes) as u64).unwrap();
+    let row_bytes = if int8 { kv_dim / 32 * 34 } else { kv_dim * 2 };
+    let (kp, vp) = (pages(gpu, n, row_bytes), pages(gpu, n, row_bytes));
+    let k = randn(rng, n * kv_dim, 1.0);
+    let v = randn(rng, n * kv_dim, 1.0);
+    let store = if int8 { "kv_store_q8_0" } else { "kv_store_f16" };
+    // Positions 0..pos0 in one batch, then the last `tokens` positions in another.
+    for (from, count) in [(0, pos0), (pos0, tokens)] {
+        let kb = upload_f32(gpu, &k[from * kv_dim..(from + count) * kv_dim]);
+        let vb = upload_f32(gpu, &v[from * kv_dim..(from + count) * kv_dim]);
+        let per_thread = if int8 { kv_dim / 32 } else { kv_dim };
         let args = [
+            Arg::Ptr(kb.ptr()),
+            Arg::Ptr(vb.ptr()),
             Arg::Ptr(kp.table.ptr()),
-            Arg::Ptr(gathered.ptr()),
-            Arg::I32(3),
-            Arg::I32(n as i32 - 3),
-            Arg::I32(row_bytes as i32),
+            Arg::Ptr(vp.table.ptr()),
+            Arg::I32(count as i32),
+            Arg::I32(from as i32),
+            Arg::I32(kv_dim as i32),
         ];
-        run(&*gpu, "kv_gather", Dims::over((n - 3) * row_bytes / 2, 256), &args).unwrap();
-        let mut got = vec![0u8; (n - 3) * row_bytes];
-        gathered.read_at(0, &mut got).unwrap();
-        assert!(
-            got == stored_k[3 * row_bytes..],
-            "kv_gather: {}",
-            byte_diffs(&got, &stored_k[3 * row_bytes..], row_bytes)
-        );
-
-        // Attention of the batch's queries over everything stored, against an f64 reference over the stored
-        // (rounded) K and V.
-        let mut stored_v = vec![0u8; n * row_bytes];
-        for (i, page) in vp.pages.iter().enumerate() {
-            let rows = (n - i * 64).min(64);
-            page.read_at(0, &mut stored_v[i * 64 * row_bytes..(i * 64 + rows) * row_bytes]).unwrap();
-        }
-        let deq = |bytes: &[u8]| -> Vec<f32> {
-            let mut out = vec![0f32; n * kv_dim];
-            let ty = if int8 { GgmlType::Q8_0 } else { GgmlType::F16 };
-            for p in 0..n {
-                quant::dequantize_row(
-                    ty,
-                    &bytes[p * row_bytes..(p + 1) * row_bytes],
-                    &mut out[p * kv_dim..(p + 1) * kv_dim],
-                );
+        run(&**gpu, store, Dims::over(2 * count * per_thread, 128), &args).unwrap();
+    }
+    // Stored bytes equal the CPU cache's.
+    let mut stored_k = vec![0u8; n * row_bytes];
+    for (i, page) in kp.pages.iter().enumerate() {
+        let rows = (n - i * 64).min(64);
+        page.read_at(0, &mut stored_k[i * 64 * row_bytes..(i * 64 + rows) * row_bytes]).unwrap();
+    }
+    let mut want_k = vec![0u8; n * row_bytes];
+    for p in 0..n {
+        let (src, dst) = (&k[p * kv_dim..(p + 1) * kv_dim], &mut want_k[p * row_bytes..(p + 1) * row_bytes]);
+        if int8 {
+            quant::quantize_q8_0_row(src, dst);
+        } else {
+            for (j, x) in src.iter().enumerate() {
+                dst[2 * j..2 * j + 2].copy_from_slice(&f16::from_f32(*x).to_le_bytes());
             }
-            out
-        };
-        let (kd, vd) = (deq(&stored_k), deq(&stored_v));
-        let q = randn(&mut rng, tokens * n_head * head_dim, 1.0);
-        let scale = 1.0 / (head_dim as f32).sqrt();
+        }
+    }
+    assert!(
+        stored_k == want_k,
+        "{store}: stored bytes differ from the CPU's: {}",
+        byte_diffs(&stored_k, &want_k, row_bytes)
+    );
+    // Gathered through the page table into pinned host memory (how a conversation is parked): the same
+    // rows in order, from row 3 on (a start inside a page).
+    let gathered = Buffer::pinned_host(gpu, (n * row_bytes) as u64).unwrap();
+    let args = [
+        Arg::Ptr(kp.table.ptr()),
+        Arg::Ptr(gathered.ptr()),
+        Arg::I32(3),
+        Arg::I32(n as i32 - 3),
+        Arg::I32(row_bytes as i32),
+    ];
+    run(&**gpu, "kv_gather", Dims::over((n - 3) * row_bytes / 2, 256), &args).unwrap();
+    let mut got = vec![0u8; (n - 3) * row_bytes];
+    gathered.read_at(0, &mut got).unwrap();
+    assert!(got == stored_k[3 * row_bytes..], "kv_gather: {}", byte_diffs(&got, &stored_k[3 * row_bytes..], row_bytes));
+
+    // Attention of the batch's queries over everything stored, against an f64 reference over the stored
+    // (rounded) K and V.
+    let mut stored_v = vec![0u8; n * row_bytes];
+    for (i, page) in vp.pages.iter().enumerate() {
+        let rows = (n - i * 64).min(64);
+        page.read_at(0, &mut stored_v[i * 64 * row_bytes..(i * 64 + rows) * row_bytes]).unwrap();
+    }
+    let deq = |bytes: &[u8]| -> Vec<f32> {
+        let mut out = vec![0f32; n * kv_dim];
+        let ty = if int8 { GgmlType::Q8_0 } else { GgmlType::F16 };
+        for p in 0..n {
+            quant::dequantize_row(
+                ty,
+                &bytes[p * row_bytes..(p + 1) * row_bytes],
+                &mut out[p * kv_dim..(p + 1) * kv_dim],
+            );
+        }
+        out
+    };
+    let (kd, vd) = (deq(&stored_k), deq(&stored_v));
+    let q = randn(rng, tokens * n_head * head_dim, 1.0);
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let qb = upload_f32(gpu, &q);
+    let out = Buffer::device(gpu, (q.len() * 4) as u64).unwrap();
+    let kernel = if int8 { "attention_q8_0" } else { "attention_f16" };
+    for &(window, softcap) in variants {
         let mut want = vec![0f32; q.len()];
         for t in 0..tokens {
+            let pos = pos0 + t;
+            let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
             for h in 0..n_head {
                 let kvh = h / (n_head / n_head_kv);
                 let qv = &q[(t * n_head + h) * head_dim..][..head_dim];
-                let scores: Vec<f64> = (0..=pos0 + t)
+                let scores: Vec<f64> = (lo..=pos)
                     .map(|p| {
-                        (0..head_dim).map(|d| qv[d] as f64 * kd[p * kv_dim + kvh * head_dim + d] as f64).sum::<f64>()
-                            * scale as f64
+                        let dot: f64 =
+                            (0..head_dim).map(|d| qv[d] as f64 * kd[p * kv_dim + kvh * head_dim + d] as f64).sum();
+                        let s = dot * scale as f64;
+                        softcap.map_or(s, |c| c as f64 * (s / c as f64).tanh())
                     })
                     .collect();
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -377,14 +449,11 @@ fn kv_rows_are_stored_as_the_cpu_stores_them_and_attention_matches() {
                 let sum: f64 = e.iter().sum();
                 for d in 0..head_dim {
                     let o: f64 =
-                        e.iter().enumerate().map(|(p, w)| w * vd[p * kv_dim + kvh * head_dim + d] as f64).sum();
+                        e.iter().enumerate().map(|(i, w)| w * vd[(lo + i) * kv_dim + kvh * head_dim + d] as f64).sum();
                     want[(t * n_head + h) * head_dim + d] = (o / sum) as f32;
                 }
             }
         }
-        let qb = upload_f32(&gpu, &q);
-        let out = Buffer::device(&gpu, (q.len() * 4) as u64).unwrap();
-        let kernel = if int8 { "attention_q8_0" } else { "attention_f16" };
         let args = [
             Arg::Ptr(qb.ptr()),
             Arg::Ptr(out.ptr()),
@@ -395,9 +464,12 @@ fn kv_rows_are_stored_as_the_cpu_stores_them_and_attention_matches() {
             Arg::I32(n_head_kv as i32),
             Arg::I32(head_dim as i32),
             Arg::F32(scale),
+            Arg::I32(window.unwrap_or(0) as i32),
+            Arg::F32(softcap.unwrap_or(0.0)),
         ];
-        run(&*gpu, kernel, Dims::linear((tokens * n_head) as u32, 128), &args).unwrap();
-        assert_close(kernel, &out.read_f32(q.len()).unwrap(), &want, 1e-5);
+        run(&**gpu, kernel, Dims::linear((tokens * n_head) as u32, 128), &args).unwrap();
+        let what = format!("{kernel} heads of {head_dim}, window {window:?}, soft-cap {softcap:?}");
+        assert_close(&what, &out.read_f32(q.len()).unwrap(), &want, 1e-5);
     }
 }
 

@@ -300,7 +300,8 @@ struct Entry {
 #define QUANT_ENTRIES(T) ENTRY(matvec_##T), ENTRY(gemm_##T), ENTRY(rows_##T)
 
 static const Entry TABLE[] = {
-    ENTRY(rms_norm_f32),         ENTRY(add_bias_f32),    ENTRY(swiglu_f32),
+    ENTRY(rms_norm_f32),    ENTRY(rms_norm_add_f32), ENTRY(add_bias_f32),   ENTRY(swiglu_f32),
+    ENTRY(geglu_f32),       ENTRY(scale_f32),        ENTRY(softcap_f32),
     ENTRY(gather_rows_f32), ENTRY(rope_f32),    ENTRY(kv_store_f16),    ENTRY(kv_store_q8_0), ENTRY(kv_gather),
     ENTRY(attention_f16),  ENTRY(attention_q8_0), QUANT_ENTRIES(f32),   QUANT_ENTRIES(f16),
     QUANT_ENTRIES(bf16),   QUANT_ENTRIES(q8_0), QUANT_ENTRIES(q4_0),    QUANT_ENTRIES(q4_1),

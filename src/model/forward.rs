@@ -146,7 +146,8 @@ impl Model {
             placement.extra_scratch(&self.cfg, span.t_count, want.len()).inspect_err(|_| kv.release_unused())?;
 
         let (mut x, embedded_on_gpu) = self.embed_tokens(kv, tokens)?;
-        if self.cfg.family.embed_scale {
+        // Rows gathered on the GPU are scaled there (`GpuStage::embed`); these are the host's.
+        if self.cfg.family.embed_scale && !embedded_on_gpu {
             let scale = (self.cfg.n_embd as f32).sqrt();
             x.iter_mut().for_each(|v| *v *= scale);
         }

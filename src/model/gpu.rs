@@ -3,6 +3,12 @@
 //! host (token embeddings are looked up there, from the mapped file) or from the previous stage, and leaves
 //! for the next stage or, on the last stage, as the logits of the wanted rows.
 //!
+//! Every family of `family::FAMILIES` runs here: q/k head norms (RMSNorm over rows of `head_dim`), post-norms
+//! (the projection into scratch, normed and added to the residual stream in one launch), SwiGLU or GeGLU,
+//! each layer's RoPE (base, linear scale, attention factor) with the file's frequency factors for the
+//! sequence's context, sliding windows and score soft-caps in the attention kernels, the embeddings' scale
+//! and the final soft-cap. `supported` names what a stage refuses at load; nothing runs half-supported.
+//!
 //! Activations stay exact f32 (the CPU quantizes them to 8 bits per block, as llama.cpp does), so the GPU is
 //! the more exact of the two: on the default model its logits are within 0.02 of a float64 forward pass,
 //! the CPU's within 0.4 to 1.2 (tests/gpu_forward.rs). GPU and CPU logits therefore agree within the CPU's
@@ -19,8 +25,9 @@ use crate::device::{Allocation, Device, DeviceError, Purpose};
 use crate::quant::GgmlType;
 
 use super::config::{ModelConfig, RopeKind};
+use super::family::{Family, FfnAct, SwaLayers};
 use super::kv::{KvCache, KvType};
-use super::weights::{QTensor, Weights};
+use super::weights::{FactorSet, QTensor, RopeFactors, Weights};
 
 /// A weight matrix in GPU memory, in its on-disk format.
 struct GpuMatrix {
@@ -33,7 +40,11 @@ struct GpuMatrix {
 }
 
 struct GpuLayer {
-    attn_norm: Allocation, // (n_embd) f32
+    attn_norm: Allocation,              // (n_embd) f32
+    q_norm: Option<Allocation>,         // (head_dim): qwen3, gemma3
+    k_norm: Option<Allocation>,         // (head_dim)
+    attn_post_norm: Option<Allocation>, // (n_embd): gemma2, gemma3
+    ffn_post_norm: Option<Allocation>,  // (n_embd)
     wq: GpuMatrix,
     wk: GpuMatrix,
     wv: GpuMatrix,
@@ -71,11 +82,35 @@ struct Head {
     logits: Allocation, // (1, n_vocab)
 }
 
+/// The file's RoPE frequency factors on the GPU, every set it holds (the sequence's context picks one).
+struct GpuRopeFactors {
+    host: RopeFactors,
+    freqs: Option<Allocation>, // (rope_dims / 2)
+    long: Option<Allocation>,  // (rope_dims / 2)
+    short: Option<Allocation>, // (rope_dims / 2)
+}
+
+impl GpuRopeFactors {
+    /// The device address of the factors for a sequence of up to `max_tokens` positions, 0 for none.
+    fn for_context(&self, max_tokens: usize, orig_ctx: usize) -> u64 {
+        let a = match self.host.choose(max_tokens, orig_ctx) {
+            Some(FactorSet::Freqs) => &self.freqs,
+            Some(FactorSet::Long) => &self.long,
+            Some(FactorSet::Short) => &self.short,
+            None => &None,
+        };
+        a.as_ref().map_or(0, ptr)
+    }
+}
+
 pub struct GpuStage {
     device: Arc<Device>,
     gpu: Arc<dyn Gpu>,
     layers: Range<usize>,
     weights: Vec<GpuLayer>,
+    rope_factors: GpuRopeFactors,
+    /// The embeddings' scale when this stage looks them up itself (Gemma: `sqrt(n_embd)`).
+    embed_scale: Option<f32>,
     head: Option<Head>,
     scratch: Scratch,
     batch: usize,
@@ -85,13 +120,28 @@ pub struct GpuStage {
 /// are looked up on the host, so only a tied head puts the embedding matrix on a GPU.
 pub fn weight_bytes(weights: &Weights, layers: Range<usize>, last: bool) -> u64 {
     let mut bytes = 0u64;
-    for l in &weights.layers[layers] {
+    for l in &weights.layers[layers.clone()] {
         for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
             bytes += m.data().len() as u64;
         }
-        for v in
-            [Some(&l.attn_norm), Some(&l.ffn_norm), l.bq.as_ref(), l.bk.as_ref(), l.bv.as_ref()].into_iter().flatten()
-        {
+        let vectors = [
+            Some(&l.attn_norm),
+            Some(&l.ffn_norm),
+            l.bq.as_ref(),
+            l.bk.as_ref(),
+            l.bv.as_ref(),
+            l.q_norm.as_ref(),
+            l.k_norm.as_ref(),
+            l.attn_post_norm.as_ref(),
+            l.ffn_post_norm.as_ref(),
+        ];
+        for v in vectors.into_iter().flatten() {
+            bytes += v.len() as u64 * 4;
+        }
+    }
+    if !layers.is_empty() {
+        let f = &weights.rope_factors;
+        for v in [&f.freqs, &f.long, &f.short].into_iter().flatten() {
             bytes += v.len() as u64 * 4;
         }
     }
@@ -113,6 +163,45 @@ pub fn scratch_bytes(cfg: &ModelConfig, batch: usize, last: bool) -> u64 {
 
 fn gpu_err(device: &Device, e: GpuError) -> DeviceError {
     DeviceError::Gpu { device: device.name(), msg: e.to_string(), sticky: e.is_sticky() }
+}
+
+/// Whether a GPU stage runs `cfg`'s family: `Err(why)` names the feature it cannot run. Every field of
+/// `Family` is named here, so a feature added to the table does not compile until this says whether the
+/// GPU runs it (a GPU stage never computes a family half-supported).
+pub fn supported(cfg: &ModelConfig) -> Result<(), String> {
+    let Family {
+        arch: _,
+        name,
+        rope_kind: _,               // rope_f32: both pairings
+        qk_norm: _,                 // rms_norm_f32 over rows of head_dim
+        post_norms: _,              // rms_norm_add_f32
+        ffn_act,                    // below
+        embed_scale: _,             // scale_f32 after a GPU lookup; the host scales its own rows
+        fused_qkv: _,               // split into row views at load: separate matrices here
+        fused_gate_up: _,           // the same
+        swa,                        // below
+        attn_softcap: _,            // the attention kernels' softcap
+        final_softcap: _,           // softcap_f32 in the head
+        swa_rope_base: _,           // each layer's RopeParams
+        scale_by_embd_at_layers: _, // cfg.attn_scale
+        features: _,
+    } = cfg.family;
+    match ffn_act {
+        FfnAct::Silu | FfnAct::GeluTanh => {}
+    }
+    match swa {
+        SwaLayers::None | SwaLayers::Pattern(_) => {}
+    }
+    if cfg.head_dim > 256 || !cfg.head_dim.is_multiple_of(2) {
+        return Err(format!(
+            "{name}: the CUDA backend needs heads of at most 256 values (this model's: {})",
+            cfg.head_dim
+        ));
+    }
+    if !cfg.n_embd.is_multiple_of(32) || !cfg.n_ff.is_multiple_of(32) || !cfg.q_dim().is_multiple_of(32) {
+        return Err(format!("{name}: the CUDA backend needs matrix widths that are multiples of 32"));
+    }
+    Ok(())
 }
 
 fn kernel(prefix: &str, ty: GgmlType) -> Result<&'static str, DeviceError> {
@@ -137,19 +226,9 @@ impl GpuStage {
             .gpu()
             .cloned()
             .ok_or_else(|| DeviceError::Unavailable { device: device.name(), why: "not a GPU".into() })?;
-        // What the kernels assume: heads of whole warps (attention keeps up to 8 values per lane) and rows
-        // of whole 32-value chunks.
-        let unsupported = |why: String| Err(DeviceError::Unavailable { device: device.name(), why });
-        if !cfg.head_dim.is_multiple_of(32) || cfg.head_dim > 256 {
-            let why = format!(
-                "the CUDA backend needs heads of 32 to 256 values in steps of 32 (this model's: {})",
-                cfg.head_dim
-            );
-            return unsupported(why);
-        }
-        if !cfg.n_embd.is_multiple_of(32) || !cfg.n_ff.is_multiple_of(32) || !cfg.q_dim().is_multiple_of(32) {
-            return unsupported("the CUDA backend needs matrix widths that are multiples of 32".into());
-        }
+        // What the kernels assume: heads of at most 256 values (attention keeps up to 8 per lane) and rows of
+        // whole 32-value chunks; and a family whose every feature has its kernels.
+        supported(cfg).map_err(|why| DeviceError::Unavailable { device: device.name(), why })?;
         let upload = |purpose: Purpose, bytes: &[u8]| -> Result<Allocation, DeviceError> {
             let a = device.alloc(purpose, bytes.len() as u64)?;
             a.mem().expect("GPU allocations have memory").write_at(0, bytes).map_err(|e| gpu_err(device, e))?;
@@ -157,6 +236,7 @@ impl GpuStage {
             Ok(a)
         };
         let vector = |v: &[f32]| upload(Purpose::Weights, bytemuck::cast_slice(v));
+        let optional = |v: &Option<Vec<f32>>| v.as_deref().map(vector).transpose();
         let matrix = |m: &QTensor| -> Result<GpuMatrix, DeviceError> {
             Ok(GpuMatrix {
                 mem: upload(Purpose::Weights, m.data())?,
@@ -171,6 +251,10 @@ impl GpuStage {
         for l in &weights.layers[layers.clone()] {
             gpu_layers.push(GpuLayer {
                 attn_norm: vector(&l.attn_norm)?,
+                q_norm: optional(&l.q_norm)?,
+                k_norm: optional(&l.k_norm)?,
+                attn_post_norm: optional(&l.attn_post_norm)?,
+                ffn_post_norm: optional(&l.ffn_post_norm)?,
                 wq: matrix(&l.wq)?,
                 wk: matrix(&l.wk)?,
                 wv: matrix(&l.wv)?,
@@ -184,6 +268,14 @@ impl GpuStage {
                 w_down: matrix(&l.w_down)?,
             });
         }
+        let f = &weights.rope_factors;
+        let has_layers = !layers.is_empty();
+        let rope_factors = GpuRopeFactors {
+            host: f.clone(),
+            freqs: if has_layers { optional(&f.freqs)? } else { None },
+            long: if has_layers { optional(&f.long)? } else { None },
+            short: if has_layers { optional(&f.short)? } else { None },
+        };
         let f32s = |n: usize| device.alloc(Purpose::Scratch, (n * 4) as u64);
         let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
         let scratch = Scratch {
@@ -209,7 +301,18 @@ impl GpuStage {
         } else {
             None
         };
-        Ok(GpuStage { device: device.clone(), gpu, layers, weights: gpu_layers, head, scratch, batch })
+        let embed_scale = cfg.family.embed_scale.then(|| (cfg.n_embd as f32).sqrt());
+        Ok(GpuStage {
+            device: device.clone(),
+            gpu,
+            layers,
+            weights: gpu_layers,
+            rope_factors,
+            embed_scale,
+            head,
+            scratch,
+            batch,
+        })
     }
 
     fn err(&self, e: GpuError) -> DeviceError {
@@ -254,9 +357,29 @@ impl GpuStage {
         }
     }
 
+    /// `out = rms_norm(x) * w` over `rows` rows of `n` values (`x` may be `out`).
     fn rms_norm(&self, x: u64, w: &Allocation, out: u64, rows: usize, n: usize, eps: f32) -> Result<(), DeviceError> {
         let args = [Arg::Ptr(x), Arg::Ptr(ptr(w)), Arg::Ptr(out), Arg::I32(n as i32), Arg::F32(eps)];
         self.run("rms_norm_f32", Dims::linear(rows as u32, 256), &args)
+    }
+
+    /// `out += rms_norm(x) * w` over `rows` rows of `n` values (a post-norm into the residual stream).
+    fn rms_norm_add(
+        &self,
+        x: u64,
+        w: &Allocation,
+        out: u64,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<(), DeviceError> {
+        let args = [Arg::Ptr(x), Arg::Ptr(ptr(w)), Arg::Ptr(out), Arg::I32(n as i32), Arg::F32(eps)];
+        self.run("rms_norm_add_f32", Dims::linear(rows as u32, 256), &args)
+    }
+
+    /// `x = c * tanh(x / c)` over `n` values.
+    fn softcap(&self, x: u64, c: f32, n: usize) -> Result<(), DeviceError> {
+        self.run("softcap_f32", Dims::over(n, 256), &[Arg::Ptr(x), Arg::F32(c), Arg::I32(n as i32)])
     }
 
     fn add_bias(&self, x: u64, b: &Option<Allocation>, n: usize, rows: usize) -> Result<(), DeviceError> {
@@ -270,13 +393,27 @@ impl GpuStage {
         }
     }
 
-    /// RoPE on the queries `q` and keys `k` of `t` tokens, in one launch.
-    fn rope(&self, cfg: &ModelConfig, q: u64, k: u64, t: usize, pos0: usize) -> Result<(), DeviceError> {
-        let theta_scale = cfg.rope_base.powf(-2.0 / cfg.rope_dims as f32);
+    /// RoPE of layer `l` on the queries `q` and keys `k` of `t` tokens, in one launch; `factors` the device
+    /// address of the frequency factors (0: none).
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        cfg: &ModelConfig,
+        l: usize,
+        factors: u64,
+        q: u64,
+        k: u64,
+        t: usize,
+        pos0: usize,
+    ) -> Result<(), DeviceError> {
+        let rope = cfg.rope_of(l);
+        // The CPU's rope_table computes the same.
+        let theta_scale = rope.base.powf(-2.0 / cfg.rope_dims as f32);
         let heads = cfg.n_head + cfg.n_head_kv;
         let args = [
             Arg::Ptr(q),
             Arg::Ptr(k),
+            Arg::Ptr(factors),
             Arg::I32(t as i32),
             Arg::I32(cfg.n_head as i32),
             Arg::I32(cfg.n_head_kv as i32),
@@ -284,6 +421,8 @@ impl GpuStage {
             Arg::I32(cfg.rope_dims as i32),
             Arg::I32(pos0 as i32),
             Arg::F32(theta_scale),
+            Arg::F32(rope.freq_scale),
+            Arg::F32(rope.mscale),
             Arg::I32(i32::from(cfg.rope_kind == RopeKind::Neox)),
         ];
         self.run("rope_f32", Dims::over(t * heads * cfg.rope_dims / 2, 128), &args)
@@ -294,7 +433,8 @@ impl GpuStage {
         self.layers.start == 0 && self.head.as_ref().is_some_and(|h| h.tied)
     }
 
-    /// The embedding rows of `tokens` into the stage's hidden state, looked up on the GPU (`rows_T`).
+    /// The embedding rows of `tokens` into the stage's hidden state, looked up on the GPU (`rows_T`) and
+    /// scaled where the family scales them (the host scales only the rows it looks up itself).
     pub fn embed(&self, tokens: &[u32], n_embd: usize) -> Result<(), DeviceError> {
         let head = self.head.as_ref().expect("holds_embeddings checked");
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
@@ -308,7 +448,15 @@ impl GpuStage {
             Arg::I32(n_embd as i32),
             Arg::I64(m.row_bytes as i64),
         ];
-        self.run(head.rows, Dims::linear(tokens.len() as u32, 64), &args)
+        self.run(head.rows, Dims::linear(tokens.len() as u32, 64), &args)?;
+        match self.embed_scale {
+            Some(scale) => {
+                let n = tokens.len() * n_embd;
+                let args = [Arg::Ptr(ptr(&self.scratch.x)), Arg::F32(scale), Arg::I32(n as i32)];
+                self.run("scale_f32", Dims::over(n, 256), &args)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Copies the hidden state `x` (t, n_embd) from the host into the stage.
@@ -347,10 +495,20 @@ impl GpuStage {
             KvType::Int8 => true,
             KvType::F32 => unreachable!("f32 KV is refused on GPU stages (Model::new_kv)"),
         };
+        // q8_0 blocks must not straddle heads (Model::new_kv refuses int8 KV for such heads first).
+        if int8 && !cfg.head_dim.is_multiple_of(32) {
+            let why = format!("int8 KV needs heads of a multiple of 32 values (this model's: {})", cfg.head_dim);
+            return Err(DeviceError::Unavailable { device: self.device.name(), why });
+        }
+        let factors = self.rope_factors.for_context(kv.max_tokens, cfg.rope_orig_ctx);
+        let glu = match cfg.family.ffn_act {
+            FfnAct::Silu => "swiglu_f32",
+            FfnAct::GeluTanh => "geglu_f32",
+        };
+        let hd = cfg.head_dim;
         let (store, attend) =
             if int8 { ("kv_store_q8_0", "attention_q8_0") } else { ("kv_store_f16", "attention_f16") };
         let store_dims = Dims::over(2 * t * if int8 { kv_dim / 32 } else { kv_dim }, 128);
-        let scale = 1.0 / (cfg.head_dim as f32).sqrt();
         for (l, w) in self.layers.clone().zip(&self.weights) {
             // Attention block.
             self.rms_norm(x, &w.attn_norm, xn, t, d, cfg.rms_eps)?;
@@ -360,7 +518,13 @@ impl GpuStage {
             self.add_bias(q, &w.bq, q_dim, t)?;
             self.add_bias(k, &w.bk, kv_dim, t)?;
             self.add_bias(v, &w.bv, kv_dim, t)?;
-            self.rope(cfg, q, k, t, pos0)?;
+            if let Some(n) = &w.q_norm {
+                self.rms_norm(q, n, q, t * cfg.n_head, hd, cfg.rms_eps)?;
+            }
+            if let Some(n) = &w.k_norm {
+                self.rms_norm(k, n, k, t * cfg.n_head_kv, hd, cfg.rms_eps)?;
+            }
+            self.rope(cfg, l, factors, q, k, t, pos0)?;
             let (k_table, v_table) = kv.gpu_tables(l)?;
             let args = [
                 Arg::Ptr(k),
@@ -380,24 +544,42 @@ impl GpuStage {
                 Arg::I32(pos0 as i32),
                 Arg::I32(cfg.n_head as i32),
                 Arg::I32(cfg.n_head_kv as i32),
-                Arg::I32(cfg.head_dim as i32),
-                Arg::F32(scale),
+                Arg::I32(hd as i32),
+                Arg::F32(cfg.attn_scale),
+                Arg::I32(cfg.window(l).unwrap_or(0) as i32),
+                Arg::F32(cfg.attn_softcap.unwrap_or(0.0)),
             ];
             self.run(attend, Dims::linear((t * cfg.n_head) as u32, 128), &args)?;
-            self.matmul_add(&w.wo, att, x, t)?;
+            self.project_into_residual(&w.wo, &w.attn_post_norm, att, cfg, t)?;
 
-            // Feed-forward block (SwiGLU).
+            // Feed-forward block (SwiGLU or GeGLU).
             self.rms_norm(x, &w.ffn_norm, xn, t, d, cfg.rms_eps)?;
             self.matmul(&w.w_gate, xn, gate, t)?;
             self.matmul(&w.w_up, xn, up, t)?;
-            self.run(
-                "swiglu_f32",
-                Dims::over(t * ff, 256),
-                &[Arg::Ptr(gate), Arg::Ptr(up), Arg::I32((t * ff) as i32)],
-            )?;
-            self.matmul_add(&w.w_down, gate, x, t)?;
+            self.run(glu, Dims::over(t * ff, 256), &[Arg::Ptr(gate), Arg::Ptr(up), Arg::I32((t * ff) as i32)])?;
+            self.project_into_residual(&w.w_down, &w.ffn_post_norm, gate, cfg, t)?;
         }
         Ok(())
+    }
+
+    /// `x += post_norm(input . W^T)`, or without a post-norm the product added straight into `x`. The
+    /// normed product passes through `xn`, free by then (the block's products have read it).
+    fn project_into_residual(
+        &self,
+        m: &GpuMatrix,
+        post_norm: &Option<Allocation>,
+        input: u64,
+        cfg: &ModelConfig,
+        t: usize,
+    ) -> Result<(), DeviceError> {
+        let (x, xn) = (ptr(&self.scratch.x), ptr(&self.scratch.xn));
+        match post_norm {
+            Some(n) => {
+                self.matmul(m, input, xn, t)?;
+                self.rms_norm_add(xn, n, x, t, cfg.n_embd, cfg.rms_eps)
+            }
+            None => self.matmul_add(m, input, x, t),
+        }
     }
 
     /// Logits of the batch rows `want` (the last stage only): (want.len(), n_vocab), on the host.
@@ -434,6 +616,9 @@ impl GpuStage {
         }
         self.rms_norm(hn, &head.norm, hn, n_out, d, cfg.rms_eps)?;
         self.matmul(&head.output, hn, logits, n_out)?;
+        if let Some(c) = cfg.final_softcap {
+            self.softcap(logits, c, n_out * n_vocab)?;
+        }
         let mut out = vec![0f32; n_out * n_vocab];
         // SAFETY: `logits` is the head's buffer of `batch * n_vocab` f32s and `n_out <= batch`.
         unsafe { self.gpu.dtoh(bytemuck::cast_slice_mut(&mut out), logits) }.map_err(|e| self.err(e))?;

@@ -191,18 +191,40 @@ pub struct RopeFactors {
     pub short: Option<Vec<f32>>, // (rope_dims / 2)
 }
 
+/// One of the factor sets a file may hold (`RopeFactors::choose`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FactorSet {
+    Freqs,
+    Long,
+    Short,
+}
+
 impl RopeFactors {
     /// The divisors for a sequence of up to `max_tokens` positions: LongRoPE's long factors past the
     /// original context `orig_ctx` (llama.cpp decides on its context size the same way), else the short
     /// ones; llama 3's factors always.
     pub fn for_context(&self, max_tokens: usize, orig_ctx: usize) -> Option<&[f32]> {
-        if let Some(f) = &self.freqs {
-            return Some(f);
+        self.choose(max_tokens, orig_ctx).and_then(|set| self.get(set))
+    }
+
+    /// Which set `for_context` takes (a GPU stage holds every set and picks its copy of this one).
+    pub fn choose(&self, max_tokens: usize, orig_ctx: usize) -> Option<FactorSet> {
+        if self.freqs.is_some() {
+            return Some(FactorSet::Freqs);
         }
         match (&self.long, &self.short) {
-            (Some(long), _) if max_tokens > orig_ctx => Some(long),
-            (_, Some(short)) => Some(short),
+            (Some(_), _) if max_tokens > orig_ctx => Some(FactorSet::Long),
+            (_, Some(_)) => Some(FactorSet::Short),
             _ => None,
+        }
+    }
+
+    /// The set `set`, when the file holds it.
+    pub fn get(&self, set: FactorSet) -> Option<&[f32]> {
+        match set {
+            FactorSet::Freqs => self.freqs.as_deref(),
+            FactorSet::Long => self.long.as_deref(),
+            FactorSet::Short => self.short.as_deref(),
         }
     }
 }

@@ -51,17 +51,21 @@ macro_rules! quant_entries {
 
 const QUANT: [[Entry; 3]; 11] = quant_entries!(f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K);
 
-const OTHERS: [Entry; 10] = [
+const OTHERS: [Entry; 14] = [
     Entry { name: "rms_norm_f32", file: "norm", params: "pppif" },
+    Entry { name: "rms_norm_add_f32", file: "norm", params: "pppif" },
     Entry { name: "add_bias_f32", file: "elementwise", params: "ppii" },
     Entry { name: "swiglu_f32", file: "elementwise", params: "ppi" },
+    Entry { name: "geglu_f32", file: "elementwise", params: "ppi" },
+    Entry { name: "scale_f32", file: "elementwise", params: "pfi" },
+    Entry { name: "softcap_f32", file: "elementwise", params: "pfi" },
     Entry { name: "gather_rows_f32", file: "elementwise", params: "pppi" },
-    Entry { name: "rope_f32", file: "elementwise", params: "ppiiiiiifi" },
+    Entry { name: "rope_f32", file: "elementwise", params: "pppiiiiiifffi" },
     Entry { name: "kv_store_f16", file: "attn", params: "ppppiii" },
     Entry { name: "kv_store_q8_0", file: "attn", params: "ppppiii" },
     Entry { name: "kv_gather", file: "attn", params: "ppiii" },
-    Entry { name: "attention_f16", file: "attn", params: "ppppiiiif" },
-    Entry { name: "attention_q8_0", file: "attn", params: "ppppiiiif" },
+    Entry { name: "attention_f16", file: "attn", params: "ppppiiiifif" },
+    Entry { name: "attention_q8_0", file: "attn", params: "ppppiiiifif" },
 ];
 
 /// Every entry point of every file.
