@@ -76,15 +76,21 @@ pub struct Family {
 
 /// Every family, by `general.architecture`.
 pub static FAMILIES: &[Family] = &[
-    Family { features: "GQA", ..LLAMA },
-    Family { arch: Arch::Mistral, name: "mistral", features: "GQA", ..LLAMA },
-    Family { arch: Arch::Qwen2, name: "qwen2", rope_kind: RopeKind::Neox, features: "GQA, qkv biases", ..LLAMA },
+    Family { features: "SwiGLU, RoPE", ..LLAMA },
+    Family { arch: Arch::Mistral, name: "mistral", features: "SwiGLU, RoPE", ..LLAMA },
+    Family {
+        arch: Arch::Qwen2,
+        name: "qwen2",
+        rope_kind: RopeKind::Neox,
+        features: "SwiGLU, NeoX RoPE, qkv biases",
+        ..LLAMA
+    },
     Family {
         arch: Arch::Qwen3,
         name: "qwen3",
         rope_kind: RopeKind::Neox,
         qk_norm: true,
-        features: "GQA, q/k head norms, thinking template",
+        features: "SwiGLU, NeoX RoPE, q/k head norms, thinking template",
         ..LLAMA
     },
     Family {
@@ -121,7 +127,7 @@ pub static FAMILIES: &[Family] = &[
         rope_kind: RopeKind::Neox,
         fused_qkv: true,
         fused_gate_up: true,
-        features: "fused qkv and gate/up, LongRoPE",
+        features: "fused qkv and gate/up, NeoX RoPE, LongRoPE",
         ..LLAMA
     },
 ];

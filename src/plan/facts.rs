@@ -17,6 +17,9 @@ pub struct ModelFacts {
     /// `general.name`, else the file's name without `.gguf`.
     pub name: String,
     pub architecture: String,
+    /// What the family does beyond a llama (`model::family`), and its sliding window when it has one.
+    #[serde(default)]
+    pub features: String,
     /// The tensor type holding most of the bytes (e.g. Q4_1).
     pub quantization: String,
     #[cfg_attr(feature = "ts", ts(type = "number"))]
@@ -52,6 +55,7 @@ impl ModelFacts {
             path: path.display().to_string(),
             name,
             architecture: cfg.arch_name.clone(),
+            features: features(&cfg),
             quantization,
             parameters: file.tensors.iter().map(|t| t.n_elements()).sum(),
             layers: cfg.n_layer,
@@ -61,4 +65,18 @@ impl ModelFacts {
             sampling: SamplingDefaults::of(file),
         })
     }
+}
+
+/// The family's features, with its heads and sliding window: "sliding window (5 of 6 layers), ...; grouped-query
+/// attention (4 heads, 1 KV); window 512 on 15 of 18 layers".
+fn features(cfg: &ModelConfig) -> String {
+    let mut out = cfg.family.features.to_owned();
+    if cfg.n_head_kv < cfg.n_head {
+        out.push_str(&format!("; grouped-query attention ({} heads, {} KV)", cfg.n_head, cfg.n_head_kv));
+    }
+    if let Some(w) = cfg.swa_window {
+        let swa = cfg.swa_layers.iter().filter(|&&s| s).count();
+        out.push_str(&format!("; window {w} on {swa} of {} layers", cfg.n_layer));
+    }
+    out
 }

@@ -67,6 +67,7 @@ export function facts(over: Partial<ModelFacts> = {}): ModelFacts {
     parameters: 134_515_008,
     layers: 30,
     trained_context: 8192,
+    features: "SwiGLU, RoPE; grouped-query attention (9 heads, 3 KV)",
     vocab: 49152,
     file_bytes: 98 * MIB,
     sampling: sampling(),

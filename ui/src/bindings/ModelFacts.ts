@@ -7,6 +7,10 @@ export type ModelFacts = { path: string,
  */
 name: string, architecture: string, 
 /**
+ * What the family does beyond a llama (`model::family`), and its sliding window when it has one.
+ */
+features: string, 
+/**
  * The tensor type holding most of the bytes (e.g. Q4_1).
  */
 quantization: string, parameters: number, layers: number, trained_context: number, vocab: number, file_bytes: number, 

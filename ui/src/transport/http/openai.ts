@@ -153,6 +153,7 @@ export function toModelFacts(info: unknown): ModelFacts {
     path: str(i.path),
     name: str(i.name, str(i.id)),
     architecture: str(i.architecture, "?"),
+    features: str(i.features),
     quantization: str(i.quantization, "?"),
     parameters: num(i.parameters),
     layers: num(i.layers),

@@ -6,6 +6,7 @@ export function FactsTable({ facts }: { facts: ModelFacts }) {
   const rows: [string, string][] = [
     ["Name", facts.name],
     ["Architecture", facts.architecture],
+    ["Features", facts.features || "—"],
     ["Quantization", facts.quantization],
     ["Parameters", countText(facts.parameters)],
     ["Layers", String(facts.layers)],
