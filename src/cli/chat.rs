@@ -56,7 +56,7 @@ pub fn main(a: ChatArgs) -> anyhow::Result<()> {
     let seq = Sequence::new(&loaded.model, a.engine.kv, context)?;
     let spec = super::load_spec(&a.engine, &loaded)?;
     let drafter = spec.as_ref().map(|s| s.drafter(a.engine.kv, context, loaded.model.cfg.n_vocab)).transpose()?;
-    let system = a.system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() });
+    let system = a.system.iter().map(|s| ChatMessage::new("system", s.clone()));
     let mut chat = Chat {
         loaded: &loaded,
         template,
@@ -139,7 +139,7 @@ impl Chat<'_> {
         if user.trim().is_empty() {
             return Ok(());
         }
-        self.history.push(ChatMessage { role: "user".into(), content: user });
+        self.history.push(ChatMessage::new("user", user));
         let prompt = match encode_chat(&self.template, &self.loaded.tokenizer, &self.history, |t| self.replies.get(t)) {
             Ok(p) => p.tokens,
             Err(e) => {
@@ -192,6 +192,6 @@ impl Chat<'_> {
         if let Some(t) = tokens_of_text(&self.loaded.tokenizer, &g.tokens, &g.text) {
             self.replies.remember(&g.text, t);
         }
-        self.history.push(ChatMessage { role: "assistant".into(), content: g.text });
+        self.history.push(ChatMessage::new("assistant", g.text));
     }
 }

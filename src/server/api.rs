@@ -1,7 +1,9 @@
 //! The handlers of the OpenAI-compatible endpoints: `/v1/chat/completions`, `/v1/completions`,
 //! `/v1/models`. A request is read (bounded size and time), checked, rendered and tokenized off the async
 //! threads, checked against the context, and queued for the engine; the reply is one JSON object or an
-//! SSE stream of chunks ending with `data: [DONE]`.
+//! SSE stream of chunks ending with `data: [DONE]`. A chat reply's `<think>` block comes back apart, as
+//! `reasoning_content` (whole, or in the deltas while the block lasts), unless the request's
+//! `reasoning_format` is `none` (see `tokenizer::reasoning`).
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -20,6 +22,7 @@ use tokio::sync::mpsc::{channel, Receiver};
 
 use crate::sync::LockUnpoisoned;
 use crate::telemetry::Summary;
+use crate::tokenizer::reasoning::{split_reply, ReasoningSplitter, Split};
 use crate::tokenizer::turns;
 
 use super::error::ApiError;
@@ -208,6 +211,8 @@ struct Reply {
     model: String,
     checked: Checked,
     logprobs: bool,
+    /// Chat replies whose `<think>` block comes back apart: Some(whether the prompt opened the block).
+    reasoning: Option<bool>,
 }
 
 pub async fn chat(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
@@ -243,6 +248,8 @@ async fn chat_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Respon
     let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch, &app.model.sampling)?;
     let (logprobs, top) = req.top_logprobs()?;
     checked.params.logprobs = logprobs;
+    let kwargs = req.template_kwargs()?;
+    let splits_reasoning = req.splits_reasoning()?;
     drop(req);
     // Earlier replies the engine generated go in as their tokens (taken out now: the engine thread adds
     // to the store while this renders).
@@ -256,14 +263,21 @@ async fn chat_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Respon
     };
     let m = app.model.clone();
     let prompt = tokio::task::spawn_blocking(move || {
-        turns::encode_chat(&m.template, &m.tokenizer, &messages, |text| known.get(text).cloned())
+        turns::encode_chat_with(&m.template, &m.tokenizer, &messages, &kwargs, |text| known.get(text).cloned())
             .map_err(|e| ApiError::invalid("messages", format!("the chat template cannot render these messages: {e}")))
     })
     .await
     .map_err(|e| ApiError::internal(format!("rendering failed: {e}")))??;
     check_context(app, prompt.tokens.len(), "messages")?;
-    let reply =
-        Reply { endpoint: Endpoint::Chat, id: request_id("chatcmpl"), created: unix_now(), model, checked, logprobs };
+    let reply = Reply {
+        endpoint: Endpoint::Chat,
+        id: request_id("chatcmpl"),
+        created: unix_now(),
+        model,
+        checked,
+        logprobs,
+        reasoning: splits_reasoning.then_some(prompt.opens_think),
+    };
     run(app, prompt.tokens, prompt.kept_reply_tokens, top, reply).await
 }
 
@@ -290,8 +304,15 @@ async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result
             .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?,
     };
     check_context(app, prompt.len(), "prompt")?;
-    let reply =
-        Reply { endpoint: Endpoint::Completion, id: request_id("cmpl"), created: unix_now(), model, checked, logprobs };
+    let reply = Reply {
+        endpoint: Endpoint::Completion,
+        id: request_id("cmpl"),
+        created: unix_now(),
+        model,
+        checked,
+        logprobs,
+        reasoning: None,
+    };
     run(app, prompt, 0, top, reply).await
 }
 
@@ -370,7 +391,7 @@ fn whole_reply(reply: &Reply, choices: Vec<Option<Finished>>, summary: &Summary)
             match reply.endpoint {
                 Endpoint::Chat => json!({
                     "index": i,
-                    "message": {"role": "assistant", "content": text, "refusal": null},
+                    "message": chat_message_json(&text, reply.reasoning),
                     "logprobs": if reply.logprobs { chat_logprobs(&tokens) } else { Value::Null },
                     "finish_reason": finish,
                 }),
@@ -399,6 +420,32 @@ fn whole_reply(reply: &Reply, choices: Vec<Option<Finished>>, summary: &Summary)
     })
 }
 
+/// A whole chat reply's message: the text as content, or its reasoning apart (`reasoning`: see [`Reply`]),
+/// `reasoning_content` only when there is some.
+fn chat_message_json(text: &str, reasoning: Option<bool>) -> Value {
+    let Some(starts_inside) = reasoning else {
+        return json!({"role": "assistant", "content": text, "refusal": null});
+    };
+    let s = split_reply(text, starts_inside);
+    let mut m = json!({"role": "assistant", "content": s.content, "refusal": null});
+    if !s.reasoning.is_empty() {
+        m["reasoning_content"] = Value::String(s.reasoning);
+    }
+    m
+}
+
+/// A streamed chat delta with a piece's reasoning and content (each only when there is some).
+fn split_delta(s: Split) -> Value {
+    let mut d = serde_json::Map::new();
+    if !s.reasoning.is_empty() {
+        d.insert("reasoning_content".into(), Value::String(s.reasoning));
+    }
+    if !s.content.is_empty() {
+        d.insert("content".into(), Value::String(s.content));
+    }
+    Value::Object(d)
+}
+
 /// The chunks of a streamed reply, made from the engine's messages.
 struct Chunks {
     reply: Reply,
@@ -411,6 +458,10 @@ struct Chunks {
     role_sent: Vec<bool>,
     /// Bytes of each choice's text so far (completion logprobs' text_offset).
     offsets: Vec<usize>,
+    /// Each choice's reasoning splitter (chat replies whose reasoning comes back apart).
+    splitters: Vec<Option<ReasoningSplitter>>,
+    /// Tokens of text a splitter holds back (a tag's start), sent with the text when it goes out.
+    held_tokens: Vec<Vec<TokenInfo>>,
     done: bool,
 }
 
@@ -451,15 +502,26 @@ impl Chunks {
     /// Turns one engine message into events.
     fn on(&mut self, msg: Msg) {
         match msg {
-            Msg::Text { choice, text, tokens } => {
+            Msg::Text { choice, text, mut tokens } => {
                 self.role(choice);
+                let mut delta = json!({"content": text});
+                if let Some(splitter) = self.splitters.get_mut(choice).and_then(Option::as_mut) {
+                    let split = splitter.push(&text);
+                    let held = &mut self.held_tokens[choice];
+                    held.append(&mut tokens);
+                    if split.is_empty() {
+                        return;
+                    }
+                    tokens = std::mem::take(held);
+                    delta = split_delta(split);
+                }
                 if let Some(c) = self.sent_tokens.get_mut(choice) {
                     *c += tokens.len();
                 }
                 let e = match self.reply.endpoint {
                     Endpoint::Chat => self.chunk(json!({
                         "index": choice,
-                        "delta": {"content": text},
+                        "delta": delta,
                         "logprobs": if self.reply.logprobs { chat_logprobs(&tokens) } else { Value::Null },
                         "finish_reason": null,
                     })),
@@ -477,6 +539,21 @@ impl Chunks {
             }
             Msg::ChoiceDone { choice, finish_reason, tokens, .. } => {
                 self.role(choice);
+                // What the splitter held back goes out before the end (an unclosed block's last words).
+                if let Some(splitter) = self.splitters.get_mut(choice).and_then(Option::as_mut) {
+                    let split = splitter.finish();
+                    if !split.is_empty() {
+                        let held = std::mem::take(&mut self.held_tokens[choice]);
+                        self.sent_tokens[choice] += held.len();
+                        let e = self.chunk(json!({
+                            "index": choice,
+                            "delta": split_delta(split),
+                            "logprobs": if self.reply.logprobs { chat_logprobs(&held) } else { Value::Null },
+                            "finish_reason": null,
+                        }));
+                        self.pending.push_back(e);
+                    }
+                }
                 // Tokens whose text was held back (a stop string's start) or never shown come last.
                 let sent = self.sent_tokens.get(choice).copied().unwrap_or(0);
                 let rest = &tokens[sent.min(tokens.len())..];
@@ -527,6 +604,7 @@ fn stream(
     guard: TicketGuard,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let n = reply.checked.choices;
+    let splitters = (0..n).map(|_| reply.reasoning.map(ReasoningSplitter::new)).collect();
     let state = Chunks {
         reply,
         rx,
@@ -536,6 +614,8 @@ fn stream(
         first: Some(first),
         role_sent: vec![false; n],
         offsets: vec![0; n],
+        splitters,
+        held_tokens: vec![Vec::new(); n],
         done: false,
     };
     let s = futures_util::stream::unfold(state, |mut st| async move {

@@ -7,6 +7,13 @@
 //! unless empty: tools and functions, `logit_bias`, a `response_format` other than text. Extra sampling
 //! fields that llama.cpp's server takes: `top_k`, `min_p`, `repeat_penalty`, `repeat_last_n`,
 //! `ignore_eos`.
+//!
+//! Reasoning models, as llama.cpp's server takes them: `chat_template_kwargs` (an object whose keys become
+//! variables of the chat template, such as Qwen3's `enable_thinking`), a top-level `enable_thinking` and
+//! `reasoning_effort` (template variables too, unless `chat_template_kwargs` names them), `reasoning_format`
+//! (`deepseek` or `auto`, the default: a reply's `<think>` block comes back as `reasoning_content`; `none`:
+//! the raw text in `content`), and an assistant message's `reasoning_content` (the template decides whether
+//! an earlier reply's reasoning goes back into the prompt).
 
 use std::collections::HashMap;
 
@@ -16,7 +23,7 @@ use serde::Deserialize;
 use crate::engine::GenerateParams;
 use crate::sample::defaults::SamplingDefaults;
 use crate::sample::SamplerConfig;
-use crate::tokenizer::ChatMessage;
+use crate::tokenizer::{ChatMessage, TemplateKwargs, RESERVED_TEMPLATE_NAMES};
 
 use super::error::ApiError;
 
@@ -108,6 +115,8 @@ pub struct Message {
     pub refusal: Option<IgnoredAny>,
     pub tool_calls: Option<Vec<IgnoredAny>>,
     pub tool_call_id: Option<IgnoredAny>,
+    /// An earlier reply's reasoning, as this server (and llama.cpp's) sent it.
+    pub reasoning_content: Option<String>,
 }
 
 /// The sampling and length fields both endpoints share, read from either request.
@@ -174,6 +183,9 @@ pub struct ChatRequest {
     pub verbosity: Option<String>,
     pub prompt_cache_key: Option<String>,
     pub safety_identifier: Option<String>,
+    pub chat_template_kwargs: Option<TemplateKwargs>,
+    pub enable_thinking: Option<bool>,
+    pub reasoning_format: Option<String>,
 }
 
 /// `prompt` of a completion: a string, a token list, or a list of one of either.
@@ -269,6 +281,43 @@ impl ChatRequest {
         messages.iter().enumerate().map(|(i, m)| chat_message(i, m)).collect()
     }
 
+    /// The chat template's extra variables: `chat_template_kwargs`, with `enable_thinking` and
+    /// `reasoning_effort` added from the top level when it does not name them. The render's own names are
+    /// refused.
+    pub fn template_kwargs(&self) -> Result<TemplateKwargs, ApiError> {
+        let mut kwargs = self.chat_template_kwargs.clone().unwrap_or_default();
+        if let Some(name) = kwargs.keys().find(|k| RESERVED_TEMPLATE_NAMES.contains(&k.as_str())) {
+            let param = format!("chat_template_kwargs.{name}");
+            return Err(ApiError::invalid(
+                param.clone(),
+                format!("{param}: {name:?} is set by the server; send it in the request itself"),
+            ));
+        }
+        if let Some(on) = self.enable_thinking {
+            kwargs.entry("enable_thinking").or_insert(on.into());
+        }
+        if let Some(effort) = &self.reasoning_effort {
+            kwargs.entry("reasoning_effort").or_insert(effort.clone().into());
+        }
+        Ok(kwargs)
+    }
+
+    /// Whether a reply's `<think>` block comes back apart, as `reasoning_content` (`reasoning_format`:
+    /// `deepseek` or `auto`, the default), or stays in `content` (`none`).
+    pub fn splits_reasoning(&self) -> Result<bool, ApiError> {
+        match self.reasoning_format.as_deref() {
+            None | Some("auto" | "deepseek") => Ok(true),
+            Some("none") => Ok(false),
+            Some(other) => Err(ApiError::invalid(
+                "reasoning_format",
+                format!(
+                    "reasoning_format {:?} is not supported: use \"deepseek\", \"auto\" or \"none\"",
+                    truncate(other, 64)
+                ),
+            )),
+        }
+    }
+
     pub fn top_logprobs(&self) -> Result<(bool, usize), ApiError> {
         let on = self.logprobs.unwrap_or(false);
         let k = match self.top_logprobs {
@@ -343,7 +392,18 @@ fn chat_message(i: usize, m: &Message) -> Result<ChatMessage, ApiError> {
             ))
         }
     };
-    Ok(ChatMessage::new(role, content))
+    let mut message = ChatMessage::new(role, content);
+    match (&m.reasoning_content, role) {
+        (None, _) => {}
+        (Some(r), "assistant") => message.reasoning_content = Some(r.clone()),
+        (Some(_), _) => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].reasoning_content"),
+                format!("messages[{i}].reasoning_content: only an assistant message has reasoning"),
+            ))
+        }
+    }
+    Ok(message)
 }
 
 impl CompletionRequest {
@@ -642,6 +702,34 @@ mod tests {
         let r = chat(r#"{"temperature":1,"top_p":1,"top_k":0,"min_p":0,"repeat_penalty":1}"#).unwrap();
         let s = check_common(&r.common(), &r.stop, 512, &d).unwrap().params.sampler;
         assert_eq!((s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty), (1.0, 1.0, 0, 0.0, 1.0));
+    }
+
+    #[test]
+    fn template_kwargs_and_reasoning_format() {
+        let r = chat(r#"{"chat_template_kwargs":{"enable_thinking":false,"x":[1]},"enable_thinking":true}"#).unwrap();
+        let k = r.template_kwargs().unwrap();
+        assert_eq!(serde_json::Value::Object(k), serde_json::json!({"enable_thinking": false, "x": [1]}));
+        let r = chat(r#"{"enable_thinking":false,"reasoning_effort":"low"}"#).unwrap();
+        let k = r.template_kwargs().unwrap();
+        assert_eq!(
+            serde_json::Value::Object(k),
+            serde_json::json!({"enable_thinking": false, "reasoning_effort": "low"})
+        );
+        let r = chat(r#"{"chat_template_kwargs":{"messages":[]}}"#).unwrap();
+        assert_eq!(r.template_kwargs().unwrap_err().param.as_deref(), Some("chat_template_kwargs.messages"));
+        let e = chat(r#"{"chat_template_kwargs":[1]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("chat_template_kwargs"));
+        assert!(chat(r#"{}"#).unwrap().splits_reasoning().unwrap());
+        assert!(chat(r#"{"reasoning_format":"deepseek"}"#).unwrap().splits_reasoning().unwrap());
+        assert!(!chat(r#"{"reasoning_format":"none"}"#).unwrap().splits_reasoning().unwrap());
+        let e = chat(r#"{"reasoning_format":"magic"}"#).unwrap().splits_reasoning().unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("reasoning_format"));
+        let r = chat(r#"{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a","reasoning_content":"r"}]}"#)
+            .unwrap();
+        let m = r.chat_messages().unwrap();
+        assert_eq!((m[0].reasoning_content.as_deref(), m[1].reasoning_content.as_deref()), (None, Some("r")));
+        let r = chat(r#"{"messages":[{"role":"user","content":"q","reasoning_content":"r"}]}"#).unwrap();
+        assert_eq!(r.chat_messages().unwrap_err().param.as_deref(), Some("messages[0].reasoning_content"));
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //! It owns the template environment: minijinja with `trim_blocks` and `lstrip_blocks` on (as HF sets
 //! them), Python string/dict methods (`.strip()`, `.startswith()`, `.items()`, ...) through
 //! minijinja-contrib's pycompat, `raise_exception(msg)` as a typed error, a `tojson` filter that writes
-//! JSON the way Python's `json.dumps` does, and `strftime_now`. The context is `messages`,
-//! `add_generation_prompt`, `bos_token` and `eos_token`. Without a template in the file, ChatML is used,
+//! JSON the way Python's `json.dumps` does, and `strftime_now`. The context is `messages` (each with `role`,
+//! `content`, and `reasoning_content` when the client sent one back), `add_generation_prompt`, `bos_token`
+//! and `eos_token`, and the request's template kwargs ([`TemplateKwargs`]: llama.cpp's
+//! `chat_template_kwargs`, such as Qwen3's `enable_thinking`), which never replace those four. Without a template in the file, ChatML is used,
 //! as llama.cpp does. It never tokenizes the rendered text.
 //!
 //! A chat template is code from the model file, so rendering has a budget: [`TEMPLATE_FUEL`] instructions
@@ -39,23 +41,44 @@ pub const TEMPLATE_FUEL: u64 = 5_000_000;
 /// Bytes a render may write for `messages`: 16 MiB plus four times the text of the messages (a template
 /// repeats a message's content at most a small number of times).
 pub fn output_cap_bytes(messages: &[ChatMessage]) -> usize {
-    let content: usize = messages.iter().map(|m| m.content.len() + m.role.len()).sum();
+    let content: usize = messages
+        .iter()
+        .map(|m| m.content.len() + m.role.len() + m.reasoning_content.as_ref().map_or(0, String::len))
+        .sum();
     (16 << 20) + content.saturating_mul(4)
 }
 
 /// The prefix that marks an error as coming from `raise_exception`.
 const RAISED: &str = "raise_exception: ";
 
+/// Extra variables of a render, by name (a request's `chat_template_kwargs`): Qwen3's `enable_thinking`,
+/// gpt-oss's `reasoning_effort`, or whatever else a template reads.
+pub type TemplateKwargs = serde_json::Map<String, serde_json::Value>;
+
+/// The names of the render's own variables, which kwargs never replace.
+pub const RESERVED_TEMPLATE_NAMES: [&str; 4] = ["messages", "add_generation_prompt", "bos_token", "eos_token"];
+
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An earlier reply's reasoning, kept apart from its content (absent from the template's context when
+    /// None: templates test `message.reasoning_content is defined`). Qwen3's template drops it from turns
+    /// before the last question itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage { role: role.into(), content: content.into(), reasoning_content: None }
+    }
+
+    /// The message with an earlier reply's reasoning.
+    pub fn with_reasoning(mut self, reasoning: impl Into<String>) -> ChatMessage {
+        self.reasoning_content = Some(reasoning.into());
+        self
     }
 }
 
@@ -135,12 +158,33 @@ impl ChatTemplate {
     /// begins. Within the budget of fuel and output (see the module); a template that renders nothing for
     /// a conversation is an error too (there would be no prompt).
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
+        self.render_with(messages, add_generation_prompt, &TemplateKwargs::new())
+    }
+
+    /// [`ChatTemplate::render`] with extra variables: each of `kwargs` is a variable of the render, except
+    /// the render's own names ([`RESERVED_TEMPLATE_NAMES`]), which keep their values.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        kwargs: &TemplateKwargs,
+    ) -> Result<String, TokenizerError> {
         let template = self.env.get_template("chat")?;
-        let ctx = context! {
+        let own = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
+        };
+        let ctx = if kwargs.is_empty() {
+            own
+        } else {
+            let extra: TemplateKwargs = kwargs
+                .iter()
+                .filter(|(k, _)| !RESERVED_TEMPLATE_NAMES.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            context! { ..own, ..Value::from_serialize(&extra) }
         };
         let cap_bytes = output_cap_bytes(messages);
         let mut out = CappedOutput { bytes: Vec::new(), cap_bytes, over: false };

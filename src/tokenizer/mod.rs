@@ -3,7 +3,8 @@
 //! It owns the vocabulary read from GGUF metadata (`load`), the two tokenizer algorithms Strata supports,
 //! byte-level BPE (`gpt2`, in `pretokenize` + `bpe`) and SentencePiece (`llama`, in `spm`), special-token
 //! handling (`special`), decoding including a UTF-8-safe stream decoder (`decode`), chat templates
-//! (`chat`), and a conversation's prompt with its earlier replies kept as generated (`turns`). Results are
+//! (`chat`), a conversation's prompt with its earlier replies kept as generated (`turns`), and a reply's
+//! `<think>` reasoning kept apart from its answer (`reasoning`). Results are
 //! meant to equal llama.cpp's token for token; where they knowingly differ, the module that differs says so.
 //!
 //! It never adds BOS/EOS on its own: [`Tokenizer::encode`] returns the text's tokens only, and the caller
@@ -16,6 +17,7 @@ mod decode;
 mod error;
 mod load;
 mod pretokenize;
+pub mod reasoning;
 mod special;
 mod spm;
 pub mod turns;
@@ -23,7 +25,7 @@ pub mod unicode;
 
 use std::collections::HashMap;
 
-pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
+pub use chat::{ChatMessage, ChatTemplate, TemplateKwargs, CHATML_TEMPLATE, RESERVED_TEMPLATE_NAMES};
 pub use decode::StreamDecoder;
 pub use error::TokenizerError;
 

@@ -18,7 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer, TokenizerError};
+use super::{ChatMessage, ChatTemplate, StreamDecoder, TemplateKwargs, Tokenizer, TokenizerError};
 
 /// Replies remembered at most, and their bytes (text and tokens) at most: the oldest go first.
 pub const REPLIES_KEPT: usize = 1024;
@@ -117,6 +117,9 @@ pub struct ChatPrompt {
     /// Assistant messages taken as they were generated, and their tokens.
     pub kept_replies: usize,
     pub kept_reply_tokens: usize,
+    /// Whether the rendered prompt leaves the reply inside a `<think>` block (its generation prompt opened
+    /// one: [`super::reasoning::prompt_opens_think`]).
+    pub opens_think: bool,
 }
 
 /// Marks an assistant message's place in a render: private-use characters no tokenizer merges with text.
@@ -134,9 +137,25 @@ pub fn encode_chat(
     messages: &[ChatMessage],
     replies: impl Fn(&str) -> Option<Arc<[u32]>>,
 ) -> Result<ChatPrompt, TokenizerError> {
-    let rendered = template.render(messages, true)?;
-    let whole =
-        |rendered: &str| ChatPrompt { tokens: tok.encode_templated(rendered), kept_replies: 0, kept_reply_tokens: 0 };
+    encode_chat_with(template, tok, messages, &TemplateKwargs::new(), replies)
+}
+
+/// [`encode_chat`] with the request's template kwargs (see [`ChatTemplate::render_with`]).
+pub fn encode_chat_with(
+    template: &ChatTemplate,
+    tok: &Tokenizer,
+    messages: &[ChatMessage],
+    kwargs: &TemplateKwargs,
+    replies: impl Fn(&str) -> Option<Arc<[u32]>>,
+) -> Result<ChatPrompt, TokenizerError> {
+    let rendered = template.render_with(messages, true, kwargs)?;
+    let opens_think = super::reasoning::prompt_opens_think(&rendered);
+    let whole = |rendered: &str| ChatPrompt {
+        tokens: tok.encode_templated(rendered),
+        kept_replies: 0,
+        kept_reply_tokens: 0,
+        opens_think,
+    };
     // Which messages to keep, in order, with their tokens.
     let kept: Vec<(usize, Arc<[u32]>)> = messages
         .iter()
@@ -152,7 +171,7 @@ pub fn encode_chat(
     for (n, (i, _)) in kept.iter().enumerate() {
         marked[*i].content = marker(n);
     }
-    let Ok(marked_render) = template.render(&marked, true) else {
+    let Ok(marked_render) = template.render_with(&marked, true, kwargs) else {
         return Ok(whole(&rendered));
     };
     // Split at the markers; each must appear once, in order, and putting the contents back must give the
@@ -199,7 +218,7 @@ pub fn encode_chat(
             tokens.insert(0, bos);
         }
     }
-    Ok(ChatPrompt { tokens, kept_replies: kept.len(), kept_reply_tokens })
+    Ok(ChatPrompt { tokens, kept_replies: kept.len(), kept_reply_tokens, opens_think })
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ mod kernels;
 mod model;
 mod plan_draft;
 mod quantize;
+mod reasoning;
 mod reference;
 mod replay;
 mod server;

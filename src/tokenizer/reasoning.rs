@@ -1,0 +1,285 @@
+//! A reply's reasoning kept apart from its answer: the text of a `<think>...</think>` block that opens the
+//! reply (Qwen3, DeepSeek-R1, QwQ) is the reasoning, what follows the block is the content. This is what
+//! llama.cpp's server does with `--reasoning-format deepseek` (its default), rule for rule:
+//!
+//! - the block counts only where it opens the reply, `<think>` as its very first characters, or where the
+//!   prompt already opened it (the generation prompt ends with `<think>`: [`prompt_opens_think`]), and then
+//!   the reply starts inside it;
+//! - the reasoning is trimmed of whitespace at both ends, the content of whitespace at its start;
+//! - a block that never closes is all reasoning, and the content is empty.
+//!
+//! [`ReasoningSplitter`] does it on a stream of text pieces, however the tags fall across them: a piece
+//! that may be the start of a tag, or whitespace that may end the reasoning, is held back until the next
+//! piece (or the end) tells. [`split_reply`] does it on a whole reply. It owns only this rule; it never
+//! tokenizes, and never sees the model.
+
+/// The tag that opens a reasoning block.
+pub const THINK_OPEN: &str = "<think>";
+/// The tag that closes it.
+pub const THINK_CLOSE: &str = "</think>";
+
+/// A reply's text (or a piece of it) divided into reasoning and content.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Split {
+    pub reasoning: String,
+    pub content: String,
+}
+
+impl Split {
+    pub fn is_empty(&self) -> bool {
+        self.reasoning.is_empty() && self.content.is_empty()
+    }
+}
+
+/// Where the splitter is in the reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// Nothing decided yet: the text so far may be the start of `<think>`.
+    Start,
+    /// Inside the block; `leading`: no reasoning written yet (whitespace is dropped).
+    Reasoning { leading: bool },
+    /// Just past `</think>`: whitespace is dropped until the content starts.
+    AfterClose,
+    /// The content, written as it comes.
+    Content,
+}
+
+/// Splits a streamed reply into reasoning and content pieces (see the module).
+#[derive(Clone, Debug)]
+pub struct ReasoningSplitter {
+    place: Place,
+    /// Text received and not yet given out.
+    held: String,
+}
+
+impl ReasoningSplitter {
+    /// A splitter for a reply; `starts_inside`: the prompt opened the block (see [`prompt_opens_think`]).
+    pub fn new(starts_inside: bool) -> ReasoningSplitter {
+        let place = if starts_inside { Place::Reasoning { leading: true } } else { Place::Start };
+        ReasoningSplitter { place, held: String::new() }
+    }
+
+    /// Takes the next piece of the reply; returns what can be given out now.
+    pub fn push(&mut self, piece: &str) -> Split {
+        self.held.push_str(piece);
+        let mut out = Split::default();
+        loop {
+            match self.place {
+                Place::Start => {
+                    if let Some(rest) = self.held.strip_prefix(THINK_OPEN) {
+                        self.held = rest.to_owned();
+                        self.place = Place::Reasoning { leading: true };
+                    } else if THINK_OPEN.starts_with(self.held.as_str()) {
+                        return out; // "", "<", "<th", ...: not decided yet
+                    } else {
+                        self.place = Place::Content;
+                    }
+                }
+                Place::Reasoning { leading } => {
+                    if leading {
+                        let kept = self.held.trim_start().len();
+                        self.held.drain(..self.held.len() - kept);
+                        if self.held.is_empty() {
+                            return out;
+                        }
+                    }
+                    if let Some(at) = self.held.find(THINK_CLOSE) {
+                        out.reasoning.push_str(self.held[..at].trim_end());
+                        self.held.drain(..at + THINK_CLOSE.len());
+                        self.place = Place::AfterClose;
+                        continue;
+                    }
+                    // Hold back what may be the start of `</think>`, and the whitespace before it (it is
+                    // dropped if the block closes next).
+                    let tag_at = partial_suffix_start(&self.held, THINK_CLOSE);
+                    let give = self.held[..tag_at].trim_end().len();
+                    out.reasoning.push_str(&self.held[..give]);
+                    self.held.drain(..give);
+                    if give > 0 {
+                        self.place = Place::Reasoning { leading: false };
+                    }
+                    return out;
+                }
+                Place::AfterClose => {
+                    let kept = self.held.trim_start().len();
+                    self.held.drain(..self.held.len() - kept);
+                    if self.held.is_empty() {
+                        return out;
+                    }
+                    self.place = Place::Content;
+                }
+                Place::Content => {
+                    out.content.push_str(&self.held);
+                    self.held.clear();
+                    return out;
+                }
+            }
+        }
+    }
+
+    /// The reply has ended: gives out what was held back (an unclosed block's last reasoning, or a reply
+    /// that was only the start of `<think>`).
+    pub fn finish(&mut self) -> Split {
+        let held = std::mem::take(&mut self.held);
+        let mut out = Split::default();
+        match self.place {
+            Place::Start | Place::Content => out.content = held,
+            Place::Reasoning { .. } => out.reasoning = held.trim().to_owned(),
+            Place::AfterClose => {}
+        }
+        self.place = Place::Content;
+        out
+    }
+
+    /// Whether the splitter is inside the reasoning block now.
+    pub fn in_reasoning(&self) -> bool {
+        matches!(self.place, Place::Reasoning { .. })
+    }
+}
+
+/// A whole reply split into reasoning and content.
+pub fn split_reply(text: &str, starts_inside: bool) -> Split {
+    let mut s = ReasoningSplitter::new(starts_inside);
+    let mut out = s.push(text);
+    let last = s.finish();
+    out.reasoning.push_str(&last.reasoning);
+    out.content.push_str(&last.content);
+    out
+}
+
+/// Whether a rendered prompt leaves the reply inside a reasoning block: its generation prompt ends with
+/// `<think>` (whitespace after it aside), as DeepSeek-R1's does and some Qwen3 variants' do. Qwen3's own
+/// template with `enable_thinking: false` ends with a closed, empty block instead: the reply is content.
+pub fn prompt_opens_think(rendered: &str) -> bool {
+    rendered.trim_end().ends_with(THINK_OPEN)
+}
+
+/// Where the longest suffix of `text` that is a proper prefix of `tag` starts (`text.len()` when none).
+fn partial_suffix_start(text: &str, tag: &str) -> usize {
+    let longest = tag.len().saturating_sub(1).min(text.len());
+    for n in (1..=longest).rev() {
+        let at = text.len() - n;
+        if text.is_char_boundary(at) && tag.starts_with(&text[at..]) {
+            return at;
+        }
+    }
+    text.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Streams `pieces` through a splitter, returning every non-empty piece given out and the whole.
+    fn stream(pieces: &[&str], starts_inside: bool) -> (Vec<Split>, Split) {
+        let mut s = ReasoningSplitter::new(starts_inside);
+        let mut out: Vec<Split> = pieces.iter().map(|p| s.push(p)).collect();
+        out.push(s.finish());
+        let mut whole = Split::default();
+        for p in &out {
+            whole.reasoning.push_str(&p.reasoning);
+            whole.content.push_str(&p.content);
+        }
+        (out.into_iter().filter(|p| !p.is_empty()).collect(), whole)
+    }
+
+    fn split(reasoning: &str, content: &str) -> Split {
+        Split { reasoning: reasoning.to_owned(), content: content.to_owned() }
+    }
+
+    #[test]
+    fn a_think_block_is_reasoning_and_the_rest_content() {
+        let s = split_reply("<think>\nThe user greets me.\n</think>\n\nHello!", false);
+        assert_eq!(s, split("The user greets me.", "Hello!"));
+        // Whitespace inside the content is kept; only its start is trimmed.
+        let s = split_reply("<think>a</think>  Hi\n\nthere \n", false);
+        assert_eq!(s, split("a", "Hi\n\nthere \n"));
+        // An empty block (Qwen3 with thinking off writes one in the prompt; a model may write one too).
+        assert_eq!(split_reply("<think>\n\n</think>\n\nHi", false), split("", "Hi"));
+    }
+
+    #[test]
+    fn a_reply_without_a_block_is_all_content_and_unchanged() {
+        assert_eq!(split_reply("Hello!", false), split("", "Hello!"));
+        assert_eq!(split_reply("\n Hi", false), split("", "\n Hi"));
+        // A tag that does not open the reply is text, as in llama.cpp.
+        assert_eq!(split_reply("I <think> so</think>", false), split("", "I <think> so</think>"));
+        assert_eq!(split_reply(" <think>x</think>y", false), split("", " <think>x</think>y"));
+        // A reply that is only the start of the tag, or the tag's letters but not the tag.
+        assert_eq!(split_reply("<thi", false), split("", "<thi"));
+        assert_eq!(split_reply("<thing>", false), split("", "<thing>"));
+        assert_eq!(split_reply("", false), split("", ""));
+    }
+
+    #[test]
+    fn an_unclosed_block_is_all_reasoning() {
+        assert_eq!(split_reply("<think>\nStill thinking about it\n", false), split("Still thinking about it", ""));
+        assert_eq!(split_reply("<think>", false), split("", ""));
+        // Cut in the middle of the closing tag (max_tokens): the partial tag is reasoning text.
+        assert_eq!(split_reply("<think>hmm</thi", false), split("hmm</thi", ""));
+    }
+
+    #[test]
+    fn a_prompt_that_opened_the_block_starts_the_reply_inside_it() {
+        assert!(prompt_opens_think("<|im_start|>assistant\n<think>\n"));
+        assert!(prompt_opens_think("<｜Assistant｜><think>"));
+        assert!(!prompt_opens_think("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+        assert!(!prompt_opens_think("<|im_start|>assistant\n"));
+        assert_eq!(split_reply("Let me see.\n</think>\n\n42", true), split("Let me see.", "42"));
+        assert_eq!(split_reply("no end", true), split("no end", ""));
+        // Inside the block already, a `<think>` is reasoning text.
+        assert_eq!(split_reply("<think>x</think>y", true), split("<think>x", "y"));
+    }
+
+    #[test]
+    fn streamed_pieces_give_the_same_split_wherever_the_tags_fall() {
+        let text = "<think>\nStep 1.\n\nStep 2 </thinking> aside.\n</think>\n\nThe answer: 42.\n";
+        let want = split_reply(text, false);
+        assert_eq!(want, split("Step 1.\n\nStep 2 </thinking> aside.", "The answer: 42.\n"));
+        // Every cut into two and three pieces (at char boundaries), and one character at a time.
+        let bounds: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+        for &a in &bounds {
+            for &b in bounds.iter().filter(|&&b| b >= a) {
+                let (_, whole) = stream(&[&text[..a], &text[a..b], &text[b..]], false);
+                assert_eq!(whole, want, "cut at {a}, {b}");
+            }
+        }
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+        assert_eq!(stream(&pieces, false).1, want);
+    }
+
+    #[test]
+    fn pieces_are_given_out_as_soon_as_they_are_known() {
+        let (out, _) = stream(&["<th", "ink>", "\nA", " b", "\n</th", "ink>", "\n\n", "C", "d"], false);
+        assert_eq!(out, vec![split("A", ""), split(" b", ""), split("", "C"), split("", "d")]);
+        // No block: the first piece waits only while it may be `<think>`.
+        let (out, _) = stream(&["<", "b>", "x"], false);
+        assert_eq!(out, vec![split("", "<b>"), split("", "x")]);
+        let (out, _) = stream(&["Hi", " there"], false);
+        assert_eq!(out, vec![split("", "Hi"), split("", " there")]);
+        // Whitespace inside the reasoning waits for the text after it, then goes out with it.
+        let (out, _) = stream(&["<think>a", "\n\n", "b", "\n", "</think>", "c"], false);
+        assert_eq!(out, vec![split("a", ""), split("\n\nb", ""), split("", "c")]);
+    }
+
+    #[test]
+    fn the_splitter_says_whether_it_is_inside_the_block() {
+        let mut s = ReasoningSplitter::new(false);
+        assert!(!s.in_reasoning());
+        s.push("<think>x");
+        assert!(s.in_reasoning());
+        s.push("</think>y");
+        assert!(!s.in_reasoning());
+        assert!(ReasoningSplitter::new(true).in_reasoning());
+    }
+
+    #[test]
+    fn multibyte_text_next_to_the_tags_is_kept_whole() {
+        let text = "<think>é…</think>日本";
+        assert_eq!(split_reply(text, false), split("é…", "日本"));
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+        assert_eq!(stream(&pieces, false).1, split("é…", "日本"));
+    }
+}
