@@ -15,7 +15,7 @@ use strata::plan::settings::{EngineLocation, EngineSettings, PlanReply};
 use strata::server::state::CacheView;
 use strata::server::status::{DevicesView, TelemetryView};
 
-use crate::engine::{ChatEnd, ChatFailure, Endpoint, EngineClient};
+use crate::engine::{ChatEnd, ChatFailure, Endpoint, EngineClient, Piece};
 use crate::history::now_ms;
 use crate::preferences::check_params;
 use crate::types::*;
@@ -228,6 +228,7 @@ async fn stream_reply(
         let client = EngineClient::new(endpoint.clone());
         let last = conv.messages.len() - 1;
         let mut pending = String::new();
+        let mut pending_reasoning = String::new();
         let mut last_flush = Instant::now();
         let mut write_error: Option<CommandError> = None;
         let outcome = {
@@ -237,15 +238,16 @@ async fn stream_reply(
                 .chat(
                     messages,
                     params,
-                    |t| {
-                        pending.push_str(t);
+                    |piece, t| {
+                        match piece {
+                            Piece::Reasoning => pending_reasoning.push_str(t),
+                            Piece::Content => pending.push_str(t),
+                        }
                         if last_flush.elapsed() >= FLUSH_EVERY {
-                            conv_ref.messages[last].content.push_str(&pending);
+                            add_pieces(&mut conv_ref.messages[last], &pending_reasoning, &pending);
                             // Written before it is shown.
                             match history.save(conv_ref) {
-                                Ok(()) => {
-                                    let _ = on_chunk.send(ChatChunk::Text { text: std::mem::take(&mut pending) });
-                                }
+                                Ok(()) => send_pieces(on_chunk, &mut pending_reasoning, &mut pending),
                                 Err(e) => write_error = Some(e),
                             }
                             last_flush = Instant::now();
@@ -258,7 +260,7 @@ async fn stream_reply(
         if let Some(e) = write_error {
             return Err(e);
         }
-        conv.messages[last].content.push_str(&pending);
+        add_pieces(&mut conv.messages[last], &pending_reasoning, &pending);
         match outcome {
             Ok(end) => {
                 let (finish_reason, figures) = match end {
@@ -269,9 +271,7 @@ async fn stream_reply(
                 conv.messages[last].complete = true;
                 conv.updated_ms = now_ms();
                 state.history.save(conv)?;
-                if !pending.is_empty() {
-                    let _ = on_chunk.send(ChatChunk::Text { text: pending });
-                }
+                send_pieces(on_chunk, &mut pending_reasoning, &mut pending);
                 let _ = on_chunk.send(ChatChunk::Done { finish_reason, figures });
                 return Ok(());
             }
@@ -279,6 +279,7 @@ async fn stream_reply(
                 retried = true;
                 tracing::warn!("the reply was cut ({why}); retrying once on the restarted engine");
                 conv.messages[last].content.clear();
+                conv.messages[last].reasoning = None;
                 state.history.save(conv)?;
                 let _ = on_chunk.send(ChatChunk::Retrying { reason: why });
                 state.supervisor.ready_other_than(Some(&endpoint), RETRY_WAIT).await.map_err(CommandError::engine)?;
@@ -289,6 +290,24 @@ async fn stream_reply(
                 return Err(CommandError::engine(e.to_string()));
             }
         }
+    }
+}
+
+/// Adds pieces of a reply to its stored message: the reasoning (before the answer) and the answer.
+fn add_pieces(message: &mut StoredMessage, reasoning: &str, text: &str) {
+    if !reasoning.is_empty() {
+        message.reasoning.get_or_insert_with(String::new).push_str(reasoning);
+    }
+    message.content.push_str(text);
+}
+
+/// Sends what is pending of a reply, reasoning first, and empties both.
+fn send_pieces(on_chunk: &Channel<ChatChunk>, reasoning: &mut String, text: &mut String) {
+    if !reasoning.is_empty() {
+        let _ = on_chunk.send(ChatChunk::Reasoning { text: std::mem::take(reasoning) });
+    }
+    if !text.is_empty() {
+        let _ = on_chunk.send(ChatChunk::Text { text: std::mem::take(text) });
     }
 }
 

@@ -215,12 +215,13 @@ impl EngineClient {
             .ok_or_else(|| "the engine lists no model (GET /v1/models)".to_owned())
     }
 
-    /// Streams a chat reply; `on_text` gets each piece. Stops early when `cancel` turns true.
+    /// Streams a chat reply; `on_text` gets each piece, with whether it is reasoning (`reasoning_content`,
+    /// a thinking model's `<think>` block) or the answer (`content`). Stops early when `cancel` turns true.
     pub async fn chat(
         &self,
         messages: &[ChatMessage],
         params: &ChatParams,
-        mut on_text: impl FnMut(&str),
+        mut on_text: impl FnMut(Piece, &str),
         cancel: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Result<ChatEnd, ChatFailure> {
         let model = self.model().await.map_err(ChatFailure::Gone)?;
@@ -271,9 +272,9 @@ impl EngineClient {
                     });
                 }
                 if let Some(c) = v["choices"].get(0) {
-                    if let Some(t) = c["delta"]["content"].as_str() {
-                        if !t.is_empty() {
-                            on_text(t);
+                    for (piece, key) in [(Piece::Reasoning, "reasoning_content"), (Piece::Content, "content")] {
+                        if let Some(t) = c["delta"][key].as_str().filter(|t| !t.is_empty()) {
+                            on_text(piece, t);
                         }
                     }
                     if let Some(f) = c["finish_reason"].as_str() {
@@ -307,9 +308,21 @@ impl EngineClient {
     }
 }
 
+/// Which part of a reply a streamed piece belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// The reasoning before the answer (`reasoning_content`).
+    Reasoning,
+    /// The answer (`content`).
+    Content,
+}
+
 /// The body of a streamed `POST /v1/chat/completions`: only the sampling fields that are set, so the
-/// engine applies the model's defaults to the others (never a null, which a strict server refuses).
+/// engine applies the model's defaults to the others (never a null, which a strict server refuses). Messages
+/// go as role and content: an earlier reply's reasoning stays in the app (chat templates leave it out of
+/// earlier turns, and not every endpoint takes `reasoning_content`).
 pub fn chat_body(model: &str, messages: &[ChatMessage], params: &ChatParams) -> Value {
+    let messages: Vec<Value> = messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect();
     let mut body = json!({
         "model": model,
         "messages": messages,
@@ -371,7 +384,7 @@ mod tests {
 
     #[test]
     fn the_chat_body_carries_the_set_sampling_fields_only() {
-        let messages = [ChatMessage { role: crate::types::ChatRole::User, content: "hi".into() }];
+        let messages = [ChatMessage { role: crate::types::ChatRole::User, content: "hi".into(), reasoning: None }];
         let none = chat_body("m", &messages, &ChatParams::default());
         for field in ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed"] {
             assert!(none.get(field).is_none(), "{field} is sent unset: {none}");

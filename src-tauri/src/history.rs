@@ -149,11 +149,18 @@ impl History {
         }
         c.messages = messages
             .iter()
-            .map(|m| StoredMessage { role: m.role, content: m.content.clone(), figures: None, complete: true })
+            .map(|m| StoredMessage {
+                role: m.role,
+                content: m.content.clone(),
+                reasoning: m.reasoning.clone(),
+                figures: None,
+                complete: true,
+            })
             .collect();
         c.messages.push(StoredMessage {
             role: ChatRole::Assistant,
             content: String::new(),
+            reasoning: None,
             figures: None,
             complete: false,
         });
@@ -218,7 +225,7 @@ mod tests {
     use crate::types::StoredMessage;
 
     fn msg(role: ChatRole, content: &str, complete: bool) -> StoredMessage {
-        StoredMessage { role, content: content.into(), figures: None, complete }
+        StoredMessage { role, content: content.into(), reasoning: None, figures: None, complete }
     }
 
     #[test]
@@ -291,9 +298,9 @@ mod tests {
         // A reply begins: the messages are stored with the reply to come, under the title the page sent,
         // not one made from the messages.
         let messages = [
-            ChatMessage { role: ChatRole::User, content: "Plan a trip to Lisbon and Porto".into() },
-            ChatMessage { role: ChatRole::Assistant, content: "Day 1: Lisbon".into() },
-            ChatMessage { role: ChatRole::User, content: "And day 2?".into() },
+            ChatMessage { role: ChatRole::User, content: "Plan a trip to Lisbon and Porto".into(), reasoning: None },
+            ChatMessage { role: ChatRole::Assistant, content: "Day 1: Lisbon".into(), reasoning: None },
+            ChatMessage { role: ChatRole::User, content: "And day 2?".into(), reasoning: None },
         ];
         let untitled = h.create(None).unwrap();
         let stored = h.begin_reply(&untitled.id, &messages[..1], None).unwrap();

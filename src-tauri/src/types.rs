@@ -23,6 +23,11 @@ pub enum ChatRole {
 pub struct ChatMessage {
     pub role: ChatRole,
     pub content: String,
+    /// An earlier reply's reasoning, sent back as `reasoning_content` (the chat template decides whether it
+    /// goes into the prompt; Qwen3's leaves it out of turns before the last question).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub reasoning: Option<String>,
 }
 
 /// Sampling of one reply. A field that is set is sent to the engine and used exactly; None is not sent, so
@@ -68,14 +73,18 @@ impl Default for ChatPreferences {
     }
 }
 
-/// A piece of a streamed reply, in order: `stored`, text pieces, maybe `retrying` (the engine died: what was
-/// shown is void and the reply starts again on the new engine), then `done` or `error`.
+/// A piece of a streamed reply, in order: `stored`, reasoning pieces (a thinking model's `<think>` block, when
+/// the engine sends it apart as `reasoning_content`), text pieces, maybe `retrying` (the engine died: what
+/// was shown is void and the reply starts again on the new engine), then `done` or `error`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, TS)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ChatChunk {
     /// The conversation is stored with the user's message and the reply to come (before any text): its
     /// title and message count can be read again.
     Stored,
+    Reasoning {
+        text: String,
+    },
     Text {
         text: String,
     },
@@ -91,12 +100,17 @@ pub enum ChatChunk {
     },
 }
 
-/// A message as stored: an assistant reply carries its figures, and `complete` is false while it streams
-/// (a reply found incomplete on disk was cut by a crash).
+/// A message as stored: an assistant reply carries its figures (and its reasoning, when the model thought
+/// before answering), and `complete` is false while it streams (a reply found incomplete on disk was cut by
+/// a crash).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, TS)]
 pub struct StoredMessage {
     pub role: ChatRole,
     pub content: String,
+    /// The reply's reasoning, apart from its content; absent when there was none (and in older files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub reasoning: Option<String>,
     pub figures: Option<Summary>,
     pub complete: bool,
 }

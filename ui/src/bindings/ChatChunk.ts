@@ -2,7 +2,8 @@
 import type { Summary } from "./Summary";
 
 /**
- * A piece of a streamed reply, in order: `stored`, text pieces, maybe `retrying` (the engine died: what was
- * shown is void and the reply starts again on the new engine), then `done` or `error`.
+ * A piece of a streamed reply, in order: `stored`, reasoning pieces (a thinking model's `<think>` block, when
+ * the engine sends it apart as `reasoning_content`), text pieces, maybe `retrying` (the engine died: what
+ * was shown is void and the reply starts again on the new engine), then `done` or `error`.
  */
-export type ChatChunk = { "kind": "stored" } | { "kind": "text", text: string, } | { "kind": "retrying", reason: string, } | { "kind": "done", finish_reason: string, figures: Summary | null, } | { "kind": "error", message: string, };
+export type ChatChunk = { "kind": "stored" } | { "kind": "reasoning", text: string, } | { "kind": "text", text: string, } | { "kind": "retrying", reason: string, } | { "kind": "done", finish_reason: string, figures: Summary | null, } | { "kind": "error", message: string, };

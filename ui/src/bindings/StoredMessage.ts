@@ -3,7 +3,12 @@ import type { ChatRole } from "./ChatRole";
 import type { Summary } from "./Summary";
 
 /**
- * A message as stored: an assistant reply carries its figures, and `complete` is false while it streams
- * (a reply found incomplete on disk was cut by a crash).
+ * A message as stored: an assistant reply carries its figures (and its reasoning, when the model thought
+ * before answering), and `complete` is false while it streams (a reply found incomplete on disk was cut by
+ * a crash).
  */
-export type StoredMessage = { role: ChatRole, content: string, figures: Summary | null, complete: boolean, };
+export type StoredMessage = { role: ChatRole, content: string, 
+/**
+ * The reply's reasoning, apart from its content; absent when there was none (and in older files).
+ */
+reasoning?: string, figures: Summary | null, complete: boolean, };

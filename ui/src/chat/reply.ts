@@ -6,6 +6,8 @@ export type ReplyStatus = "streaming" | "done" | "stopped" | "error";
 
 export interface ReplyState {
   text: string;
+  /** The reasoning before the answer (a thinking model's `<think>` block); "" when there is none. */
+  reasoning: string;
   status: ReplyStatus;
   figures: Summary | null;
   finishReason: string | null;
@@ -19,7 +21,16 @@ export interface ReplyState {
 export const RETRY_NOTE = "engine restarted, retrying";
 
 export function newReply(): ReplyState {
-  return { text: "", status: "streaming", figures: null, finishReason: null, note: null, error: null, retries: 0 };
+  return {
+    text: "",
+    reasoning: "",
+    status: "streaming",
+    figures: null,
+    finishReason: null,
+    note: null,
+    error: null,
+    retries: 0,
+  };
 }
 
 /** The reply after one chunk. Chunks after the reply has ended change nothing. */
@@ -29,11 +40,13 @@ export function applyChunk(s: ReplyState, c: ChatChunk): ReplyState {
     case "stored":
       // About the conversation, not the reply's text (the chat view reads the list again).
       return s;
+    case "reasoning":
+      return { ...s, reasoning: s.reasoning + c.text };
     case "text":
       return { ...s, text: s.text + c.text };
     case "retrying":
       // The reply starts again from scratch on a new engine: what was shown so far is discarded.
-      return { ...s, text: "", retries: s.retries + 1, note: c.reason ? `${RETRY_NOTE} (${c.reason})` : RETRY_NOTE };
+      return { ...s, text: "", reasoning: "", retries: s.retries + 1, note: c.reason ? `${RETRY_NOTE} (${c.reason})` : RETRY_NOTE };
     case "done": {
       const stopped = c.finish_reason === "cancelled";
       return { ...s, status: stopped ? "stopped" : "done", finishReason: c.finish_reason, figures: c.figures };
@@ -50,5 +63,7 @@ export function stopReply(s: ReplyState): ReplyState {
 
 /** The reply as a message of the conversation. */
 export function replyToMessage(s: ReplyState): StoredMessage {
-  return { role: "assistant", content: s.text, figures: s.figures, complete: s.status === "done" };
+  const m: StoredMessage = { role: "assistant", content: s.text, figures: s.figures, complete: s.status === "done" };
+  if (s.reasoning) m.reasoning = s.reasoning;
+  return m;
 }

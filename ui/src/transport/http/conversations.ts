@@ -59,7 +59,9 @@ export class LocalConversations {
       const kept: StoredMessage[] = messages.map((m, i) => {
         const old = c.messages[i];
         if (old && old.role === m.role && old.content === m.content) return old;
-        return { role: m.role, content: m.content, figures: null, complete: true };
+        const stored: StoredMessage = { role: m.role, content: m.content, figures: null, complete: true };
+        if (m.reasoning) stored.reasoning = m.reasoning;
+        return stored;
       });
       return { ...c, title: titleAfter(c.title, messages), messages: kept };
     });

@@ -19,6 +19,7 @@ import type {
   LoadProgress,
   ModelFacts,
   PlanReply,
+  StoredMessage,
   TelemetryEntry,
   TelemetryView,
 } from "../../bindings";
@@ -121,10 +122,12 @@ export class HttpTransport implements Transport {
     const ctrl = new AbortController();
     this.inflight.set(conversationId, ctrl);
     let text = "";
+    let reasoning = "";
     let final: ChatChunk | null = null;
     const deliver = (c: ChatChunk) => {
       if (final) return;
       if (c.kind === "text") text += c.text;
+      if (c.kind === "reasoning") reasoning += c.text;
       if (c.kind === "done" || c.kind === "error") final = c;
       onChunk(c);
     };
@@ -147,7 +150,9 @@ export class HttpTransport implements Transport {
       const complete = done?.kind === "done" && done.finish_reason !== "cancelled";
       const figures = done?.kind === "done" ? done.figures : null;
       try {
-        this.store.putReply(conversationId, { role: "assistant", content: text, figures, complete }, true);
+        const reply: StoredMessage = { role: "assistant", content: text, figures, complete };
+        if (reasoning) reply.reasoning = reasoning;
+        this.store.putReply(conversationId, reply, true);
       } catch (e) {
         console.warn("cannot store the reply:", e);
       }

@@ -1,5 +1,6 @@
 // The shapes of `strata serve`'s replies turned into the bindings' types: a streamed chat completion into
-// ChatChunks (text pieces, then done with the `strata` figures, or error), /health into EngineStatus, and
+// ChatChunks (reasoning pieces from `reasoning_content`, text pieces, then done with the `strata` figures, or
+// error), /health into EngineStatus, and
 // /strata/model into ModelFacts. Pure except `streamChat`, which reads one response body.
 import type { ChatChunk, ChatMessage, ChatParams, EngineStatus, ModelFacts, Summary } from "../../bindings";
 import { PARAM_FIELDS, strataDefaultSampling, toSampling } from "../../chat/params";
@@ -95,8 +96,11 @@ export function onStreamData(state: StreamState, data: string): ChatChunk[] {
   for (const c of choices) {
     const choice = obj(c);
     if (num(choice.index) !== 0) continue;
-    const content = obj(choice.delta).content;
-    if (typeof content === "string" && content !== "") out.push({ kind: "text", text: content });
+    const delta = obj(choice.delta);
+    // A delta may carry both (the piece where the think block closes): the reasoning comes first.
+    if (typeof delta.reasoning_content === "string" && delta.reasoning_content !== "")
+      out.push({ kind: "reasoning", text: delta.reasoning_content });
+    if (typeof delta.content === "string" && delta.content !== "") out.push({ kind: "text", text: delta.content });
     if (typeof choice.finish_reason === "string") state.finishReason = choice.finish_reason;
   }
   if (o.strata !== undefined && o.strata !== null) state.figures = toSummary(o.usage, o.strata);

@@ -22,9 +22,18 @@ interface InFlight {
   state: ReplyState;
 }
 
-/** The messages sent back to the engine: roles and text, leaving out empty ones (a failed reply). */
+/**
+ * The messages sent back to the engine: roles and text (a reply's reasoning with it, for the backend to keep;
+ * the engine is sent only the text), leaving out empty ones (a failed reply).
+ */
 export function historyOf(messages: readonly StoredMessage[]): ChatMessage[] {
-  return messages.filter((m) => m.content !== "").map((m) => ({ role: m.role, content: m.content }));
+  return messages
+    .filter((m) => m.content !== "")
+    .map((m) => {
+      const message: ChatMessage = { role: m.role, content: m.content };
+      if (m.reasoning) message.reasoning = m.reasoning;
+      return message;
+    });
 }
 
 export interface ChatViewProps {

@@ -1,5 +1,6 @@
-// One message of the conversation: the user's text as typed, the assistant's as sanitized Markdown, and
-// under a reply its figures, a note (engine restarted, stopped) and its error, if any.
+// One message of the conversation: the user's text as typed, the assistant's as sanitized Markdown (above it,
+// its reasoning folded in a "Thinking" disclosure, when the model thought before answering), and under a reply
+// its figures, a note (engine restarted, stopped) and its error, if any.
 import { useEffect, useMemo, useRef, useState } from "preact/hooks";
 import type { StoredMessage } from "../../bindings";
 import { replyFigures } from "../../chat/figures";
@@ -52,18 +53,37 @@ export function Markdown({ text, streaming = false }: { text: string; streaming?
   );
 }
 
+/**
+ * A reply's reasoning, folded: a disclosure closed by default (the user opens it), whose summary says
+ * "Thinking…" (marked busy) while the reasoning streams, "Thinking" once the answer has begun or the reply
+ * has ended.
+ */
+export function Reasoning({ text, thinking }: { text: string; thinking: boolean }) {
+  return (
+    <details class="reasoning" data-testid="reasoning" aria-busy={thinking}>
+      <summary data-testid="reasoning-summary">{thinking ? "Thinking…" : "Thinking"}</summary>
+      <div class="reasoning-text" data-testid="reasoning-text">
+        {text}
+      </div>
+    </details>
+  );
+}
+
 export function MessageItem({ message, extras }: { message: StoredMessage; extras?: MessageExtras }) {
   const streaming = extras?.status === "streaming";
   const roleLabel = message.role === "user" ? "You" : message.role === "assistant" ? "Assistant" : "System";
   return (
     <li class={`message message-${message.role}`} data-testid={`message-${message.role}`} aria-busy={streaming}>
       <div class="message-role">{roleLabel}</div>
+      {message.role === "assistant" && message.reasoning && (
+        <Reasoning text={message.reasoning} thinking={streaming && message.content === ""} />
+      )}
       {message.role === "assistant" ? (
         <Markdown text={message.content} streaming={streaming} />
       ) : (
         <div class="message-text">{message.content}</div>
       )}
-      {streaming && message.content === "" && <div class="message-typing">…</div>}
+      {streaming && message.content === "" && !message.reasoning && <div class="message-typing">…</div>}
       {extras?.note && (
         <p class="message-note" data-testid="reply-note">
           {extras.note}
