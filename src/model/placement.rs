@@ -127,9 +127,8 @@ pub fn plan(
             // Hidden states arrive from the previous stage; a tied head's embedding rows from the last.
             let staging_bytes = if !first || (weights.tied_output && n_stages > 1) { hidden_bytes } else { 0 };
             let swa_layers = layers.clone().filter(|&l| cfg.window(l).is_some()).count();
-            let swa_kept_tokens = cfg.swa_window.map_or(0, |w| {
-                ((w + SWA_MARGIN_TOKENS).div_ceil(KV_PAGE_TOKENS) + 1) * KV_PAGE_TOKENS
-            });
+            let swa_kept_tokens =
+                cfg.swa_window.map_or(0, |w| ((w + SWA_MARGIN_TOKENS).div_ceil(KV_PAGE_TOKENS) + 1) * KV_PAGE_TOKENS);
             StagePlan {
                 device: devs[s].clone(),
                 kv_bytes_per_token: 2 * row_bytes * layers.len() as u64,
