@@ -121,23 +121,8 @@ pub struct GpuStage {
 pub fn weight_bytes(weights: &Weights, layers: Range<usize>, last: bool) -> u64 {
     let mut bytes = 0u64;
     for l in &weights.layers[layers.clone()] {
-        for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
-            bytes += m.data().len() as u64;
-        }
-        let vectors = [
-            Some(&l.attn_norm),
-            Some(&l.ffn_norm),
-            l.bq.as_ref(),
-            l.bk.as_ref(),
-            l.bv.as_ref(),
-            l.q_norm.as_ref(),
-            l.k_norm.as_ref(),
-            l.attn_post_norm.as_ref(),
-            l.ffn_post_norm.as_ref(),
-        ];
-        for v in vectors.into_iter().flatten() {
-            bytes += v.len() as u64 * 4;
-        }
+        bytes += l.matrices().iter().map(|m| m.data().len() as u64).sum::<u64>();
+        bytes += l.vectors().map(|v| v.len() as u64 * 4).sum::<u64>();
     }
     if !layers.is_empty() {
         let f = &weights.rope_factors;

@@ -237,11 +237,7 @@ impl Model {
     pub fn decode_read_bytes(&self) -> u64 {
         let w = &self.weights;
         let m = |q: &weights::QTensor| q.packed().map_or(q.data().len() as u64, |p| p.bytes() as u64);
-        let layers: u64 = w
-            .layers
-            .iter()
-            .map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].map(m).iter().sum::<u64>())
-            .sum();
+        let layers: u64 = w.layers.iter().map(|l| l.matrices().map(m).iter().sum::<u64>()).sum();
         layers + m(&w.output)
     }
 

@@ -153,10 +153,14 @@ impl LayerWeights {
         [&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo, &mut self.w_gate, &mut self.w_up, &mut self.w_down]
     }
 
-    /// Device bytes of the layer: its matrices (with their column caches) and its f32 vectors.
-    pub fn device_bytes(&self) -> u64 {
-        let matrices = [&self.wq, &self.wk, &self.wv, &self.wo, &self.w_gate, &self.w_up, &self.w_down];
-        let vectors = [
+    /// The layer's matrices.
+    pub fn matrices(&self) -> [&QTensor; 7] {
+        [&self.wq, &self.wk, &self.wv, &self.wo, &self.w_gate, &self.w_up, &self.w_down]
+    }
+
+    /// The layer's f32 vectors (norms and biases) that it has.
+    pub fn vectors(&self) -> impl Iterator<Item = &Vec<f32>> {
+        [
             Some(&self.attn_norm),
             Some(&self.ffn_norm),
             self.bq.as_ref(),
@@ -166,9 +170,15 @@ impl LayerWeights {
             self.k_norm.as_ref(),
             self.attn_post_norm.as_ref(),
             self.ffn_post_norm.as_ref(),
-        ];
-        matrices.iter().map(|m| m.device_bytes()).sum::<u64>()
-            + vectors.iter().flatten().map(|v| v.len() as u64 * 4).sum::<u64>()
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// Device bytes of the layer: its matrices (with their column caches) and its f32 vectors.
+    pub fn device_bytes(&self) -> u64 {
+        self.matrices().iter().map(|m| m.device_bytes()).sum::<u64>()
+            + self.vectors().map(|v| v.len() as u64 * 4).sum::<u64>()
     }
 }
 
