@@ -414,43 +414,6 @@ fn a_squeezed_gpu_falls_back_to_rereading_and_restores_once_there_is_room() {
     assert_eq!(again.restored.map(|r| r.0), Some(RestoreKind::Live), "{:?}", again.restored);
 }
 
-/// The model-family fixtures (tests/data/families: tiny f32-weight models with llama.cpp's and a float64
-/// pass's outputs beside them): (file stem, reference stem, the context the sequence is sized for; phi3's
-/// LongRoPE takes its long factors past 256).
-const FAMILY_FIXTURES: [(&str, &str, usize); 7] = [
-    ("llama3", "llama3", 512),
-    ("qwen2", "qwen2", 512),
-    ("qwen3", "qwen3", 512),
-    ("gemma2", "gemma2", 512),
-    ("gemma3", "gemma3", 512),
-    ("phi3", "phi3", 512),
-    ("phi3", "phi3-short", 256),
-];
-
-/// A file of tests/data/families, under `STRATA_ROOT` when set (scripts/gpu-check runs this binary
-/// elsewhere than it was built; the fixtures travel with the working tree).
-fn family_file(name: &str) -> std::path::PathBuf {
-    let root = std::env::var_os("STRATA_ROOT")
-        .map_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")), std::path::PathBuf::from);
-    root.join("tests/data/families").join(name)
-}
-
-fn family_reference(stem: &str) -> serde_json::Value {
-    let path = family_file(&format!("{stem}.json"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).expect("json")
-}
-
-fn json_ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
-}
-
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
-    let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
-    row.iter().map(|&x| x as f64 - max - sum.ln()).collect()
-}
-
 /// The logits of every prompt position and of each greedy step after it (`n` tokens, one per step), with
 /// the tokens: the prompt in one batch (the batched products), then single tokens (matrix-vector).
 fn family_run(model: &Model, kv: KvType, prompt: &[u32], n: usize, ctx: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
@@ -486,16 +449,16 @@ fn max_row_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 #[test]
 fn every_family_on_gpu_stages_follows_the_cpu_and_llama_cpp() {
     let (mut report, mut failures) = (Vec::new(), Vec::new());
-    for (stem, ref_stem, ctx) in FAMILY_FIXTURES {
-        let file = Arc::new(GgufFile::open(&family_file(&format!("{stem}.gguf"))).expect("fixture opens"));
-        let r = family_reference(ref_stem);
-        let (prompt, want) = (json_ids(&r["prompt"]), json_ids(&r["greedy"]));
+    for (stem, ref_stem, ctx) in common::families::FIXTURES {
+        let file = Arc::new(GgufFile::open(&common::families::file(&format!("{stem}.gguf"))).expect("fixture opens"));
+        let r = common::families::reference(ref_stem);
+        let (prompt, want) = (common::families::ids(&r["prompt"]), common::families::ids(&r["greedy"]));
         let exact: Vec<f64> =
             r["f64"]["logprobs_last"].as_array().expect("f64").iter().map(|x| x.as_f64().expect("f")).collect();
         let cpu = load(&file, DeviceSet::cpu(), None, None);
         let (cpu_rows, cpu_tokens) = family_run(&cpu, KvType::F16, &prompt, want.len(), ctx);
         assert_eq!(cpu_tokens, want, "{ref_stem}: the cpu's greedy tokens (f16 KV)");
-        let cpu_f64 = max_diff64(&log_softmax(&cpu_rows[prompt.len() - 1]), &exact);
+        let cpu_f64 = max_diff64(&common::families::log_softmax(&cpu_rows[prompt.len() - 1]), &exact);
         let half = vec![cpu.cfg.n_layer / 2];
         let placements = [
             ("gpu", vec![emu(64)], None),
@@ -507,7 +470,7 @@ fn every_family_on_gpu_stages_follows_the_cpu_and_llama_cpp() {
             let gpu = load(&file, devices(&kinds, 0), split, None);
             let (rows, tokens) = family_run(&gpu, KvType::F16, &prompt, want.len(), ctx);
             let vs_cpu = max_row_diff(&rows, &cpu_rows) / max_abs(&cpu_rows);
-            let last = log_softmax(&rows[prompt.len() - 1]);
+            let last = common::families::log_softmax(&rows[prompt.len() - 1]);
             let vs_f64 = max_diff64(&last, &exact);
             report.push(format!(
                 "{ref_stem} on {name}: |gpu - cpu| / max |logit| {vs_cpu:.1e}; last log-probs from float64: gpu \
@@ -528,9 +491,9 @@ fn every_family_on_gpu_stages_follows_the_cpu_and_llama_cpp() {
     // int8 KV (the q8_0 attention kernel's window and soft-cap): the CPU quantizes its queries to 8 bits
     // as well, the GPU keeps them f32.
     for stem in ["qwen3", "gemma3"] {
-        let file = Arc::new(GgufFile::open(&family_file(&format!("{stem}.gguf"))).expect("fixture opens"));
-        let r = family_reference(stem);
-        let (prompt, want) = (json_ids(&r["prompt"]), json_ids(&r["greedy"]));
+        let file = Arc::new(GgufFile::open(&common::families::file(&format!("{stem}.gguf"))).expect("fixture opens"));
+        let r = common::families::reference(stem);
+        let (prompt, want) = (common::families::ids(&r["prompt"]), common::families::ids(&r["greedy"]));
         let cpu = load(&file, DeviceSet::cpu(), None, None);
         let (cpu_rows, cpu_tokens) = family_run(&cpu, KvType::Int8, &prompt, want.len(), 512);
         let gpu = load(&file, devices(&[emu(64)], 0), None, None);

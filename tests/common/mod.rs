@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: where the default model and the reference data are.
 #![allow(dead_code)]
 
+pub mod families;
 pub mod server;
 
 use strata::sync::LockUnpoisoned;

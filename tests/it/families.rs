@@ -5,47 +5,14 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
+
+use crate::common::families::{self, floats, ids, log_softmax, reference, FIXTURES};
 use strata::device::{DeviceKind, DeviceSet};
 use strata::model::{FfnAct, KvType, LoadOptions, Model};
 use strata::threadpool::ThreadPool;
 
-/// Every fixture: (file stem, reference stem, context the sequence is sized for).
-const FIXTURES: [(&str, &str, usize); 7] = [
-    ("llama3", "llama3", 512),
-    ("qwen2", "qwen2", 512),
-    ("qwen3", "qwen3", 512),
-    ("gemma2", "gemma2", 512),
-    ("gemma3", "gemma3", 512),
-    ("phi3", "phi3", 512),
-    // phi3 at a context within its original training length: LongRoPE's short factors.
-    ("phi3", "phi3-short", 256),
-];
-
-fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/families")
-}
-
 fn load(stem: &str) -> Model {
-    Model::load(&dir().join(format!("{stem}.gguf"))).unwrap_or_else(|e| panic!("{stem}.gguf loads: {e}"))
-}
-
-fn reference(stem: &str) -> Value {
-    let text = std::fs::read_to_string(dir().join(format!("{stem}.json"))).expect("reference json");
-    serde_json::from_str(&text).expect("json")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array().expect("floats").iter().map(|x| x.as_f64().expect("float")).collect()
-}
-
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
-    let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
-    row.iter().map(|&x| x as f64 - max - sum.ln()).collect()
+    Model::load(&families::file(&format!("{stem}.gguf"))).unwrap_or_else(|e| panic!("{stem}.gguf loads: {e}"))
 }
 
 fn argmax(row: &[f32]) -> u32 {
@@ -131,7 +98,7 @@ fn every_family_is_bit_identical_across_batches_threads_splits_and_restores() {
         let kinds = vec![DeviceKind::Sim { capacity_bytes: 64 << 20 }; 2];
         let devices = DeviceSet::from_kinds(&kinds, 0).expect("sim devices");
         let opts = LoadOptions { devices, split: Some(vec![1]), ..Default::default() };
-        let path = dir().join(format!("{stem}.gguf"));
+        let path = families::file(&format!("{stem}.gguf"));
         let split = Model::load_with(&path, &opts).expect("split model loads");
         assert_eq!(split.placement.stages.len(), 2, "{stem}: two stages");
         assert!(logits(&split, &pool, &tokens, 9, ctx) == whole, "{stem}: split over two sim devices");
@@ -293,9 +260,9 @@ fn sliding_window_layers_keep_only_their_window() {
     }
 }
 
-/// `n` token ids spread over the vocabulary (past the special ones), the same every run.
+/// `n` token ids spread over the vocabulary past its four special ones (`common::tokens`, deterministic).
 fn strata_tokens(n: usize, n_vocab: usize) -> Vec<u32> {
-    (0..n).map(|i| (4 + (i * 7919 + i * i * 31) % (n_vocab - 4)) as u32).collect()
+    crate::common::tokens(n, n_vocab - 4, n as u32).into_iter().map(|t| t + 4).collect()
 }
 
 /// The conversation cache on a sliding-window model (the gemma3 fixture on a 2-way sim split): a
@@ -313,7 +280,7 @@ fn a_sliding_window_conversation_restores_from_its_checkpoint_as_a_reread() {
     use strata::tokenizer::Tokenizer;
 
     const MIB: u64 = 1 << 20;
-    let file = Arc::new(GgufFile::open(&dir().join("gemma3.gguf")).expect("fixture"));
+    let file = Arc::new(GgufFile::open(&families::file("gemma3.gguf")).expect("fixture"));
     let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
     let pool = ThreadPool::new(2);
     let kinds = [DeviceKind::Sim { capacity_bytes: 64 * MIB }, DeviceKind::Sim { capacity_bytes: 64 * MIB }];
