@@ -88,21 +88,6 @@ fn greedy(n: usize) -> GenerateParams {
     GenerateParams { max_tokens: n, sampler: SamplerConfig::greedy(), ignore_eos: true, ..Default::default() }
 }
 
-/// The weight types the GPU has kernels for; the others (checked here to be exactly the five that are
-/// CPU-only) are refused at load, which `tests/it` checks.
-fn gpu_weight_types() -> Vec<GgmlType> {
-    use strata::device::cuda::kernels::has_weight_kernels;
-    let (with, without): (Vec<GgmlType>, Vec<GgmlType>) =
-        GgmlType::WEIGHT_TYPES.iter().partition(|&&t| has_weight_kernels(t));
-    assert_eq!(
-        without,
-        [GgmlType::Q2K, GgmlType::Q3K, GgmlType::IQ4NL, GgmlType::IQ4XS, GgmlType::MXFP4],
-        "the CPU-only weight types"
-    );
-    println!("note: no GPU kernels (CPU only, refused on a GPU stage): {without:?}");
-    with
-}
-
 #[test]
 fn default_model_on_the_gpu_follows_float64_token_by_token() {
     let file = Arc::new(GgufFile::open(&common::model_path()).expect("model opens"));
@@ -156,7 +141,7 @@ fn default_model_on_the_gpu_follows_float64_token_by_token() {
 #[test]
 fn every_weight_type_on_the_gpu_agrees_with_float64() {
     let mut specs: Vec<(String, SyntheticSpec)> =
-        gpu_weight_types().into_iter().map(|t| (t.name().to_owned(), common::spec_for(t))).collect();
+        common::gpu_weight_types().into_iter().map(|t| (t.name().to_owned(), common::spec_for(t))).collect();
     specs.push((
         "qwen2 with biases, neox RoPE, mixed types".into(),
         SyntheticSpec {

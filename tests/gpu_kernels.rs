@@ -6,6 +6,9 @@
 //! sliding window, a soft-cap, and heads narrower than a warp). Also checks that the Rust side, the PTX and the emulator agree
 //! on every kernel's parameters.
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::sync::Arc;
 
 use half::f16;
@@ -65,27 +68,12 @@ fn kernel_name(prefix: &str, ty: GgmlType) -> &'static str {
     kernels::entry(&name).unwrap_or_else(|| panic!("no kernel {name}")).name
 }
 
-/// The weight types the GPU has kernels for; the others (checked here to be exactly the five that are
-/// CPU-only) are refused at load, which `tests/it` checks.
-fn gpu_weight_types() -> Vec<GgmlType> {
-    use strata::device::cuda::kernels::has_weight_kernels;
-    let (with, without): (Vec<GgmlType>, Vec<GgmlType>) =
-        GgmlType::WEIGHT_TYPES.iter().partition(|&&t| has_weight_kernels(t));
-    assert_eq!(
-        without,
-        [GgmlType::Q2K, GgmlType::Q3K, GgmlType::IQ4NL, GgmlType::IQ4XS, GgmlType::MXFP4],
-        "the CPU-only weight types"
-    );
-    println!("note: no GPU kernels (CPU only, refused on a GPU stage): {without:?}");
-    with
-}
-
 #[test]
 fn products_and_row_lookups_match_the_cpu_for_every_weight_type() {
     let gpu = gpu();
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let (rows, cols, tokens) = (70, 512, 37); // rows and tokens not multiples of the tiles
-    for ty in gpu_weight_types() {
+    for ty in common::gpu_weight_types() {
         let w_f32 = randn(&mut rng, rows * cols, 1.0);
         let row_bytes = quant::row_len_bytes(ty, cols).unwrap();
         let mut w = vec![0u8; rows * row_bytes];

@@ -239,3 +239,19 @@ pub fn tiny_model_file(dir: &std::path::Path) -> PathBuf {
     assert!(synth.status.success(), "{}", String::from_utf8_lossy(&synth.stderr));
     model
 }
+
+/// The weight types the GPU has kernels for; the others (checked here to be exactly the five that are
+/// CPU-only) are refused at load, which `tests/it` checks.
+pub fn gpu_weight_types() -> Vec<strata::quant::GgmlType> {
+    use strata::device::cuda::kernels::has_weight_kernels;
+    use strata::quant::GgmlType;
+    let (with, without): (Vec<GgmlType>, Vec<GgmlType>) =
+        GgmlType::WEIGHT_TYPES.iter().partition(|&&t| has_weight_kernels(t));
+    assert_eq!(
+        without,
+        [GgmlType::Q2K, GgmlType::Q3K, GgmlType::IQ4NL, GgmlType::IQ4XS, GgmlType::MXFP4],
+        "the CPU-only weight types"
+    );
+    println!("note: no GPU kernels (CPU only, refused on a GPU stage): {without:?}");
+    with
+}
