@@ -13,6 +13,12 @@ fn main() {
     for ty in
         [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K]
     {
+        // `QUANT_BENCH_TYPES=q4_0,q8_0` measures only those.
+        if let Ok(only) = std::env::var("QUANT_BENCH_TYPES") {
+            if !only.split(',').any(|t| t == ty.name()) {
+                continue;
+            }
+        }
         for n in [576usize, 1536] {
             if n % ty.block_len() != 0 {
                 continue;
@@ -36,10 +42,12 @@ fn bench_packed(ty: GgmlType, n: usize) {
     quant::quantize_row(ty, &x, &mut row);
     let w: Vec<u8> = (0..n_rows).flat_map(|_| row.iter().copied()).collect();
     let p = PackedMatrix::pack(ty, n_rows, n, &w).expect("packable");
-    let mut xa = vec![0u8; quant::row_len_bytes(GgmlType::Q8_0, n).unwrap()];
-    quant::quantize_row_act(GgmlType::Q8_0, &x, &mut xa);
-    let mut aux = vec![0f32; quant::act_aux_len(GgmlType::Q8_0, n)];
-    quant::fill_act_aux(GgmlType::Q8_0, n, &xa, &mut aux);
+    // The activation type the packed products take (q8_0, q8_1 for q4_1 / q5_1, q8_K for K-quants).
+    let ta = quant::vec_dot_type(ty);
+    let mut xa = vec![0u8; quant::row_len_bytes(ta, n).unwrap()];
+    quant::quantize_row_act(ta, &x, &mut xa);
+    let mut aux = vec![0f32; quant::act_aux_len(ta, n)];
+    quant::fill_act_aux(ta, n, &xa, &mut aux);
     let xs: Vec<quant::ActRow> = (0..8).map(|_| quant::ActRow { q: &xa, aux: &aux }).collect();
     let reps = (320 << 20) / (n_rows * row_bytes).max(1);
     let mut out = [0f32; 8 * PACK_ROWS];

@@ -83,6 +83,18 @@ impl QTensor {
         }
     }
 
+    /// Values `(r, c)` for rows `r0..r0 + out.len()`, which lie in one group of `PACK_ROWS` rows.
+    pub fn values_at(&self, r0: usize, c: usize, out: &mut [f32]) {
+        match &self.packed {
+            Some(p) => p.values_in_group(r0, c, out),
+            None => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = quant::dequantize_value(self.ty, self.row(r0 + i), c);
+                }
+            }
+        }
+    }
+
     /// The row-interleaved copy, when the matrix has one.
     pub fn packed(&self) -> Option<&PackedMatrix> {
         self.packed.as_ref()

@@ -300,6 +300,66 @@ impl PackedMatrix {
         (u - self.format.offset) as f32 * d
     }
 
+    /// Starts loading (into L2) the first bytes of groups `g0..g1`, as far as the kernels prefetch ahead:
+    /// a thread that begins a run of groups elsewhere in the matrix would otherwise wait on DRAM for that
+    /// distance, where the kernels' own prefetch has not reached yet. Only a hint; no effect elsewhere.
+    pub fn prefetch_start(&self, g0: usize, g1: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (from, to) = (g0 * self.group_bytes, (g1.min(self.groups()) * self.group_bytes));
+            let ahead = match self.format.kind {
+                Kind::Legacy => x86::legacy_prefetch_bytes(),
+                Kind::Q4K | Kind::Q5K | Kind::Q6K => x86::PREFETCH_BYTES,
+            };
+            let to = to.min(from + ahead);
+            let base = self.data.as_ptr() as *const u8;
+            for at in (from..to).step_by(64) {
+                // SAFETY: `at` is inside `data` (at most `groups * group_bytes`); a prefetch reads nothing.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(base.add(at) as *const i8)
+                };
+            }
+        }
+        let _ = (g0, g1);
+    }
+
+    /// Values `(r, c)` for rows `r0..r0 + out.len()` (all in one group), as `value` gives each: the outlier
+    /// corrections read a column of a tile this way, sixteen rows from one vector and one scales line.
+    ///
+    /// # Panics
+    /// When the rows leave their group or the matrix, or `c` is outside it.
+    pub fn values_in_group(&self, r0: usize, c: usize, out: &mut [f32]) {
+        let (g, rr0) = (r0 / PACK_ROWS, r0 % PACK_ROWS);
+        assert!(
+            rr0 + out.len() <= PACK_ROWS && r0 + out.len() <= self.rows && c < self.cols,
+            "PackedMatrix::values_in_group: rows {r0}..{} at column {c} of {}x{}",
+            r0 + out.len(),
+            self.rows,
+            self.cols
+        );
+        if self.format.kind != Kind::Legacy {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = self.value(r0 + i, c);
+            }
+            return;
+        }
+        use half::slice::HalfFloatSliceExt;
+        let f = self.format;
+        let group = self.group(g);
+        let (b, j) = (c / QK, c % QK);
+        let block = &group[b * f.vectors * VECTOR_BYTES..];
+        // The block's scales of all sixteen rows (and their mins), converted at once.
+        let at = self.nb * VECTOR_BYTES * f.vectors + b * f.scale_bytes();
+        let mut dm = [0f32; 2 * PACK_ROWS];
+        let halves: &[half::f16] = bytemuck::cast_slice(&group[at..at + f.scale_bytes()]);
+        halves.convert_to_f32_slice(&mut dm[..halves.len()]);
+        for (i, o) in out.iter_mut().enumerate() {
+            let rr = rr0 + i;
+            let u = legacy_code(block, f.vectors, rr, j);
+            *o = if f.min { u as f32 * dm[rr] + dm[PACK_ROWS + rr] } else { (u - f.offset) as f32 * dm[rr] };
+        }
+    }
+
     /// Dot products of group `g`'s rows with activation columns `xs` (q8_0 each with its `aux`; q8_K for
     /// q4_K):
     /// `out[c * PACK_ROWS + r]` for row `g * PACK_ROWS + r` (padding rows give 0).
@@ -310,8 +370,21 @@ impl PackedMatrix {
         self.tile_on(super::simd_level(), g, xs, out)
     }
 
+    /// `tile` for a thread that goes on to groups `g + 1..g_end` and no further: the kernels prefetch
+    /// ahead only within them (bytes past a thread's run would be read from DRAM for nothing, or for the
+    /// thread that runs them).
+    pub fn tile_within(&self, g: usize, g_end: usize, xs: &[ActRow], out: &mut [f32]) {
+        let ahead = g_end.saturating_sub(g).max(1) * self.group_bytes;
+        self.tile_at(super::simd_level(), g, ahead, xs, out)
+    }
+
     /// `tile` on the given SIMD path (which must be available on this CPU).
     pub(crate) fn tile_on(&self, level: SimdLevel, g: usize, xs: &[ActRow], out: &mut [f32]) {
+        self.tile_at(level, g, usize::MAX, xs, out)
+    }
+
+    /// `tile_on` prefetching only the first `ahead` bytes from group `g`'s start.
+    fn tile_at(&self, level: SimdLevel, g: usize, ahead: usize, xs: &[ActRow], out: &mut [f32]) {
         assert_eq!(
             out.len(),
             xs.len() * PACK_ROWS,
@@ -362,7 +435,7 @@ impl PackedMatrix {
         if level.avx2() {
             // SAFETY: the level's features are present (the caller's promise, `simd_level` or a test that
             // checked); the group holds `nb` blocks and every column `nb` blocks and `2 * nb` aux values.
-            unsafe { x86::tile(level, self.format, self.nb, group, xs, out) };
+            unsafe { x86::tile(level, self.format, self.nb, group, ahead, xs, out) };
             return;
         }
         let _ = level;

@@ -108,6 +108,17 @@ fn packed_values_are_the_file_values() {
                     assert_eq!(dequantize_value(ty, &w[r * rb..], c).to_bits(), want.to_bits());
                 }
             }
+            // A column of a group at once, from every row to the group's end (or the matrix's).
+            for c in [0, 1, 5, cols / 2 + 3, cols - 1] {
+                for r0 in [0, 3, 15, 16, 20].into_iter().filter(|&r| r < rows) {
+                    let end = ((r0 / PACK_ROWS + 1) * PACK_ROWS).min(rows);
+                    let mut got = vec![0f32; end - r0];
+                    p.values_in_group(r0, c, &mut got);
+                    for (i, g) in got.iter().enumerate() {
+                        assert_eq!(g.to_bits(), p.value(r0 + i, c).to_bits(), "{ty} rows from {r0}, column {c}");
+                    }
+                }
+            }
         }
     }
 }

@@ -27,11 +27,29 @@ const fn y_qs<const MIN: bool>() -> usize {
     }
 }
 
-/// How far ahead of the block in use the kernels prefetch the weights, into L2 (`_MM_HINT_T1`). Decoding
-/// reads each weight once, from DRAM: without it one thread streamed 10-12 GB/s of q4_0 where a plain sum
-/// reads 26 GB/s; 8 KiB ahead into L2 gave 15-20 GB/s and tg64 +24% (q4_0) / +30% (q8_0) on SmolLM2-135M
-/// (AMD EPYC, 2 threads); 1-4 KiB into L1 made no difference measurable on that noisy machine.
+/// How far ahead of the block in use the K-quant kernels prefetch the weights, into L2 (`_MM_HINT_T1`).
+/// Decoding reads each weight once, from DRAM: without it one thread streamed 10-12 GB/s of q4_0 where a
+/// plain sum reads 26 GB/s; 8 KiB ahead into L2 gave 15-20 GB/s and tg64 +24% (q4_0) / +30% (q8_0) on
+/// SmolLM2-135M (AMD EPYC, 2 threads). For q4_K and q6_K, 8 and 16 KiB are as good; q6_K loses 15% at 24.
 pub(super) const PREFETCH_BYTES: usize = 8192;
+
+/// The same for the legacy formats (q4_0, q4_1, q5_0, q5_1, q8_0), whose kernels read fewer bytes per
+/// instruction: one thread streaming a 64 MiB q4_0 matrix (`cargo bench --bench quant`, the distances
+/// interleaved in one process, 12 rounds, median GB/s) read 11.6 at 8 KiB, 14.4 at 16, 14.3 at 24 and 14.5
+/// at 32 (q4_1 alike); q8_0 15.0 / 14.9 / 16.2 / 17.0. Same machine; at `0` (none) q4_0 read 8.8.
+const LEGACY_PREFETCH_BYTES: usize = 16384;
+
+/// The legacy kernels' prefetch distance: `LEGACY_PREFETCH_BYTES`, or `STRATA_PREFETCH_KIB` from the
+/// environment (read once; `0` turns the prefetch off), for measuring other distances on other machines.
+pub(super) fn legacy_prefetch_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        std::env::var("STRATA_PREFETCH_KIB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(LEGACY_PREFETCH_BYTES, |k| k << 10)
+    })
+}
 
 /// Columns one pass takes: their accumulators stay in registers beside the block's weights.
 const PASS_COLS: usize = 4;
@@ -40,13 +58,21 @@ const PASS_COLS: usize = 4;
 ///
 /// # Safety
 /// See the module comment.
-pub(super) unsafe fn tile(level: SimdLevel, f: Format, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
+pub(super) unsafe fn tile(
+    level: SimdLevel,
+    f: Format,
+    nb: usize,
+    group: &[u8],
+    ahead: usize,
+    xs: &[ActRow],
+    out: &mut [f32],
+) {
     for (xs, out) in xs.chunks(PASS_COLS).zip(out.chunks_mut(PASS_COLS * PACK_ROWS)) {
         macro_rules! pass {
             ($c:literal) => {{
                 let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
                 let a: [*const f32; $c] = std::array::from_fn(|i| xs[i].aux.as_ptr());
-                let (o, g) = (f.offset, group.as_ptr());
+                let (o, g) = (Lim { offset: f.offset, ahead, distance: legacy_prefetch_bytes() }, group.as_ptr());
                 match (level, f.vectors, f.min) {
                     (SimdLevel::Avx512, 4, false) => tile_512::<4, false, $c>(o, nb, g, q, a, out),
                     (SimdLevel::Avx512, 5, false) => tile_512::<5, false, $c>(o, nb, g, q, a, out),
@@ -62,7 +88,7 @@ pub(super) unsafe fn tile(level: SimdLevel, f: Format, nb: usize, group: &[u8], 
                     (_, 5, false) => tile_256_q4::<5, false, $c>(o, nb, g, q, a, out),
                     (_, 4, true) => tile_256_q4::<4, true, $c>(o, nb, g, q, a, out),
                     (_, 5, true) => tile_256_q4::<5, true, $c>(o, nb, g, q, a, out),
-                    _ => tile_256_q8::<$c>(nb, g, q, a, out),
+                    _ => tile_256_q8::<$c>(o, nb, g, q, a, out),
                 }
             }};
         }
@@ -137,11 +163,40 @@ unsafe fn scales_at<const V: usize, const MIN: bool>(group: *const u8, nb: usize
     group.add(nb * V * VECTOR_BYTES + b * 2 * PACK_ROWS * (1 + MIN as usize))
 }
 
+/// What a legacy kernel takes beside its group: the format's `offset` (`w = u - offset`), and how many
+/// bytes from the group's start it may prefetch (the end of the calling thread's run of groups).
+#[derive(Clone, Copy)]
+struct Lim {
+    offset: i32,
+    ahead: usize,
+    /// The prefetch distance (`legacy_prefetch_bytes`).
+    distance: usize,
+}
+
+/// Prefetches, `LEGACY_PREFETCH_BYTES` ahead into L2 (but not `ahead` bytes past the group's start or
+/// further), the share of a legacy group's bytes that block `b` stands
+/// for: its vectors and its scales (`V * 64 + scale bytes`). The group is quants then scales, so stepping
+/// by the quants alone would leave a gap of the scales' size per group that no prefetch covers; stepping
+/// by the whole block's bytes covers the stream (groups lie back to back) without gaps.
+#[inline(always)]
+unsafe fn prefetch_block<const V: usize, const MIN: bool>(group: *const u8, b: usize, lim: Lim) {
+    let step = V * VECTOR_BYTES + 2 * PACK_ROWS * (1 + MIN as usize);
+    let pf = lim.distance;
+    if pf == 0 {
+        return;
+    }
+    let (from, to) = (pf + b * step, (pf + (b + 1) * step).min(lim.ahead));
+    // Each line once: those that start in this block's share.
+    for at in (from.next_multiple_of(64)..to).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T1>(group.add(at) as *const i8);
+    }
+}
+
 /// AVX-512: the 16 rows in one register. `V` is the format's vectors per block (4: q4_0's nibbles, whose
 /// high halves make vectors 4..8; 5: with q5_0's fifth bits; 8: q8_0's bytes); `MIN`: q4_1 / q5_1.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile_512<const V: usize, const MIN: bool, const C: usize>(
-    offset: i32,
+    lim: Lim,
     nb: usize,
     group: *const u8,
     q: [*const u8; C],
@@ -149,13 +204,11 @@ unsafe fn tile_512<const V: usize, const MIN: bool, const C: usize>(
     out: &mut [f32],
 ) {
     let nib = _mm512_set1_epi8(0x0F);
-    let off = _mm512_set1_ps(offset as f32);
+    let off = _mm512_set1_ps(lim.offset as f32);
     let mut acc = [_mm512_setzero_ps(); C];
     for b in 0..nb {
         let wp = group.add(b * V * VECTOR_BYTES);
-        for l in 0..V {
-            _mm_prefetch::<_MM_HINT_T1>(wp.add(PREFETCH_BYTES + l * 64) as *const i8);
-        }
+        prefetch_block::<V, MIN>(group, b, lim);
         let mut w = [_mm512_setzero_si512(); 8];
         if V == 4 || V == 5 {
             for g in 0..4 {
@@ -254,7 +307,7 @@ macro_rules! tile_256_kernel {
     ($name:ident, $features:literal, $sum8:ident) => {
         #[target_feature(enable = $features)]
         unsafe fn $name<const V: usize, const MIN: bool, const C: usize>(
-            offset: i32,
+            lim: Lim,
             nb: usize,
             group: *const u8,
             q: [*const u8; C],
@@ -262,15 +315,13 @@ macro_rules! tile_256_kernel {
             out: &mut [f32],
         ) {
             let nib = _mm256_set1_epi8(0x0F);
-            let off = _mm256_set1_ps(offset as f32);
+            let off = _mm256_set1_ps(lim.offset as f32);
             for h in 0..2 {
                 let mut acc = [_mm256_setzero_ps(); C];
                 for b in 0..nb {
                     let wp = group.add(b * V * VECTOR_BYTES);
                     if h == 0 {
-                        for l in 0..V {
-                            _mm_prefetch::<_MM_HINT_T1>(wp.add(PREFETCH_BYTES + l * 64) as *const i8);
-                        }
+                        prefetch_block::<V, MIN>(group, b, lim);
                     }
                     let mut w = [_mm256_setzero_si256(); 8];
                     if V == 4 || V == 5 {
@@ -315,9 +366,13 @@ tile_256_kernel!(tile_256_q4, "avx2,fma,f16c", sum8_maddubs);
 
 /// AVX2 for q8_0: the stored codes `q ^ 0x80` flipped back to signed `q`, then ggml's sign trick
 /// (`|q|` unsigned against `y` negated where `q < 0`): pairs of at most 2 * 128 * 127 = 32,512, widened by
-/// `madd` per vector. The sum is `sum(q * y)` directly, so no offset correction.
+/// `madd` per vector. The sum is `sum(q * y)` directly, so no offset correction. Vector by vector, every
+/// column's sum takes it while it is in a register (`w` and `|w|`, two registers, beside one sum per
+/// column): holding the block's eight vectors and their absolute values across the columns would need
+/// all sixteen of AVX2's registers and spill.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_256_q8<const C: usize>(
+    lim: Lim,
     nb: usize,
     group: *const u8,
     q: [*const u8; C],
@@ -331,30 +386,22 @@ unsafe fn tile_256_q8<const C: usize>(
         for b in 0..nb {
             let wp = group.add(b * 8 * VECTOR_BYTES);
             if h == 0 {
-                for l in 0..8 {
-                    _mm_prefetch::<_MM_HINT_T1>(wp.add(PREFETCH_BYTES + l * 64) as *const i8);
-                }
+                prefetch_block::<8, false>(group, b, lim);
             }
-            let mut w = [_mm256_setzero_si256(); 8];
-            let mut aw = [_mm256_setzero_si256(); 8];
+            let y: [*const u8; C] = std::array::from_fn(|c| q[c].add(b * y_block::<false>() + y_qs::<false>()));
+            let mut isum = [_mm256_setzero_si256(); C];
             for g in 0..8 {
-                w[g] = _mm256_xor_si256(half_at(wp, g, h), flip);
-                aw[g] = _mm256_sign_epi8(w[g], w[g]);
+                let w = _mm256_xor_si256(half_at(wp, g, h), flip);
+                let aw = _mm256_abs_epi8(w);
+                for c in 0..C {
+                    let yc = _mm256_sign_epi8(_mm256_set1_epi32(bcast4(y[c].add(4 * g))), w);
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, yc), ones));
+                }
             }
             let dw = half_scales::<8, false>(group, nb, b, h, false);
             for c in 0..C {
-                let y = q[c].add(b * y_block::<false>() + y_qs::<false>());
-                let mut s0 = _mm256_setzero_si256();
-                let mut s1 = _mm256_setzero_si256();
-                for g in (0..8).step_by(2) {
-                    let y0 = _mm256_sign_epi8(_mm256_set1_epi32(bcast4(y.add(4 * g))), w[g]);
-                    let y1 = _mm256_sign_epi8(_mm256_set1_epi32(bcast4(y.add(4 * g + 4))), w[g + 1]);
-                    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[g], y0), ones));
-                    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[g + 1], y1), ones));
-                }
-                let isum = _mm256_add_epi32(s0, s1);
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(*a[c].add(2 * b)));
-                acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[c]);
+                acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[c]), acc[c]);
             }
         }
         for (c, a) in acc.iter().enumerate() {
