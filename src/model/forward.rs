@@ -326,6 +326,7 @@ impl Model {
             }
         }
         drop(products);
+        ops::prefetch_products(pool, &[&lw.wo], t_count);
         let attention = profile::time(Part::Attention);
         let (hd, rope_dims) = (cfg.head_dim, cfg.rope_dims);
         let ropes = if cfg.swa_layers[l] && !s.ropes_swa.is_empty() { &s.ropes_swa } else { &s.ropes };
@@ -353,6 +354,7 @@ impl Model {
         s.act.quantize(pool, lw.wo.ty, &s.att, q_dim);
         ops::matmul(pool, &[MatJob { w: &lw.wo, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
         drop(products);
+        ops::prefetch_products(pool, &[&lw.w_gate, &lw.w_up], t_count);
         if let Some(w) = &lw.attn_post_norm {
             ops::rms_norm_rows_in_place(pool, &mut s.proj[..t_count * d], w, cfg.rms_eps, d);
         }
@@ -376,10 +378,16 @@ impl Model {
             s.act.quantize(pool, lw.w_up.ty, &s.xn, d);
             ops::matmul(pool, &[MatJob { w: &lw.w_up, bias: None, out: SharedMut::new(&mut s.up) }], &s.act);
         }
+        ops::prefetch_products(pool, &[&lw.w_down], t_count);
         ops::glu_par(pool, &mut s.gate, &s.up, cfg.family.ffn_act);
         s.act.quantize(pool, lw.w_down.ty, &s.gate, ff);
         ops::matmul(pool, &[MatJob { w: &lw.w_down, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
         drop(products);
+        // The next products: the next layer's attention, or the output head after the last layer.
+        match self.weights.layers.get(l + 1) {
+            Some(next) => ops::prefetch_products(pool, &[&next.wq, &next.wk, &next.wv], t_count),
+            None => ops::prefetch_products(pool, &[&self.weights.output], t_count),
+        }
         if let Some(w) = &lw.ffn_post_norm {
             ops::rms_norm_rows_in_place(pool, &mut s.proj[..t_count * d], w, cfg.rms_eps, d);
         }

@@ -200,6 +200,32 @@ pub fn rms_norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, d: usize
     });
 }
 
+/// Starts loading the first bytes of each thread's run of rows of the products `ws` (concatenated as
+/// `matmul` splits them) when `t_count` tokens will take them in runs (`STREAM_MAX_TOKENS`): called while
+/// the work before those products runs (attention, norms), so a thread does not begin its run waiting on
+/// DRAM. Only a hint (packed matrices; nothing elsewhere).
+pub fn prefetch_products(pool: &ThreadPool, ws: &[&QTensor], t_count: usize) {
+    if t_count > STREAM_MAX_TOKENS {
+        return;
+    }
+    let total_rows: usize = ws.iter().map(|w| w.rows).sum();
+    let n_tiles = total_rows.div_ceil(ROW_TILE);
+    let n_chunks = n_tiles.min(pool.n_threads());
+    for chunk in 0..n_chunks {
+        let start = split_range(chunk, n_chunks, n_tiles).start * ROW_TILE;
+        let mut base = 0;
+        for w in ws {
+            if start < base + w.rows {
+                if let Some(p) = w.packed() {
+                    p.prefetch_start((start - base) / ROW_TILE, w.rows.div_ceil(ROW_TILE));
+                }
+                break;
+            }
+            base += w.rows;
+        }
+    }
+}
+
 /// One product of a batched matmul: `out[t][r] = w[r] . act[t] (+ bias[r])` for `t` in the batch.
 pub struct MatJob<'a> {
     pub w: &'a QTensor,

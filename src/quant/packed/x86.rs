@@ -35,8 +35,11 @@ pub(super) const PREFETCH_BYTES: usize = 8192;
 
 /// The same for the legacy formats (q4_0, q4_1, q5_0, q5_1, q8_0), whose kernels read fewer bytes per
 /// instruction: one thread streaming a 64 MiB q4_0 matrix (`cargo bench --bench quant`, the distances
-/// interleaved in one process, 12 rounds, median GB/s) read 11.6 at 8 KiB, 14.4 at 16, 14.3 at 24 and 14.5
-/// at 32 (q4_1 alike); q8_0 15.0 / 14.9 / 16.2 / 17.0. Same machine; at `0` (none) q4_0 read 8.8.
+/// interleaved in one process, 12 rounds, median GB/s) read 8.8 with no prefetch, 11.6 at 8 KiB, 14.4 at
+/// 16, 14.3 at 24 and 14.5 at 32 (q4_1 alike); q8_0 15.0 / 14.9 / 16.2 / 17.0 from 8 KiB. In the model
+/// (SmolLM2 q4_0, tg128, `STRATA_PREFETCH_KIB` alternating, 5-6 rounds, mean tok/s): 1 thread 154 / 160 /
+/// 154 / 147 at 8 / 16 / 24 / 32 KiB; 2 threads 215 / 218 / - / 195 (two threads' distances share the
+/// caches). 16 KiB it is.
 const LEGACY_PREFETCH_BYTES: usize = 16384;
 
 /// The legacy kernels' prefetch distance: `LEGACY_PREFETCH_BYTES`, or `STRATA_PREFETCH_KIB` from the
@@ -173,11 +176,11 @@ struct Lim {
     distance: usize,
 }
 
-/// Prefetches, `LEGACY_PREFETCH_BYTES` ahead into L2 (but not `ahead` bytes past the group's start or
-/// further), the share of a legacy group's bytes that block `b` stands
-/// for: its vectors and its scales (`V * 64 + scale bytes`). The group is quants then scales, so stepping
-/// by the quants alone would leave a gap of the scales' size per group that no prefetch covers; stepping
-/// by the whole block's bytes covers the stream (groups lie back to back) without gaps.
+/// Prefetches into L2, `lim.distance` ahead (but not `lim.ahead` bytes past the group's start or further),
+/// the share of a legacy group's bytes that block `b` stands for: its vectors and its scales (`V * 64 +
+/// scale bytes`). A group is its quants and then its scales, so stepping by the quants alone would leave a
+/// gap of the scales' size per group that no prefetch covers (it did: q4_0 tg +10-18% once closed);
+/// stepping by the whole block's bytes covers the stream, groups lying back to back, each line once.
 #[inline(always)]
 unsafe fn prefetch_block<const V: usize, const MIN: bool>(group: *const u8, b: usize, lim: Lim) {
     let step = V * VECTOR_BYTES + 2 * PACK_ROWS * (1 + MIN as usize);
@@ -186,7 +189,6 @@ unsafe fn prefetch_block<const V: usize, const MIN: bool>(group: *const u8, b: u
         return;
     }
     let (from, to) = (pf + b * step, (pf + (b + 1) * step).min(lim.ahead));
-    // Each line once: those that start in this block's share.
     for at in (from.next_multiple_of(64)..to).step_by(64) {
         _mm_prefetch::<_MM_HINT_T1>(group.add(at) as *const i8);
     }
