@@ -190,7 +190,8 @@ unsafe fn prefetch_block<const V: usize, const MIN: bool>(group: *const u8, b: u
     }
     let (from, to) = (pf + b * step, (pf + (b + 1) * step).min(lim.ahead));
     for at in (from.next_multiple_of(64)..to).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T1>(group.add(at) as *const i8);
+        // Wrapping: with no bound (`tile_on`) the address may lie past the matrix; a prefetch cannot fault.
+        _mm_prefetch::<_MM_HINT_T1>(group.wrapping_add(at) as *const i8);
     }
 }
 

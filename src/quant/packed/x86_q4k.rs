@@ -77,7 +77,7 @@ unsafe fn fifth_shift(k: usize) -> (__m128i, __m128i) {
 #[inline(always)]
 unsafe fn prefetch<const FIVE: bool>(sb: *const u8) {
     for l in 0..sb_bytes::<FIVE>() / 64 {
-        _mm_prefetch::<_MM_HINT_T1>(sb.add(PREFETCH_BYTES + 64 * l) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(sb.wrapping_add(PREFETCH_BYTES + 64 * l) as *const i8);
     }
 }
 

@@ -56,7 +56,7 @@ unsafe fn offset_sum(y: *const u8, k: usize) -> i32 {
 #[inline(always)]
 unsafe fn prefetch(sb: *const u8) {
     for l in 0..SB_BYTES / 64 {
-        _mm_prefetch::<_MM_HINT_T1>(sb.add(PREFETCH_BYTES + 64 * l) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(sb.wrapping_add(PREFETCH_BYTES + 64 * l) as *const i8);
     }
 }
 
