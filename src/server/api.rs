@@ -154,8 +154,7 @@ fn usage_json(s: &Summary) -> Value {
     })
 }
 
-/// The `strata` object of a response: where the prompt's state came from and the speeds.
-/// The `strata` object of a reply: the request's figures.
+/// The `strata` object of a reply: where the prompt's state came from, and the speeds.
 pub fn strata_json(s: &Summary) -> Value {
     serde_json::to_value(s).unwrap_or(Value::Null)
 }
