@@ -200,8 +200,8 @@ pub fn rms_norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, d: usize
     });
 }
 
-/// Starts loading the first bytes of each thread's run of rows of the products `ws` (concatenated as
-/// `matmul` splits them) when `t_count` tokens will take them in runs (`STREAM_MAX_TOKENS`): called while
+/// Starts loading the first bytes of each thread's run of rows of the products `ws` (concatenated and split
+/// as `matmul` splits them, `product_chunks`) when `t_count` tokens will take them in runs (`STREAM_MAX_TOKENS`): called while
 /// the work before those products runs (attention, norms), so a thread does not begin its run waiting on
 /// DRAM. Only a hint (packed matrices; nothing elsewhere).
 pub fn prefetch_products(pool: &ThreadPool, ws: &[&QTensor], t_count: usize) {
@@ -210,7 +210,7 @@ pub fn prefetch_products(pool: &ThreadPool, ws: &[&QTensor], t_count: usize) {
     }
     let total_rows: usize = ws.iter().map(|w| w.rows).sum();
     let n_tiles = total_rows.div_ceil(ROW_TILE);
-    let n_chunks = n_tiles.min(pool.n_threads());
+    let n_chunks = product_chunks(pool, n_tiles, t_count);
     for chunk in 0..n_chunks {
         let start = split_range(chunk, n_chunks, n_tiles).start * ROW_TILE;
         let mut base = 0;
@@ -223,6 +223,18 @@ pub fn prefetch_products(pool: &ThreadPool, ws: &[&QTensor], t_count: usize) {
             }
             base += w.rows;
         }
+    }
+}
+
+/// The chunks `matmul` splits `n_tiles` row tiles into for `t_count` tokens. A few tokens stream the weights
+/// from memory once: one contiguous run of rows per thread keeps each thread's stream (and its prefetch)
+/// unbroken. SmolLM2-135M q4_0, 2 threads, tg128 alternating in one session: 289 tok/s at one chunk per
+/// thread, 234 at eight (llama.cpp 239 beside them).
+fn product_chunks(pool: &ThreadPool, n_tiles: usize, t_count: usize) -> usize {
+    if t_count <= STREAM_MAX_TOKENS {
+        n_tiles.min(pool.n_threads())
+    } else {
+        pool.chunks_for(n_tiles)
     }
 }
 
@@ -266,10 +278,7 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
         .collect();
     // Split in units of ROW_TILE rows so tiles stay whole.
     let n_tiles = total_rows.div_ceil(ROW_TILE);
-    // A few tokens stream the weights from memory once: one contiguous run of rows per thread keeps each
-    // thread's stream (and its prefetch) unbroken. SmolLM2-135M q4_0, 2 threads, tg128 alternating in one
-    // session: 289 tok/s at one chunk per thread, 234 at eight (llama.cpp 239 beside them).
-    let n_chunks = if t_count <= STREAM_MAX_TOKENS { n_tiles.min(pool.n_threads()) } else { pool.chunks_for(n_tiles) };
+    let n_chunks = product_chunks(pool, n_tiles, t_count);
     pool.run(n_chunks, |chunk| {
         let tiles = split_range(chunk, n_chunks, n_tiles);
         let (start, end) = (tiles.start * ROW_TILE, (tiles.end * ROW_TILE).min(total_rows));

@@ -293,11 +293,7 @@ impl PackedMatrix {
             };
         }
         let (d, m, u) = self.code(r, c);
-        if self.format.min {
-            // ggml's q4_1 / q5_1: `q * d + m`.
-            return u as f32 * d + m;
-        }
-        (u - self.format.offset) as f32 * d
+        legacy_value(self.format, u, d, m)
     }
 
     /// Starts loading (into L2) the first bytes of groups `g0..g1`, as far as the kernels prefetch ahead:
@@ -349,14 +345,14 @@ impl PackedMatrix {
         let (b, j) = (c / QK, c % QK);
         let block = &group[b * f.vectors * VECTOR_BYTES..];
         // The block's scales of all sixteen rows (and their mins), converted at once.
-        let at = self.nb * VECTOR_BYTES * f.vectors + b * f.scale_bytes();
+        let at = legacy_scales_at(f, self.nb, b);
         let mut dm = [0f32; 2 * PACK_ROWS];
         let halves: &[half::f16] = bytemuck::cast_slice(&group[at..at + f.scale_bytes()]);
         halves.convert_to_f32_slice(&mut dm[..halves.len()]);
         for (i, o) in out.iter_mut().enumerate() {
             let rr = rr0 + i;
             let u = legacy_code(block, f.vectors, rr, j);
-            *o = if f.min { u as f32 * dm[rr] + dm[PACK_ROWS + rr] } else { (u - f.offset) as f32 * dm[rr] };
+            *o = legacy_value(f, u, dm[rr], if f.min { dm[PACK_ROWS + rr] } else { 0.0 });
         }
     }
 
@@ -443,9 +439,25 @@ impl PackedMatrix {
     }
 }
 
+/// Where block `b`'s scales (the 16 rows' `d`, then with a min their `m`) start in a legacy group of `nb`
+/// blocks: after all the blocks' quants.
+fn legacy_scales_at(f: Format, nb: usize, b: usize) -> usize {
+    nb * VECTOR_BYTES * f.vectors + b * f.scale_bytes()
+}
+
+/// A legacy weight from its unsigned code `u` and its row's `d` and `m` (0 without): ggml's `q * d + m` for
+/// q4_1 / q5_1, `(u - offset) * d` for the others.
+fn legacy_value(f: Format, u: i32, d: f32, m: f32) -> f32 {
+    if f.min {
+        u as f32 * d + m
+    } else {
+        (u - f.offset) as f32 * d
+    }
+}
+
 /// Row `rr`'s `d` and `m` (0 without) of block `b` in a legacy group of `nb` blocks.
 fn legacy_scales(f: Format, nb: usize, group: &[u8], b: usize, rr: usize) -> (f32, f32) {
-    let at = nb * VECTOR_BYTES * f.vectors + b * f.scale_bytes() + 2 * rr;
+    let at = legacy_scales_at(f, nb, b) + 2 * rr;
     let m = if f.min { blocks::f16_at(group, at + 2 * PACK_ROWS) } else { 0.0 };
     (blocks::f16_at(group, at), m)
 }

@@ -46,11 +46,12 @@ const LEGACY_PREFETCH_BYTES: usize = 16384;
 /// environment (read once; `0` turns the prefetch off), for measuring other distances on other machines.
 pub(super) fn legacy_prefetch_bytes() -> usize {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BYTES.get_or_init(|| {
-        std::env::var("STRATA_PREFETCH_KIB")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .map_or(LEGACY_PREFETCH_BYTES, |k| k << 10)
+    *BYTES.get_or_init(|| match std::env::var("STRATA_PREFETCH_KIB") {
+        Err(_) => LEGACY_PREFETCH_BYTES,
+        Ok(v) => v.trim().parse::<usize>().map(|k| k.saturating_mul(1024)).unwrap_or_else(|_| {
+            tracing::warn!("STRATA_PREFETCH_KIB={v:?} is not a number of KiB; prefetching the default 16 KiB");
+            LEGACY_PREFETCH_BYTES
+        }),
     })
 }
 
