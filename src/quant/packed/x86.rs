@@ -71,6 +71,9 @@ pub(super) unsafe fn tile(
     xs: &[ActRow],
     out: &mut [f32],
 ) {
+    if !matches!(level, SimdLevel::Avx512 | SimdLevel::Avx2Vnni) && f.vectors == 8 {
+        return tile_q8_avx2(nb, group, ahead, f.offset, xs, out);
+    }
     for (xs, out) in xs.chunks(PASS_COLS).zip(out.chunks_mut(PASS_COLS * PACK_ROWS)) {
         macro_rules! pass {
             ($c:literal) => {{
@@ -91,8 +94,7 @@ pub(super) unsafe fn tile(
                     (_, 4, false) => tile_256_q4::<4, false, $c>(o, nb, g, q, a, out),
                     (_, 5, false) => tile_256_q4::<5, false, $c>(o, nb, g, q, a, out),
                     (_, 4, true) => tile_256_q4::<4, true, $c>(o, nb, g, q, a, out),
-                    (_, 5, true) => tile_256_q4::<5, true, $c>(o, nb, g, q, a, out),
-                    _ => tile_256_q8::<$c>(o, nb, g, q, a, out),
+                    _ => tile_256_q4::<5, true, $c>(o, nb, g, q, a, out),
                 }
             }};
         }
@@ -101,6 +103,39 @@ pub(super) unsafe fn tile(
             2 => pass!(2),
             3 => pass!(3),
             _ => pass!(4),
+        }
+    }
+}
+
+/// Columns one pass of AVX2's q8_0 kernel takes: its sums are one register per column beside `w`, `|w|`
+/// and two constants, so eight fit AVX2's sixteen registers, and the block's weights are read and their
+/// absolute values taken once for all eight (one `TOKEN_TILE`); `PASS_COLS` (4) left the kernel 2-3%
+/// slower (SmolLM2 q8_0 pp512, 2 threads).
+const Q8_PASS_COLS: usize = 8;
+
+/// `tile`'s dispatch for q8_0 on AVX2 without VNNI, in passes of up to `Q8_PASS_COLS` columns.
+///
+/// # Safety
+/// See the module comment.
+unsafe fn tile_q8_avx2(nb: usize, group: &[u8], ahead: usize, offset: i32, xs: &[ActRow], out: &mut [f32]) {
+    let lim = Lim { offset, ahead, distance: legacy_prefetch_bytes() };
+    for (xs, out) in xs.chunks(Q8_PASS_COLS).zip(out.chunks_mut(Q8_PASS_COLS * PACK_ROWS)) {
+        macro_rules! pass {
+            ($c:literal) => {{
+                let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
+                let a: [*const f32; $c] = std::array::from_fn(|i| xs[i].aux.as_ptr());
+                tile_256_q8::<$c>(lim, nb, group.as_ptr(), q, a, out)
+            }};
+        }
+        match xs.len() {
+            1 => pass!(1),
+            2 => pass!(2),
+            3 => pass!(3),
+            4 => pass!(4),
+            5 => pass!(5),
+            6 => pass!(6),
+            7 => pass!(7),
+            _ => pass!(8),
         }
     }
 }
@@ -368,6 +403,18 @@ macro_rules! tile_256_kernel {
 tile_256_kernel!(tile_256_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", sum8_vnni);
 tile_256_kernel!(tile_256_q4, "avx2,fma,f16c", sum8_maddubs);
 
+/// Keeps the sums of one vector step apart from the next: an empty `asm!` (not `pure`, so the compiler
+/// keeps such blocks in their order) that takes and gives back each sum in a register. Without it LLVM
+/// interleaves all eight vectors of a block column by column, holding `w` and `|w|` of each (sixteen
+/// registers) and spilling them to the stack: one load more per product step.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn in_order<const C: usize>(sums: &mut [__m256i; C]) {
+    for s in sums.iter_mut() {
+        std::arch::asm!("/* {0} */", inout(ymm_reg) * s, options(nomem, nostack, preserves_flags));
+    }
+}
+
 /// AVX2 for q8_0: the stored codes `q ^ 0x80` flipped back to signed `q`, then ggml's sign trick
 /// (`|q|` unsigned against `y` negated where `q < 0`): pairs of at most 2 * 128 * 127 = 32,512, widened by
 /// `madd` per vector. The sum is `sum(q * y)` directly, so no offset correction. Vector by vector, every
@@ -401,6 +448,7 @@ unsafe fn tile_256_q8<const C: usize>(
                     let yc = _mm256_sign_epi8(_mm256_set1_epi32(bcast4(y[c].add(4 * g))), w);
                     isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, yc), ones));
                 }
+                in_order(&mut isum);
             }
             let dw = half_scales::<8, false>(group, nb, b, h, false);
             for c in 0..C {
