@@ -23,7 +23,11 @@
 //! vectors plus a fifth of its high bits (`offset` 16): byte `k` of a row's four holds, in bit `i`, the fifth
 //! bit of value `4 i + k`, so value-vector `i`'s bits are that vector shifted by `4 - i` and masked with
 //! 0x10 (the same size as the file's blocks); q8_0 stores `q ^ 0x80`
-//! (`offset` 128), vector `g` meeting activation bytes `4g..`. The integer sum `sum(u * y) - offset *
+//! (`offset` 128), vector `g` meeting activation bytes `4g..`. The table formats (iq4_nl, mxfp4) keep
+//! their nibbles as q4_0 does; a nibble indexes the format's 16 values (`table`) and the code is that value
+//! plus 128, as q8_0's, looked up by `pshufb` in the kernels (AVX2 without VNNI takes mxfp4's values, at
+//! most 12, plus 12 instead: one code of any offset gives the same integer sum). mxfp4's e8m0 scale is
+//! stored as the f16 it equals; a matrix with a scale outside f16's range keeps the file's layout. The integer sum `sum(u * y) - offset *
 //! sum(y)` is exact, and `sum(y)` of each activation block is made once per activation row (the q8_0
 //! activations' `aux`, see `quant::fill_act_aux`).
 //!
@@ -61,7 +65,7 @@ struct Line([u8; 64]);
 /// The families of packed layouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    /// 32-value blocks against q8_0 (q4_0, q5_0, q8_0): this module.
+    /// 32-value blocks against q8_0 or q8_1 (q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, mxfp4): this module.
     Legacy,
     /// q4_K super-blocks: `q4k`.
     Q4K,
@@ -84,24 +88,68 @@ pub(crate) struct Format {
     /// Bytes of a block in the file, and where its quants start.
     file_block_bytes: usize,
     qs_at: usize,
+    /// iq4_nl / mxfp4: each nibble indexes this table of i8 values; the code `u` is the value plus
+    /// `offset` (128), so the kernels take it as q8_0's flipped bytes once looked up.
+    table: Option<&'static [i8; 16]>,
 }
 
 const Q4_0_FORMAT: Format =
-    Format { kind: Kind::Legacy, vectors: 4, offset: 8, min: false, file_block_bytes: 18, qs_at: 2 };
+    Format { kind: Kind::Legacy, vectors: 4, offset: 8, min: false, file_block_bytes: 18, qs_at: 2, table: None };
 const Q5_0_FORMAT: Format =
-    Format { kind: Kind::Legacy, vectors: 5, offset: 16, min: false, file_block_bytes: 22, qs_at: 6 };
+    Format { kind: Kind::Legacy, vectors: 5, offset: 16, min: false, file_block_bytes: 22, qs_at: 6, table: None };
 const Q8_0_FORMAT: Format =
-    Format { kind: Kind::Legacy, vectors: 8, offset: 128, min: false, file_block_bytes: 34, qs_at: 2 };
+    Format { kind: Kind::Legacy, vectors: 8, offset: 128, min: false, file_block_bytes: 34, qs_at: 2, table: None };
 const Q4_1_FORMAT: Format =
-    Format { kind: Kind::Legacy, vectors: 4, offset: 0, min: true, file_block_bytes: 20, qs_at: 4 };
+    Format { kind: Kind::Legacy, vectors: 4, offset: 0, min: true, file_block_bytes: 20, qs_at: 4, table: None };
 const Q5_1_FORMAT: Format =
-    Format { kind: Kind::Legacy, vectors: 5, offset: 0, min: true, file_block_bytes: 24, qs_at: 8 };
-const Q4_K_FORMAT: Format =
-    Format { kind: Kind::Q4K, vectors: 32, offset: 0, min: false, file_block_bytes: q4k::FILE_BLOCK, qs_at: 0 };
-const Q5_K_FORMAT: Format =
-    Format { kind: Kind::Q5K, vectors: 40, offset: 0, min: false, file_block_bytes: q4k::FILE_BLOCK5, qs_at: 0 };
-const Q6_K_FORMAT: Format =
-    Format { kind: Kind::Q6K, vectors: 48, offset: 32, min: false, file_block_bytes: q6k::FILE_BLOCK, qs_at: 0 };
+    Format { kind: Kind::Legacy, vectors: 5, offset: 0, min: true, file_block_bytes: 24, qs_at: 8, table: None };
+const Q4_K_FORMAT: Format = Format {
+    kind: Kind::Q4K,
+    vectors: 32,
+    offset: 0,
+    min: false,
+    file_block_bytes: q4k::FILE_BLOCK,
+    qs_at: 0,
+    table: None,
+};
+const Q5_K_FORMAT: Format = Format {
+    kind: Kind::Q5K,
+    vectors: 40,
+    offset: 0,
+    min: false,
+    file_block_bytes: q4k::FILE_BLOCK5,
+    qs_at: 0,
+    table: None,
+};
+const Q6_K_FORMAT: Format = Format {
+    kind: Kind::Q6K,
+    vectors: 48,
+    offset: 32,
+    min: false,
+    file_block_bytes: q6k::FILE_BLOCK,
+    qs_at: 0,
+    table: None,
+};
+
+const IQ4_NL_FORMAT: Format = Format {
+    kind: Kind::Legacy,
+    vectors: 4,
+    offset: 128,
+    min: false,
+    file_block_bytes: 18,
+    qs_at: 2,
+    table: Some(&blocks::KVALUES_IQ4NL),
+};
+/// The block's e8m0 scale is stored as the f16 it equals (`pack` refuses a matrix where one does not fit).
+const MXFP4_FORMAT: Format = Format {
+    kind: Kind::Legacy,
+    vectors: 4,
+    offset: 128,
+    min: false,
+    file_block_bytes: 17,
+    qs_at: 1,
+    table: Some(&blocks::KVALUES_MXFP4),
+};
 
 impl Format {
     /// Values per block.
@@ -154,6 +202,8 @@ fn format(ty: GgmlType) -> Option<Format> {
         GgmlType::Q5_0 => Some(Q5_0_FORMAT),
         GgmlType::Q5_1 => Some(Q5_1_FORMAT),
         GgmlType::Q8_0 => Some(Q8_0_FORMAT),
+        GgmlType::IQ4NL => Some(IQ4_NL_FORMAT),
+        GgmlType::MXFP4 => Some(MXFP4_FORMAT),
         GgmlType::Q4K => Some(Q4_K_FORMAT),
         GgmlType::Q5K => Some(Q5_K_FORMAT),
         GgmlType::Q6K => Some(Q6_K_FORMAT),
@@ -227,6 +277,16 @@ impl PackedMatrix {
                     }
                 }
                 let at = quant_bytes + b * format.scale_bytes() + 2 * rr;
+                if ty == GgmlType::MXFP4 {
+                    // ggml's scale 2^(e - 128) as an f16, which holds 2^-24..2^15 exactly.
+                    let d = blocks::e8m0_to_f32_half(block[0]);
+                    let h = half::f16::from_f32(d);
+                    if h.to_f32() != d {
+                        return Err(QuantError::NotPackable { ty });
+                    }
+                    group[at..at + 2].copy_from_slice(&h.to_bits().to_le_bytes());
+                    continue;
+                }
                 group[at..at + 2].copy_from_slice(&block[..2]);
                 if format.min {
                     group[at + 2 * PACK_ROWS..at + 2 * PACK_ROWS + 2].copy_from_slice(&block[2..4]);
@@ -269,7 +329,7 @@ impl PackedMatrix {
         let (rr, b, j) = (r % PACK_ROWS, c / QK, c % QK);
         let (d, m) = legacy_scales(self.format, self.nb, group, b, rr);
         let block = &group[b * self.format.vectors * VECTOR_BYTES..];
-        (d, m, legacy_code(block, self.format.vectors, rr, j))
+        (d, m, legacy_code(block, self.format, rr, j))
     }
 
     /// Value `(r, c)`, exactly as `dequantize_value` gives it from the file's row.
@@ -351,7 +411,7 @@ impl PackedMatrix {
         halves.convert_to_f32_slice(&mut dm[..halves.len()]);
         for (i, o) in out.iter_mut().enumerate() {
             let rr = rr0 + i;
-            let u = legacy_code(block, f.vectors, rr, j);
+            let u = legacy_code(block, f, rr, j);
             *o = legacy_value(f, u, dm[rr], if f.min { dm[PACK_ROWS + rr] } else { 0.0 });
         }
     }
@@ -473,7 +533,7 @@ fn tile_portable(f: Format, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f
                 let y = &x.q[b * y_block + y_qs..(b + 1) * y_block];
                 let mut isum = 0i32;
                 for (j, &y) in y.iter().enumerate() {
-                    isum += legacy_code(block, f.vectors, r, j) * y as i8 as i32;
+                    isum += legacy_code(block, f, r, j) * y as i8 as i32;
                 }
                 let (dw, mw) = legacy_scales(f, nb, group, b, r);
                 if f.min {
@@ -489,16 +549,20 @@ fn tile_portable(f: Format, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f
     }
 }
 
-/// The unsigned code of value `j` (0..32) of row `rr` in a packed legacy block of `vectors` vectors: value
-/// `4 i + k` sits in byte `k` of value-vector `i`, which is vector `i` (q8_0), or the low nibbles of vector
-/// `i` / high nibbles of vector `i - 4` (q4_0, q5_0), with q5_0's fifth bit as bit `i` of vector 4's byte.
-fn legacy_code(block: &[u8], vectors: usize, rr: usize, j: usize) -> i32 {
-    let (i, k) = (j / 4, j % 4);
+/// The unsigned code of value `j` (0..32) of row `rr` in a packed legacy block of `f.vectors` vectors:
+/// value `4 i + k` sits in byte `k` of value-vector `i`, which is vector `i` (q8_0), or the low nibbles of
+/// vector `i` / high nibbles of vector `i - 4` (q4_0, q5_0, and the table formats, whose nibble indexes
+/// `f.table`), with q5_0's fifth bit as bit `i` of vector 4's byte.
+fn legacy_code(block: &[u8], f: Format, rr: usize, j: usize) -> i32 {
+    let (vectors, (i, k)) = (f.vectors, (j / 4, j % 4));
     let at = |v: usize| block[v * VECTOR_BYTES + 4 * rr + k];
     if vectors == 8 {
         return at(i) as i32;
     }
     let nibble = if i < 4 { at(i) & 0x0F } else { at(i - 4) >> 4 };
+    if let Some(table) = f.table {
+        return table[nibble as usize] as i32 + f.offset;
+    }
     let high = if vectors == 5 { ((at(4) >> i) & 1) << 4 } else { 0 };
     (nibble | high) as i32
 }

@@ -8,7 +8,7 @@ use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const TYPES: [GgmlType; 8] = [
+const TYPES: [GgmlType; 10] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -17,12 +17,19 @@ const TYPES: [GgmlType; 8] = [
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::IQ4NL,
+    GgmlType::MXFP4,
 ];
 
 /// Random block bytes with sane scales: every code, -128 included for q8_0.
 fn random_matrix(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let mut w: Vec<u8> = (0..rows * row_len_bytes(ty, cols).unwrap()).map(|_| rng.gen()).collect();
     for b in w.chunks_exact_mut(ty.block_bytes()) {
+        if ty == GgmlType::MXFP4 {
+            // An e8m0 exponent whose scale 2^(e - 128) an f16 holds (the packed layout's limit).
+            b[0] = rng.gen_range(104..=143);
+            continue;
+        }
         // Where the f16 scales sit: q4_K's d and dmin (both used with either sign), q6_K's d at the end.
         let at: &[usize] = match ty {
             GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
@@ -198,4 +205,10 @@ fn bad_input_is_an_error() {
     assert!(matches!(PackedMatrix::pack(GgmlType::F16, 1, 32, &w), Err(QuantError::NotPackable { .. })));
     assert!(matches!(PackedMatrix::pack(GgmlType::Q4_0, 3, 32, &w), Err(QuantError::WrongByteLen { .. })));
     assert!(matches!(PackedMatrix::pack(GgmlType::Q4_0, 1, 40, &w), Err(QuantError::PartialBlock { .. })));
+    // An mxfp4 scale an f16 cannot hold (2^(200 - 128)) keeps the matrix in the file's layout; 2^15 packs.
+    let mut m = vec![0u8; 17];
+    for (e, packs) in [(200u8, false), (143, true), (103, false), (104, true)] {
+        m[0] = e;
+        assert_eq!(PackedMatrix::pack(GgmlType::MXFP4, 1, 32, &m).is_ok(), packs, "e = {e}");
+    }
 }

@@ -55,6 +55,10 @@ pub(super) fn legacy_prefetch_bytes() -> usize {
     })
 }
 
+/// The offset of mxfp4's codes on AVX2 without VNNI: its values lie in -12..=12, so `value + 12` is a code
+/// of at most 24 that `sum8_maddubs` takes as wide (q5_0's) codes. The sums are the same integers.
+const MXFP4_OFFSET: i32 = 12;
+
 /// Columns one pass takes: their accumulators stay in registers beside the block's weights.
 const PASS_COLS: usize = 4;
 
@@ -71,30 +75,38 @@ pub(super) unsafe fn tile(
     xs: &[ActRow],
     out: &mut [f32],
 ) {
-    if !matches!(level, SimdLevel::Avx512 | SimdLevel::Avx2Vnni) && f.vectors == 8 {
-        return tile_q8_avx2(nb, group, ahead, f.offset, xs, out);
+    let lim = Lim { offset: f.offset, ahead, distance: legacy_prefetch_bytes(), table: f.table };
+    let vnni = matches!(level, SimdLevel::Avx512 | SimdLevel::Avx2Vnni);
+    let narrow_table = f.table.is_some_and(|t| t.iter().all(|&v| v.unsigned_abs() <= MXFP4_OFFSET as u8));
+    if !vnni && (f.vectors == 8 || (f.table.is_some() && !narrow_table)) {
+        return tile_q8_avx2(lim, nb, group, xs, out);
     }
+    // mxfp4 on AVX2: codes `value + 12` (0..24) take `maddubs` directly, as q5_0's do (no sign trick).
+    let lim = if !vnni && narrow_table { Lim { offset: MXFP4_OFFSET, ..lim } } else { lim };
     for (xs, out) in xs.chunks(PASS_COLS).zip(out.chunks_mut(PASS_COLS * PACK_ROWS)) {
         macro_rules! pass {
             ($c:literal) => {{
                 let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
                 let a: [*const f32; $c] = std::array::from_fn(|i| xs[i].aux.as_ptr());
-                let (o, g) = (Lim { offset: f.offset, ahead, distance: legacy_prefetch_bytes() }, group.as_ptr());
-                match (level, f.vectors, f.min) {
-                    (SimdLevel::Avx512, 4, false) => tile_512::<4, false, $c>(o, nb, g, q, a, out),
-                    (SimdLevel::Avx512, 5, false) => tile_512::<5, false, $c>(o, nb, g, q, a, out),
-                    (SimdLevel::Avx512, 4, true) => tile_512::<4, true, $c>(o, nb, g, q, a, out),
-                    (SimdLevel::Avx512, 5, true) => tile_512::<5, true, $c>(o, nb, g, q, a, out),
-                    (SimdLevel::Avx512, _, _) => tile_512::<8, false, $c>(o, nb, g, q, a, out),
-                    (SimdLevel::Avx2Vnni, 4, false) => tile_256_vnni::<4, false, $c>(o, nb, g, q, a, out),
-                    (SimdLevel::Avx2Vnni, 5, false) => tile_256_vnni::<5, false, $c>(o, nb, g, q, a, out),
-                    (SimdLevel::Avx2Vnni, 4, true) => tile_256_vnni::<4, true, $c>(o, nb, g, q, a, out),
-                    (SimdLevel::Avx2Vnni, 5, true) => tile_256_vnni::<5, true, $c>(o, nb, g, q, a, out),
-                    (SimdLevel::Avx2Vnni, _, _) => tile_256_vnni::<8, false, $c>(o, nb, g, q, a, out),
-                    (_, 4, false) => tile_256_q4::<4, false, $c>(o, nb, g, q, a, out),
-                    (_, 5, false) => tile_256_q4::<5, false, $c>(o, nb, g, q, a, out),
-                    (_, 4, true) => tile_256_q4::<4, true, $c>(o, nb, g, q, a, out),
-                    _ => tile_256_q4::<5, true, $c>(o, nb, g, q, a, out),
+                let (o, g) = (lim, group.as_ptr());
+                match (level, f.vectors, f.min, f.table.is_some()) {
+                    (SimdLevel::Avx512, 4, false, true) => tile_512::<4, false, true, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx512, 4, false, _) => tile_512::<4, false, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx512, 5, false, _) => tile_512::<5, false, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx512, 4, true, _) => tile_512::<4, true, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx512, 5, true, _) => tile_512::<5, true, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx512, _, _, _) => tile_512::<8, false, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx2Vnni, 4, false, true) => tile_256_vnni::<4, false, true, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx2Vnni, 4, false, _) => tile_256_vnni::<4, false, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx2Vnni, 5, false, _) => tile_256_vnni::<5, false, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx2Vnni, 4, true, _) => tile_256_vnni::<4, true, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx2Vnni, 5, true, _) => tile_256_vnni::<5, true, false, $c>(o, nb, g, q, a, out),
+                    (SimdLevel::Avx2Vnni, _, _, _) => tile_256_vnni::<8, false, false, $c>(o, nb, g, q, a, out),
+                    (_, 4, false, true) => tile_256_q4::<4, false, true, $c>(o, nb, g, q, a, out),
+                    (_, 4, false, _) => tile_256_q4::<4, false, false, $c>(o, nb, g, q, a, out),
+                    (_, 5, false, _) => tile_256_q4::<5, false, false, $c>(o, nb, g, q, a, out),
+                    (_, 4, true, _) => tile_256_q4::<4, true, false, $c>(o, nb, g, q, a, out),
+                    _ => tile_256_q4::<5, true, false, $c>(o, nb, g, q, a, out),
                 }
             }};
         }
@@ -113,18 +125,22 @@ pub(super) unsafe fn tile(
 /// slower (SmolLM2 q8_0 pp512, 2 threads).
 const Q8_PASS_COLS: usize = 8;
 
-/// `tile`'s dispatch for q8_0 on AVX2 without VNNI, in passes of up to `Q8_PASS_COLS` columns.
+/// `tile`'s dispatch for q8_0 and the table formats (iq4_nl, mxfp4) on AVX2 without VNNI, in passes of up
+/// to `Q8_PASS_COLS` columns.
 ///
 /// # Safety
 /// See the module comment.
-unsafe fn tile_q8_avx2(nb: usize, group: &[u8], ahead: usize, offset: i32, xs: &[ActRow], out: &mut [f32]) {
-    let lim = Lim { offset, ahead, distance: legacy_prefetch_bytes() };
+unsafe fn tile_q8_avx2(lim: Lim, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
     for (xs, out) in xs.chunks(Q8_PASS_COLS).zip(out.chunks_mut(Q8_PASS_COLS * PACK_ROWS)) {
         macro_rules! pass {
             ($c:literal) => {{
                 let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
                 let a: [*const f32; $c] = std::array::from_fn(|i| xs[i].aux.as_ptr());
-                tile_256_q8::<$c>(lim, nb, group.as_ptr(), q, a, out)
+                if lim.table.is_some() {
+                    tile_256_q8::<true, $c>(lim, nb, group.as_ptr(), q, a, out)
+                } else {
+                    tile_256_q8::<false, $c>(lim, nb, group.as_ptr(), q, a, out)
+                }
             }};
         }
         match xs.len() {
@@ -210,6 +226,18 @@ struct Lim {
     ahead: usize,
     /// The prefetch distance (`legacy_prefetch_bytes`).
     distance: usize,
+    /// The format's table (iq4_nl, mxfp4): nibble `i` is the value `table[i]`.
+    table: Option<&'static [i8; 16]>,
+}
+
+/// A table format's nibble-to-code lookup for `pshufb`: byte `i` is `table[i] + lim.offset` (the code `u`
+/// with `w = u - offset`: 128 for every table on the VNNI paths, as q8_0's flipped bytes; 12 for mxfp4's
+/// values of at most 12 on AVX2's `maddubs`), in each 128-bit lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn code_table_256(lim: Lim) -> __m256i {
+    let t = lim.table.map_or([0u8; 16], |t| t.map(|v| (v as i32 + lim.offset) as u8));
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr() as *const __m128i))
 }
 
 /// Prefetches into L2, `lim.distance` ahead (but not `lim.ahead` bytes past the group's start or further),
@@ -232,9 +260,10 @@ unsafe fn prefetch_block<const V: usize, const MIN: bool>(group: *const u8, b: u
 }
 
 /// AVX-512: the 16 rows in one register. `V` is the format's vectors per block (4: q4_0's nibbles, whose
-/// high halves make vectors 4..8; 5: with q5_0's fifth bits; 8: q8_0's bytes); `MIN`: q4_1 / q5_1.
+/// high halves make vectors 4..8; 5: with q5_0's fifth bits; 8: q8_0's bytes); `MIN`: q4_1 / q5_1;
+/// `LUT`: the nibbles index `lim.table` (iq4_nl, mxfp4; `V` 4), looked up to codes by `vpshufb`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile_512<const V: usize, const MIN: bool, const C: usize>(
+unsafe fn tile_512<const V: usize, const MIN: bool, const LUT: bool, const C: usize>(
     lim: Lim,
     nb: usize,
     group: *const u8,
@@ -244,6 +273,7 @@ unsafe fn tile_512<const V: usize, const MIN: bool, const C: usize>(
 ) {
     let nib = _mm512_set1_epi8(0x0F);
     let off = _mm512_set1_ps(lim.offset as f32);
+    let codes = _mm512_broadcast_i64x4(code_table_256(lim));
     let mut acc = [_mm512_setzero_ps(); C];
     for b in 0..nb {
         let wp = group.add(b * V * VECTOR_BYTES);
@@ -254,6 +284,10 @@ unsafe fn tile_512<const V: usize, const MIN: bool, const C: usize>(
                 let v = _mm512_load_si512(wp.add(g * VECTOR_BYTES) as *const __m512i);
                 w[g] = _mm512_and_si512(v, nib);
                 w[4 + g] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+                if LUT {
+                    w[g] = _mm512_shuffle_epi8(codes, w[g]);
+                    w[4 + g] = _mm512_shuffle_epi8(codes, w[4 + g]);
+                }
             }
             if V == 5 {
                 let hv = _mm512_load_si512(wp.add(4 * VECTOR_BYTES) as *const __m512i);
@@ -340,12 +374,12 @@ unsafe fn half_scales<const V: usize, const MIN: bool>(
     _mm256_cvtph_ps(_mm_load_si128(at as *const __m128i))
 }
 
-/// The 256-bit kernel for codes that `$sum8` can take (q4_0, q5_0; with VNNI q8_0 too), defined once per
-/// instruction set: each 8-row half of the group as `tile_512` does the whole.
+/// The 256-bit kernel for codes that `$sum8` can take (q4_0, q5_0; with VNNI q8_0 and the table formats
+/// too), defined once per instruction set: each 8-row half of the group as `tile_512` does the whole.
 macro_rules! tile_256_kernel {
     ($name:ident, $features:literal, $sum8:ident) => {
         #[target_feature(enable = $features)]
-        unsafe fn $name<const V: usize, const MIN: bool, const C: usize>(
+        unsafe fn $name<const V: usize, const MIN: bool, const LUT: bool, const C: usize>(
             lim: Lim,
             nb: usize,
             group: *const u8,
@@ -355,6 +389,7 @@ macro_rules! tile_256_kernel {
         ) {
             let nib = _mm256_set1_epi8(0x0F);
             let off = _mm256_set1_ps(lim.offset as f32);
+            let codes = code_table_256(lim);
             for h in 0..2 {
                 let mut acc = [_mm256_setzero_ps(); C];
                 for b in 0..nb {
@@ -368,6 +403,10 @@ macro_rules! tile_256_kernel {
                             let v = half_at(wp, g, h);
                             w[g] = _mm256_and_si256(v, nib);
                             w[4 + g] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                            if LUT {
+                                w[g] = _mm256_shuffle_epi8(codes, w[g]);
+                                w[4 + g] = _mm256_shuffle_epi8(codes, w[4 + g]);
+                            }
                         }
                         if V == 5 {
                             or_high_bits_256(&mut w, half_at(wp, 4, h));
@@ -379,7 +418,7 @@ macro_rules! tile_256_kernel {
                     }
                     let dw = half_scales::<V, MIN>(group, nb, b, h, false);
                     for c in 0..C {
-                        let sum = $sum8(&w, q[c].add(b * y_block::<MIN>() + y_qs::<MIN>()), V == 5);
+                        let sum = $sum8(&w, q[c].add(b * y_block::<MIN>() + y_qs::<MIN>()), V == 5 || LUT);
                         let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
                         let d = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
                         if MIN {
@@ -421,8 +460,10 @@ unsafe fn in_order<const C: usize>(sums: &mut [__m256i; C]) {
 /// column's sum takes it while it is in a register (`w` and `|w|`, two registers, beside one sum per
 /// column): holding the block's eight vectors and their absolute values across the columns would need
 /// all sixteen of AVX2's registers and spill.
+/// With `LUT` (iq4_nl, mxfp4), the signed values come from the nibbles by `vpshufb` on `lim.table` (value
+/// vector `g` being the low nibbles of stored vector `g`, or the high ones of `g - 4`), the rest alike.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_256_q8<const C: usize>(
+unsafe fn tile_256_q8<const LUT: bool, const C: usize>(
     lim: Lim,
     nb: usize,
     group: *const u8,
@@ -432,17 +473,31 @@ unsafe fn tile_256_q8<const C: usize>(
 ) {
     let flip = _mm256_set1_epi8(0x80u8 as i8);
     let ones = _mm256_set1_epi16(1);
+    let nib = _mm256_set1_epi8(0x0F);
+    let values =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(lim.table.map_or([0; 16], |t| *t).as_ptr() as *const __m128i));
+    let v_count = if LUT { 4 } else { 8 };
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); C];
         for b in 0..nb {
-            let wp = group.add(b * 8 * VECTOR_BYTES);
+            let wp = group.add(b * v_count * VECTOR_BYTES);
             if h == 0 {
-                prefetch_block::<8, false>(group, b, lim);
+                if LUT {
+                    prefetch_block::<4, false>(group, b, lim);
+                } else {
+                    prefetch_block::<8, false>(group, b, lim);
+                }
             }
             let y: [*const u8; C] = std::array::from_fn(|c| q[c].add(b * y_block::<false>() + y_qs::<false>()));
             let mut isum = [_mm256_setzero_si256(); C];
             for g in 0..8 {
-                let w = _mm256_xor_si256(half_at(wp, g, h), flip);
+                let w = if LUT {
+                    let v = half_at(wp, g % 4, h);
+                    let n = if g < 4 { v } else { _mm256_srli_epi16::<4>(v) };
+                    _mm256_shuffle_epi8(values, _mm256_and_si256(n, nib))
+                } else {
+                    _mm256_xor_si256(half_at(wp, g, h), flip)
+                };
                 let aw = _mm256_abs_epi8(w);
                 for c in 0..C {
                     let yc = _mm256_sign_epi8(_mm256_set1_epi32(bcast4(y[c].add(4 * g))), w);
@@ -450,7 +505,11 @@ unsafe fn tile_256_q8<const C: usize>(
                 }
                 in_order(&mut isum);
             }
-            let dw = half_scales::<8, false>(group, nb, b, h, false);
+            let dw = if LUT {
+                half_scales::<4, false>(group, nb, b, h, false)
+            } else {
+                half_scales::<8, false>(group, nb, b, h, false)
+            };
             for c in 0..C {
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(*a[c].add(2 * b)));
                 acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[c]), acc[c]);
