@@ -37,10 +37,13 @@
 //! SIMD paths (tested). The results differ from `vec_dot` (which sums eight lanes per block as ggml does)
 //! by float rounding only.
 
+mod iq4xs;
 mod q4k;
 mod q6k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_iq4xs;
 #[cfg(target_arch = "x86_64")]
 mod x86_q4k;
 #[cfg(target_arch = "x86_64")]
@@ -73,6 +76,8 @@ enum Kind {
     Q5K,
     /// q6_K super-blocks: `q6k`.
     Q6K,
+    /// iq4_xs super-blocks: `iq4xs`.
+    IQ4XS,
 }
 
 /// What differs between the packed formats.
@@ -151,12 +156,22 @@ const MXFP4_FORMAT: Format = Format {
     table: Some(&blocks::KVALUES_MXFP4),
 };
 
+const IQ4_XS_FORMAT: Format = Format {
+    kind: Kind::IQ4XS,
+    vectors: 32,
+    offset: 0,
+    min: false,
+    file_block_bytes: iq4xs::FILE_BLOCK,
+    qs_at: 0,
+    table: None,
+};
+
 impl Format {
     /// Values per block.
     fn block_len(self) -> usize {
         match self.kind {
             Kind::Legacy => QK,
-            Kind::Q4K | Kind::Q5K | Kind::Q6K => QK_K,
+            Kind::Q4K | Kind::Q5K | Kind::Q6K | Kind::IQ4XS => QK_K,
         }
     }
 
@@ -166,6 +181,7 @@ impl Format {
             Kind::Q4K => q4k::SB_BYTES,
             Kind::Q5K => q4k::SB5_BYTES,
             Kind::Q6K => q6k::SB_BYTES,
+            Kind::IQ4XS => iq4xs::SB_BYTES,
             Kind::Legacy => 0,
         }
     }
@@ -175,7 +191,7 @@ impl Format {
     fn group_bytes(self, nb: usize) -> usize {
         match self.kind {
             Kind::Legacy => (nb * VECTOR_BYTES * self.vectors + nb * self.scale_bytes()).div_ceil(64) * 64,
-            Kind::Q4K | Kind::Q5K | Kind::Q6K => nb * self.super_block_bytes(),
+            Kind::Q4K | Kind::Q5K | Kind::Q6K | Kind::IQ4XS => nb * self.super_block_bytes(),
         }
     }
 
@@ -189,7 +205,7 @@ impl Format {
         match self.kind {
             Kind::Legacy if self.min => GgmlType::Q8_1,
             Kind::Legacy => GgmlType::Q8_0,
-            Kind::Q4K | Kind::Q5K | Kind::Q6K => GgmlType::Q8K,
+            Kind::Q4K | Kind::Q5K | Kind::Q6K | Kind::IQ4XS => GgmlType::Q8K,
         }
     }
 }
@@ -207,6 +223,7 @@ fn format(ty: GgmlType) -> Option<Format> {
         GgmlType::Q4K => Some(Q4_K_FORMAT),
         GgmlType::Q5K => Some(Q5_K_FORMAT),
         GgmlType::Q6K => Some(Q6_K_FORMAT),
+        GgmlType::IQ4XS => Some(IQ4_XS_FORMAT),
         _ => None,
     }
 }
@@ -254,6 +271,7 @@ impl PackedMatrix {
                         q4k::pack_block(block, rr, format.kind == Kind::Q5K, &mut group[b * sbb..(b + 1) * sbb])
                     }
                     Kind::Q6K => q6k::pack_block(block, rr, &mut group[b * sbb..(b + 1) * sbb]),
+                    Kind::IQ4XS => iq4xs::pack_block(block, rr, &mut group[b * sbb..(b + 1) * sbb]),
                     Kind::Legacy => {}
                 }
             }
@@ -349,6 +367,7 @@ impl PackedMatrix {
             return match self.format.kind {
                 Kind::Q4K => q4k::value(sb, r % PACK_ROWS, false, j),
                 Kind::Q5K => q4k::value(sb, r % PACK_ROWS, true, j),
+                Kind::IQ4XS => iq4xs::value(sb, r % PACK_ROWS, j),
                 _ => q6k::value(sb, r % PACK_ROWS, j),
             };
         }
@@ -365,7 +384,7 @@ impl PackedMatrix {
             let (from, to) = (g0 * self.group_bytes, (g1.min(self.groups()) * self.group_bytes));
             let ahead = match self.format.kind {
                 Kind::Legacy => x86::legacy_prefetch_bytes(),
-                Kind::Q4K | Kind::Q5K | Kind::Q6K => x86::PREFETCH_BYTES,
+                Kind::Q4K | Kind::Q5K | Kind::Q6K | Kind::IQ4XS => x86::PREFETCH_BYTES,
             };
             let to = to.min(from + ahead);
             let base = self.data.as_ptr() as *const u8;
@@ -475,6 +494,15 @@ impl PackedMatrix {
                     return;
                 }
                 return q4k::tile_portable(self.nb, five, group, xs, out);
+            }
+            Kind::IQ4XS => {
+                #[cfg(target_arch = "x86_64")]
+                if level.avx2() {
+                    // SAFETY: as below, for iq4_xs super-blocks and q8_K columns.
+                    unsafe { x86_iq4xs::tile(level, self.nb, group, xs, out) };
+                    return;
+                }
+                return iq4xs::tile_portable(self.nb, group, xs, out);
             }
             Kind::Q6K => {
                 #[cfg(target_arch = "x86_64")]

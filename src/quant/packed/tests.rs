@@ -8,7 +8,7 @@ use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const TYPES: [GgmlType; 10] = [
+const TYPES: [GgmlType; 11] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -19,6 +19,7 @@ const TYPES: [GgmlType; 10] = [
     GgmlType::Q6K,
     GgmlType::IQ4NL,
     GgmlType::MXFP4,
+    GgmlType::IQ4XS,
 ];
 
 /// Random block bytes with sane scales: every code, -128 included for q8_0.
