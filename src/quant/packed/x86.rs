@@ -9,6 +9,7 @@
 
 use std::arch::x86_64::*;
 
+use super::super::blocks::KVALUES_MXFP4;
 use super::{ActRow, Format, SimdLevel, PACK_ROWS, VECTOR_BYTES};
 
 /// Bytes of a q8_0 activation block (q8_1 when `MIN`), and where its quants start.
@@ -77,7 +78,7 @@ pub(super) unsafe fn tile(
 ) {
     let lim = Lim { offset: f.offset, ahead, distance: legacy_prefetch_bytes(), table: f.table };
     let vnni = matches!(level, SimdLevel::Avx512 | SimdLevel::Avx2Vnni);
-    let narrow_table = f.table.is_some_and(|t| t.iter().all(|&v| v.unsigned_abs() <= MXFP4_OFFSET as u8));
+    let narrow_table = f.table.is_some_and(|t| *t == KVALUES_MXFP4);
     if !vnni && (f.vectors == 8 || (f.table.is_some() && !narrow_table)) {
         return tile_q8_avx2(lim, nb, group, xs, out);
     }
