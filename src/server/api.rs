@@ -150,7 +150,7 @@ fn usage_json(s: &Summary) -> Value {
         "completion_tokens": s.completion_tokens,
         "total_tokens": s.prompt_tokens + s.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": s.reused},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": s.reasoning_tokens},
     })
 }
 
@@ -212,6 +212,9 @@ struct Reply {
     logprobs: bool,
     /// Chat replies whose `<think>` block comes back apart: Some(whether the prompt opened the block).
     reasoning: Option<bool>,
+    /// Chat replies: Some(whether the prompt opened a `<think>` block), whatever `reasoning_format` says, for
+    /// the usage's `reasoning_tokens`.
+    opens_think: Option<bool>,
 }
 
 pub async fn chat(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
@@ -276,6 +279,7 @@ async fn chat_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Respon
         checked,
         logprobs,
         reasoning: splits_reasoning.then_some(prompt.opens_think),
+        opens_think: Some(prompt.opens_think),
     };
     run(app, prompt.tokens, prompt.kept_reply_tokens, top, reply).await
 }
@@ -311,6 +315,7 @@ async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result
         checked,
         logprobs,
         reasoning: None,
+        opens_think: None,
     };
     run(app, prompt, 0, top, reply).await
 }
@@ -341,6 +346,7 @@ async fn run(
         time_limit: app.opts.request_timeout,
         endpoint,
         ticket: ticket.clone(),
+        opens_think: reply.opens_think,
     };
     enqueue(app, job)?;
     // Dropped with the handler (non-streaming) or the stream: a client that leaves frees its place.

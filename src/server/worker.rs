@@ -18,6 +18,7 @@ use crate::model::{Model, ModelError};
 use crate::sync::LockUnpoisoned;
 use crate::telemetry::{EngineEvent, Summary};
 use crate::threadpool::ThreadPool;
+use crate::tokenizer::reasoning::reasoning_token_count;
 use crate::tokenizer::turns::tokens_of_text;
 use crate::tokenizer::Tokenizer;
 
@@ -44,6 +45,9 @@ pub struct Job {
     pub time_limit: Option<Duration>,
     pub endpoint: &'static str,
     pub ticket: Arc<Ticket>,
+    /// A chat reply: Some(whether the prompt opened a `<think>` block), for the usage's reasoning tokens;
+    /// None for a plain completion (no reasoning counted).
+    pub opens_think: Option<bool>,
 }
 
 /// Who takes a queued job first: the engine (it starts) or its client (it left). Whoever wins takes the job
@@ -321,6 +325,11 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
         );
         let s = summary.get_or_insert_with(|| first_summary(&job, &served, serial, queue_ms));
         s.completion_tokens += g.tokens.len();
+        if let Some(inside) = job.opens_think {
+            let pieces: Vec<Vec<u8>> =
+                g.tokens.iter().filter(|&&t| !tokenizer.is_eog(t)).map(|&t| tokenizer.token_to_piece(t)).collect();
+            s.reasoning_tokens += reasoning_token_count(pieces.iter().map(|p| p.as_slice()), inside);
+        }
         s.gen_ms += g.gen_ms;
         s.drafts_proposed += g.drafts_proposed;
         s.drafts_accepted += g.drafts_accepted;
@@ -420,6 +429,7 @@ fn first_summary(job: &Job, served: &Served, serial: u64, queue_ms: f64) -> Summ
         job: serial,
         prompt_tokens: job.prompt.len(),
         completion_tokens: 0,
+        reasoning_tokens: 0,
         reused: served.reused,
         read: served.read,
         kept_reply_tokens: job.kept_reply_tokens,

@@ -24,6 +24,10 @@ pub struct Summary {
     pub job: u64,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Of the completion tokens, those of a chat reply's `<think>` block
+    /// (`tokenizer::reasoning::reasoning_token_count`).
+    #[serde(default)]
+    pub reasoning_tokens: usize,
     /// Prompt tokens the live sequence or a restored snapshot already held.
     pub reused: usize,
     /// Prompt tokens read (prefilled) for this request.

@@ -154,6 +154,41 @@ pub fn prompt_opens_think(rendered: &str) -> bool {
     rendered.trim_end().ends_with(THINK_OPEN)
 }
 
+/// How many of a reply's tokens (`pieces`: each token's bytes, in order) are its reasoning (the usage's
+/// `reasoning_tokens`): where the reply has a block by this module's rule (it starts with `<think>`, or the
+/// prompt opened it: `starts_inside`), the tokens up to and including the one that completes `</think>`;
+/// every token when the block never closes; none without a block.
+pub fn reasoning_token_count<'a>(pieces: impl IntoIterator<Item = &'a [u8]>, starts_inside: bool) -> usize {
+    let (open, close) = (THINK_OPEN.as_bytes(), THINK_CLOSE.as_bytes());
+    let mut text: Vec<u8> = Vec::new();
+    let mut count = 0;
+    for piece in pieces {
+        let searched_from = text.len().saturating_sub(close.len() - 1);
+        text.extend_from_slice(piece);
+        count += 1;
+        if !starts_inside {
+            // Undecided while the text is a prefix of `<think>`; no block once it is not.
+            let n = text.len().min(open.len());
+            if text[..n] != open[..n] {
+                return 0;
+            }
+            if text.len() < open.len() {
+                continue;
+            }
+        }
+        // `</think>` after the opening tag (with `starts_inside`, anywhere).
+        let body = if starts_inside { 0 } else { open.len() };
+        let from = searched_from.max(body);
+        if text[from..].windows(close.len()).any(|w| w == close) {
+            return count;
+        }
+    }
+    if !starts_inside && !text.starts_with(open) {
+        return 0;
+    }
+    count
+}
+
 /// Where the longest suffix of `text` that is a proper prefix of `tag` starts (`text.len()` when none).
 fn partial_suffix_start(text: &str, tag: &str) -> usize {
     let longest = tag.len().saturating_sub(1).min(text.len());
@@ -185,6 +220,23 @@ mod tests {
 
     fn split(reasoning: &str, content: &str) -> Split {
         Split { reasoning: reasoning.to_owned(), content: content.to_owned() }
+    }
+
+    #[test]
+    fn reasoning_tokens_are_those_up_to_the_closing_tag() {
+        let count = |pieces: &[&str], inside| reasoning_token_count(pieces.iter().map(|p| p.as_bytes()), inside);
+        // `</think>` split across tokens: the token that completes it is the last reasoning token.
+        assert_eq!(count(&["<think>", "Hm", "</th", "ink>", "\n\n", "Hi"], false), 4);
+        assert_eq!(count(&["<", "think>a</think>", "Hi"], false), 2);
+        // The prompt opened the block: the reply starts inside it.
+        assert_eq!(count(&["Let", " me", "</think>", "Hi"], true), 3);
+        // A block that never closes is all reasoning; no block, no reasoning.
+        assert_eq!(count(&["<think>", "still", " thinking"], false), 3);
+        assert_eq!(count(&["Hello", " <think>", "</think>"], false), 0);
+        assert_eq!(count(&["<thin"], false), 0);
+        assert_eq!(count(&[], true), 0);
+        // `</think>` inside the opening tag's bytes does not close it early.
+        assert_eq!(count(&["<think></think>", "x"], false), 1);
     }
 
     #[test]

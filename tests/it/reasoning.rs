@@ -139,6 +139,13 @@ fn the_server_passes_template_kwargs_and_keeps_the_reasoning_apart() {
     assert!(plain_msg.get("reasoning_content").is_none(), "{plain_msg}");
     let plain_raw = s.post("/v1/chat/completions", &ask(json!({"reasoning_format": "none"})));
     assert_eq!(plain_msg["content"], plain_raw.json()["choices"][0]["message"]["content"]);
+    // The usage counts the block's tokens as reasoning (all 12: it never closes), whichever way the reply
+    // comes back; a reply without a block has none.
+    let reasoning_tokens =
+        |r: &common::server::Resp| r.json()["usage"]["completion_tokens_details"]["reasoning_tokens"].clone();
+    assert_eq!(reasoning_tokens(&raw), json!(12), "{}", raw.text());
+    assert_eq!(reasoning_tokens(&whole), json!(12), "{}", whole.text());
+    assert_eq!(reasoning_tokens(&plain), json!(0), "{}", plain.text());
 
     // Streamed: reasoning_content deltas only, adding up to the whole reply's reasoning.
     let mut body = ask(json!({"chat_template_kwargs": {"open_think": true}, "logprobs": true}));
