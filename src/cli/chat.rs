@@ -2,7 +2,9 @@
 //!
 //! The live sequence stays between turns, and each reply goes back into the conversation as the tokens it
 //! was generated as, so each turn reads only what the template added since the last one (the engine
-//! reuses the common prefix).
+//! reuses the common prefix). A reply's `<think>` block (Qwen3, DeepSeek-R1) goes to standard error,
+//! dimmed on a terminal, and the answer to standard output, so a piped answer is the answer alone; the
+//! conversation keeps the reply whole, as the model wrote it (the template decides what goes back).
 
 use std::io::{BufRead, IsTerminal, Write};
 
@@ -15,6 +17,7 @@ use strata::model::ModelError;
 use strata::sample::defaults::SamplingDefaults;
 use strata::sample::SamplerConfig;
 use strata::threadpool::ThreadPool;
+use strata::tokenizer::reasoning::{ReasoningSplitter, Split};
 use strata::tokenizer::turns::{encode_chat, tokens_of_text, ReplyTokens};
 use strata::tokenizer::{ChatMessage, ChatTemplate};
 
@@ -140,30 +143,31 @@ impl Chat<'_> {
             return Ok(());
         }
         self.history.push(ChatMessage::new("user", user));
-        let prompt = match encode_chat(&self.template, &self.loaded.tokenizer, &self.history, |t| self.replies.get(t)) {
-            Ok(p) => p.tokens,
-            Err(e) => {
-                self.history.pop();
-                return Err(e.into());
-            }
-        };
-        match self.generate(&prompt) {
+        let (prompt, opens_think) =
+            match encode_chat(&self.template, &self.loaded.tokenizer, &self.history, |t| self.replies.get(t)) {
+                Ok(p) => (p.tokens, p.opens_think),
+                Err(e) => {
+                    self.history.pop();
+                    return Err(e.into());
+                }
+            };
+        match self.generate(&prompt, opens_think) {
             Ok(g) => self.keep_reply(g),
             Err(e) => self.failed_turn(e)?,
         }
         Ok(())
     }
 
-    /// Generates the reply to `prompt`, its text streamed to standard output as it comes.
-    fn generate(&mut self, prompt: &[u32]) -> Result<Generation, EngineError> {
-        let stdout = std::io::stdout();
-        let mut show = TextOnly(|t: &str| {
-            let mut o = stdout.lock();
-            let _ = o.write_all(t.as_bytes());
-            let _ = o.flush();
-        });
+    /// Generates the reply to `prompt`, its text streamed as it comes: the reasoning to standard error, the
+    /// answer to standard output (`opens_think`: the prompt opened the block, so the reply starts in it).
+    fn generate(&mut self, prompt: &[u32], opens_think: bool) -> Result<Generation, EngineError> {
+        let mut printer = ReplyPrinter::new(opens_think);
+        let mut show = TextOnly(|t: &str| printer.piece(t));
         let req = Request::new(prompt, &self.params).drafting(self.drafter.as_mut());
-        generate(&self.loaded.model, &self.loaded.tokenizer, &self.pool, &mut self.seq, req, &mut show)
+        let g = generate(&self.loaded.model, &self.loaded.tokenizer, &self.pool, &mut self.seq, req, &mut show);
+        drop(show);
+        printer.finish();
+        g
     }
 
     /// Drops the message whose reply failed, then ends the chat (--message, or a fatal device error) or
@@ -193,5 +197,56 @@ impl Chat<'_> {
             self.replies.remember(&g.text, t);
         }
         self.history.push(ChatMessage::new("assistant", g.text));
+    }
+}
+
+/// Prints a streamed reply: its reasoning to standard error (dimmed when that is a terminal, and ended with
+/// a line break), its answer to standard output.
+struct ReplyPrinter {
+    split: ReasoningSplitter,
+    dim: bool,
+    /// Reasoning was printed and its line not yet ended.
+    reasoning_open: bool,
+}
+
+impl ReplyPrinter {
+    fn new(opens_think: bool) -> ReplyPrinter {
+        ReplyPrinter {
+            split: ReasoningSplitter::new(opens_think),
+            dim: std::io::stderr().is_terminal(),
+            reasoning_open: false,
+        }
+    }
+
+    fn piece(&mut self, text: &str) {
+        let s = self.split.push(text);
+        self.print(s);
+    }
+
+    fn finish(&mut self) {
+        let s = self.split.finish();
+        self.print(s);
+        self.end_reasoning();
+    }
+
+    fn print(&mut self, s: Split) {
+        if !s.reasoning.is_empty() {
+            let mut e = std::io::stderr().lock();
+            let _ = if self.dim { write!(e, "\x1b[2m{}\x1b[0m", s.reasoning) } else { write!(e, "{}", s.reasoning) };
+            let _ = e.flush();
+            self.reasoning_open = true;
+        }
+        if !s.content.is_empty() {
+            self.end_reasoning();
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(s.content.as_bytes());
+            let _ = o.flush();
+        }
+    }
+
+    fn end_reasoning(&mut self) {
+        if std::mem::take(&mut self.reasoning_open) {
+            eprintln!();
+        }
     }
 }

@@ -184,3 +184,54 @@ fn the_server_passes_template_kwargs_and_keeps_the_reasoning_apart() {
     let err = s.stderr();
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `strata chat` on the synthetic model with Qwen3's template, the generation prompt ending with `<think>\n`
+/// when `open` (every reply starts inside the block): the reasoning goes to standard error, the answer
+/// alone to standard output.
+#[test]
+fn strata_chat_prints_the_reasoning_apart_from_the_answer() {
+    let _one = common::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let chat = |open: bool| {
+        let file = GgufFile::from_bytes(SyntheticSpec::default().to_gguf()).expect("synthetic GGUF");
+        let opener = if open { "{%- if add_generation_prompt %}{{- '<think>\\n' }}{%- endif %}" } else { "" };
+        let mut w = GgufWriter::from_file(&file);
+        w.set("tokenizer.chat_template", GgufValue::str(&format!("{QWEN3}\n{opener}")));
+        let path = dir.path().join(format!("chat-{open}.gguf"));
+        std::fs::write(&path, w.to_bytes(3)).unwrap();
+        let args = [
+            "chat",
+            "-m",
+            path.to_str().unwrap(),
+            "--message",
+            "the weather",
+            "-n",
+            "12",
+            "--temp",
+            "1.5",
+            "--top-k",
+            "0",
+            "--top-p",
+            "1",
+            "--min-p",
+            "0",
+            "--seed",
+            "7",
+            "--repeat-penalty",
+            "100",
+            "--repeat-last-n",
+            "64",
+        ];
+        let o = common::strata(&args);
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        (common::stdout(&o), common::stderr(&o))
+    };
+    let (plain_out, plain_err) = chat(false);
+    let (think_out, think_err) = chat(true);
+    // Without the block the reply is the answer, on standard output.
+    assert!(!plain_out.trim().is_empty(), "{plain_out:?}");
+    // Inside a block that never closes, the reply is all reasoning: on standard error, none on standard
+    // output (the line break that ends a reply aside).
+    assert_eq!(think_out.trim(), "", "{think_out:?}");
+    assert!(think_err.trim().len() > plain_err.trim().len(), "{think_err:?} vs {plain_err:?}");
+}
