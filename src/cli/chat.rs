@@ -162,10 +162,11 @@ impl Chat<'_> {
     /// answer to standard output (`opens_think`: the prompt opened the block, so the reply starts in it).
     fn generate(&mut self, prompt: &[u32], opens_think: bool) -> Result<Generation, EngineError> {
         let mut printer = ReplyPrinter::new(opens_think);
-        let mut show = TextOnly(|t: &str| printer.piece(t));
-        let req = Request::new(prompt, &self.params).drafting(self.drafter.as_mut());
-        let g = generate(&self.loaded.model, &self.loaded.tokenizer, &self.pool, &mut self.seq, req, &mut show);
-        drop(show);
+        let g = {
+            let mut show = TextOnly(|t: &str| printer.piece(t));
+            let req = Request::new(prompt, &self.params).drafting(self.drafter.as_mut());
+            generate(&self.loaded.model, &self.loaded.tokenizer, &self.pool, &mut self.seq, req, &mut show)
+        };
         printer.finish();
         g
     }
