@@ -66,7 +66,7 @@ export const TAURI_SIM = String.raw`
           for (const t of ["Partial ", "text that ", "dies"]) { send(args.onChunk, i++, { kind: "text", text: t }); await sleep(60); }
           send(args.onChunk, i++, { kind: "retrying", reason: "" });
           for (const t of ["Fresh ", "**answer**"]) { send(args.onChunk, i++, { kind: "text", text: t }); await sleep(60); }
-          send(args.onChunk, i++, { kind: "done", finish_reason: "stop", figures: { job: 1, prompt_tokens: 5, completion_tokens: 2, reused: 0, read: 5, kept_reply_tokens: 0,
+          send(args.onChunk, i++, { kind: "done", finish_reason: "stop", figures: { job: 1, prompt_tokens: 5, completion_tokens: 2, reasoning_tokens: 0, reused: 0, read: 5, kept_reply_tokens: 0,
             prompt_ms: 1, gen_ms: 20, prompt_tok_s: 5000, gen_tok_s: 99.9, queue_ms: 0, drafts_accepted: 1, drafts_proposed: 2, restored: null,
             restored_tokens: null, fallback: { reason: "alloc_failed", error: "cuda:1 refused 96 MiB", tokens: 40 } } });
         })();

@@ -21,7 +21,7 @@ const EVENTS: TelemetryEvent[] = [
   { t_ms: 8000, event: "engine_restarted", reason: "the engine process exited (signal 9)", restarts: 1 },
   { t_ms: 8500, event: "not_parked", tokens: 10, bytes: 0, error: "over the budget" },
   { t_ms: 9000, event: "sim_fault", device: 1, leave_free_mib: 40 },
-  { t_ms: 9500, event: "request_done", job: 1, prompt_tokens: 10, completion_tokens: 5, reused: 0, read: 10, kept_reply_tokens: 0, prompt_ms: 1, gen_ms: 50, prompt_tok_s: 1, gen_tok_s: 100, queue_ms: 0, drafts_accepted: 0, drafts_proposed: 0, restored: null, restored_tokens: null, fallback: null },
+  { t_ms: 9500, event: "request_done", job: 1, prompt_tokens: 10, completion_tokens: 5, reasoning_tokens: 0, reused: 0, read: 10, kept_reply_tokens: 0, prompt_ms: 1, gen_ms: 50, prompt_tok_s: 1, gen_tok_s: 100, queue_ms: 0, drafts_accepted: 0, drafts_proposed: 0, restored: null, restored_tokens: null, fallback: null },
 ];
 
 function samples(): TelemetryEntry[] {

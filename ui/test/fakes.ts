@@ -137,6 +137,7 @@ export function summary(over: Partial<Summary> = {}): Summary {
     job: 3,
     prompt_tokens: 40,
     completion_tokens: 12,
+    reasoning_tokens: 0,
     reused: 36,
     read: 4,
     kept_reply_tokens: 0,

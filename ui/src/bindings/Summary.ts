@@ -11,6 +11,11 @@ export type Summary = {
  */
 job: number, prompt_tokens: number, completion_tokens: number, 
 /**
+ * Of the completion tokens, those of a chat reply's `<think>` block
+ * (`tokenizer::reasoning::reasoning_token_count`).
+ */
+reasoning_tokens: number, 
+/**
  * Prompt tokens the live sequence or a restored snapshot already held.
  */
 reused: number, 

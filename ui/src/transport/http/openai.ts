@@ -43,6 +43,7 @@ export function toSummary(usage: unknown, strata: unknown): Summary {
     job: num(s.job),
     prompt_tokens: num(u.prompt_tokens),
     completion_tokens: num(u.completion_tokens),
+    reasoning_tokens: num(s.reasoning_tokens),
     reused: num(s.reused),
     read: num(s.read),
     kept_reply_tokens: num(s.kept_reply_tokens),
