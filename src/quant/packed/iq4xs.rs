@@ -20,15 +20,15 @@
 //! unsigned code and take `128 * sum_k sc_k * bsum_k` back off: the same integer.
 
 use super::super::blocks::{self, iq4xs_scale, IQ4XS_QS, KVALUES_IQ4NL};
+use super::q4k::Y_BLOCK;
 use super::{ActRow, PACK_ROWS, VECTOR_BYTES};
 
 /// Bytes of one super-block of a group, and where its regions start.
 pub(super) const SB_BYTES: usize = 2240;
 pub(super) const SC_AT: usize = 2048;
 pub(super) const D_AT: usize = 2176;
-/// Bytes of an iq4_xs block in the file, and of a q8_K activation block.
+/// Bytes of an iq4_xs block in the file.
 pub(super) const FILE_BLOCK: usize = 136;
-pub(super) const Y_BLOCK: usize = 292;
 
 /// The nibble of value `j` (0..256) in a file block's quants `qs` (128 bytes).
 fn file_nibble(qs: &[u8], j: usize) -> u8 {

@@ -10,13 +10,11 @@
 use std::arch::x86_64::*;
 
 use super::super::blocks::KVALUES_IQ4NL;
-use super::iq4xs::{D_AT, SB_BYTES, SC_AT, Y_BLOCK};
+use super::iq4xs::{D_AT, SB_BYTES, SC_AT};
+use super::q4k::Y_BLOCK;
 use super::x86::{bcast4, sum8_512, sum8_vnni, PREFETCH_BYTES};
+use super::x86_q4k::{sub_block_sums, Y_QS};
 use super::{ActRow, SimdLevel, PACK_ROWS, VECTOR_BYTES};
-
-/// Where a q8_K block's quants and 16 bsums (i16) sit.
-const Y_QS: usize = 4;
-const Y_BSUMS: usize = 260;
 
 /// Columns one pass takes.
 const PASS_COLS: usize = 4;
@@ -52,17 +50,6 @@ pub(super) unsafe fn tile(level: SimdLevel, nb: usize, group: &[u8], xs: &[ActRo
 unsafe fn table_256(offset: i32) -> __m256i {
     let t = KVALUES_IQ4NL.map(|v| (v as i32 + offset) as u8);
     _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr() as *const __m128i))
-}
-
-/// The sums of the eight 32-value sub-blocks of a q8_K block at `y` (pairs of its 16 bsums), as i32.
-#[inline(always)]
-unsafe fn sub_block_sums(y: *const u8) -> [i32; 8] {
-    let mut s = [0i32; 8];
-    for (k, s) in s.iter_mut().enumerate() {
-        let p = y.add(Y_BSUMS + 4 * k) as *const i16;
-        *s = p.read_unaligned() as i32 + p.add(1).read_unaligned() as i32;
-    }
-    s
 }
 
 /// Prefetches super-block `sb`'s lines `PREFETCH_BYTES` ahead.

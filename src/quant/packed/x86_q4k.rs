@@ -13,7 +13,7 @@ use super::x86::{sum8_512, sum8_maddubs, sum8_vnni, PREFETCH_BYTES};
 use super::{ActRow, SimdLevel, PACK_ROWS, VECTOR_BYTES};
 
 /// Where a q8_K block's quants and 16 bsums (i16) sit.
-const Y_QS: usize = 4;
+pub(super) const Y_QS: usize = 4;
 const Y_BSUMS: usize = 260;
 
 /// Columns one pass takes.
@@ -49,7 +49,7 @@ pub(super) unsafe fn tile(level: SimdLevel, five: bool, nb: usize, group: &[u8],
 
 /// The sums of the eight 32-value sub-blocks of a q8_K block at `y` (pairs of its 16 bsums), as i32.
 #[inline(always)]
-unsafe fn sub_block_sums(y: *const u8) -> [i32; 8] {
+pub(super) unsafe fn sub_block_sums(y: *const u8) -> [i32; 8] {
     let mut s = [0i32; 8];
     for (k, s) in s.iter_mut().enumerate() {
         let p = y.add(Y_BSUMS + 4 * k) as *const i16;
