@@ -13,10 +13,28 @@ use crate::quant::{self, QK};
 use super::exp::exp_nonpos;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{
-    scores_avx2, scores_avx512, scores_q8_avx2, weigh_values_avx2, weigh_values_avx512, weights_avx2, weights_avx512,
+    scores_avx2, scores_avx2_group, scores_avx512, scores_avx512_group, scores_q8_avx2, weigh_values_avx2,
+    weigh_values_avx2_group, weigh_values_avx512, weigh_values_avx512_group, weights_avx2, weights_avx512,
 };
 use super::tile::{load_tile, load_tile_q8};
 use super::{Layer, Queries, Scratch, CHUNK_KEYS, KEY_TILE, Q8_BLOCK};
+
+/// Queries of a work item that share a tile's loads (the same KV head and keys): at most this many at once
+/// (`group_max` says how many each instance takes: as many as its registers hold).
+const GROUP: usize = 3;
+
+/// The most queries an instance takes in one pass over a tile, as many as its registers hold: AVX-512
+/// three (the lane sums end in `vhaddps`, which reaches only the first 16 of its 32 registers, so LLVM
+/// keeps a pass's sums there: four queries' 16 spill), AVX2 two (three spill), the portable loop one.
+const fn group_max(avx2: bool, wide: bool) -> usize {
+    if wide {
+        3
+    } else if avx2 {
+        2
+    } else {
+        1
+    }
+}
 
 /// One chunk's pass (keys `c0..c0 + CHUNK_KEYS`, up to the last query's position) over the KV heads
 /// `heads` (the queries in `s.queries` read those), from a fresh state: leaves each query's (m, l, acc) in
@@ -84,40 +102,131 @@ pub(super) fn chunk_body<const AVX2: bool, const WIDE: bool>(
         } else {
             load_tile::<AVX2, WIDE>(ctx, heads.clone(), start, n_keys, k, v);
         }
-        for (qi, query) in queries.iter().enumerate() {
+        let mut qi = 0;
+        while qi < queries.len() {
+            let query = queries[qi];
             if query.pos < start || start + n_keys <= query.lo {
+                qi += 1;
                 continue;
             }
             let valid = n_keys.min(query.pos + 1 - start);
-            // Keys before the query's window (the first lanes of its first tile) get a weight of exactly 0.
-            let skip = query.lo.saturating_sub(start);
-            let qv = &q.f[query.q_at..query.q_at + hd];
+            // The queries that follow with the same keys (KV head, and count of keys read in this tile) share
+            // the tile's loads: up to `GROUP` at once.
+            let n = 1 + queries[qi + 1..]
+                .iter()
+                .take(group_max(AVX2, WIDE) - 1)
+                .take_while(|x| {
+                    x.kvh == query.kvh && x.lo <= start && x.pos >= start && n_keys.min(x.pos + 1 - start) == valid
+                })
+                .count();
             let off = (query.kvh - heads.start) * hd;
-            let vh = &v[off..];
-            let mut sc = [0f32; KEY_TILE];
+            let mut sc = [[0f32; KEY_TILE]; GROUP];
             if ctx.int8 {
-                let qb = &q.blocks[query.q_at / QK * Q8_BLOCK..(query.q_at + hd) / QK * Q8_BLOCK];
-                tile_scores_q8::<AVX2>(qb, &kq[off..], &kd[off / QK * KEY_TILE..], stride, &mut sc);
-            } else {
-                tile_scores::<AVX2, WIDE>(qv, k, off, stride, &mut sc);
-            }
-            let mut scale = ctx.scale;
-            if let Some(c) = ctx.softcap {
-                for a in &mut sc[..valid] {
-                    *a = c * (*a * scale / c).tanh();
+                for (j, x) in queries[qi..qi + n].iter().enumerate() {
+                    let qb = &q.blocks[x.q_at / QK * Q8_BLOCK..(x.q_at + hd) / QK * Q8_BLOCK];
+                    tile_scores_q8::<AVX2>(qb, &kq[off..], &kd[off / QK * KEY_TILE..], stride, &mut sc[j]);
                 }
-                scale = 1.0;
+            } else {
+                let qv = |j: usize| &q.f[queries[qi + j].q_at..queries[qi + j].q_at + hd];
+                tile_scores_group::<AVX2, WIDE>(n, qv, k, off, stride, &mut sc);
             }
-            sc[..skip].fill(f32::NEG_INFINITY);
-            let mut p = [0f32; KEY_TILE];
-            let m_new = tile_weights::<AVX2, WIDE>(&mut sc, valid, scale, m[qi], &mut p);
-            p[..skip].fill(0.0);
-            let alpha = if m[qi] == f32::NEG_INFINITY { 0.0 } else { exp_nonpos(m[qi] - m_new) };
-            l[qi] = l[qi] * alpha + sum_tile(&p);
-            m[qi] = m_new;
-            let o = &mut acc[qi * hd..(qi + 1) * hd];
-            weigh_tile::<AVX2, WIDE>(o, alpha, &p[..valid], vh, stride);
+            let mut p = [[0f32; KEY_TILE]; GROUP];
+            let mut alpha = [0f32; GROUP];
+            for j in 0..n {
+                let (x, sc, p) = (&queries[qi + j], &mut sc[j], &mut p[j]);
+                let qi = qi + j;
+                let mut scale = ctx.scale;
+                if let Some(c) = ctx.softcap {
+                    for a in &mut sc[..valid] {
+                        *a = c * (*a * scale / c).tanh();
+                    }
+                    scale = 1.0;
+                }
+                // Keys before the query's window (the first lanes of its first tile) get a weight of exactly 0.
+                let skip = x.lo.saturating_sub(start);
+                sc[..skip].fill(f32::NEG_INFINITY);
+                let m_new = tile_weights::<AVX2, WIDE>(sc, valid, scale, m[qi], p);
+                p[..skip].fill(0.0);
+                alpha[j] = if m[qi] == f32::NEG_INFINITY { 0.0 } else { exp_nonpos(m[qi] - m_new) };
+                l[qi] = l[qi] * alpha[j] + sum_tile(p);
+                m[qi] = m_new;
+            }
+            let o = &mut acc[qi * hd..(qi + n) * hd];
+            weigh_group::<AVX2, WIDE>(n, o, &alpha, &p, valid, &v[off..], stride);
+            qi += n;
         }
+    }
+}
+
+/// `tile_scores` for the `n` (at most `GROUP`) queries `qv(0..n)` against the same head of the tile: on
+/// AVX2, in one pass over the keys (`scores_avx2_group`, the same bits), else one query at a time.
+#[inline(always)]
+fn tile_scores_group<'q, const AVX2: bool, const WIDE: bool>(
+    n: usize,
+    qv: impl Fn(usize) -> &'q [f32],
+    k: &[f32],
+    off: usize,
+    stride: usize,
+    sc: &mut [[f32; KEY_TILE]; GROUP],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if WIDE && n > 1 {
+        // SAFETY: AVX-512 detected (see `chunk_pass`); `k` holds KEY_TILE / 2 key pairs of `stride`.
+        unsafe {
+            let k = &k[2 * off..];
+            match n {
+                2 => scores_avx512_group::<2>([qv(0), qv(1)], k, stride, sc),
+                _ => scores_avx512_group::<3>([qv(0), qv(1), qv(2)], k, stride, sc),
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 && n > 1 {
+        // SAFETY: AVX2 detected (see `chunk_pass`); `k[off..]` holds KEY_TILE rows of `stride`.
+        unsafe { scores_avx2_group::<2>([qv(0), qv(1)], &k[off..], stride, sc) }
+        return;
+    }
+    for (j, sc) in sc.iter_mut().enumerate().take(n) {
+        tile_scores::<AVX2, WIDE>(qv(j), k, off, stride, sc);
+    }
+}
+
+/// `weigh_tile` for the `n` (at most `GROUP`) queries whose outputs are `o` (one after the other), each
+/// with its `alpha` and the first `valid` of its weights `p`: on AVX2, in one pass over the value rows
+/// (`weigh_values_avx2_group`, the same bits), else one query at a time.
+#[inline(always)]
+fn weigh_group<const AVX2: bool, const WIDE: bool>(
+    n: usize,
+    o: &mut [f32],
+    alpha: &[f32; GROUP],
+    p: &[[f32; KEY_TILE]; GROUP],
+    valid: usize,
+    v: &[f32],
+    stride: usize,
+) {
+    let hd = o.len() / n;
+    #[cfg(target_arch = "x86_64")]
+    if WIDE && n > 1 {
+        let p = |j: usize| &p[j][..valid];
+        // SAFETY: AVX-512 detected (see `chunk_pass`, `hd` a multiple of 64); `v` holds `valid` rows of
+        // `stride`.
+        unsafe {
+            match n {
+                2 => weigh_values_avx512_group::<2>(o, [alpha[0], alpha[1]], [p(0), p(1)], v, stride),
+                _ => weigh_values_avx512_group::<3>(o, *alpha, [p(0), p(1), p(2)], v, stride),
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 && n > 1 && hd.is_multiple_of(32) {
+        // SAFETY: AVX2 detected (see `chunk_pass`); `v` holds `valid` rows of `stride`.
+        unsafe { weigh_values_avx2_group::<2>(o, [alpha[0], alpha[1]], [&p[0][..valid], &p[1][..valid]], v, stride) }
+        return;
+    }
+    for (j, o) in o.chunks_exact_mut(hd).enumerate() {
+        weigh_tile::<AVX2, WIDE>(o, alpha[j], &p[j][..valid], v, stride);
     }
 }
 

@@ -19,7 +19,10 @@
 //!   vectors) and the portable one give the same bits.
 //!
 //! Hot path: a key's score is eight lanes of products summed in a fixed tree, eight keys per step; the
-//! weighted sum of V runs along the head dimension with the output in registers. Scratch lives per thread
+//! weighted sum of V runs along the head dimension with the output in registers. Consecutive queries that
+//! read the same keys (the heads of a GQA group, or the next token's) take a tile together, two on AVX2 and
+//! three on AVX-512, so each K and V vector is loaded once for them all; each query's operations and their
+//! order are the ones it gets alone. Scratch lives per thread
 //! (`SCRATCH`) and the chunk states in the caller's `PARTIALS`: decoding allocates nothing per token.
 //!
 //! With int8 KV (q8_0 rows) the scores are integer dot products, as llama.cpp's quantized-KV path: each

@@ -284,3 +284,159 @@ unsafe fn sum_key_lanes_i32(s: [std::arch::x86_64::__m256i; 8]) -> std::arch::x8
     let hi = _mm256_permute2x128_si256::<0x31>(k03, k47);
     _mm256_add_epi32(lo, hi)
 }
+
+/// `scores_avx2` for `N` queries against the same keys, four keys at a time: each K vector is loaded once
+/// for all of them. Every query's lanes get the same products and adds in the same order as alone, and
+/// `hadd` adds a key's lanes in `scores`' pairs, so each query's scores have the bits `scores_avx2` gives.
+#[allow(clippy::needless_range_loop)] // `j` indexes the sums of every query of the group
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn scores_avx2_group<const N: usize>(
+    qv: [&[f32]; N],
+    k: &[f32],
+    stride: usize,
+    sc: &mut [[f32; KEY_TILE]],
+) {
+    use std::arch::x86_64::*;
+    let hd = qv[0].len();
+    assert!(
+        sc.len() >= N
+            && hd.is_multiple_of(8)
+            && k.len() >= (KEY_TILE - 1) * stride + hd
+            && qv.iter().all(|q| q.len() == hd)
+    );
+    for i0 in (0..KEY_TILE).step_by(4) {
+        let mut a = [[_mm256_setzero_ps(); 4]; N];
+        for c in 0..hd / 8 {
+            let q: [__m256; N] = std::array::from_fn(|n| _mm256_loadu_ps(qv[n].as_ptr().add(8 * c)));
+            for j in 0..4 {
+                let kv = _mm256_loadu_ps(k.as_ptr().add((i0 + j) * stride + 8 * c));
+                for n in 0..N {
+                    a[n][j] = _mm256_add_ps(a[n][j], _mm256_mul_ps(q[n], kv));
+                }
+            }
+        }
+        for n in 0..N {
+            // Low half: each key's (0+1)+(2+3); high half: (4+5)+(6+7).
+            let h = _mm256_hadd_ps(_mm256_hadd_ps(a[n][0], a[n][1]), _mm256_hadd_ps(a[n][2], a[n][3]));
+            let s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+            _mm_storeu_ps(sc[n].as_mut_ptr().add(i0), s);
+        }
+    }
+}
+
+/// `weigh_values_avx2` for `N` queries over the same value rows (`o`: their outputs one after the other,
+/// `hd` each; `p[n]`: query `n`'s weights, all of one length), 32 dimensions at a time so each V vector
+/// is loaded once for all of them. Each output dimension gets the same operations in the same order as
+/// alone.
+#[allow(clippy::needless_range_loop)] // `j` indexes the sums of every query of the group
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn weigh_values_avx2_group<const N: usize>(
+    o: &mut [f32],
+    alpha: [f32; N],
+    p: [&[f32]; N],
+    v: &[f32],
+    stride: usize,
+) {
+    use std::arch::x86_64::*;
+    let hd = o.len() / N;
+    let keys = p[0].len();
+    assert!(hd.is_multiple_of(32) && o.len() == N * hd && p.iter().all(|p| p.len() == keys));
+    assert!(keys == 0 || v.len() >= (keys - 1) * stride + hd);
+    for d0 in (0..hd).step_by(32) {
+        let mut acc: [[__m256; 4]; N] = std::array::from_fn(|n| {
+            let a = _mm256_set1_ps(alpha[n]);
+            std::array::from_fn(|j| _mm256_mul_ps(_mm256_loadu_ps(o.as_ptr().add(n * hd + d0 + 8 * j)), a))
+        });
+        for i in 0..keys {
+            let b: [__m256; N] = std::array::from_fn(|n| _mm256_set1_ps(*p[n].get_unchecked(i)));
+            let vr = v.as_ptr().add(i * stride + d0);
+            for j in 0..4 {
+                let y = _mm256_loadu_ps(vr.add(8 * j));
+                for n in 0..N {
+                    acc[n][j] = _mm256_add_ps(acc[n][j], _mm256_mul_ps(b[n], y));
+                }
+            }
+        }
+        for (n, acc) in acc.iter().enumerate() {
+            for (j, x) in acc.iter().enumerate() {
+                _mm256_storeu_ps(o.as_mut_ptr().add(n * hd + d0 + 8 * j), *x);
+            }
+        }
+    }
+}
+
+/// `scores_avx512` for `N` queries against the same key pairs: each K vector is loaded once for all of
+/// them; every query's lanes get the operations they get alone (the same bits).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn scores_avx512_group<const N: usize>(
+    qv: [&[f32]; N],
+    k: &[f32],
+    stride: usize,
+    sc: &mut [[f32; KEY_TILE]],
+) {
+    use std::arch::x86_64::*;
+    let hd = qv[0].len();
+    assert!(sc.len() >= N && hd.is_multiple_of(8) && qv.iter().all(|q| q.len() == hd));
+    assert!(k.len() >= (KEY_TILE / 2 - 1) * 2 * stride + 2 * hd);
+    for i0 in (0..KEY_TILE).step_by(8) {
+        let mut a = [[_mm512_setzero_ps(); 4]; N];
+        for c in 0..hd / 8 {
+            let kv: [__m512; 4] =
+                std::array::from_fn(|j| _mm512_loadu_ps(k.as_ptr().add((i0 / 2 + j) * 2 * stride + 16 * c)));
+            for (a, qv) in a.iter_mut().zip(qv) {
+                let q8 = _mm256_loadu_ps(qv.as_ptr().add(8 * c));
+                let q = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(q8)));
+                for (a, kv) in a.iter_mut().zip(kv) {
+                    *a = _mm512_add_ps(*a, _mm512_mul_ps(q, kv));
+                }
+            }
+        }
+        for n in 0..N {
+            // Key 2j's lanes in the low half of a[n][j], key 2j + 1's in the high half.
+            let h = a[n].map(|x| {
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+                _mm256_hadd_ps(_mm512_castps512_ps256(x), hi)
+            });
+            _mm256_storeu_ps(sc[n].as_mut_ptr().add(i0), sum_key_lanes(h));
+        }
+    }
+}
+
+/// `weigh_values_avx512` for `N` queries over the same value rows (as `weigh_values_avx2_group`): each V
+/// vector is loaded once for all of them, each output dimension gets the operations it gets alone.
+#[allow(clippy::needless_range_loop)] // `j` indexes the sums of every query of the group
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn weigh_values_avx512_group<const N: usize>(
+    o: &mut [f32],
+    alpha: [f32; N],
+    p: [&[f32]; N],
+    v: &[f32],
+    stride: usize,
+) {
+    use std::arch::x86_64::*;
+    let hd = o.len() / N;
+    let keys = p[0].len();
+    assert!(hd.is_multiple_of(64) && o.len() == N * hd && p.iter().all(|p| p.len() == keys));
+    assert!(keys == 0 || v.len() >= (keys - 1) * stride + hd);
+    for d0 in (0..hd).step_by(64) {
+        let mut acc: [[__m512; 4]; N] = std::array::from_fn(|n| {
+            let a = _mm512_set1_ps(alpha[n]);
+            std::array::from_fn(|j| _mm512_mul_ps(_mm512_loadu_ps(o.as_ptr().add(n * hd + d0 + 16 * j)), a))
+        });
+        for i in 0..keys {
+            let b: [__m512; N] = std::array::from_fn(|n| _mm512_set1_ps(*p[n].get_unchecked(i)));
+            let vr = v.as_ptr().add(i * stride + d0);
+            for j in 0..4 {
+                let y = _mm512_loadu_ps(vr.add(16 * j));
+                for n in 0..N {
+                    acc[n][j] = _mm512_add_ps(acc[n][j], _mm512_mul_ps(b[n], y));
+                }
+            }
+        }
+        for (n, acc) in acc.iter().enumerate() {
+            for (j, x) in acc.iter().enumerate() {
+                _mm512_storeu_ps(o.as_mut_ptr().add(n * hd + d0 + 16 * j), *x);
+            }
+        }
+    }
+}
