@@ -10,9 +10,17 @@ use strata::quant::{self, GgmlType};
 
 fn main() {
     println!("simd path: {:?}", quant::simd_level());
-    for ty in
-        [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K]
-    {
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+        GgmlType::Q3K,
+        GgmlType::Q2K,
+    ] {
         // `QUANT_BENCH_TYPES=q4_0,q8_0` measures only those.
         if let Ok(only) = std::env::var("QUANT_BENCH_TYPES") {
             if !only.split(',').any(|t| t == ty.name()) {

@@ -38,12 +38,18 @@
 //! by float rounding only.
 
 mod iq4xs;
+mod q2k;
+mod q3k;
 mod q4k;
 mod q6k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_iq4xs;
+#[cfg(target_arch = "x86_64")]
+mod x86_q2k;
+#[cfg(target_arch = "x86_64")]
+mod x86_q3k;
 #[cfg(target_arch = "x86_64")]
 mod x86_q4k;
 #[cfg(target_arch = "x86_64")]
@@ -76,6 +82,10 @@ enum Kind {
     Q5K,
     /// q6_K super-blocks: `q6k`.
     Q6K,
+    /// q3_K super-blocks: `q3k`.
+    Q3K,
+    /// q2_K super-blocks: `q2k`.
+    Q2K,
     /// iq4_xs super-blocks: `iq4xs`.
     IQ4XS,
 }
@@ -136,6 +146,26 @@ const Q6_K_FORMAT: Format = Format {
     table: None,
 };
 
+const Q3_K_FORMAT: Format = Format {
+    kind: Kind::Q3K,
+    vectors: 24,
+    offset: 4,
+    min: false,
+    file_block_bytes: q3k::FILE_BLOCK,
+    qs_at: 0,
+    table: None,
+};
+
+const Q2_K_FORMAT: Format = Format {
+    kind: Kind::Q2K,
+    vectors: 16,
+    offset: 0,
+    min: false,
+    file_block_bytes: q2k::FILE_BLOCK,
+    qs_at: 0,
+    table: None,
+};
+
 const IQ4_NL_FORMAT: Format = Format {
     kind: Kind::Legacy,
     vectors: 4,
@@ -171,7 +201,7 @@ impl Format {
     fn block_len(self) -> usize {
         match self.kind {
             Kind::Legacy => QK,
-            Kind::Q4K | Kind::Q5K | Kind::Q6K | Kind::IQ4XS => QK_K,
+            Kind::Q2K | Kind::Q3K | Kind::Q4K | Kind::Q5K | Kind::Q6K | Kind::IQ4XS => QK_K,
         }
     }
 
@@ -181,6 +211,8 @@ impl Format {
             Kind::Q4K => q4k::SB_BYTES,
             Kind::Q5K => q4k::SB5_BYTES,
             Kind::Q6K => q6k::SB_BYTES,
+            Kind::Q3K => q3k::SB_BYTES,
+            Kind::Q2K => q2k::SB_BYTES,
             Kind::IQ4XS => iq4xs::SB_BYTES,
             Kind::Legacy => 0,
         }
@@ -191,7 +223,7 @@ impl Format {
     fn group_bytes(self, nb: usize) -> usize {
         match self.kind {
             Kind::Legacy => (nb * VECTOR_BYTES * self.vectors + nb * self.scale_bytes()).div_ceil(64) * 64,
-            Kind::Q4K | Kind::Q5K | Kind::Q6K | Kind::IQ4XS => nb * self.super_block_bytes(),
+            Kind::Q2K | Kind::Q3K | Kind::Q4K | Kind::Q5K | Kind::Q6K | Kind::IQ4XS => nb * self.super_block_bytes(),
         }
     }
 
@@ -205,7 +237,7 @@ impl Format {
         match self.kind {
             Kind::Legacy if self.min => GgmlType::Q8_1,
             Kind::Legacy => GgmlType::Q8_0,
-            Kind::Q4K | Kind::Q5K | Kind::Q6K | Kind::IQ4XS => GgmlType::Q8K,
+            Kind::Q2K | Kind::Q3K | Kind::Q4K | Kind::Q5K | Kind::Q6K | Kind::IQ4XS => GgmlType::Q8K,
         }
     }
 }
@@ -223,6 +255,8 @@ fn format(ty: GgmlType) -> Option<Format> {
         GgmlType::Q4K => Some(Q4_K_FORMAT),
         GgmlType::Q5K => Some(Q5_K_FORMAT),
         GgmlType::Q6K => Some(Q6_K_FORMAT),
+        GgmlType::Q3K => Some(Q3_K_FORMAT),
+        GgmlType::Q2K => Some(Q2_K_FORMAT),
         GgmlType::IQ4XS => Some(IQ4_XS_FORMAT),
         _ => None,
     }
@@ -271,6 +305,8 @@ impl PackedMatrix {
                         q4k::pack_block(block, rr, format.kind == Kind::Q5K, &mut group[b * sbb..(b + 1) * sbb])
                     }
                     Kind::Q6K => q6k::pack_block(block, rr, &mut group[b * sbb..(b + 1) * sbb]),
+                    Kind::Q3K => q3k::pack_block(block, rr, &mut group[b * sbb..(b + 1) * sbb]),
+                    Kind::Q2K => q2k::pack_block(block, rr, &mut group[b * sbb..(b + 1) * sbb]),
                     Kind::IQ4XS => iq4xs::pack_block(block, rr, &mut group[b * sbb..(b + 1) * sbb]),
                     Kind::Legacy => {}
                 }
@@ -368,6 +404,8 @@ impl PackedMatrix {
                 Kind::Q4K => q4k::value(sb, r % PACK_ROWS, false, j),
                 Kind::Q5K => q4k::value(sb, r % PACK_ROWS, true, j),
                 Kind::IQ4XS => iq4xs::value(sb, r % PACK_ROWS, j),
+                Kind::Q3K => q3k::value(sb, r % PACK_ROWS, j),
+                Kind::Q2K => q2k::value(sb, r % PACK_ROWS, j),
                 _ => q6k::value(sb, r % PACK_ROWS, j),
             };
         }
@@ -384,7 +422,7 @@ impl PackedMatrix {
             let (from, to) = (g0 * self.group_bytes, (g1.min(self.groups()) * self.group_bytes));
             let ahead = match self.format.kind {
                 Kind::Legacy => x86::legacy_prefetch_bytes(),
-                Kind::Q4K | Kind::Q5K | Kind::Q6K | Kind::IQ4XS => x86::PREFETCH_BYTES,
+                Kind::Q2K | Kind::Q3K | Kind::Q4K | Kind::Q5K | Kind::Q6K | Kind::IQ4XS => x86::PREFETCH_BYTES,
             };
             let to = to.min(from + ahead);
             let base = self.data.as_ptr() as *const u8;
@@ -503,6 +541,24 @@ impl PackedMatrix {
                     return;
                 }
                 return iq4xs::tile_portable(self.nb, group, xs, out);
+            }
+            Kind::Q2K => {
+                #[cfg(target_arch = "x86_64")]
+                if level.avx2() {
+                    // SAFETY: as below, for q2_K super-blocks and q8_K columns.
+                    unsafe { x86_q2k::tile(level, self.nb, group, xs, out) };
+                    return;
+                }
+                return q2k::tile_portable(self.nb, group, xs, out);
+            }
+            Kind::Q3K => {
+                #[cfg(target_arch = "x86_64")]
+                if level.avx2() {
+                    // SAFETY: as below, for q3_K super-blocks and q8_K columns.
+                    unsafe { x86_q3k::tile(level, self.nb, group, xs, out) };
+                    return;
+                }
+                return q3k::tile_portable(self.nb, group, xs, out);
             }
             Kind::Q6K => {
                 #[cfg(target_arch = "x86_64")]

@@ -8,7 +8,7 @@ use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const TYPES: [GgmlType; 11] = [
+const TYPES: [GgmlType; 13] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -17,6 +17,8 @@ const TYPES: [GgmlType; 11] = [
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Q3K,
+    GgmlType::Q2K,
     GgmlType::IQ4NL,
     GgmlType::MXFP4,
     GgmlType::IQ4XS,
@@ -31,10 +33,13 @@ fn random_matrix(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Ve
             b[0] = rng.gen_range(104..=143);
             continue;
         }
-        // Where the f16 scales sit: q4_K's d and dmin (both used with either sign), q6_K's d at the end.
+        // Where the f16 scales sit: q4_K's d and dmin (both used with either sign), q2_K's after its quants,
+        // q6_K's and q3_K's d at the end.
         let at: &[usize] = match ty {
             GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+            GgmlType::Q2K => &[crate::quant::blocks::Q2K_D, crate::quant::blocks::Q2K_DMIN],
             GgmlType::Q6K => &[crate::quant::blocks::Q6K_D],
+            GgmlType::Q3K => &[crate::quant::blocks::Q3K_D],
             _ => &[0],
         };
         for &at in at {

@@ -13,36 +13,10 @@ use super::super::blocks::KVALUES_IQ4NL;
 use super::iq4xs::{D_AT, SB_BYTES, SC_AT};
 use super::q4k::Y_BLOCK;
 use super::x86::{bcast4, sum8_512, sum8_vnni, PREFETCH_BYTES};
-use super::x86_q4k::{sub_block_sums, Y_QS};
+use super::x86_q4k::{pass_tile, sub_block_sums, Y_QS};
 use super::{ActRow, SimdLevel, PACK_ROWS, VECTOR_BYTES};
 
-/// Columns one pass takes.
-const PASS_COLS: usize = 4;
-
-/// Dispatches `xs` in passes of up to `PASS_COLS` columns to the level's kernel.
-///
-/// # Safety
-/// See the module comment.
-pub(super) unsafe fn tile(level: SimdLevel, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
-    for (xs, out) in xs.chunks(PASS_COLS).zip(out.chunks_mut(PASS_COLS * PACK_ROWS)) {
-        macro_rules! pass {
-            ($c:literal) => {{
-                let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
-                match level {
-                    SimdLevel::Avx512 => tile_512::<$c>(nb, group.as_ptr(), q, out),
-                    SimdLevel::Avx2Vnni => tile_256_vnni::<$c>(nb, group.as_ptr(), q, out),
-                    _ => tile_256_sign::<$c>(nb, group.as_ptr(), q, out),
-                }
-            }};
-        }
-        match xs.len() {
-            1 => pass!(1),
-            2 => pass!(2),
-            3 => pass!(3),
-            _ => pass!(4),
-        }
-    }
-}
+pass_tile!(tile_512, tile_256_vnni, tile_256_sign);
 
 /// The table for `pshufb` in each 128-bit lane: `value + offset` (128: the unsigned codes; 0: the values).
 #[inline]

@@ -14,10 +14,43 @@ use super::{ActRow, SimdLevel, PACK_ROWS, VECTOR_BYTES};
 
 /// Where a q8_K block's quants and 16 bsums (i16) sit.
 pub(super) const Y_QS: usize = 4;
-const Y_BSUMS: usize = 260;
+pub(super) const Y_BSUMS: usize = 260;
 
 /// Columns one pass takes.
-const PASS_COLS: usize = 4;
+pub(super) const PASS_COLS: usize = 4;
+
+/// Defines a K-quant layout's `tile`: `xs` in passes of up to `PASS_COLS` columns, each to the level's
+/// kernel (`$k512`, `$vnni`, `$avx2`, each `unsafe fn<const C: usize>(nb, group, q, out)`).
+macro_rules! pass_tile {
+    ($k512:ident, $vnni:ident, $avx2:ident) => {
+        /// Dispatches `xs` in passes of up to `PASS_COLS` columns to the level's kernel.
+        ///
+        /// # Safety
+        /// See the module comment.
+        pub(super) unsafe fn tile(level: SimdLevel, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
+            use super::x86_q4k::PASS_COLS;
+            for (xs, out) in xs.chunks(PASS_COLS).zip(out.chunks_mut(PASS_COLS * PACK_ROWS)) {
+                macro_rules! pass {
+                    ($c:literal) => {{
+                        let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
+                        match level {
+                            SimdLevel::Avx512 => $k512::<$c>(nb, group.as_ptr(), q, out),
+                            SimdLevel::Avx2Vnni => $vnni::<$c>(nb, group.as_ptr(), q, out),
+                            _ => $avx2::<$c>(nb, group.as_ptr(), q, out),
+                        }
+                    }};
+                }
+                match xs.len() {
+                    1 => pass!(1),
+                    2 => pass!(2),
+                    3 => pass!(3),
+                    _ => pass!(4),
+                }
+            }
+        }
+    };
+}
+pub(super) use pass_tile;
 
 /// Dispatches `xs` in passes of up to `PASS_COLS` columns to the level's kernel.
 ///

@@ -12,39 +12,10 @@ use std::arch::x86_64::*;
 
 use super::q6k::{D_AT, HI_AT, SB_BYTES, SC_AT, Y_BLOCK};
 use super::x86::{bcast4, PREFETCH_BYTES};
+use super::x86_q4k::{pass_tile, Y_BSUMS, Y_QS};
 use super::{ActRow, SimdLevel, PACK_ROWS, VECTOR_BYTES};
 
-/// Where a q8_K block's quants and 16 bsums (i16) sit.
-const Y_QS: usize = 4;
-const Y_BSUMS: usize = 260;
-
-/// Columns one pass takes.
-const PASS_COLS: usize = 4;
-
-/// Dispatches `xs` in passes of up to `PASS_COLS` columns to the level's kernel.
-///
-/// # Safety
-/// See the module comment.
-pub(super) unsafe fn tile(level: SimdLevel, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
-    for (xs, out) in xs.chunks(PASS_COLS).zip(out.chunks_mut(PASS_COLS * PACK_ROWS)) {
-        macro_rules! pass {
-            ($c:literal) => {{
-                let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
-                match level {
-                    SimdLevel::Avx512 => tile_512::<$c>(nb, group.as_ptr(), q, out),
-                    SimdLevel::Avx2Vnni => tile_256_vnni::<$c>(nb, group.as_ptr(), q, out),
-                    _ => tile_256::<$c>(nb, group.as_ptr(), q, out),
-                }
-            }};
-        }
-        match xs.len() {
-            1 => pass!(1),
-            2 => pass!(2),
-            3 => pass!(3),
-            _ => pass!(4),
-        }
-    }
-}
+pass_tile!(tile_512, tile_256_vnni, tile_256);
 
 /// `-32 * bsums[k]` of the q8_K block at `y`: the correction for the codes' offset.
 #[inline(always)]
@@ -55,7 +26,13 @@ unsafe fn offset_sum(y: *const u8, k: usize) -> i32 {
 /// Prefetches super-block `sb`'s lines `PREFETCH_BYTES` ahead.
 #[inline(always)]
 unsafe fn prefetch(sb: *const u8) {
-    for l in 0..SB_BYTES / 64 {
+    prefetch_lines(sb, SB_BYTES)
+}
+
+/// Prefetches the `bytes` (a multiple of 64) of the super-block at `sb`, `PREFETCH_BYTES` ahead.
+#[inline(always)]
+pub(super) unsafe fn prefetch_lines(sb: *const u8, bytes: usize) {
+    for l in 0..bytes / 64 {
         _mm_prefetch::<_MM_HINT_T1>(sb.wrapping_add(PREFETCH_BYTES + 64 * l) as *const i8);
     }
 }
@@ -63,7 +40,7 @@ unsafe fn prefetch(sb: *const u8) {
 /// Lane by lane, the i32 sums of four value-vectors against the 16 activation bytes at `y`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn sum4_512(w: &[__m512i; 4], y: *const u8) -> __m512i {
+pub(super) unsafe fn sum4_512(w: &[__m512i; 4], y: *const u8) -> __m512i {
     let s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_set1_epi32(bcast4(y)));
     let s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_set1_epi32(bcast4(y.add(4))));
     let s0 = _mm512_dpbusd_epi32(s0, w[2], _mm512_set1_epi32(bcast4(y.add(8))));
@@ -117,7 +94,7 @@ unsafe fn tile_512<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C
 /// `sum4_512` on 256 bits (VNNI with AVX512VL).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn sum4_vnni(w: &[__m256i; 4], y: *const u8) -> __m256i {
+pub(super) unsafe fn sum4_vnni(w: &[__m256i; 4], y: *const u8) -> __m256i {
     let s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], _mm256_set1_epi32(bcast4(y)));
     let s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[1], _mm256_set1_epi32(bcast4(y.add(4))));
     let s0 = _mm256_dpbusd_epi32(s0, w[2], _mm256_set1_epi32(bcast4(y.add(8))));
@@ -125,11 +102,11 @@ unsafe fn sum4_vnni(w: &[__m256i; 4], y: *const u8) -> __m256i {
     _mm256_add_epi32(s0, s1)
 }
 
-/// `sum4_vnni` on AVX2 alone: codes of at most 63 make `maddubs` pairs of at most 2 * 63 * 128 = 16,128
+/// `sum4_vnni` on AVX2 alone (q6_K, and q3_K's codes of at most 7): codes of at most 63 make `maddubs` pairs of at most 2 * 63 * 128 = 16,128
 /// in magnitude, so two vectors add in i16 (32,256 < 32,767) before `madd` widens them.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn sum4_maddubs(w: &[__m256i; 4], y: *const u8) -> __m256i {
+pub(super) unsafe fn sum4_maddubs(w: &[__m256i; 4], y: *const u8) -> __m256i {
     let ones = _mm256_set1_epi16(1);
     let p = |g: usize| _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(bcast4(y.add(4 * g))));
     let s0 = _mm256_add_epi16(p(0), p(2));
