@@ -1,4 +1,5 @@
-//! Micro-benchmark of the quantized dot products on the shapes of SmolLM2-135M (n_embd 576, ffn 1536).
+//! Micro-benchmark of the quantized dot products on the shapes of SmolLM2-135M (n_embd 576, ffn 1536) and of a
+//! 1B-class model's 4,096-wide rows (whose 16-row groups outgrow L1).
 //!
 //! Run with `cargo bench --bench quant`. Prints ns per row dot and GB/s of weight bytes read, for one
 //! column (token generation) and four columns at once (prompt processing). Rows cycle through a matrix
@@ -27,7 +28,7 @@ fn main() {
                 continue;
             }
         }
-        for n in [576usize, 1536] {
+        for n in [576usize, 1536, 4096] {
             if n % ty.block_len() != 0 {
                 continue;
             }

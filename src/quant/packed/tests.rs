@@ -139,8 +139,9 @@ fn packed_values_are_the_file_values() {
 #[test]
 fn every_path_gives_the_portable_bits_and_columns_are_independent() {
     let mut rng = StdRng::seed_from_u64(22);
-    for ty in TYPES {
-        let (rows, cols) = (40, cols_for(ty, 576));
+    // 2,304 columns: wider than one chunk of the AVX2 kernels' blocks (`x86::chunk_blocks`) in every format.
+    for (ty, (rows, width)) in TYPES.into_iter().flat_map(|t| [(t, (40, 576)), (t, (16, 2304))]) {
+        let cols = cols_for(ty, width);
         let w = random_matrix(&mut rng, ty, rows, cols);
         let p = PackedMatrix::pack(ty, rows, cols, &w).unwrap();
         let data: Vec<(Vec<u8>, Vec<f32>)> = (0..8).map(|i| column(&mut rng, ty, cols, i == 5)).collect();

@@ -133,6 +133,17 @@ const Q8_PASS_COLS: usize = 8;
 /// See the module comment.
 unsafe fn tile_q8_avx2(lim: Lim, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
     for (xs, out) in xs.chunks(Q8_PASS_COLS).zip(out.chunks_mut(Q8_PASS_COLS * PACK_ROWS)) {
+        macro_rules! pass_both {
+            ($c:literal) => {{
+                let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
+                let a: [*const f32; $c] = std::array::from_fn(|i| xs[i].aux.as_ptr());
+                if lim.table.is_some() {
+                    tile_256_q8_both::<true, $c>(lim, nb, group.as_ptr(), q, a, out)
+                } else {
+                    tile_256_q8_both::<false, $c>(lim, nb, group.as_ptr(), q, a, out)
+                }
+            }};
+        }
         macro_rules! pass {
             ($c:literal) => {{
                 let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
@@ -145,8 +156,8 @@ unsafe fn tile_q8_avx2(lim: Lim, nb: usize, group: &[u8], xs: &[ActRow], out: &m
             }};
         }
         match xs.len() {
-            1 => pass!(1),
-            2 => pass!(2),
+            1 => pass_both!(1),
+            2 => pass_both!(2),
             3 => pass!(3),
             4 => pass!(4),
             5 => pass!(5),
@@ -335,6 +346,28 @@ unsafe fn tile_512<const V: usize, const MIN: bool, const LUT: bool, const C: us
     }
 }
 
+/// Bytes of a group that the AVX2 kernels take per chunk: they pass over a group's blocks once per 8-row
+/// half, so the second pass finds a chunk's lines still in L1 (a whole group of a 4,096-wide q4_0 row is
+/// 36 KiB, and of a q8_0 one 68 KiB: more than L1 holds, so the second half was read again from L2).
+const CHUNK_BYTES: usize = 8192;
+
+/// Blocks of `block_bytes` per chunk (at least one).
+#[inline(always)]
+pub(super) fn chunk_blocks(block_bytes: usize) -> usize {
+    (CHUNK_BYTES / block_bytes).max(1)
+}
+
+/// Writes the two 8-row halves' sums of each column to `out` (column `c` at `c * PACK_ROWS`).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn store_halves<const C: usize>(accs: &[[__m256; C]; 2], out: &mut [f32]) {
+    for (h, acc) in accs.iter().enumerate() {
+        for (c, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
+        }
+    }
+}
+
 /// The 8-row half `h` of a group's vector `g` of block `wp`, as 256 bits.
 #[inline(always)]
 unsafe fn half_at(wp: *const u8, g: usize, h: usize) -> __m256i {
@@ -391,51 +424,54 @@ macro_rules! tile_256_kernel {
             let nib = _mm256_set1_epi8(0x0F);
             let off = _mm256_set1_ps(lim.offset as f32);
             let codes = code_table_256(lim);
-            for h in 0..2 {
-                let mut acc = [_mm256_setzero_ps(); C];
-                for b in 0..nb {
-                    let wp = group.add(b * V * VECTOR_BYTES);
-                    if h == 0 {
-                        prefetch_block::<V, MIN>(group, b, lim);
-                    }
-                    let mut w = [_mm256_setzero_si256(); 8];
-                    if V == 4 || V == 5 {
-                        for g in 0..4 {
-                            let v = half_at(wp, g, h);
-                            w[g] = _mm256_and_si256(v, nib);
-                            w[4 + g] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
-                            if LUT {
-                                w[g] = _mm256_shuffle_epi8(codes, w[g]);
-                                w[4 + g] = _mm256_shuffle_epi8(codes, w[4 + g]);
+            let mut accs = [[_mm256_setzero_ps(); C]; 2];
+            let chunk = chunk_blocks(V * VECTOR_BYTES + 2 * PACK_ROWS * (1 + MIN as usize));
+            for b0 in (0..nb).step_by(chunk) {
+                for (h, acc_h) in accs.iter_mut().enumerate() {
+                    let mut acc = *acc_h;
+                    for b in b0..(b0 + chunk).min(nb) {
+                        let wp = group.add(b * V * VECTOR_BYTES);
+                        if h == 0 {
+                            prefetch_block::<V, MIN>(group, b, lim);
+                        }
+                        let mut w = [_mm256_setzero_si256(); 8];
+                        if V == 4 || V == 5 {
+                            for g in 0..4 {
+                                let v = half_at(wp, g, h);
+                                w[g] = _mm256_and_si256(v, nib);
+                                w[4 + g] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                                if LUT {
+                                    w[g] = _mm256_shuffle_epi8(codes, w[g]);
+                                    w[4 + g] = _mm256_shuffle_epi8(codes, w[4 + g]);
+                                }
+                            }
+                            if V == 5 {
+                                or_high_bits_256(&mut w, half_at(wp, 4, h));
+                            }
+                        } else {
+                            for (g, w) in w.iter_mut().enumerate() {
+                                *w = half_at(wp, g, h);
                             }
                         }
-                        if V == 5 {
-                            or_high_bits_256(&mut w, half_at(wp, 4, h));
-                        }
-                    } else {
-                        for (g, w) in w.iter_mut().enumerate() {
-                            *w = half_at(wp, g, h);
-                        }
-                    }
-                    let dw = half_scales::<V, MIN>(group, nb, b, h, false);
-                    for c in 0..C {
-                        let sum = $sum8(&w, q[c].add(b * y_block::<MIN>() + y_qs::<MIN>()), V == 5 || LUT);
-                        let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
-                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
-                        if MIN {
-                            let mw = half_scales::<V, MIN>(group, nb, b, h, true);
-                            let my = _mm256_mul_ps(mw, _mm256_set1_ps(ysum));
-                            acc[c] = _mm256_add_ps(acc[c], _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), my));
-                        } else {
-                            let isum = _mm256_fnmadd_ps(off, _mm256_set1_ps(ysum), _mm256_cvtepi32_ps(sum));
-                            acc[c] = _mm256_fmadd_ps(d, isum, acc[c]);
+                        let dw = half_scales::<V, MIN>(group, nb, b, h, false);
+                        for c in 0..C {
+                            let sum = $sum8(&w, q[c].add(b * y_block::<MIN>() + y_qs::<MIN>()), V == 5 || LUT);
+                            let (dy, ysum) = (*a[c].add(2 * b), *a[c].add(2 * b + 1));
+                            let d = _mm256_mul_ps(dw, _mm256_set1_ps(dy));
+                            if MIN {
+                                let mw = half_scales::<V, MIN>(group, nb, b, h, true);
+                                let my = _mm256_mul_ps(mw, _mm256_set1_ps(ysum));
+                                acc[c] = _mm256_add_ps(acc[c], _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), my));
+                            } else {
+                                let isum = _mm256_fnmadd_ps(off, _mm256_set1_ps(ysum), _mm256_cvtepi32_ps(sum));
+                                acc[c] = _mm256_fmadd_ps(d, isum, acc[c]);
+                            }
                         }
                     }
-                }
-                for (c, a) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
+                    *acc_h = acc;
                 }
             }
+            store_halves(&accs, out);
         }
     };
 }
@@ -478,34 +514,102 @@ unsafe fn tile_256_q8<const LUT: bool, const C: usize>(
     let values =
         _mm256_broadcastsi128_si256(_mm_loadu_si128(lim.table.map_or([0; 16], |t| *t).as_ptr() as *const __m128i));
     let v_count = if LUT { 4 } else { 8 };
-    for h in 0..2 {
-        let mut acc = [_mm256_setzero_ps(); C];
-        for b in 0..nb {
-            let wp = group.add(b * v_count * VECTOR_BYTES);
-            if h == 0 {
-                if LUT {
-                    prefetch_block::<4, false>(group, b, lim);
+    let mut accs = [[_mm256_setzero_ps(); C]; 2];
+    let chunk = chunk_blocks(v_count * VECTOR_BYTES + 2 * PACK_ROWS);
+    for b0 in (0..nb).step_by(chunk) {
+        for (h, acc_h) in accs.iter_mut().enumerate() {
+            let mut acc = *acc_h;
+            for b in b0..(b0 + chunk).min(nb) {
+                let wp = group.add(b * v_count * VECTOR_BYTES);
+                if h == 0 {
+                    if LUT {
+                        prefetch_block::<4, false>(group, b, lim);
+                    } else {
+                        prefetch_block::<8, false>(group, b, lim);
+                    }
+                }
+                let y: [*const u8; C] = std::array::from_fn(|c| q[c].add(b * y_block::<false>() + y_qs::<false>()));
+                let mut isum = [_mm256_setzero_si256(); C];
+                for g in 0..8 {
+                    let w = if LUT {
+                        let v = half_at(wp, g % 4, h);
+                        let n = if g < 4 { v } else { _mm256_srli_epi16::<4>(v) };
+                        _mm256_shuffle_epi8(values, _mm256_and_si256(n, nib))
+                    } else {
+                        _mm256_xor_si256(half_at(wp, g, h), flip)
+                    };
+                    let aw = _mm256_abs_epi8(w);
+                    for c in 0..C {
+                        let yc = _mm256_sign_epi8(_mm256_set1_epi32(bcast4(y[c].add(4 * g))), w);
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, yc), ones));
+                    }
+                    in_order(&mut isum);
+                }
+                let dw = if LUT {
+                    half_scales::<4, false>(group, nb, b, h, false)
                 } else {
-                    prefetch_block::<8, false>(group, b, lim);
+                    half_scales::<8, false>(group, nb, b, h, false)
+                };
+                for c in 0..C {
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*a[c].add(2 * b)));
+                    acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[c]), acc[c]);
                 }
             }
-            let y: [*const u8; C] = std::array::from_fn(|c| q[c].add(b * y_block::<false>() + y_qs::<false>()));
-            let mut isum = [_mm256_setzero_si256(); C];
-            for g in 0..8 {
-                let w = if LUT {
+            *acc_h = acc;
+        }
+    }
+    store_halves(&accs, out);
+}
+
+/// `tile_256_q8` for one or two columns (decoding): both 8-row halves of each block in one pass, so each
+/// 64-byte line of the group is read once, while it is in L1 (a q8_0 group of 1,536 values is 25 KiB, which
+/// the two-pass order read twice), and each activation broadcast serves both halves. Per lane the same
+/// operations in the same order, so the same bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_256_q8_both<const LUT: bool, const C: usize>(
+    lim: Lim,
+    nb: usize,
+    group: *const u8,
+    q: [*const u8; C],
+    a: [*const f32; C],
+    out: &mut [f32],
+) {
+    let flip = _mm256_set1_epi8(0x80u8 as i8);
+    let ones = _mm256_set1_epi16(1);
+    let nib = _mm256_set1_epi8(0x0F);
+    let values =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(lim.table.map_or([0; 16], |t| *t).as_ptr() as *const __m128i));
+    let v_count = if LUT { 4 } else { 8 };
+    let mut acc = [[_mm256_setzero_ps(); C]; 2];
+    for b in 0..nb {
+        let wp = group.add(b * v_count * VECTOR_BYTES);
+        if LUT {
+            prefetch_block::<4, false>(group, b, lim);
+        } else {
+            prefetch_block::<8, false>(group, b, lim);
+        }
+        let y: [*const u8; C] = std::array::from_fn(|c| q[c].add(b * y_block::<false>() + y_qs::<false>()));
+        let mut isum = [[_mm256_setzero_si256(); C]; 2];
+        for g in 0..8 {
+            let w: [__m256i; 2] = std::array::from_fn(|h| {
+                if LUT {
                     let v = half_at(wp, g % 4, h);
                     let n = if g < 4 { v } else { _mm256_srli_epi16::<4>(v) };
                     _mm256_shuffle_epi8(values, _mm256_and_si256(n, nib))
                 } else {
                     _mm256_xor_si256(half_at(wp, g, h), flip)
-                };
-                let aw = _mm256_abs_epi8(w);
-                for c in 0..C {
-                    let yc = _mm256_sign_epi8(_mm256_set1_epi32(bcast4(y[c].add(4 * g))), w);
-                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, yc), ones));
                 }
-                in_order(&mut isum);
+            });
+            for c in 0..C {
+                let yb = _mm256_set1_epi32(bcast4(y[c].add(4 * g)));
+                for h in 0..2 {
+                    let yc = _mm256_sign_epi8(yb, w[h]);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w[h]), yc), ones);
+                    isum[h][c] = _mm256_add_epi32(isum[h][c], p);
+                }
             }
+        }
+        for h in 0..2 {
             let dw = if LUT {
                 half_scales::<4, false>(group, nb, b, h, false)
             } else {
@@ -513,9 +617,11 @@ unsafe fn tile_256_q8<const LUT: bool, const C: usize>(
             };
             for c in 0..C {
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(*a[c].add(2 * b)));
-                acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[c]), acc[c]);
+                acc[h][c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[h][c]), acc[h][c]);
             }
         }
+    }
+    for (h, acc) in acc.iter().enumerate() {
         for (c, a) in acc.iter().enumerate() {
             _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
         }

@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 use super::super::blocks::KVALUES_IQ4NL;
 use super::iq4xs::{D_AT, SB_BYTES, SC_AT};
 use super::q4k::Y_BLOCK;
-use super::x86::{bcast4, sum8_512, sum8_vnni, PREFETCH_BYTES};
+use super::x86::{bcast4, chunk_blocks, store_halves, sum8_512, sum8_vnni, PREFETCH_BYTES};
 use super::x86_q4k::{pass_tile, sub_block_sums, Y_QS};
 use super::{ActRow, SimdLevel, PACK_ROWS, VECTOR_BYTES};
 
@@ -105,53 +105,56 @@ macro_rules! tile_256_kernel {
         unsafe fn $name<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C], out: &mut [f32]) {
             let nib = _mm256_set1_epi8(0x0F);
             let table = table_256($offset);
-            for h in 0..2 {
-                let mut acc = [_mm256_setzero_ps(); C];
-                for b in 0..nb {
-                    let sb = group.add(b * SB_BYTES);
-                    if h == 0 {
-                        prefetch(sb);
-                    }
-                    let mut isum = [_mm256_setzero_si256(); C];
-                    for j in 0..4 {
-                        let v: [__m256i; 8] = std::array::from_fn(|g| {
-                            _mm256_load_si256(sb.add((8 * j + g) * VECTOR_BYTES + 32 * h) as *const __m256i)
-                        });
-                        for half in 0..2 {
-                            let k = 2 * j + half;
-                            let w: [__m256i; 8] = std::array::from_fn(|g| {
-                                let n = if half == 0 { v[g] } else { _mm256_srli_epi16::<4>(v[g]) };
-                                _mm256_shuffle_epi8(table, _mm256_and_si256(n, nib))
-                            });
-                            let sc_at = sb.add(SC_AT + k * PACK_ROWS + 8 * h) as *const __m128i;
-                            let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc_at));
-                            for c in 0..C {
-                                let s = $sum8(&w, q[c].add(b * Y_BLOCK + Y_QS + 32 * k), true);
-                                isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s, sc));
-                            }
+            let mut accs = [[_mm256_setzero_ps(); C]; 2];
+            let chunk = chunk_blocks(SB_BYTES);
+            for b0 in (0..nb).step_by(chunk) {
+                for (h, acc_h) in accs.iter_mut().enumerate() {
+                    let mut acc = *acc_h;
+                    for b in b0..(b0 + chunk).min(nb) {
+                        let sb = group.add(b * SB_BYTES);
+                        if h == 0 {
+                            prefetch(sb);
                         }
-                    }
-                    let d = _mm256_cvtph_ps(_mm_load_si128(sb.add(D_AT + 16 * h) as *const __m128i));
-                    for c in 0..C {
-                        let y = q[c].add(b * Y_BLOCK);
-                        let mut isum = isum[c];
-                        if $offset != 0 {
-                            let mut msum = _mm256_setzero_si256();
-                            for (k, &s) in sub_block_sums(y).iter().enumerate() {
+                        let mut isum = [_mm256_setzero_si256(); C];
+                        for j in 0..4 {
+                            let v: [__m256i; 8] = std::array::from_fn(|g| {
+                                _mm256_load_si256(sb.add((8 * j + g) * VECTOR_BYTES + 32 * h) as *const __m256i)
+                            });
+                            for half in 0..2 {
+                                let k = 2 * j + half;
+                                let w: [__m256i; 8] = std::array::from_fn(|g| {
+                                    let n = if half == 0 { v[g] } else { _mm256_srli_epi16::<4>(v[g]) };
+                                    _mm256_shuffle_epi8(table, _mm256_and_si256(n, nib))
+                                });
                                 let sc_at = sb.add(SC_AT + k * PACK_ROWS + 8 * h) as *const __m128i;
                                 let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc_at));
-                                msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(sc, _mm256_set1_epi32(s)));
+                                for c in 0..C {
+                                    let s = $sum8(&w, q[c].add(b * Y_BLOCK + Y_QS + 32 * k), true);
+                                    isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s, sc));
+                                }
                             }
-                            isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(msum, _mm256_set1_epi32($offset)));
                         }
-                        let dy = _mm256_set1_ps((y as *const f32).read_unaligned());
-                        acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(isum), acc[c]);
+                        let d = _mm256_cvtph_ps(_mm_load_si128(sb.add(D_AT + 16 * h) as *const __m128i));
+                        for c in 0..C {
+                            let y = q[c].add(b * Y_BLOCK);
+                            let mut isum = isum[c];
+                            if $offset != 0 {
+                                let mut msum = _mm256_setzero_si256();
+                                for (k, &s) in sub_block_sums(y).iter().enumerate() {
+                                    let sc_at = sb.add(SC_AT + k * PACK_ROWS + 8 * h) as *const __m128i;
+                                    let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc_at));
+                                    msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(sc, _mm256_set1_epi32(s)));
+                                }
+                                isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(msum, _mm256_set1_epi32($offset)));
+                            }
+                            let dy = _mm256_set1_ps((y as *const f32).read_unaligned());
+                            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(isum), acc[c]);
+                        }
                     }
-                }
-                for (c, a) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
+                    *acc_h = acc;
                 }
             }
+            store_halves(&accs, out);
         }
     };
 }

@@ -13,6 +13,7 @@
 use std::arch::x86_64::*;
 
 use super::q3k::{D_AT, HI_AT, SB_BYTES, SC_AT, Y_BLOCK};
+use super::x86::{chunk_blocks, store_halves};
 use super::x86_q4k::{pass_tile, Y_BSUMS, Y_QS};
 use super::x86_q6k::{prefetch_lines, sum4_512, sum4_maddubs, sum4_vnni};
 use super::{ActRow, SimdLevel, PACK_ROWS, VECTOR_BYTES};
@@ -87,44 +88,47 @@ macro_rules! tile_256_kernel {
                     _mm256_or_si256(low, high)
                 })
             };
-            for h in 0..2 {
-                let mut acc = [_mm256_setzero_ps(); C];
-                for b in 0..nb {
-                    let sb = group.add(b * SB_BYTES);
-                    if h == 0 {
-                        prefetch_lines(sb, SB_BYTES);
-                    }
-                    let mut isum = [_mm256_setzero_si256(); C];
-                    for k0 in 0..4 {
-                        let lo: [__m256i; 4] = std::array::from_fn(|g| {
-                            _mm256_load_si256(sb.add((4 * k0 + g) * VECTOR_BYTES + 32 * h) as *const __m256i)
-                        });
-                        let hi: [__m256i; 4] = std::array::from_fn(|g| {
-                            let at = HI_AT + (4 * (k0 % 2) + g) * VECTOR_BYTES + 32 * h;
-                            _mm256_load_si256(sb.add(at) as *const __m256i)
-                        });
-                        for k in (k0..16).step_by(4) {
-                            let w = values(&lo, &hi, k);
-                            let sc_at = sb.add(SC_AT + k * PACK_ROWS + 8 * h) as *const __m128i;
-                            let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc_at));
-                            for c in 0..C {
-                                let y = q[c].add(b * Y_BLOCK);
-                                let s = $sum4(&w, y.add(Y_QS + 16 * k));
-                                let s = _mm256_add_epi32(s, _mm256_set1_epi32(offset_sum(y, k)));
-                                isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s, sc));
+            let mut accs = [[_mm256_setzero_ps(); C]; 2];
+            let chunk = chunk_blocks(SB_BYTES);
+            for b0 in (0..nb).step_by(chunk) {
+                for (h, acc_h) in accs.iter_mut().enumerate() {
+                    let mut acc = *acc_h;
+                    for b in b0..(b0 + chunk).min(nb) {
+                        let sb = group.add(b * SB_BYTES);
+                        if h == 0 {
+                            prefetch_lines(sb, SB_BYTES);
+                        }
+                        let mut isum = [_mm256_setzero_si256(); C];
+                        for k0 in 0..4 {
+                            let lo: [__m256i; 4] = std::array::from_fn(|g| {
+                                _mm256_load_si256(sb.add((4 * k0 + g) * VECTOR_BYTES + 32 * h) as *const __m256i)
+                            });
+                            let hi: [__m256i; 4] = std::array::from_fn(|g| {
+                                let at = HI_AT + (4 * (k0 % 2) + g) * VECTOR_BYTES + 32 * h;
+                                _mm256_load_si256(sb.add(at) as *const __m256i)
+                            });
+                            for k in (k0..16).step_by(4) {
+                                let w = values(&lo, &hi, k);
+                                let sc_at = sb.add(SC_AT + k * PACK_ROWS + 8 * h) as *const __m128i;
+                                let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc_at));
+                                for c in 0..C {
+                                    let y = q[c].add(b * Y_BLOCK);
+                                    let s = $sum4(&w, y.add(Y_QS + 16 * k));
+                                    let s = _mm256_add_epi32(s, _mm256_set1_epi32(offset_sum(y, k)));
+                                    isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s, sc));
+                                }
                             }
                         }
+                        let d = _mm256_cvtph_ps(_mm_load_si128(sb.add(D_AT + 16 * h) as *const __m128i));
+                        for c in 0..C {
+                            let dy = _mm256_set1_ps((q[c].add(b * Y_BLOCK) as *const f32).read_unaligned());
+                            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(isum[c]), acc[c]);
+                        }
                     }
-                    let d = _mm256_cvtph_ps(_mm_load_si128(sb.add(D_AT + 16 * h) as *const __m128i));
-                    for c in 0..C {
-                        let dy = _mm256_set1_ps((q[c].add(b * Y_BLOCK) as *const f32).read_unaligned());
-                        acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(isum[c]), acc[c]);
-                    }
-                }
-                for (c, a) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
+                    *acc_h = acc;
                 }
             }
+            store_halves(&accs, out);
         }
     };
 }

@@ -9,7 +9,7 @@
 use std::arch::x86_64::*;
 
 use super::q4k::{DMIN_AT, D_AT, HB_AT, M_AT, SB5_BYTES, SB_BYTES, SC_AT, Y_BLOCK};
-use super::x86::{sum8_512, sum8_maddubs, sum8_vnni, PREFETCH_BYTES};
+use super::x86::{chunk_blocks, store_halves, sum8_512, sum8_maddubs, sum8_vnni, PREFETCH_BYTES};
 use super::{ActRow, SimdLevel, PACK_ROWS, VECTOR_BYTES};
 
 /// Where a q8_K block's quants and 16 bsums (i16) sit.
@@ -185,64 +185,67 @@ macro_rules! tile_256_kernel {
         ) {
             let nib = _mm256_set1_epi8(0x0F);
             let bit4 = _mm256_set1_epi8(0x10);
-            for h in 0..2 {
-                let mut acc = [_mm256_setzero_ps(); C];
-                for b in 0..nb {
-                    let sb = group.add(b * sb_bytes::<FIVE>());
-                    if h == 0 {
-                        prefetch::<FIVE>(sb);
-                    }
-                    let mut isum = [_mm256_setzero_si256(); C];
-                    for j in 0..4 {
-                        let v: [__m256i; 8] = std::array::from_fn(|g| {
-                            _mm256_load_si256(sb.add((8 * j + g) * VECTOR_BYTES + 32 * h) as *const __m256i)
-                        });
-                        for half in 0..2 {
-                            let k = 2 * j + half;
-                            let mut w: [__m256i; 8] = std::array::from_fn(|g| {
-                                if half == 0 {
-                                    _mm256_and_si256(v[g], nib)
-                                } else {
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(v[g]), nib)
-                                }
+            let mut accs = [[_mm256_setzero_ps(); C]; 2];
+            let chunk = chunk_blocks(sb_bytes::<FIVE>());
+            for b0 in (0..nb).step_by(chunk) {
+                for (h, acc_h) in accs.iter_mut().enumerate() {
+                    let mut acc = *acc_h;
+                    for b in b0..(b0 + chunk).min(nb) {
+                        let sb = group.add(b * sb_bytes::<FIVE>());
+                        if h == 0 {
+                            prefetch::<FIVE>(sb);
+                        }
+                        let mut isum = [_mm256_setzero_si256(); C];
+                        for j in 0..4 {
+                            let v: [__m256i; 8] = std::array::from_fn(|g| {
+                                _mm256_load_si256(sb.add((8 * j + g) * VECTOR_BYTES + 32 * h) as *const __m256i)
                             });
-                            if FIVE {
-                                let (l, r) = fifth_shift(k);
-                                for (g, w) in w.iter_mut().enumerate() {
-                                    let at = sb.add(HB_AT + g * VECTOR_BYTES + 32 * h) as *const __m256i;
-                                    let hb = _mm256_srl_epi16(_mm256_sll_epi16(_mm256_load_si256(at), l), r);
-                                    *w = _mm256_or_si256(*w, _mm256_and_si256(hb, bit4));
+                            for half in 0..2 {
+                                let k = 2 * j + half;
+                                let mut w: [__m256i; 8] = std::array::from_fn(|g| {
+                                    if half == 0 {
+                                        _mm256_and_si256(v[g], nib)
+                                    } else {
+                                        _mm256_and_si256(_mm256_srli_epi16::<4>(v[g]), nib)
+                                    }
+                                });
+                                if FIVE {
+                                    let (l, r) = fifth_shift(k);
+                                    for (g, w) in w.iter_mut().enumerate() {
+                                        let at = sb.add(HB_AT + g * VECTOR_BYTES + 32 * h) as *const __m256i;
+                                        let hb = _mm256_srl_epi16(_mm256_sll_epi16(_mm256_load_si256(at), l), r);
+                                        *w = _mm256_or_si256(*w, _mm256_and_si256(hb, bit4));
+                                    }
+                                }
+                                let sc_at = sb.add(SC_AT + k * PACK_ROWS + 8 * h) as *const __m128i;
+                                let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc_at));
+                                for c in 0..C {
+                                    let s = $sum8(&w, q[c].add(b * Y_BLOCK + Y_QS + 32 * k), FIVE);
+                                    let s = _mm256_mullo_epi32(s, sc);
+                                    isum[c] = _mm256_add_epi32(isum[c], s);
                                 }
                             }
-                            let sc_at = sb.add(SC_AT + k * PACK_ROWS + 8 * h) as *const __m128i;
-                            let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc_at));
-                            for c in 0..C {
-                                let s = $sum8(&w, q[c].add(b * Y_BLOCK + Y_QS + 32 * k), FIVE);
-                                let s = _mm256_mullo_epi32(s, sc);
-                                isum[c] = _mm256_add_epi32(isum[c], s);
+                        }
+                        let d = _mm256_cvtph_ps(_mm_load_si128(sb.add(D_AT + 16 * h) as *const __m128i));
+                        let dmin = _mm256_cvtph_ps(_mm_load_si128(sb.add(DMIN_AT + 16 * h) as *const __m128i));
+                        for c in 0..C {
+                            let y = q[c].add(b * Y_BLOCK);
+                            let sums = sub_block_sums(y);
+                            let mut msum = _mm256_setzero_si256();
+                            for (k, &s) in sums.iter().enumerate() {
+                                let m_at = sb.add(M_AT + k * PACK_ROWS + 8 * h) as *const __m128i;
+                                let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(m_at));
+                                msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(m, _mm256_set1_epi32(s)));
                             }
+                            let dy = _mm256_set1_ps((y as *const f32).read_unaligned());
+                            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(isum[c]), acc[c]);
+                            acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(msum), acc[c]);
                         }
                     }
-                    let d = _mm256_cvtph_ps(_mm_load_si128(sb.add(D_AT + 16 * h) as *const __m128i));
-                    let dmin = _mm256_cvtph_ps(_mm_load_si128(sb.add(DMIN_AT + 16 * h) as *const __m128i));
-                    for c in 0..C {
-                        let y = q[c].add(b * Y_BLOCK);
-                        let sums = sub_block_sums(y);
-                        let mut msum = _mm256_setzero_si256();
-                        for (k, &s) in sums.iter().enumerate() {
-                            let m_at = sb.add(M_AT + k * PACK_ROWS + 8 * h) as *const __m128i;
-                            let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(m_at));
-                            msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(m, _mm256_set1_epi32(s)));
-                        }
-                        let dy = _mm256_set1_ps((y as *const f32).read_unaligned());
-                        acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(isum[c]), acc[c]);
-                        acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(msum), acc[c]);
-                    }
-                }
-                for (c, a) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
+                    *acc_h = acc;
                 }
             }
+            store_halves(&accs, out);
         }
     };
 }
