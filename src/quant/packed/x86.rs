@@ -351,9 +351,15 @@ unsafe fn tile_512<const V: usize, const MIN: bool, const LUT: bool, const C: us
 /// 36 KiB, and of a q8_0 one 68 KiB: more than L1 holds, so the second half was read again from L2).
 const CHUNK_BYTES: usize = 8192;
 
-/// Blocks of `block_bytes` per chunk (at least one).
+/// Blocks of `block_bytes` per chunk (at least one) for a pass of `cols` columns. Decoding's one or two
+/// columns go block by block (both halves of a block, then the next), so the weights stream in order and
+/// each block's prefetch goes out at an even pace: SmolLM2 q4_0 tg128 at 1 thread on AVX2 +7% (6 rounds
+/// alternating, 131.0 -> 139.6 tok/s); with more columns a block's compute hides the stream anyway.
 #[inline(always)]
-pub(super) fn chunk_blocks(block_bytes: usize) -> usize {
+pub(super) fn chunk_blocks(block_bytes: usize, cols: usize) -> usize {
+    if cols <= 2 {
+        return 1;
+    }
     (CHUNK_BYTES / block_bytes).max(1)
 }
 
@@ -425,7 +431,7 @@ macro_rules! tile_256_kernel {
             let off = _mm256_set1_ps(lim.offset as f32);
             let codes = code_table_256(lim);
             let mut accs = [[_mm256_setzero_ps(); C]; 2];
-            let chunk = chunk_blocks(V * VECTOR_BYTES + 2 * PACK_ROWS * (1 + MIN as usize));
+            let chunk = chunk_blocks(V * VECTOR_BYTES + 2 * PACK_ROWS * (1 + MIN as usize), C);
             for b0 in (0..nb).step_by(chunk) {
                 for (h, acc_h) in accs.iter_mut().enumerate() {
                     let mut acc = *acc_h;
@@ -515,7 +521,7 @@ unsafe fn tile_256_q8<const LUT: bool, const C: usize>(
         _mm256_broadcastsi128_si256(_mm_loadu_si128(lim.table.map_or([0; 16], |t| *t).as_ptr() as *const __m128i));
     let v_count = if LUT { 4 } else { 8 };
     let mut accs = [[_mm256_setzero_ps(); C]; 2];
-    let chunk = chunk_blocks(v_count * VECTOR_BYTES + 2 * PACK_ROWS);
+    let chunk = chunk_blocks(v_count * VECTOR_BYTES + 2 * PACK_ROWS, C);
     for b0 in (0..nb).step_by(chunk) {
         for (h, acc_h) in accs.iter_mut().enumerate() {
             let mut acc = *acc_h;

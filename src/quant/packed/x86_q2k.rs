@@ -74,7 +74,7 @@ macro_rules! tile_256_kernel {
             let m3 = _mm256_set1_epi8(0x03);
             let m15 = _mm256_set1_epi32(0x0F);
             let mut accs = [[_mm256_setzero_ps(); C]; 2];
-            let chunk = chunk_blocks(SB_BYTES);
+            let chunk = chunk_blocks(SB_BYTES, C);
             for b0 in (0..nb).step_by(chunk) {
                 for (h, acc_h) in accs.iter_mut().enumerate() {
                     let mut acc = *acc_h;

@@ -127,7 +127,7 @@ macro_rules! tile_256_kernel {
                 std::array::from_fn(|g| _mm256_or_si256(lo[g], _mm256_and_si256(hs[g], m30)))
             };
             let mut accs = [[_mm256_setzero_ps(); C]; 2];
-            let chunk = chunk_blocks(SB_BYTES);
+            let chunk = chunk_blocks(SB_BYTES, C);
             for b0 in (0..nb).step_by(chunk) {
                 for (h, acc_h) in accs.iter_mut().enumerate() {
                     let mut acc = *acc_h;
