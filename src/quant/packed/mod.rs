@@ -38,6 +38,7 @@
 //! by float rounding only.
 
 mod iq4xs;
+mod lines;
 mod q2k;
 mod q3k;
 mod q4k;
@@ -59,17 +60,13 @@ mod x86_q6k;
 mod tests;
 
 use super::{blocks, ActRow, GgmlType, QuantError, SimdLevel, QK, QK_K};
+use lines::Lines;
 
 /// Rows interleaved in one group.
 pub const PACK_ROWS: usize = 16;
 
 /// Bytes of one interleaved vector: four bytes of each of the group's rows.
 const VECTOR_BYTES: usize = 4 * PACK_ROWS;
-
-/// One cache line, the unit the packed bytes are allocated in (so every vector is 64-byte aligned).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
 
 /// The families of packed layouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -262,26 +259,6 @@ fn format(ty: GgmlType) -> Option<Format> {
     }
 }
 
-/// Asks the kernel for 2 MiB pages under a packed matrix's fresh (not yet touched) memory, where the
-/// system leaves that to the program (`transparent_hugepage` = `madvise`, Debian's default). Decoding
-/// streams every packed byte once per token: on 4 KiB pages that is a TLB miss per page (a 72 MiB model
-/// is 18,000 pages, past what the TLBs hold) and the hardware prefetchers stop at each page's end.
-fn advise_huge_pages(data: &mut [std::mem::MaybeUninit<Line>]) {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let (start, len) = (data.as_mut_ptr() as usize, std::mem::size_of_val(data));
-        let (from, to) = (start.next_multiple_of(HUGE), (start + len) / HUGE * HUGE);
-        if to > from {
-            // SAFETY: the range lies inside `data`'s allocation; MADV_HUGEPAGE changes no contents. A
-            // refusal (a kernel without THP) leaves 4 KiB pages, which only costs speed.
-            unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_HUGEPAGE) };
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = data;
-}
-
 /// Whether weights of type `ty` are repacked at load.
 pub fn packable(ty: GgmlType) -> bool {
     format(ty).is_some()
@@ -298,7 +275,7 @@ pub struct PackedMatrix {
     group_bytes: usize,
     /// Bytes of an activation column the products take (`cols` values of the format's activation type).
     act_bytes: usize,
-    data: Vec<Line>, // (groups, group_bytes / 64)
+    data: Lines, // (groups, group_bytes / 64)
 }
 
 impl PackedMatrix {
@@ -311,11 +288,8 @@ impl PackedMatrix {
         let quant_bytes = nb * VECTOR_BYTES * format.vectors;
         let group_bytes = format.group_bytes(nb);
         let total = Self::bytes_for(ty, rows, cols).ok_or(QuantError::NotPackable { ty })?;
-        let mut data: Vec<Line> = Vec::with_capacity(total / 64);
-        advise_huge_pages(data.spare_capacity_mut());
-        data.resize(total / 64, Line([0; 64]));
-        // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's memory.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, data.len() * 64) };
+        let mut data = Lines::zeroed(total / 64).ok_or(QuantError::NotPackable { ty })?;
+        let bytes = data.bytes_mut();
         let flip = if ty == GgmlType::Q8_0 { 0x80 } else { 0 };
         for (r, row) in src.chunks_exact(row_bytes).enumerate() {
             let (g, rr) = (r / PACK_ROWS, r % PACK_ROWS);
