@@ -133,17 +133,6 @@ const Q8_PASS_COLS: usize = 8;
 /// See the module comment.
 unsafe fn tile_q8_avx2(lim: Lim, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
     for (xs, out) in xs.chunks(Q8_PASS_COLS).zip(out.chunks_mut(Q8_PASS_COLS * PACK_ROWS)) {
-        macro_rules! pass_both {
-            ($c:literal) => {{
-                let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
-                let a: [*const f32; $c] = std::array::from_fn(|i| xs[i].aux.as_ptr());
-                if lim.table.is_some() {
-                    tile_256_q8_both::<true, $c>(lim, nb, group.as_ptr(), q, a, out)
-                } else {
-                    tile_256_q8_both::<false, $c>(lim, nb, group.as_ptr(), q, a, out)
-                }
-            }};
-        }
         macro_rules! pass {
             ($c:literal) => {{
                 let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
@@ -156,8 +145,8 @@ unsafe fn tile_q8_avx2(lim: Lim, nb: usize, group: &[u8], xs: &[ActRow], out: &m
             }};
         }
         match xs.len() {
-            1 => pass_both!(1),
-            2 => pass_both!(2),
+            1 => pass!(1),
+            2 => pass!(2),
             3 => pass!(3),
             4 => pass!(4),
             5 => pass!(5),
@@ -565,71 +554,4 @@ unsafe fn tile_256_q8<const LUT: bool, const C: usize>(
         }
     }
     store_halves(&accs, out);
-}
-
-/// `tile_256_q8` for one or two columns (decoding): both 8-row halves of each block in one pass, so each
-/// 64-byte line of the group is read once, while it is in L1 (a q8_0 group of 1,536 values is 25 KiB, which
-/// the two-pass order read twice), and each activation broadcast serves both halves. Per lane the same
-/// operations in the same order, so the same bits.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_256_q8_both<const LUT: bool, const C: usize>(
-    lim: Lim,
-    nb: usize,
-    group: *const u8,
-    q: [*const u8; C],
-    a: [*const f32; C],
-    out: &mut [f32],
-) {
-    let flip = _mm256_set1_epi8(0x80u8 as i8);
-    let ones = _mm256_set1_epi16(1);
-    let nib = _mm256_set1_epi8(0x0F);
-    let values =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(lim.table.map_or([0; 16], |t| *t).as_ptr() as *const __m128i));
-    let v_count = if LUT { 4 } else { 8 };
-    let mut acc = [[_mm256_setzero_ps(); C]; 2];
-    for b in 0..nb {
-        let wp = group.add(b * v_count * VECTOR_BYTES);
-        if LUT {
-            prefetch_block::<4, false>(group, b, lim);
-        } else {
-            prefetch_block::<8, false>(group, b, lim);
-        }
-        let y: [*const u8; C] = std::array::from_fn(|c| q[c].add(b * y_block::<false>() + y_qs::<false>()));
-        let mut isum = [[_mm256_setzero_si256(); C]; 2];
-        for g in 0..8 {
-            let w: [__m256i; 2] = std::array::from_fn(|h| {
-                if LUT {
-                    let v = half_at(wp, g % 4, h);
-                    let n = if g < 4 { v } else { _mm256_srli_epi16::<4>(v) };
-                    _mm256_shuffle_epi8(values, _mm256_and_si256(n, nib))
-                } else {
-                    _mm256_xor_si256(half_at(wp, g, h), flip)
-                }
-            });
-            for c in 0..C {
-                let yb = _mm256_set1_epi32(bcast4(y[c].add(4 * g)));
-                for h in 0..2 {
-                    let yc = _mm256_sign_epi8(yb, w[h]);
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w[h]), yc), ones);
-                    isum[h][c] = _mm256_add_epi32(isum[h][c], p);
-                }
-            }
-        }
-        for h in 0..2 {
-            let dw = if LUT {
-                half_scales::<4, false>(group, nb, b, h, false)
-            } else {
-                half_scales::<8, false>(group, nb, b, h, false)
-            };
-            for c in 0..C {
-                let d = _mm256_mul_ps(dw, _mm256_set1_ps(*a[c].add(2 * b)));
-                acc[h][c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[h][c]), acc[h][c]);
-            }
-        }
-    }
-    for (h, acc) in acc.iter().enumerate() {
-        for (c, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(out.as_mut_ptr().add(c * PACK_ROWS + 8 * h), *a);
-        }
-    }
 }
