@@ -102,16 +102,24 @@ pub(super) unsafe fn sum4_vnni(w: &[__m256i; 4], y: *const u8) -> __m256i {
     _mm256_add_epi32(s0, s1)
 }
 
-/// `sum4_vnni` on AVX2 alone (q6_K, and q3_K's codes of at most 7): codes of at most 63 make `maddubs` pairs of at most 2 * 63 * 128 = 16,128
-/// in magnitude, so two vectors add in i16 (32,256 < 32,767) before `madd` widens them.
+/// `sum4_vnni` on AVX2 alone (q2_K, and q3_K's codes of at most 7): codes of at most 63 make `maddubs`
+/// pairs of at most 2 * 63 * 128 = 16,128 in magnitude, so two vectors add in i16 (32,256 < 32,767)
+/// before `madd` widens them.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn sum4_maddubs(w: &[__m256i; 4], y: *const u8) -> __m256i {
     let ones = _mm256_set1_epi16(1);
-    let p = |g: usize| _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(bcast4(y.add(4 * g))));
-    let s0 = _mm256_add_epi16(p(0), p(2));
-    let s1 = _mm256_add_epi16(p(1), p(3));
+    let (s0, s1) = pairs4_maddubs(w, y);
     _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones))
+}
+
+/// The i16 pair sums of four value-vectors against the 16 activation bytes at `y` (codes of at most 63),
+/// vectors 0 and 2 added in one, 1 and 3 in the other (each at most 32,256 in magnitude, see
+/// `sum4_maddubs`).
+#[inline(always)]
+unsafe fn pairs4_maddubs(w: &[__m256i; 4], y: *const u8) -> (__m256i, __m256i) {
+    let p = |g: usize| _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(bcast4(y.add(4 * g))));
+    (_mm256_add_epi16(p(0), p(2)), _mm256_add_epi16(p(1), p(3)))
 }
 
 /// The 256-bit kernel, defined once per instruction set: each 8-row half `h` of the group as `tile_512`
@@ -173,4 +181,74 @@ macro_rules! tile_256_kernel {
 }
 
 tile_256_kernel!(tile_256_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", sum4_vnni);
-tile_256_kernel!(tile_256, "avx2,fma,f16c", sum4_maddubs);
+
+/// The 256-bit kernel on AVX2 without VNNI, the same integers by fewer instructions: each sub-block's
+/// scale multiplies its i16 pair sums in the `madd` that widens them (in place of a `madd` by ones and a
+/// `mullo`), and the codes' offset is taken once per super-block, `-32 * sum_k sc_k * bsums[k]` by `madd`
+/// on scale pairs (in place of a broadcast per sub-block). All exact in i32, so the same `isum`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_256<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C], out: &mut [f32]) {
+    let nib = _mm256_set1_epi8(0x0F);
+    let m30 = _mm256_set1_epi8(0x30);
+    // From a half's eight scale bytes (in both 128-bit lanes), row `r`'s i32 lane as two i16 `sc_r << 8`
+    // (`-1` indexes give 0), then shifted back with its sign: `sc_r` in both i16 halves.
+    let spread = _mm256_setr_epi8(
+        -1, 0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7,
+    );
+    let values = |lo: [__m256i; 4], hv: __m256i| -> [__m256i; 4] {
+        let hs = [_mm256_slli_epi16::<4>(hv), _mm256_slli_epi16::<2>(hv), hv, _mm256_srli_epi16::<2>(hv)];
+        std::array::from_fn(|g| _mm256_or_si256(lo[g], _mm256_and_si256(hs[g], m30)))
+    };
+    let mut accs = [[_mm256_setzero_ps(); C]; 2];
+    let chunk = chunk_blocks(SB_BYTES, C);
+    for b0 in (0..nb).step_by(chunk) {
+        for (h, acc_h) in accs.iter_mut().enumerate() {
+            let mut acc = *acc_h;
+            for b in b0..(b0 + chunk).min(nb) {
+                let sb = group.add(b * SB_BYTES);
+                if h == 0 {
+                    prefetch(sb);
+                }
+                let y: [*const u8; C] = std::array::from_fn(|c| q[c].add(b * Y_BLOCK));
+                // The offset: per row, sum over sub-block pairs j of sc_2j * bsums[2j] + sc_2j+1 * bsums[2j+1].
+                let mut corr = [_mm256_setzero_si256(); C];
+                for j in 0..8 {
+                    let sc_at = |k: usize| _mm_loadl_epi64(sb.add(SC_AT + k * PACK_ROWS + 8 * h) as *const __m128i);
+                    let pairs = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc_at(2 * j), sc_at(2 * j + 1)));
+                    for c in 0..C {
+                        let bs = _mm256_set1_epi32(bcast4(y[c].add(Y_BSUMS + 4 * j)));
+                        corr[c] = _mm256_add_epi32(corr[c], _mm256_madd_epi16(pairs, bs));
+                    }
+                }
+                let mut isum: [__m256i; C] =
+                    std::array::from_fn(|c| _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(corr[c])));
+                for k in 0..8 {
+                    let v: [__m256i; 4] = std::array::from_fn(|g| {
+                        _mm256_load_si256(sb.add((4 * k + g) * VECTOR_BYTES + 32 * h) as *const __m256i)
+                    });
+                    for (kk, lo) in [
+                        (k, v.map(|v| _mm256_and_si256(v, nib))),
+                        (k + 8, v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib))),
+                    ] {
+                        let hv = _mm256_load_si256(sb.add(HI_AT + kk * VECTOR_BYTES + 32 * h) as *const __m256i);
+                        let w = values(lo, hv);
+                        let sc8 = _mm256_set1_epi64x((sb.add(SC_AT + kk * PACK_ROWS + 8 * h) as *const i64).read());
+                        let sc = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(sc8, spread));
+                        for c in 0..C {
+                            let (s0, s1) = pairs4_maddubs(&w, y[c].add(Y_QS + 16 * kk));
+                            let s = _mm256_add_epi32(_mm256_madd_epi16(s0, sc), _mm256_madd_epi16(s1, sc));
+                            isum[c] = _mm256_add_epi32(isum[c], s);
+                        }
+                    }
+                }
+                let d = _mm256_cvtph_ps(_mm_load_si128(sb.add(D_AT + 16 * h) as *const __m128i));
+                for c in 0..C {
+                    let dy = _mm256_set1_ps((y[c] as *const f32).read_unaligned());
+                    acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(isum[c]), acc[c]);
+                }
+            }
+            *acc_h = acc;
+        }
+    }
+    store_halves(&accs, out);
+}
