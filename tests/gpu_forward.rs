@@ -399,6 +399,60 @@ fn a_squeezed_gpu_falls_back_to_rereading_and_restores_once_there_is_room() {
     assert_eq!(again.restored.map(|r| r.0), Some(RestoreKind::Live), "{:?}", again.restored);
 }
 
+/// Sliding-window layers on GPU stages free the pages their window has passed, as on the CPU (gemma3's
+/// fixture: window 6, five of six layers): 300 positions in batches of 100 give the same logits, bit for
+/// bit, as the same cache keeping every page (the kernels never read before a query's window; a freed
+/// page's table entry is 0); the pages held on the devices are the kept ones, which is what the restore
+/// gate counts (`device_need_bytes`); the parked snapshot holds only those, and restored onto the GPUs it
+/// holds the same and continues with the same logits.
+#[test]
+fn sliding_window_layers_free_their_old_pages_on_the_gpu() {
+    let file = Arc::new(GgufFile::open(&common::families::file("gemma3.gguf")).expect("fixture opens"));
+    let pool = ThreadPool::new(2);
+    let held = |kv: &strata::model::KvCache| kv.device_held_bytes().iter().map(|d| d.1).sum::<u64>();
+    for (name, kinds, split) in [("gpu", vec![emu(64)], None), ("gpu|gpu", vec![emu(64), emu(64)], Some(vec![3]))] {
+        let model = load(&file, devices(&kinds, 0), split, None);
+        let n_layer = model.cfg.n_layer;
+        let toks: Vec<u32> = common::tokens(301, model.cfg.n_vocab, 5);
+        let run = |keep_all: bool| {
+            let mut kv = model.new_kv(KvType::F16, 1024).expect("kv");
+            if keep_all {
+                kv.set_windows(&vec![None; n_layer]);
+            }
+            let mut rows = Vec::new();
+            for chunk in toks[..300].chunks(100) {
+                let want: Vec<usize> = (0..chunk.len()).collect();
+                let l = model.forward(&pool, &mut kv, chunk, &want).expect("forward");
+                rows.extend(l.data.chunks(l.n_vocab).map(<[f32]>::to_vec));
+            }
+            (rows, kv)
+        };
+        let (rows, mut kv) = run(false);
+        let (all_rows, mut all_kv) = run(true);
+        assert_eq!(bits(&rows), bits(&all_rows), "{name}: freeing old pages changes no bit");
+        // 300 positions are 5 pages; a window of 6 past the 64-position margin keeps the last 2.
+        for (l, layer) in kv.layers.iter().enumerate() {
+            let kept = layer.pages.iter().filter(|p| p.held()).count();
+            let want = if model.cfg.window(l).is_some() { 2 } else { 5 };
+            assert_eq!(kept, want, "{name}: layer {l} holds {kept} pages");
+        }
+        let need: u64 = kv.device_need_bytes(300).iter().map(|d| d.1).sum();
+        assert_eq!(held(&kv), need, "{name}: the pages held are what the restore gate counts");
+        assert_eq!(held(&kv) * 2, held(&all_kv), "{name}: 15 pages held of 30");
+        let parked = kv.snapshot().expect("park");
+        assert!(parked.bytes() * 2 < all_kv.snapshot().expect("park all").bytes(), "{name}: the snapshot");
+        let mut back = model.new_kv(KvType::F16, 1024).expect("kv");
+        back.restore(&parked, 300).expect("restore");
+        assert_eq!(held(&back), held(&kv), "{name}: the restored cache holds the kept pages");
+        let next = |kv: &mut strata::model::KvCache| {
+            bits(&[model.forward(&pool, kv, &toks[300..], &[0]).expect("forward").data])
+        };
+        let want = next(&mut all_kv);
+        assert_eq!(next(&mut kv), want, "{name}: the next token");
+        assert_eq!(next(&mut back), want, "{name}: the next token after a restore");
+    }
+}
+
 /// The logits of every prompt position and of each greedy step after it (`n` tokens, one per step), with
 /// the tokens: the prompt in one batch (the batched products), then single tokens (matrix-vector).
 fn family_run(model: &Model, kv: KvType, prompt: &[u32], n: usize, ctx: usize) -> (Vec<Vec<f32>>, Vec<u32>) {

@@ -193,6 +193,16 @@ impl KvPage {
         self.held() && !self.on_host() && matches!(self.alloc, PageMem::Own(_))
     }
 
+    /// The (K, V) addresses a GPU layer's page table lists for it: 0 for a page its sliding window freed
+    /// (the kernels never read before a query's window).
+    fn table_addrs(&self) -> (u64, u64) {
+        if self.held() {
+            self.gpu_addrs().expect("pages of a GPU layer have memory")
+        } else {
+            (0, 0)
+        }
+    }
+
     /// Addresses of its K and V rows, for a page in GPU (or pinned host) memory.
     fn gpu_addrs(&self) -> Option<(u64, u64)> {
         match &self.alloc {
@@ -221,14 +231,19 @@ fn adjacent_runs(pages: &[KvPage], v: bool, half_bytes: u64) -> Vec<(usize, usiz
     runs
 }
 
-/// The (address, bytes) of each run of adjacent pages among those holding the first `len` rows of `row`
-/// bytes, on the K or the V side: the pieces of a transfer, in row order.
-fn runs_of(pages: &[KvPage], v: bool, len: usize, row: usize) -> impl Iterator<Item = (u64, usize)> {
+/// The (address, bytes) of each run of adjacent pages among those holding rows `from_page *
+/// KV_PAGE_TOKENS .. len` of `row` bytes (the pages a sliding window freed come before `from_page`), on the
+/// K or the V side: the pieces of a transfer, in row order.
+fn runs_of(pages: &[KvPage], from_page: usize, v: bool, len: usize, row: usize) -> impl Iterator<Item = (u64, usize)> {
     let used = len.div_ceil(KV_PAGE_TOKENS).min(pages.len());
-    adjacent_runs(&pages[..used], v, (KV_PAGE_TOKENS * row) as u64).into_iter().map(move |(first, count, addr)| {
-        let (from, to) = (first * KV_PAGE_TOKENS * row, ((first + count) * KV_PAGE_TOKENS).min(len) * row);
-        (addr, to - from)
-    })
+    let from_page = from_page.min(used);
+    adjacent_runs(&pages[from_page..used], v, (KV_PAGE_TOKENS * row) as u64).into_iter().map(
+        move |(first, count, addr)| {
+            let (first, end) = (from_page + first, from_page + first + count);
+            let (from, to) = (first * KV_PAGE_TOKENS * row, (end * KV_PAGE_TOKENS).min(len) * row);
+            (addr, to - from)
+        },
+    )
 }
 
 /// A GPU layer's page table on its device: `capacity` K-page addresses, then as many V-page addresses.
@@ -244,8 +259,8 @@ pub struct LayerKv {
     pub device: Arc<Device>,
     pub pages: Vec<KvPage>,
     table: Option<PageTable>,
-    /// A sliding-window layer's window (keys `pos + 1 - window ..= pos`) when its old pages are freed (a
-    /// layer computed on the CPU; a GPU layer keeps every page, its kernels masking what it does not read).
+    /// A sliding-window layer's window (keys `pos + 1 - window ..= pos`): its old pages are freed, on the
+    /// CPU as on a GPU (whose page table then lists 0 for them; its kernels start at the window).
     window: Option<usize>,
     /// Leading pages freed because they fell out of the window (`PageMem::Dropped`).
     dropped: usize,
@@ -255,7 +270,7 @@ impl LayerKv {
     /// The device addresses of the K and V page tables when they list the pages as they are now.
     fn current_tables(&self) -> Option<(u64, u64)> {
         let t = self.table.as_ref()?;
-        let now = self.pages.iter().map(|p| p.gpu_addrs().expect("pages of a GPU layer have memory"));
+        let now = self.pages.iter().map(KvPage::table_addrs);
         let ptr = t.alloc.mem()?.ptr();
         now.eq(t.uploaded.iter().copied()).then_some((ptr, ptr + (t.capacity * 8) as u64))
     }
@@ -311,10 +326,10 @@ impl KvCache {
     }
 
     /// Gives the sliding-window layers their windows (`windows[l]`: None for a global layer): their pages
-    /// that every later query's window has passed are freed as the sequence grows. GPU layers keep theirs.
+    /// that every later query's window has passed are freed as the sequence grows, on every device.
     pub fn set_windows(&mut self, windows: &[Option<usize>]) {
         for (l, &w) in self.layers.iter_mut().zip(windows) {
-            l.window = w.filter(|_| l.device.gpu().is_none());
+            l.window = w;
         }
     }
 
@@ -491,13 +506,21 @@ impl KvCache {
         first_resident: usize,
     ) -> Result<(), DeviceError> {
         let (page_bytes, host) = (self.page_bytes(), self.host.clone());
-        let have = self.layers[layer].pages.len();
-        for _ in have..first_resident {
+        let (have, dropped) = (self.layers[layer].pages.len(), self.layers[layer].dropped);
+        for idx in have..first_resident.max(dropped).min(need_pages) {
+            // Before a restored sliding-window layer's first kept position: no memory.
+            if idx < dropped {
+                self.layers[layer].pages.push(KvPage::dropped(self.ty));
+                continue;
+            }
             let alloc = PageMem::Own(host.alloc_pinned(g, Purpose::Kv, page_bytes)?);
             self.layers[layer].pages.push(KvPage { k: KvRows::Gpu, v: KvRows::Gpu, alloc });
         }
         let from = self.layers[layer].pages.len();
         let count = need_pages - from;
+        if count == 0 {
+            return Ok(());
+        }
         let slab = Arc::new(self.layers[layer].device.alloc(Purpose::Kv, count as u64 * page_bytes)?);
         let base = slab.mem().expect("GPU allocations have memory").ptr();
         let half = page_bytes / 2;
@@ -758,15 +781,17 @@ impl KvCache {
                     continue;
                 }
                 let tables = layer.current_tables();
+                // A sliding-window layer's rows start at its first kept page (as the snapshot's do).
+                let first = (layer.dropped * KV_PAGE_TOKENS).min(self.len);
                 for (v_half, rows) in [(false, k), (true, v)] {
-                    let mut rest = &mut rows.bytes_mut()[..self.len * row];
+                    let mut rest = &mut rows.bytes_mut()[..(self.len - first) * row];
                     if let Some((kt, vt)) = tables {
                         let table = if v_half { vt } else { kt };
-                        pieces.push((Source::Pages { table, row0: 0, row_bytes: row }, rest));
+                        pieces.push((Source::Pages { table, row0: first, row_bytes: row }, rest));
                         gathered.push((l, v_half));
                         continue;
                     }
-                    for (addr, len) in runs_of(&layer.pages, v_half, self.len, row) {
+                    for (addr, len) in runs_of(&layer.pages, layer.dropped, v_half, self.len, row) {
                         let (piece, tail) = std::mem::take(&mut rest).split_at_mut(len);
                         pieces.push((Source::At(addr), piece));
                         rest = tail;
@@ -782,8 +807,9 @@ impl KvCache {
                     Source::At(addr) => unsafe { gpu.dtoh(dst, *addr) },
                     Source::Pages { .. } => {
                         let (l, v_half) = gathered.remove(0);
+                        let layer = &self.layers[l];
                         let mut at = 0;
-                        for (addr, len) in runs_of(&self.layers[l].pages, v_half, self.len, row) {
+                        for (addr, len) in runs_of(&layer.pages, layer.dropped, v_half, self.len, row) {
                             // SAFETY: as above.
                             unsafe { gpu.dtoh(&mut dst[at..at + len], addr)? };
                             at += len;
@@ -902,9 +928,10 @@ impl KvCache {
                 if !Arc::ptr_eq(&layer.device, &device) {
                     continue;
                 }
+                let first = (layer.dropped * KV_PAGE_TOKENS).min(self.len);
                 for (v_half, rows) in [(false, k), (true, v)] {
-                    let mut rest = &rows.bytes()[..self.len * row];
-                    for (addr, len) in runs_of(&layer.pages, v_half, self.len, row) {
+                    let mut rest = &rows.bytes()[..(self.len - first) * row];
+                    for (addr, len) in runs_of(&layer.pages, layer.dropped, v_half, self.len, row) {
                         let (piece, tail) = rest.split_at(len);
                         pieces.push((addr, piece));
                         rest = tail;
@@ -954,7 +981,7 @@ impl KvCache {
         }
         let t = l.table.as_mut().expect("just made");
         let mem = t.alloc.mem().expect("a GPU allocation has memory");
-        let current = l.pages.iter().map(|p| p.gpu_addrs().expect("pages of a GPU layer have memory"));
+        let current = l.pages.iter().map(KvPage::table_addrs);
         if !current.clone().eq(t.uploaded.iter().copied()) {
             let now: Vec<(u64, u64)> = current.collect();
             let (ks, vs): (Vec<u64>, Vec<u64>) = now.iter().copied().unzip();

@@ -33,7 +33,7 @@ pub struct StagePlan {
     /// KV bytes per position for this stage's layers (K and V).
     pub kv_bytes_per_token: u64,
     /// The part of `kv_bytes_per_token` from sliding-window layers that free the pages their window has
-    /// passed (CPU and sim stages), and how many positions those keep at most (window and margin, in whole
+    /// passed (on every device), and how many positions those keep at most (window and margin, in whole
     /// pages, one more for alignment).
     pub swa_kv_bytes_per_token: u64,
     pub swa_kept_tokens: usize,
@@ -103,14 +103,18 @@ pub fn plan(
         .enumerate()
         .map(|(s, layers)| {
             let (first, last) = (s == 0, s + 1 == n_stages);
+            // Sliding-window layers keep only their window's pages (and the margin), on every device.
+            let swa_layers = layers.clone().filter(|&l| cfg.window(l).is_some()).count();
+            let swa_kept_tokens =
+                cfg.swa_window.map_or(0, |w| ((w + SWA_MARGIN_TOKENS).div_ceil(KV_PAGE_TOKENS) + 1) * KV_PAGE_TOKENS);
             if devs[s].kind.is_gpu() {
                 // The CUDA backend's own layout (see model::gpu): weights as stored, f32 scratch; hidden
                 // states pass through host memory.
                 return StagePlan {
                     device: devs[s].clone(),
                     kv_bytes_per_token: 2 * row_bytes * layers.len() as u64,
-                    swa_kv_bytes_per_token: 0,
-                    swa_kept_tokens: 0,
+                    swa_kv_bytes_per_token: 2 * row_bytes * swa_layers as u64,
+                    swa_kept_tokens,
                     weights_bytes: gpu::weight_bytes(weights, layers.clone(), last),
                     scratch_bytes: gpu::scratch_bytes(cfg, opts.batch, last),
                     staging_bytes: 0,
@@ -126,9 +130,6 @@ pub fn plan(
             }
             // Hidden states arrive from the previous stage; a tied head's embedding rows from the last.
             let staging_bytes = if !first || (weights.tied_output && n_stages > 1) { hidden_bytes } else { 0 };
-            let swa_layers = layers.clone().filter(|&l| cfg.window(l).is_some()).count();
-            let swa_kept_tokens =
-                cfg.swa_window.map_or(0, |w| ((w + SWA_MARGIN_TOKENS).div_ceil(KV_PAGE_TOKENS) + 1) * KV_PAGE_TOKENS);
             StagePlan {
                 device: devs[s].clone(),
                 kv_bytes_per_token: 2 * row_bytes * layers.len() as u64,
