@@ -106,7 +106,7 @@ pub fn main(a: InfoArgs) -> anyhow::Result<()> {
                 let swa = cfg.swa_layers.iter().filter(|&&s| s).count();
                 println!(
                     "sliding window: {w} positions on {swa} of {} layers (RoPE base {} there), which keep only their \
-                     window of KV on the CPU",
+                     window of KV (and a margin), on the CPU and on GPUs",
                     cfg.n_layer, cfg.rope_swa.base
                 );
             }
