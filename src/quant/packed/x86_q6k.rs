@@ -122,6 +122,15 @@ unsafe fn pairs4_maddubs(w: &[__m256i; 4], y: *const u8) -> (__m256i, __m256i) {
     (_mm256_add_epi16(p(0), p(2)), _mm256_add_epi16(p(1), p(3)))
 }
 
+/// A sub-block's four value-vectors (codes 0..63) on 256 bits: the low nibbles `lo` with the two high
+/// bits of each from the high-bit vector `hv` (bits `2 g..2 g + 2` for vector `g`).
+#[inline(always)]
+unsafe fn values_256(lo: [__m256i; 4], hv: __m256i) -> [__m256i; 4] {
+    let m30 = _mm256_set1_epi8(0x30);
+    let hs = [_mm256_slli_epi16::<4>(hv), _mm256_slli_epi16::<2>(hv), hv, _mm256_srli_epi16::<2>(hv)];
+    std::array::from_fn(|g| _mm256_or_si256(lo[g], _mm256_and_si256(hs[g], m30)))
+}
+
 /// The 256-bit kernel, defined once per instruction set: each 8-row half `h` of the group as `tile_512`
 /// does the whole.
 macro_rules! tile_256_kernel {
@@ -129,11 +138,6 @@ macro_rules! tile_256_kernel {
         #[target_feature(enable = $features)]
         unsafe fn $name<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C], out: &mut [f32]) {
             let nib = _mm256_set1_epi8(0x0F);
-            let m30 = _mm256_set1_epi8(0x30);
-            let values = |lo: [__m256i; 4], hv: __m256i| -> [__m256i; 4] {
-                let hs = [_mm256_slli_epi16::<4>(hv), _mm256_slli_epi16::<2>(hv), hv, _mm256_srli_epi16::<2>(hv)];
-                std::array::from_fn(|g| _mm256_or_si256(lo[g], _mm256_and_si256(hs[g], m30)))
-            };
             let mut accs = [[_mm256_setzero_ps(); C]; 2];
             let chunk = chunk_blocks(SB_BYTES, C);
             for b0 in (0..nb).step_by(chunk) {
@@ -155,7 +159,7 @@ macro_rules! tile_256_kernel {
                             ] {
                                 let hv =
                                     _mm256_load_si256(sb.add(HI_AT + kk * VECTOR_BYTES + 32 * h) as *const __m256i);
-                                let w = values(lo, hv);
+                                let w = values_256(lo, hv);
                                 let sc_at = sb.add(SC_AT + kk * PACK_ROWS + 8 * h) as *const __m128i;
                                 let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc_at));
                                 for c in 0..C {
@@ -189,16 +193,11 @@ tile_256_kernel!(tile_256_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", sum4_vnni);
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_256<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C], out: &mut [f32]) {
     let nib = _mm256_set1_epi8(0x0F);
-    let m30 = _mm256_set1_epi8(0x30);
     // From a half's eight scale bytes (in both 128-bit lanes), row `r`'s i32 lane as two i16 `sc_r << 8`
     // (`-1` indexes give 0), then shifted back with its sign: `sc_r` in both i16 halves.
     let spread = _mm256_setr_epi8(
         -1, 0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7,
     );
-    let values = |lo: [__m256i; 4], hv: __m256i| -> [__m256i; 4] {
-        let hs = [_mm256_slli_epi16::<4>(hv), _mm256_slli_epi16::<2>(hv), hv, _mm256_srli_epi16::<2>(hv)];
-        std::array::from_fn(|g| _mm256_or_si256(lo[g], _mm256_and_si256(hs[g], m30)))
-    };
     let mut accs = [[_mm256_setzero_ps(); C]; 2];
     let chunk = chunk_blocks(SB_BYTES, C);
     for b0 in (0..nb).step_by(chunk) {
@@ -231,7 +230,7 @@ unsafe fn tile_256<const C: usize>(nb: usize, group: *const u8, q: [*const u8; C
                         (k + 8, v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib))),
                     ] {
                         let hv = _mm256_load_si256(sb.add(HI_AT + kk * VECTOR_BYTES + 32 * h) as *const __m256i);
-                        let w = values(lo, hv);
+                        let w = values_256(lo, hv);
                         let sc8 = _mm256_set1_epi64x((sb.add(SC_AT + kk * PACK_ROWS + 8 * h) as *const i64).read());
                         let sc = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(sc8, spread));
                         for c in 0..C {
