@@ -267,6 +267,12 @@ pub struct LayerKv {
 }
 
 impl LayerKv {
+    /// The first position it holds when the sequence holds `len`: 0, or past the pages its sliding window
+    /// freed. Snapshots and transfers start their rows there.
+    fn first_kept(&self, len: usize) -> usize {
+        (self.dropped * KV_PAGE_TOKENS).min(len)
+    }
+
     /// The device addresses of the K and V page tables when they list the pages as they are now.
     fn current_tables(&self) -> Option<(u64, u64)> {
         let t = self.table.as_ref()?;
@@ -688,7 +694,7 @@ impl KvCache {
 
     /// Host bytes a snapshot of the filled positions takes (`KvSnapshot::bytes` of `snapshot()`).
     pub fn snapshot_bytes(&self) -> u64 {
-        let rows: usize = self.layers.iter().map(|l| self.len - (l.dropped * KV_PAGE_TOKENS).min(self.len)).sum();
+        let rows: usize = self.layers.iter().map(|l| self.len - l.first_kept(self.len)).sum();
         (rows * self.ty.row_bytes(self.kv_dim) * 2) as u64
     }
 
@@ -706,7 +712,7 @@ impl KvCache {
         let mut spare: Vec<(KvRows, KvRows)> = reuse.filter(fits).map(|s| s.layers).unwrap_or_default();
         spare.reverse();
         let copy = |layer: &LayerKv, v_half: bool, buf: Option<KvRows>| -> Result<KvRows, DeviceError> {
-            let first = (layer.dropped * KV_PAGE_TOKENS).min(n);
+            let first = layer.first_kept(n);
             let n = n - first;
             let mut out = match (self.ty, buf) {
                 (KvType::F16, Some(KvRows::F16(mut v))) => {
@@ -764,7 +770,7 @@ impl KvCache {
             })
             .collect::<Result<_, DeviceError>>()?;
         self.download(&mut layers)?;
-        let firsts = self.layers.iter().map(|l| (l.dropped * KV_PAGE_TOKENS).min(n)).collect();
+        let firsts = self.layers.iter().map(|l| l.first_kept(n)).collect();
         Ok(KvSnapshot { ty: self.ty, kv_dim: dim, len: n, layers, firsts, min_len: self.min_len() })
     }
 
@@ -781,8 +787,7 @@ impl KvCache {
                     continue;
                 }
                 let tables = layer.current_tables();
-                // A sliding-window layer's rows start at its first kept page (as the snapshot's do).
-                let first = (layer.dropped * KV_PAGE_TOKENS).min(self.len);
+                let first = layer.first_kept(self.len);
                 for (v_half, rows) in [(false, k), (true, v)] {
                     let mut rest = &mut rows.bytes_mut()[..(self.len - first) * row];
                     if let Some((kt, vt)) = tables {
@@ -928,7 +933,7 @@ impl KvCache {
                 if !Arc::ptr_eq(&layer.device, &device) {
                     continue;
                 }
-                let first = (layer.dropped * KV_PAGE_TOKENS).min(self.len);
+                let first = layer.first_kept(self.len);
                 for (v_half, rows) in [(false, k), (true, v)] {
                     let mut rest = &rows.bytes()[..(self.len - first) * row];
                     for (addr, len) in runs_of(&layer.pages, layer.dropped, v_half, self.len, row) {
