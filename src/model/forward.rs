@@ -46,11 +46,14 @@ struct Scratch {
 }
 
 impl Scratch {
-    /// Zeroed activations for `t_count` positions from `pos0`, with their rope tables (`factors`: the
-    /// file's per-dimension frequency divisors for this sequence's context).
-    fn new(cfg: &ModelConfig, factors: Option<&[f32]>, t_count: usize, pos0: usize) -> Scratch {
+    /// Zeroed activations for a batch whose token `t` sits at position `at[t].0` of its sequence, with
+    /// their rope tables (`at[t].1`: the file's per-dimension frequency divisors for that sequence's
+    /// context).
+    fn new(cfg: &ModelConfig, at: &[(usize, Option<&[f32]>)]) -> Scratch {
+        let t_count = at.len();
         let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
-        let table = |rope| (0..t_count).map(|t| ops::rope_table(pos0 + t, cfg.rope_dims, rope, factors)).collect();
+        let table =
+            |rope| at.iter().map(|&(pos, factors)| ops::rope_table(pos, cfg.rope_dims, rope, factors)).collect();
         let swa_differs = cfg.swa_layers.iter().any(|&s| s) && cfg.rope_swa != cfg.rope;
         Scratch {
             xn: vec![0f32; t_count * d],
@@ -74,6 +77,23 @@ struct Span<'a> {
     t_count: usize,
     pos0: usize,
     want: &'a [usize], // (n_out), ascending indices into the batch
+}
+
+/// One sequence's rows of a batch that holds several: rows `start..start + t_count` of the batch go to
+/// positions `pos0..` of `kv`.
+pub(super) struct Segment<'k> {
+    kv: &'k mut KvCache,
+    start: usize,
+    t_count: usize,
+    pos0: usize,
+}
+
+/// One sequence's part of a [`Model::forward_many`] call: its tokens, appended to `kv`, and the indices
+/// into `tokens` (ascending) whose logits are wanted.
+pub struct SeqInput<'k, 't> {
+    pub kv: &'k mut KvCache,
+    pub tokens: &'t [u32],
+    pub want: &'t [usize],
 }
 
 /// Copies the hidden state `x` into `to` (`memcpy_dtod` between stages), counted in its ledger. A sim
@@ -122,6 +142,103 @@ impl Model {
         Ok(Logits { n_vocab: self.cfg.n_vocab, data })
     }
 
+    /// Appends each input's tokens to its own sequence, all in one pass (continuous batching: several
+    /// sequences' prompt chunks and decode steps together), and returns each input's wanted logits, or
+    /// why that input failed: an input that fails (too long, a bad token, no memory for its pages) appends
+    /// nothing and holds no new page, and the others go on without it.
+    ///
+    /// Each sequence's logits are the same bits as [`Model::forward`] on it alone: every step but attention
+    /// treats a row alone, whatever rows stand beside it (see `ops`), and attention runs per sequence.
+    /// Inputs on a placement with GPU stages, or more tokens than the stages' scratch was sized for, run one
+    /// after another (the same results).
+    pub fn forward_many(&self, pool: &ThreadPool, inputs: &mut [SeqInput]) -> Vec<Result<Logits, ModelError>> {
+        let total: usize = inputs.iter().map(|i| i.tokens.len()).sum();
+        let on_gpu = self.placement.gpu.iter().any(Option::is_some);
+        if inputs.len() <= 1 || on_gpu || total > self.placement.batch {
+            return inputs.iter_mut().map(|i| self.forward(pool, i.kv, i.tokens, i.want)).collect();
+        }
+        let n_vocab = self.cfg.n_vocab;
+        // Each input checked and its pages taken; None: it runs in the pass.
+        let mut results: Vec<Option<Result<Logits, ModelError>>> = inputs
+            .iter_mut()
+            .map(|i| {
+                if let Some(&bad) = i.want.iter().find(|&&t| t >= i.tokens.len()) {
+                    let msg = format!("logits wanted at {bad} of a {}-token batch", i.tokens.len());
+                    return Some(Err(ModelError::Inconsistent(msg)));
+                }
+                if let Err(e) = self.check_batch(i.kv, i.tokens) {
+                    return Some(Err(e));
+                }
+                if i.tokens.is_empty() {
+                    return Some(Ok(Logits { n_vocab, data: Vec::new() }));
+                }
+                self.placement.devices.on_progress(i.kv.len());
+                match i.kv.reserve(i.kv.len() + i.tokens.len()) {
+                    Ok(()) => None,
+                    Err(e) => {
+                        i.kv.release_unused();
+                        Some(Err(e.into()))
+                    }
+                }
+            })
+            .collect();
+        let live: Vec<usize> = (0..inputs.len()).filter(|&n| results[n].is_none()).collect();
+        if live.is_empty() {
+            return results.into_iter().flatten().collect();
+        }
+        // The pass's rows: each live input's tokens in turn, with its positions and its wanted rows.
+        let (mut tokens, mut at, mut want) = (Vec::new(), Vec::new(), Vec::new());
+        for &n in &live {
+            let i = &inputs[n];
+            let (start, pos0, factors) = (tokens.len(), i.kv.len(), self.rope_factors(i.kv));
+            tokens.extend_from_slice(i.tokens);
+            at.extend((0..i.tokens.len()).map(|t| (pos0 + t, factors)));
+            want.extend(i.want.iter().map(|&t| start + t));
+        }
+        let span = Span { t_count: tokens.len(), pos0: 0, want: &want };
+        let scratch = self.placement.extra_scratch(&self.cfg, span.t_count, want.len());
+        let _extra_scratch = match scratch {
+            Ok(held) => held,
+            Err(e) => {
+                for &n in &live {
+                    inputs[n].kv.release_unused();
+                    results[n] = Some(Err(e.clone().into()));
+                }
+                return results.into_iter().flatten().collect();
+            }
+        };
+        let mut x = self.embed_host(&tokens);
+        let mut s = Scratch::new(&self.cfg, &at);
+        let mut segs: Vec<Segment> = Vec::with_capacity(live.len());
+        let mut start = 0;
+        for (n, i) in inputs.iter_mut().enumerate() {
+            if results[n].is_none() {
+                let (t_count, pos0) = (i.tokens.len(), i.kv.len());
+                segs.push(Segment { kv: &mut *i.kv, start, t_count, pos0 });
+                start += t_count;
+            }
+        }
+        for (si, stage) in self.placement.stages.iter().enumerate() {
+            if si > 0 {
+                x = copy_to(&stage.device, x);
+            }
+            for l in stage.layers.clone() {
+                self.layer(pool, &mut segs, l, &mut x, &mut s);
+            }
+        }
+        for seg in &mut segs {
+            seg.kv.set_len(seg.pos0 + seg.t_count);
+        }
+        drop(segs);
+        let data = self.cpu_head(pool, span, &x, &mut Some(s));
+        let mut rows = data.chunks_exact(n_vocab);
+        for &n in &live {
+            let data: Vec<f32> = rows.by_ref().take(inputs[n].want.len()).flatten().copied().collect();
+            results[n] = Some(Ok(Logits { n_vocab, data }));
+        }
+        results.into_iter().flatten().collect()
+    }
+
     /// One batch of at most `placement.batch` tokens: checks it, takes its KV pages and extra scratch,
     /// runs the stages and the output head. On error nothing is appended and the pages it took are freed.
     fn forward_batch(
@@ -145,12 +262,8 @@ impl Model {
         let _extra_scratch =
             placement.extra_scratch(&self.cfg, span.t_count, want.len()).inspect_err(|_| kv.release_unused())?;
 
+        // Rows gathered on the GPU are scaled there (`GpuStage::embed`), the host's by `embed_host`.
         let (mut x, embedded_on_gpu) = self.embed_tokens(kv, tokens)?;
-        // Rows gathered on the GPU are scaled there (`GpuStage::embed`); these are the host's.
-        if self.cfg.family.embed_scale && !embedded_on_gpu {
-            let scale = (self.cfg.n_embd as f32).sqrt();
-            x.iter_mut().for_each(|v| *v *= scale);
-        }
         let mut s: Option<Scratch> = None;
         let gpu_logits = self.run_stages(pool, kv, span, embedded_on_gpu, &mut x, &mut s)?;
         kv.set_len(span.pos0 + span.t_count);
@@ -178,26 +291,34 @@ impl Model {
     /// stage's GPU gathered them itself (then `x` is empty). A tied head lives on the last stage, so with
     /// several stages the first gathers its embedding rows from there.
     fn embed_tokens(&self, kv: &mut KvCache, tokens: &[u32]) -> Result<(Vec<f32>, bool), ModelError> {
-        let (w, d, stages) = (&self.weights, self.cfg.n_embd, &self.placement.stages);
         // On the GPU when the first stage holds the table (a tied head on one GPU), else from the mapped
         // file on the host.
-        let embedded_on_gpu = match self.placement.gpu[0].as_ref().filter(|g| g.holds_embeddings()) {
+        match self.placement.gpu[0].as_ref().filter(|g| g.holds_embeddings()) {
             Some(g) => {
-                g.embed(tokens, d).inspect_err(|_| kv.release_unused())?;
-                true
+                g.embed(tokens, self.cfg.n_embd).inspect_err(|_| kv.release_unused())?;
+                Ok((Vec::new(), true))
             }
-            None => false,
-        };
-        let mut x = vec![0f32; if embedded_on_gpu { 0 } else { tokens.len() * d }];
-        if !embedded_on_gpu {
-            for (t, &id) in tokens.iter().enumerate() {
-                w.token_embd.dequantize_row_into(id as usize, &mut x[t * d..(t + 1) * d]);
-            }
+            None => Ok((self.embed_host(tokens), false)),
+        }
+    }
+
+    /// The batch's embedding rows gathered on the host from the mapped file (scaled where the family scales
+    /// them), in the first stage's memory (a tied head lives on the last stage, so with several stages the
+    /// first gathers its rows from there): `x`, (t_count, n_embd).
+    fn embed_host(&self, tokens: &[u32]) -> Vec<f32> {
+        let (w, d, stages) = (&self.weights, self.cfg.n_embd, &self.placement.stages);
+        let mut x = vec![0f32; tokens.len() * d];
+        for (t, &id) in tokens.iter().enumerate() {
+            w.token_embd.dequantize_row_into(id as usize, &mut x[t * d..(t + 1) * d]);
+        }
+        if self.cfg.family.embed_scale {
+            let scale = (d as f32).sqrt();
+            x.iter_mut().for_each(|v| *v *= scale);
         }
         if w.tied_output && stages.len() > 1 {
             x = copy_to(&stages[0].device, x);
         }
-        Ok((x, embedded_on_gpu))
+        x
     }
 
     /// Runs every stage over the batch in order, the hidden state `x` crossing from stage to stage; CPU
@@ -231,7 +352,8 @@ impl Model {
             }
             for l in stage.layers.clone() {
                 let scratch = s.get_or_insert_with(|| self.scratch(kv, span));
-                self.layer(pool, kv, l, span.pos0, x, scratch);
+                let t_count = span.t_count;
+                self.layer(pool, &mut [Segment { kv, start: 0, t_count, pos0: span.pos0 }], l, x, scratch);
             }
         }
         Ok(gpu_logits)
@@ -279,7 +401,7 @@ impl Model {
         let mut data = vec![0f32; n_out * cfg.n_vocab];
         if n_out > 0 {
             let _t = profile::time(Part::Output);
-            let act = &mut s.get_or_insert_with(|| Scratch::new(cfg, None, span.t_count, span.pos0)).act;
+            let act = &mut s.get_or_insert_with(|| Scratch::new(cfg, &[])).act;
             act.quantize(pool, w.output.ty, &hn, d);
             ops::matmul(pool, &[MatJob { w: &w.output, bias: None, out: SharedMut::new(&mut data) }], act);
         }
@@ -291,13 +413,20 @@ impl Model {
 
     /// The CPU stages' scratch for a batch, its rope tables for this sequence's context.
     fn scratch(&self, kv: &KvCache, span: Span<'_>) -> Scratch {
-        let factors = self.weights.rope_factors.for_context(kv.max_tokens, self.cfg.rope_orig_ctx);
-        Scratch::new(&self.cfg, factors, span.t_count, span.pos0)
+        let factors = self.rope_factors(kv);
+        let at: Vec<_> = (0..span.t_count).map(|t| (span.pos0 + t, factors)).collect();
+        Scratch::new(&self.cfg, &at)
     }
 
-    /// Layer `l` over the batch: attention (writing the batch's K and V rows at `pos0..`) and feed-forward,
-    /// added to the residual stream `x`.
-    fn layer(&self, pool: &ThreadPool, kv: &mut KvCache, l: usize, pos0: usize, x: &mut [f32], s: &mut Scratch) {
+    /// The file's rope frequency divisors for the context of the sequence in `kv` (None: plain rope).
+    fn rope_factors(&self, kv: &KvCache) -> Option<&[f32]> {
+        self.weights.rope_factors.for_context(kv.max_tokens, self.cfg.rope_orig_ctx)
+    }
+
+    /// Layer `l` over the batch: attention (writing each segment's K and V rows at its positions, and
+    /// attending within its own sequence) and feed-forward, added to the residual stream `x`. Every step
+    /// but attention treats the batch's rows alike, whichever sequence they belong to.
+    fn layer(&self, pool: &ThreadPool, segs: &mut [Segment], l: usize, x: &mut [f32], s: &mut Scratch) {
         let cfg = &self.cfg;
         let lw = &self.weights.layers[l];
         let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
@@ -330,25 +459,31 @@ impl Model {
         let attention = profile::time(Part::Attention);
         let (hd, rope_dims) = (cfg.head_dim, cfg.rope_dims);
         let ropes = if cfg.swa_layers[l] && !s.ropes_swa.is_empty() { &s.ropes_swa } else { &s.ropes };
-        for (t, rope) in ropes.iter().enumerate().take(t_count) {
-            for h in 0..cfg.n_head {
-                let at = t * q_dim + h * hd;
-                if let Some(w) = &lw.q_norm {
-                    ops::rms_norm_in_place(&mut s.q[at..at + hd], w, cfg.rms_eps);
+        for seg in segs.iter_mut() {
+            for (t, rope) in ropes.iter().enumerate().skip(seg.start).take(seg.t_count) {
+                for h in 0..cfg.n_head {
+                    let at = t * q_dim + h * hd;
+                    if let Some(w) = &lw.q_norm {
+                        ops::rms_norm_in_place(&mut s.q[at..at + hd], w, cfg.rms_eps);
+                    }
+                    ops::rope_apply(&mut s.q[at..at + rope_dims], rope, cfg.rope_kind);
                 }
-                ops::rope_apply(&mut s.q[at..at + rope_dims], rope, cfg.rope_kind);
-            }
-            for h in 0..cfg.n_head_kv {
-                let at = t * kv_dim + h * hd;
-                if let Some(w) = &lw.k_norm {
-                    ops::rms_norm_in_place(&mut s.k[at..at + hd], w, cfg.rms_eps);
+                for h in 0..cfg.n_head_kv {
+                    let at = t * kv_dim + h * hd;
+                    if let Some(w) = &lw.k_norm {
+                        ops::rms_norm_in_place(&mut s.k[at..at + hd], w, cfg.rms_eps);
+                    }
+                    ops::rope_apply(&mut s.k[at..at + rope_dims], rope, cfg.rope_kind);
                 }
-                ops::rope_apply(&mut s.k[at..at + rope_dims], rope, cfg.rope_kind);
+                let (k, v) = (&s.k[t * kv_dim..(t + 1) * kv_dim], &s.v[t * kv_dim..(t + 1) * kv_dim]);
+                seg.kv.write(l, seg.pos0 + t - seg.start, k, v);
             }
-            kv.write(l, pos0 + t, &s.k[t * kv_dim..(t + 1) * kv_dim], &s.v[t * kv_dim..(t + 1) * kv_dim]);
         }
         let opts = AttnOpts { scale: cfg.attn_scale, softcap: cfg.attn_softcap, window: cfg.window(l) };
-        attn::attention(pool, kv, l, &shape, &opts, &s.q, pos0, &mut s.att);
+        for seg in segs.iter() {
+            let rows = seg.start * q_dim..(seg.start + seg.t_count) * q_dim;
+            attn::attention(pool, seg.kv, l, &shape, &opts, &s.q[rows.clone()], seg.pos0, &mut s.att[rows]);
+        }
         drop(attention);
         let products = profile::time(Part::AttnProducts);
         s.act.quantize(pool, lw.wo.ty, &s.att, q_dim);

@@ -29,7 +29,7 @@ use crate::split::SplitError;
 
 pub use config::{Arch, ModelConfig, RopeKind, RopeParams};
 pub use family::{Family, FfnAct};
-pub use forward::Logits;
+pub use forward::{Logits, SeqInput};
 pub use kv::{KvCache, KvType};
 pub use placement::{Placement, PlanOptions, StagePlan};
 pub use weights::Weights;

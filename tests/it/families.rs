@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::common::families::{self, floats, ids, log_softmax, reference, FIXTURES};
 use strata::device::{DeviceKind, DeviceSet};
-use strata::model::{FfnAct, KvType, LoadOptions, Model};
+use strata::model::{FfnAct, KvType, LoadOptions, Model, SeqInput};
 use strata::threadpool::ThreadPool;
 
 fn load(stem: &str) -> Model {
@@ -114,6 +114,73 @@ fn every_family_is_bit_identical_across_batches_threads_splits_and_restores() {
             let rest = model.forward(&pool, &mut back, &tokens[keep..], &want).expect("read on");
             let bits: Vec<u32> = rest.data.iter().map(|x| x.to_bits()).collect();
             assert!(bits == whole[keep * v..], "{stem}: restored {keep} of 30 positions");
+        }
+    }
+}
+
+/// Reads `seqs` together, `forward_many` step after step: sequence `i` joins at step `i`, takes chunks whose
+/// sizes follow `sizes` (prompt chunks of one beside single tokens of another), and leaves when it is read.
+/// Every position's logits of each sequence, as bits.
+fn read_together(model: &Model, pool: &ThreadPool, seqs: &[Vec<u32>], sizes: &[usize], ctx: usize) -> Vec<Vec<u32>> {
+    let mut kvs: Vec<_> = seqs.iter().map(|_| model.new_kv(KvType::F32, ctx).expect("kv")).collect();
+    let mut got = vec![Vec::new(); seqs.len()];
+    let mut at = vec![0; seqs.len()];
+    for step in 0.. {
+        let takes: Vec<(usize, usize)> = (0..seqs.len().min(step + 1))
+            .filter(|&i| at[i] < seqs[i].len())
+            .map(|i| (i, sizes[(step + 3 * i) % sizes.len()].min(seqs[i].len() - at[i])))
+            .collect();
+        if takes.is_empty() && at.iter().zip(seqs).all(|(a, s)| *a == s.len()) {
+            break;
+        }
+        let wants: Vec<Vec<usize>> = takes.iter().map(|&(_, n)| (0..n).collect()).collect();
+        let mut inputs: Vec<SeqInput> = Vec::new();
+        for (kv, (i, n)) in
+            kvs.iter_mut().enumerate().filter_map(|(i, kv)| takes.iter().find(|t| t.0 == i).map(|t| (kv, *t)))
+        {
+            let want = &wants[takes.iter().position(|t| t.0 == i).expect("taken")];
+            inputs.push(SeqInput { kv, tokens: &seqs[i][at[i]..at[i] + n], want });
+        }
+        for (result, &(i, n)) in model.forward_many(pool, &mut inputs).into_iter().zip(&takes) {
+            got[i].extend(result.expect("forward_many").data.iter().map(|x| x.to_bits()));
+            at[i] += n;
+        }
+    }
+    got
+}
+
+/// Continuous batching's promise per family: sequences read together in one pass (a prompt chunk of one
+/// beside another's single tokens, joining and leaving at different steps, at different positions) give each
+/// sequence the same logits, bit for bit, as reading it alone; on the CPU and split over two sim devices.
+#[test]
+fn sequences_read_together_give_each_the_logits_it_has_alone() {
+    let pool = ThreadPool::new(2);
+    for stem in ["llama3", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"] {
+        let model = load(stem);
+        let r = reference(stem);
+        let mut base = ids(&r["prompt"]);
+        base.extend(ids(&r["greedy"]));
+        let (ctx, v) = (512, model.cfg.n_vocab as u32);
+        let seqs: Vec<Vec<u32>> = vec![
+            base.clone(),
+            base.iter().rev().copied().collect(),
+            base.iter().map(|&t| (t * 7 + 3) % v).chain(base.iter().copied()).collect(),
+            base[..5].to_vec(),
+        ];
+        let alone: Vec<Vec<u32>> = seqs.iter().map(|s| logits(&model, &pool, s, s.len(), ctx)).collect();
+        for sizes in [&[1usize][..], &[5, 1, 1, 9, 1, 2, 17, 1], &[40, 3]] {
+            let together = read_together(&model, &pool, &seqs, sizes, ctx);
+            for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
+                assert!(t == a, "{stem}: sequence {i} read together (chunks {sizes:?}) differs from alone");
+            }
+        }
+        if stem == "gemma3" || stem == "llama3" {
+            let kinds = vec![DeviceKind::Sim { capacity_bytes: 64 << 20 }; 2];
+            let devices = DeviceSet::from_kinds(&kinds, 0).expect("sim devices");
+            let opts = LoadOptions { devices, split: Some(vec![1]), ..Default::default() };
+            let split = Model::load_with(&families::file(&format!("{stem}.gguf")), &opts).expect("split loads");
+            let together = read_together(&split, &pool, &seqs, &[5, 1, 1, 9, 1, 2, 17, 1], ctx);
+            assert!(together == alone, "{stem}: sequences read together on a split differ from alone");
         }
     }
 }
