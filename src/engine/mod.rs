@@ -3,6 +3,7 @@
 //!
 //! It owns no model state beyond the live sequence (tokens + KV cache); the model is shared and immutable.
 
+pub mod batch;
 pub mod session;
 pub mod spec;
 
@@ -420,7 +421,8 @@ struct Verified {
 struct Decoder<'m> {
     model: &'m Model,
     pool: &'m ThreadPool,
-    params: &'m GenerateParams,
+    /// `max_tokens` of the request.
+    max_tokens: usize,
     sampler: Sampler,
     /// Tokens never sampled (end-of-generation ones under `ignore_eos`).
     banned: Vec<u32>,
@@ -434,7 +436,7 @@ impl<'m> Decoder<'m> {
         model: &'m Model,
         tokenizer: &'m Tokenizer,
         pool: &'m ThreadPool,
-        params: &'m GenerateParams,
+        params: &GenerateParams,
         reused: usize,
     ) -> Decoder<'m> {
         let eog = tokenizer.eog_ids();
@@ -449,7 +451,8 @@ impl<'m> Decoder<'m> {
             logprobs: params.logprobs || params.top_logprobs > 0,
             emitted: 0,
         };
-        Decoder { model, pool, params, sampler: Sampler::new(params.sampler.clone()), banned, reused, emit }
+        let sampler = Sampler::new(params.sampler.clone());
+        Decoder { model, pool, max_tokens: params.max_tokens, sampler, banned, reused, emit }
     }
 
     fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, EngineError> {
@@ -458,7 +461,7 @@ impl<'m> Decoder<'m> {
 
     /// Why decoding stops before the next pass, if it does: `max_tokens`, a full context, or the caller.
     fn limit(&self, out: &Generation, seq: &Sequence, obs: &mut dyn Observer) -> Option<StopReason> {
-        if out.tokens.len() >= self.params.max_tokens {
+        if out.tokens.len() >= self.max_tokens {
             Some(StopReason::Length)
         } else if seq.kv.len() >= seq.kv.max_tokens {
             Some(StopReason::Context)
@@ -472,7 +475,7 @@ impl<'m> Decoder<'m> {
     /// The drafter's proposal after `id`, sized to fit what is left of `max_tokens` and of the context after
     /// `id` and the target's own token (none without a drafter or room).
     fn propose(&self, drafter: Option<&mut Drafter>, seq: &Sequence, id: u32, produced: usize) -> Drafts {
-        let room = (self.params.max_tokens - produced - 1).min(seq.kv.max_tokens - seq.kv.len() - 1);
+        let room = (self.max_tokens - produced - 1).min(seq.kv.max_tokens - seq.kv.len() - 1);
         match drafter {
             Some(d) if room > 0 => {
                 let mut context = Vec::with_capacity(seq.tokens.len() + 1);
