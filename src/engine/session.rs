@@ -1,9 +1,13 @@
-//! Many conversations over one live sequence: the request path of DESIGN.md. A prompt that extends the live
-//! sequence continues it; otherwise the live sequence is parked in the conversation cache, the cache is
-//! looked up (longest common prefix), and a hit goes through the restore gate: admitted, the snapshot's KV
-//! comes back (all pages allocated first; any failure releases them, keeps the snapshot and rereads);
-//! refused, the snapshot stays where it was, the live sequence keeps its common prefix, and the rest is read. Results never depend on the path:
-//! restored KV is a byte copy and the forward pass is batch-invariant.
+//! Many conversations over a few live sequences (slots): the request path of DESIGN.md. A prompt that
+//! extends a slot's sequence continues it; otherwise that sequence is parked in the conversation cache,
+//! the cache is looked up (longest common prefix), and a hit goes through the restore gate: admitted, the
+//! snapshot's KV comes back (all pages allocated first; any failure releases them, keeps the snapshot and
+//! rereads); refused, the snapshot stays where it was, the sequence keeps its common prefix, and the rest
+//! is read. Results never depend on the path: restored KV is a byte copy and the forward pass is
+//! batch-invariant.
+//!
+//! `serve` runs one generation on slot 0 (with speculative decoding when there is a drafter); `begin`,
+//! `step` and `end` run several at once, one stream per slot, advanced together (`engine::batch`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,6 +22,7 @@ use crate::telemetry::{EngineEvent, Telemetry};
 use crate::threadpool::ThreadPool;
 use crate::tokenizer::Tokenizer;
 
+use super::batch::{self, Active, Progress, Stream};
 use super::spec::Drafter;
 use super::{generate, EngineError, GenerateParams, Generation, Observer, Request, Sequence};
 
@@ -50,12 +55,32 @@ pub struct Served {
     pub draft_read: Option<usize>,
 }
 
+/// One live sequence of the session: a conversation's state, its checkpoints, whether a stream is
+/// generating on it, and when it was last taken (a new conversation takes the least recently used idle
+/// one).
+struct Slot {
+    seq: Sequence,
+    checkpoints: Vec<usize>,
+    busy: bool,
+    last_use: u64,
+}
+
+/// A generation started by [`Session::begin`] on a slot, with what its start state cost.
+pub struct Begun<'a> {
+    pub slot: usize,
+    pub stream: Stream<'a>,
+    pub restored: Option<(RestoreKind, usize)>,
+    pub fallback: Option<Fallback>,
+}
+
 pub struct Session<'a> {
     model: &'a Model,
     tokenizer: &'a Tokenizer,
     pool: &'a ThreadPool,
-    live: Sequence,
-    live_checkpoints: Vec<usize>,
+    /// The live sequences; `serve` (and speculative decoding) runs on slot 0.
+    slots: Vec<Slot>,
+    /// Slot takings so far (the clock of `Slot::last_use`).
+    takings: u64,
     pub cache: ConversationCache,
     pub telemetry: Arc<Telemetry>,
     identity: KvIdentity,
@@ -64,6 +89,13 @@ pub struct Session<'a> {
     drafter: Option<Drafter<'a>>,
     /// Free-memory samples that failed at a gate decision.
     pub sample_failures: u64,
+}
+
+impl Slot {
+    fn new(model: &Model, cfg: &SessionConfig) -> Result<Slot, EngineError> {
+        let seq = Sequence::new(model, cfg.kv_type, cfg.max_context)?;
+        Ok(Slot { seq, checkpoints: Vec::new(), busy: false, last_use: 0 })
+    }
 }
 
 fn ms(t: Instant) -> f64 {
@@ -91,8 +123,8 @@ impl<'a> Session<'a> {
             model,
             tokenizer,
             pool,
-            live: Sequence::new(model, cfg.kv_type, cfg.max_context)?,
-            live_checkpoints: Vec::new(),
+            slots: vec![Slot::new(model, cfg)?],
+            takings: 0,
             cache: ConversationCache::new(cfg.cache_slots, cfg.cache_budget_bytes),
             telemetry: Arc::new(Telemetry::new()),
             identity,
@@ -116,9 +148,33 @@ impl<'a> Session<'a> {
         self.drafter.as_ref()
     }
 
-    /// The live sequence's tokens.
+    /// With `n` live sequences (at least one): up to `n` streams generate at once (see [`Session::begin`]).
+    /// Their KV pages are taken as they fill, so an idle slot holds no memory beyond what it last held.
+    pub fn with_parallel(mut self, n: usize, cfg: &SessionConfig) -> Result<Session<'a>, EngineError> {
+        while self.slots.len() < n.max(1) {
+            self.slots.push(Slot::new(self.model, cfg)?);
+        }
+        Ok(self)
+    }
+
+    /// How many live sequences the session keeps.
+    pub fn parallel(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Slots with a stream generating on them.
+    pub fn busy_slots(&self) -> usize {
+        self.slots.iter().filter(|s| s.busy).count()
+    }
+
+    /// Slot 0's tokens (the live sequence of `serve`).
     pub fn live_tokens(&self) -> &[u32] {
-        &self.live.tokens
+        &self.slots[0].seq.tokens
+    }
+
+    /// Tokens held by all live sequences.
+    pub fn live_token_count(&self) -> usize {
+        self.slots.iter().map(|s| s.seq.tokens.len()).sum()
     }
 
     /// Another generation after the same `prompt` as the last [`Session::serve`] (one more of a request's n
@@ -130,56 +186,148 @@ impl<'a> Session<'a> {
         params: &GenerateParams,
         obs: &mut dyn Observer,
     ) -> Result<Served, EngineError> {
-        if self.live.tokens.starts_with(prompt) {
-            self.live.rewind(prompt.len());
-        }
+        self.rewind_to(0, prompt);
         self.serve(prompt, params, obs)
     }
 
     /// Generates after `prompt` from the best start state (see the module comment), passing the text to
-    /// `obs` as it comes and asking it whether to stop.
+    /// `obs` as it comes and asking it whether to stop. It runs on slot 0, alone (with speculative
+    /// decoding when the session has a drafter).
     pub fn serve(
         &mut self,
         prompt: &[u32],
         params: &GenerateParams,
         obs: &mut dyn Observer,
     ) -> Result<Served, EngineError> {
+        let (restored, fallback) = self.prepare(0, prompt)?;
+        let req = Request::new(prompt, params).drafting(self.drafter.as_mut());
+        let generation = generate(self.model, self.tokenizer, self.pool, &mut self.slots[0].seq, req, obs)?;
+        let (reused, read) = self.settle(0, prompt.len(), &generation);
+        let draft_read = self.drafter.as_ref().and_then(Drafter::prompt_read);
+        Ok(Served { generation, reused, read, restored, fallback, draft_read })
+    }
+
+    /// Starts a generation after `prompt` on an idle slot (the one whose sequence shares the longest prefix
+    /// with it; else an empty one; else the least recently used), from the best start state as `serve`
+    /// takes it; the slot is busy until [`Session::end`]. Its stream advances with the others' in
+    /// [`Session::step`]. None when every slot is busy.
+    pub fn begin(&mut self, prompt: &[u32], params: &GenerateParams) -> Option<Result<Begun<'a>, EngineError>> {
+        let common = |slot: &Slot| slot.seq.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let slot = (0..self.slots.len()).filter(|&i| !self.slots[i].busy).max_by_key(|&i| {
+            let s = &self.slots[i];
+            (common(s), s.seq.tokens.is_empty(), std::cmp::Reverse(s.last_use))
+        })?;
+        Some(self.begin_on(slot, prompt, params))
+    }
+
+    /// Another generation after the same `prompt` on `slot` (one more of a request's n choices, as
+    /// `serve_again`).
+    pub fn begin_again(
+        &mut self,
+        slot: usize,
+        prompt: &[u32],
+        params: &GenerateParams,
+    ) -> Result<Begun<'a>, EngineError> {
+        self.rewind_to(slot, prompt);
+        self.begin_on(slot, prompt, params)
+    }
+
+    fn begin_on(&mut self, slot: usize, prompt: &[u32], params: &GenerateParams) -> Result<Begun<'a>, EngineError> {
+        let (restored, fallback) = self.prepare(slot, prompt)?;
+        let stream = Stream::start(self.model, self.tokenizer, self.pool, &mut self.slots[slot].seq, prompt, params)?;
+        self.takings += 1;
+        let s = &mut self.slots[slot];
+        s.busy = true;
+        s.last_use = self.takings;
+        Ok(Begun { slot, stream, restored, fallback })
+    }
+
+    /// One pass over the running streams (`(slot, stream, observer)`), at most `budget` tokens of prompt
+    /// beside every decoding stream's token (see `batch::step`). What became of each, in order.
+    pub fn step(
+        &mut self,
+        running: &mut [(usize, &mut Stream<'a>, &mut dyn Observer)],
+        budget: usize,
+    ) -> Vec<Progress> {
+        let mut seqs: Vec<Option<&mut Sequence>> = self.slots.iter_mut().map(|s| Some(&mut s.seq)).collect();
+        let mut active: Vec<Active> = Vec::with_capacity(running.len());
+        for (slot, stream, obs) in running.iter_mut() {
+            let Some(seq) = seqs.get_mut(*slot).and_then(Option::take) else {
+                // A slot named twice, or one that does not exist: a caller's bug, refused plainly.
+                return running.iter().map(|_| Progress::Done(Err(EngineError::Cancelled))).collect();
+            };
+            active.push(Active { seq, stream: &mut **stream, obs: &mut **obs });
+        }
+        batch::step(self.model, self.pool, &mut active, budget)
+    }
+
+    /// The stream on `slot` is done: the slot is idle again, and with a generation its checkpoints and log
+    /// line follow as after `serve`. The prompt tokens (reused, read).
+    pub fn end(&mut self, slot: usize, prompt_len: usize, generation: Option<&Generation>) -> (usize, usize) {
+        let Some(s) = self.slots.get_mut(slot) else { return (0, 0) };
+        s.busy = false;
+        match generation {
+            Some(g) => self.settle(slot, prompt_len, g),
+            None => (0, 0),
+        }
+    }
+
+    /// Takes `slot`'s sequence back to the end of `prompt` when it holds it (its reply's tokens dropped).
+    fn rewind_to(&mut self, slot: usize, prompt: &[u32]) {
+        let seq = &mut self.slots[slot].seq;
+        if seq.tokens.starts_with(prompt) {
+            seq.rewind(prompt.len());
+        }
+    }
+
+    /// Readies `slot` for `prompt`: a prompt that extends its sequence continues it; otherwise the sequence
+    /// is parked in the conversation cache and the best snapshot goes through the restore gate. The restore
+    /// and the fallback, if any.
+    fn prepare(
+        &mut self,
+        slot: usize,
+        prompt: &[u32],
+    ) -> Result<(Option<(RestoreKind, usize)>, Option<Fallback>), EngineError> {
+        let live = &self.slots[slot].seq;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        if prompt.len() > self.live.kv.max_tokens {
-            return Err(ModelError::ContextOverflow { needed: prompt.len(), max: self.live.kv.max_tokens }.into());
+        if prompt.len() > live.kv.max_tokens {
+            return Err(ModelError::ContextOverflow { needed: prompt.len(), max: live.kv.max_tokens }.into());
         }
-        let live_common = self.live.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let live_common = live.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         let mut restored = None;
         let mut fallback = None;
-        if live_common < self.live.tokens.len() {
+        if live_common < live.tokens.len() {
             // The live sequence would lose tokens: park it, then take the best start state.
             let cand = self.cache.lookup(prompt, &self.identity, live_common);
             if let Some(c) = cand {
                 self.cache.pin(c.id);
             }
-            self.park_live();
+            self.park(slot);
             if let Some(c) = cand {
-                match self.restore(c.id, c.tokens, c.kind, prompt.len(), live_common) {
+                match self.restore(slot, c.id, c.tokens, c.kind, prompt.len(), live_common) {
                     Ok(()) => restored = Some((c.kind, c.tokens)),
                     Err(f) => fallback = f,
                 }
             }
         }
-        let req = Request::new(prompt, params).drafting(self.drafter.as_mut());
-        let generation = generate(self.model, self.tokenizer, self.pool, &mut self.live, req, obs)?;
-        let reused = generation.reused_tokens;
-        let read = prompt.len() - reused;
-        self.live_checkpoints.retain(|&c| c <= reused);
-        self.live_checkpoints.extend((reused + 1..=prompt.len()).filter(|p| p % CHECKPOINT_EVERY == 0));
-        if self.live_checkpoints.last() != Some(&prompt.len()) {
-            self.live_checkpoints.push(prompt.len());
+        Ok((restored, fallback))
+    }
+
+    /// After a generation on `slot`: its checkpoints, and the log line. The prompt tokens (reused, read).
+    fn settle(&mut self, slot: usize, prompt_len: usize, g: &Generation) -> (usize, usize) {
+        let reused = g.reused_tokens;
+        let read = prompt_len - reused;
+        let checkpoints = &mut self.slots[slot].checkpoints;
+        checkpoints.retain(|&c| c <= reused);
+        checkpoints.extend((reused + 1..=prompt_len).filter(|p| p % CHECKPOINT_EVERY == 0));
+        if checkpoints.last() != Some(&prompt_len) {
+            checkpoints.push(prompt_len);
         }
-        let g = &generation;
         tracing::info!(
             "prompt {} tokens = {} reused + {} read in {:.0} ms ({:.1} tok/s), {} generated in {:.0} ms ({:.1} tok/s), drafts accepted {} of {}, {} checkpoints",
-            prompt.len(),
+            prompt_len,
             reused,
             read,
             g.prompt_ms,
@@ -189,23 +337,24 @@ impl<'a> Session<'a> {
             g.tokens.len() as f64 / (g.gen_ms / 1e3).max(1e-9),
             g.drafts_accepted,
             g.drafts_proposed,
-            self.live_checkpoints.len(),
+            checkpoints.len(),
         );
-        let draft_read = self.drafter.as_ref().and_then(Drafter::prompt_read);
-        Ok(Served { generation, reused, read, restored, fallback, draft_read })
+        (reused, read)
     }
 
-    /// Parks the live sequence in the cache (when it fits the budget), evicting as needed. The live
-    /// sequence itself is left as it is.
-    fn park_live(&mut self) {
-        let n = self.live.tokens.len();
+    /// Parks `slot`'s sequence in the cache (when it fits the budget), evicting as needed (with slot 0's, the
+    /// drafter's sequence too). The sequence itself is left as it is.
+    fn park(&mut self, slot: usize) {
+        let live = &self.slots[slot];
+        let n = live.seq.tokens.len();
         if n == 0 || self.cache.slots == 0 {
             return;
         }
         let t0 = Instant::now();
-        let draft_live = self.drafter.as_ref().and_then(Drafter::draft_seq).filter(|d| !d.tokens.is_empty());
+        let draft_live =
+            self.drafter.as_ref().and_then(Drafter::draft_seq).filter(|d| slot == 0 && !d.tokens.is_empty());
         let draft_bytes = draft_live.map_or(0, |d| d.kv.snapshot_bytes());
-        let bytes = self.live.kv.snapshot_bytes() + draft_bytes;
+        let bytes = live.seq.kv.snapshot_bytes() + draft_bytes;
         let Some(room) = self.cache.make_room(bytes) else {
             tracing::info!(
                 "conversation cache: not parked: {n} tokens take {bytes} bytes, more than the budget of {} bytes can hold",
@@ -229,7 +378,7 @@ impl<'a> Session<'a> {
             }
         };
         let draft = draft_live.map(|d| d.kv.snapshot_into(None)).transpose();
-        let kv = match draft.and_then(|draft| Ok((self.live.kv.snapshot_into(room.spare)?, draft))) {
+        let kv = match draft.and_then(|draft| Ok((live.seq.kv.snapshot_into(room.spare)?, draft))) {
             Ok(kv) => kv,
             Err(e) => {
                 tracing::warn!("conversation cache: not parked: {e}");
@@ -239,8 +388,7 @@ impl<'a> Session<'a> {
         };
         let (kv, draft) = kv;
         host.count_copy_in(bytes);
-        let mut snap =
-            Snapshot::new(self.live.tokens.clone(), self.live_checkpoints.clone(), kv, self.identity.clone());
+        let mut snap = Snapshot::new(live.seq.tokens.clone(), live.checkpoints.clone(), kv, self.identity.clone());
         snap.draft = draft;
         snap.host = Some(held);
         match self.cache.park(snap) {
@@ -265,14 +413,15 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Restores `tokens` positions of snapshot `id` into the live sequence if the gate admits it (counting
-    /// the live sequence's own pages as free: they go first) and every allocation succeeds; false
+    /// Restores `tokens` positions of snapshot `id` into `slot`'s sequence if the gate admits it (counting
+    /// that sequence's own pages as free: they go first; the other slots' pages are in use) and every allocation succeeds; false
     /// otherwise, with the snapshot kept (unpinned) and, when the gate refused, the live sequence intact; the
     /// error says why (None: the snapshot was gone).
     /// A whole snapshot becomes the live sequence and leaves the cache; a checkpoint restore leaves it there
     /// (its later tokens may still be wanted).
     fn restore(
         &mut self,
+        slot: usize,
         id: u64,
         tokens: usize,
         kind: RestoreKind,
@@ -280,13 +429,14 @@ impl<'a> Session<'a> {
         live_common: usize,
     ) -> Result<(), Option<Fallback>> {
         // The draft model's KV comes back with the target's: the gate counts both, per device.
-        let draft_tokens = self.cache.get(id).and_then(|s| s.draft.as_ref()).map_or(0, |d| d.len.min(tokens));
+        let draft = self.cache.get(id).and_then(|s| s.draft.as_ref()).filter(|_| slot == 0);
+        let draft_tokens = draft.map_or(0, |d| d.len.min(tokens));
         let firsts = self.cache.get(id).map(|s| s.kv.firsts.clone()).unwrap_or_default();
-        let needs = self.restore_needs(tokens, &firsts, draft_tokens);
+        let needs = self.restore_needs(slot, tokens, &firsts, draft_tokens);
         // The live sequence keeps its common prefix with the prompt; the rest is read.
         self.ask_gate(id, &needs, tokens, prompt_len - live_common).map_err(Some)?;
         let t0 = Instant::now();
-        self.copy_in(id, tokens, draft_tokens, prompt_len)?;
+        self.copy_in(slot, id, tokens, draft_tokens, prompt_len)?;
         let Some(snap) = self.cache.get(id) else { return Err(None) };
         let bytes = snap.kv.bytes() * tokens as u64 / snap.kv.len.max(1) as u64;
         match kind {
@@ -313,10 +463,11 @@ impl<'a> Session<'a> {
     /// What restoring `tokens` (and `draft_tokens` of the draft model) needs on each device, with the
     /// credit of what the live sequences hold there now (they are released first). `firsts`: the
     /// snapshot's first position per layer (a sliding-window layer brings back only its window).
-    fn restore_needs(&self, tokens: usize, firsts: &[usize], draft_tokens: usize) -> Vec<gate::Need> {
-        let mut held = self.live.kv.device_held_bytes();
-        let mut need = self.live.kv.device_need_bytes_from(tokens, firsts);
-        if let Some(d) = self.drafter.as_ref().and_then(Drafter::draft_seq) {
+    fn restore_needs(&self, slot: usize, tokens: usize, firsts: &[usize], draft_tokens: usize) -> Vec<gate::Need> {
+        let live = &self.slots[slot].seq;
+        let mut held = live.kv.device_held_bytes();
+        let mut need = live.kv.device_need_bytes_from(tokens, firsts);
+        if let Some(d) = self.drafter.as_ref().and_then(Drafter::draft_seq).filter(|_| slot == 0) {
             held.extend(d.kv.device_held_bytes());
             need.extend(d.kv.device_need_bytes(draft_tokens));
         }
@@ -373,20 +524,22 @@ impl<'a> Session<'a> {
     /// the fallback (None: the snapshot was gone).
     fn copy_in(
         &mut self,
+        slot: usize,
         id: u64,
         tokens: usize,
         draft_tokens: usize,
         prompt_len: usize,
     ) -> Result<(), Option<Fallback>> {
-        self.live.rewind(0);
-        self.live_checkpoints.clear();
-        let mut draft_seq = self.drafter.as_mut().and_then(Drafter::draft_seq_mut);
+        let live = &mut self.slots[slot];
+        live.seq.rewind(0);
+        live.checkpoints.clear();
+        let mut draft_seq = self.drafter.as_mut().and_then(Drafter::draft_seq_mut).filter(|_| slot == 0);
         if let Some(d) = draft_seq.as_deref_mut() {
             d.rewind(0);
         }
         let Some(snap) = self.cache.get(id) else { return Err(None) };
         let restored =
-            self.live.kv.restore(&snap.kv, tokens).and_then(|()| match (draft_seq.as_deref_mut(), &snap.draft) {
+            live.seq.kv.restore(&snap.kv, tokens).and_then(|()| match (draft_seq.as_deref_mut(), &snap.draft) {
                 (Some(d), Some(kv)) => {
                     d.kv.restore(kv, draft_tokens)?;
                     d.tokens = snap.tokens[..draft_tokens].to_vec();
@@ -395,7 +548,7 @@ impl<'a> Session<'a> {
                 _ => Ok(()),
             });
         if let Err(e) = restored {
-            self.live.rewind(0);
+            live.seq.rewind(0);
             if let Some(d) = draft_seq {
                 d.rewind(0);
             }
@@ -404,8 +557,8 @@ impl<'a> Session<'a> {
             self.telemetry.emit(EngineEvent::OomAverted { error: e.to_string(), tokens });
             return Err(Some(Fallback::AllocFailed { error: e.to_string(), tokens }));
         }
-        self.live.tokens = snap.tokens[..tokens].to_vec();
-        self.live_checkpoints = snap.checkpoints.iter().copied().filter(|&c| c <= tokens).collect();
+        live.seq.tokens = snap.tokens[..tokens].to_vec();
+        live.checkpoints = snap.checkpoints.iter().copied().filter(|&c| c <= tokens).collect();
         Ok(())
     }
 }
