@@ -65,6 +65,10 @@ struct Slot {
     last_use: u64,
 }
 
+/// How a slot came to its start state: a restore from the cache (its kind and tokens), or a cache hit that
+/// was reread instead (why).
+type StartState = (Option<(RestoreKind, usize)>, Option<Fallback>);
+
 /// A generation started by [`Session::begin`] on a slot, with what its start state cost.
 pub struct Begun<'a> {
     pub slot: usize,
@@ -256,7 +260,7 @@ impl<'a> Session<'a> {
                 // A slot named twice, or one that does not exist: a caller's bug, refused plainly.
                 return running.iter().map(|_| Progress::Done(Err(EngineError::Cancelled))).collect();
             };
-            active.push(Active { seq, stream: &mut **stream, obs: &mut **obs });
+            active.push(Active { seq, stream, obs: &mut **obs });
         }
         batch::step(self.model, self.pool, &mut active, budget)
     }
@@ -283,11 +287,7 @@ impl<'a> Session<'a> {
     /// Readies `slot` for `prompt`: a prompt that extends its sequence continues it; otherwise the sequence
     /// is parked in the conversation cache and the best snapshot goes through the restore gate. The restore
     /// and the fallback, if any.
-    fn prepare(
-        &mut self,
-        slot: usize,
-        prompt: &[u32],
-    ) -> Result<(Option<(RestoreKind, usize)>, Option<Fallback>), EngineError> {
+    fn prepare(&mut self, slot: usize, prompt: &[u32]) -> Result<StartState, EngineError> {
         let live = &self.slots[slot].seq;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
