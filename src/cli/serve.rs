@@ -55,6 +55,12 @@ pub struct ServeArgs {
     /// Requests that may wait while the engine serves another; more get 503 with Retry-After
     #[arg(long = "queue", value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub queue: u32,
+
+    /// Requests generating at once, each on its own sequence, decoded together in one batched pass per
+    /// step (continuous batching); more wait in the queue. Default: 4 when every layer runs on the CPU (or
+    /// sim devices), else 1. Speculative decoding (--spec, --draft-model) runs one at a time
+    #[arg(long = "parallel", visible_alias = "np", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub parallel: Option<u32>,
     /// Allow browser pages of this origin (repeatable; localhost: any origin on a loopback name or
     /// address; '*' for any). Without it, a request that carries a foreign Origin is refused with 403 (the
     /// server's own page is not foreign)
@@ -172,7 +178,9 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
     log_ui(ui_dir.as_deref());
     let session =
         SessionConfig { kv_type: a.engine.kv, max_context, cache_slots: a.cache.cache_slots, cache_budget_bytes };
-    let opts = serve_options(&a, access, ui_dir, threads, spec, session);
+    let parallel = parallel_of(&a, &loaded.model, spec.is_some())?;
+    tracing::info!("parallel: up to {parallel} requests generate at once (--parallel)");
+    let opts = serve_options(&a, access, ui_dir, threads, spec, session, parallel);
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let model = ServedModel {
         model: Arc::new(loaded.model),
@@ -186,6 +194,21 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         sampling,
     };
     strata::server::serve(opts, model, announce)
+}
+
+/// How many requests generate at once: `--parallel`, or 4 when every stage runs on the host's memory (the
+/// batched pass is the CPU's) and 1 with GPU stages; 1 with speculative decoding, which `--parallel` above 1
+/// contradicts.
+fn parallel_of(a: &ServeArgs, model: &strata::model::Model, speculative: bool) -> anyhow::Result<usize> {
+    match (a.parallel, speculative) {
+        (Some(n), true) if n > 1 => anyhow::bail!(
+            "--parallel {n}: speculative decoding (--spec, --draft-model) runs one request at a time; drop one of the two"
+        ),
+        (Some(n), _) => Ok(n as usize),
+        (None, true) => Ok(1),
+        (None, false) if model.placement.gpu.iter().all(Option::is_none) => Ok(4),
+        (None, false) => Ok(1),
+    }
 }
 
 /// Who may reach the server: the address it listens on, the API key, the browser origins and the Host names
@@ -261,6 +284,7 @@ fn serve_options(
     threads: usize,
     spec: Option<SpecSetup>,
     session: SessionConfig,
+    parallel: usize,
 ) -> ServeOptions {
     ServeOptions {
         addr: SocketAddr::new(access.ip, a.port),
@@ -288,6 +312,7 @@ fn serve_options(
         exit_with_stdin: a.exit_with_stdin,
         spec,
         session,
+        parallel,
     }
 }
 

@@ -101,6 +101,8 @@ pub struct ServeOptions {
     pub session: SessionConfig,
     /// Speculative decoding (`--spec ngram`, `--draft-model`), or None.
     pub spec: Option<crate::engine::spec::SpecSetup>,
+    /// Requests generating at once (`--parallel`).
+    pub parallel: usize,
     /// Shut down when stdin reaches its end: a supervisor that dies (its end of the pipe closes) takes
     /// the server with it, on every OS.
     pub exit_with_stdin: bool,
@@ -219,6 +221,7 @@ pub fn serve(opts: ServeOptions, model: ServedModel, on_listening: impl FnOnce(S
             threads: opts.threads,
             session: opts.session.clone(),
             spec: opts.spec.clone(),
+            parallel: opts.parallel,
         },
         shared.clone(),
         jobs_rx,

@@ -79,6 +79,8 @@ pub struct Metrics {
     pub prompt_tok_s: Gauge<f64, AtomicU64>,
     pub gen_tok_s: Gauge<f64, AtomicU64>,
     pub queue_depth: Gauge,
+    pub slots: Gauge,
+    pub slots_busy: Gauge,
     pub cache_events: Family<KindLabel, Counter>,
     pub free_bytes: Family<DeviceLabel, Gauge<f64, AtomicU64>>,
     pub total_bytes: Family<DeviceLabel, Gauge<f64, AtomicU64>>,
@@ -100,6 +102,8 @@ impl Metrics {
             prompt_tok_s: Gauge::default(),
             gen_tok_s: Gauge::default(),
             queue_depth: Gauge::default(),
+            slots: Gauge::default(),
+            slots_busy: Gauge::default(),
             cache_events: Family::default(),
             free_bytes: Family::default(),
             total_bytes: Family::default(),
@@ -135,6 +139,8 @@ impl Metrics {
         );
         registry.register("generation_tokens_per_second", "Generation speed of the last request", m.gen_tok_s.clone());
         registry.register("queue_depth", "Requests waiting for the engine", m.queue_depth.clone());
+        registry.register("slots", "Sequences the engine runs at once (--parallel)", m.slots.clone());
+        registry.register("slots_busy", "Sequences generating now", m.slots_busy.clone());
         registry.register(
             "cache_events",
             "Conversation cache events: parked, restored, restore_fallback, evicted, oom_averted, not_parked",
@@ -176,6 +182,9 @@ pub struct Shared {
     pub queue_cap: usize,
     /// The engine is serving a job.
     pub busy: AtomicBool,
+    /// Sequences the engine runs at once (`--parallel`), and how many are generating now.
+    pub slots: AtomicUsize,
+    pub slots_busy: AtomicUsize,
     pub cache: Mutex<CacheView>,
     pub metrics: Metrics,
     /// No new request is taken; queued ones are answered 503.
@@ -214,6 +223,8 @@ impl Shared {
             accepted: AtomicU64::new(0),
             queue_cap,
             busy: AtomicBool::new(false),
+            slots: AtomicUsize::new(1),
+            slots_busy: AtomicUsize::new(0),
             cache: Mutex::new(CacheView::default()),
             metrics: Metrics::new(),
             shutting_down: AtomicBool::new(false),

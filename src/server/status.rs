@@ -48,8 +48,9 @@ pub async fn health(State(app): State<App>) -> Response {
             .into_response();
     }
     let accepted = s.accepted.load(Ordering::Acquire);
+    let slots = json!({"total": s.slots.load(Ordering::Acquire), "busy": s.slots_busy.load(Ordering::Acquire)});
     Json(json!({"status": "ok", "model": app.model.id, "busy": busy, "queue": queue, "queue_limit": s.queue_cap,
-        "accepted": accepted}))
+        "accepted": accepted, "slots": slots}))
     .into_response()
 }
 
@@ -385,6 +386,8 @@ pub async fn metrics(State(app): State<App>) -> Response {
     let s = &app.shared;
     let m = &s.metrics;
     m.queue_depth.set(s.waiting.load(Ordering::Acquire) as i64);
+    m.slots.set(s.slots.load(Ordering::Acquire) as i64);
+    m.slots_busy.set(s.slots_busy.load(Ordering::Acquire) as i64);
     for d in s.devices.all() {
         let label = DeviceLabel { device: d.index.to_string(), kind: kind_name(&d.kind).to_owned() };
         if let Some(free) = d.observe_free() {

@@ -1,7 +1,10 @@
-//! The engine thread of `strata serve`: one session (one live sequence and the conversation cache) fed by a
-//! FIFO queue of jobs. A job's replies go back over its own channel; when the client goes away the channel
-//! closes, and the job ends at its next token (or is dropped before it starts, if still queued). After a
-//! job the thread publishes what the HTTP side shows without waiting for the engine: the cache's contents.
+//! The engine thread of `strata serve`: one session (its live sequences and the conversation cache) fed by a
+//! FIFO queue of jobs. Up to `--parallel` jobs generate at once, one per slot, their streams advanced
+//! together by one batched pass per step (continuous batching: a job starts as soon as a slot is free and
+//! leaves when it is done); with speculative decoding, one job at a time. A job's replies go back over its
+//! own channel; when the client goes away the channel closes, and the job ends at its next token (or is
+//! dropped before it starts, if still queued). After a job the thread publishes what the HTTP side shows
+//! without waiting for the engine: the cache's contents.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -11,7 +14,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 
-use crate::engine::session::{Served, Session, SessionConfig};
+use crate::cache::RestoreKind;
+use crate::engine::batch::{Progress, Stream};
+use crate::engine::session::{Fallback, Served, Session, SessionConfig};
 use crate::engine::spec::SpecSetup;
 use crate::engine::{EngineError, GenerateParams, Generation, Observer, StopReason};
 use crate::model::{Model, ModelError};
@@ -148,6 +153,8 @@ pub struct EngineParts {
     pub threads: usize,
     pub session: SessionConfig,
     pub spec: Option<SpecSetup>,
+    /// Jobs generating at once (`--parallel`); one with speculative decoding.
+    pub parallel: usize,
 }
 
 /// Starts the engine thread; its session is made before this returns (an error then is the caller's).
@@ -170,10 +177,10 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
         .transpose();
     let session = drafter.and_then(|d| {
         let s = Session::new(&parts.model, &parts.tokenizer, &pool, &parts.session)?;
-        Ok(match d {
-            Some(d) => s.with_drafter(d),
-            None => s,
-        })
+        match d {
+            Some(d) => Ok(s.with_drafter(d)),
+            None => s.with_parallel(parts.parallel, &parts.session),
+        }
     });
     let mut session = match session {
         Ok(s) => s,
@@ -186,49 +193,262 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
     publish_cache(&session, &shared);
     let _ = ready.send(Ok(()));
     drop(ready);
+    shared.slots.store(session.parallel(), Ordering::Release);
+    if session.drafter().is_some() {
+        run_serial(&mut session, &parts.tokenizer, &shared, &jobs);
+    } else {
+        let budget = parts.model.placement.batch;
+        run_batched(&mut session, &parts.tokenizer, &shared, &jobs, budget);
+    }
+}
+
+/// Whether a job taken off the queue may start: its client is still there, the engine is healthy, the
+/// server is not stopping and the job's time is not up; otherwise it is answered (or dropped) here.
+fn admit(shared: &Shared, job: &Job) -> bool {
+    if !job.ticket.start() || job.tx.is_closed() {
+        shared.metrics.dropped.inc();
+        tracing::info!("a queued request was dropped: its client went away before it started");
+        return false;
+    }
+    if let Some(why) = shared.unhealthy() {
+        send(&job.tx, Msg::Error(ApiError::unhealthy(why)));
+        return false;
+    }
+    if shared.shutting_down.load(Ordering::Acquire) {
+        send(&job.tx, Msg::Error(ApiError::shutting_down()));
+        return false;
+    }
+    if let Some(limit) = job.time_limit.filter(|&l| job.queued_at.elapsed() >= l) {
+        tracing::info!("a queued request waited past --request-timeout-s {}: it ends", limit.as_secs());
+        shared.metrics.reject("request_timeout");
+        send(&job.tx, Msg::Error(ApiError::request_timeout(limit.as_secs())));
+        return false;
+    }
+    true
+}
+
+/// The engine failed (a panic): the session may be half-updated, so it serves nothing more, and the
+/// supervisor restarts the server. The jobs in flight get the reason.
+fn engine_failed<'t>(shared: &Shared, txs: impl Iterator<Item = &'t Sender<Msg>>) {
+    let why = "unhealthy: the engine failed (a bug: see the log above); the server exits with status 75 so that its supervisor restarts it";
+    shared.set_unhealthy(why.to_owned());
+    for tx in txs {
+        send(tx, Msg::Error(ApiError::unhealthy(why)));
+    }
+}
+
+/// One job at a time, each on slot 0 (speculative decoding).
+fn run_serial(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, jobs: &Receiver<Job>) {
     let mut serial = 0u64;
     while let Ok(job) = jobs.recv() {
-        if !job.ticket.start() || job.tx.is_closed() {
-            shared.metrics.dropped.inc();
-            tracing::info!("a queued request was dropped: its client went away before it started");
-            continue;
-        }
-        if let Some(why) = shared.unhealthy() {
-            send(&job.tx, Msg::Error(ApiError::unhealthy(why)));
-            continue;
-        }
-        if shared.shutting_down.load(Ordering::Acquire) {
-            send(&job.tx, Msg::Error(ApiError::shutting_down()));
-            continue;
-        }
-        if let Some(limit) = job.time_limit.filter(|&l| job.queued_at.elapsed() >= l) {
-            tracing::info!("a queued request waited past --request-timeout-s {}: it ends", limit.as_secs());
-            shared.metrics.reject("request_timeout");
-            send(&job.tx, Msg::Error(ApiError::request_timeout(limit.as_secs())));
+        if !admit(shared, &job) {
             continue;
         }
         shared.busy.store(true, Ordering::Release);
+        shared.slots_busy.store(1, Ordering::Release);
         serial += 1;
         let tx = job.tx.clone();
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            serve_job(&mut session, &parts.tokenizer, &shared, job, serial)
+            serve_job(session, tokenizer, shared, job, serial)
         }));
         shared.busy.store(false, Ordering::Release);
+        shared.slots_busy.store(0, Ordering::Release);
         if run.is_err() {
-            // The session may be half-updated: serve nothing more, and let the supervisor restart us.
-            let why = "unhealthy: the engine failed (a bug: see the log above); the server exits with status 75 so that its supervisor restarts it";
-            shared.set_unhealthy(why.to_owned());
-            send(&tx, Msg::Error(ApiError::unhealthy(why)));
+            engine_failed(shared, std::iter::once(&tx));
             break;
         }
-        publish_cache(&session, &shared);
+        publish_cache(session, shared);
+    }
+}
+
+/// A job generating on a slot: its current choice's stream and observer, and the request's figures so far.
+struct Running<'a> {
+    job: Job,
+    serial: u64,
+    queue_ms: f64,
+    params: GenerateParams,
+    base_seed: u64,
+    choice: usize,
+    slot: usize,
+    stream: Stream<'a>,
+    obs: JobObserver<'a>,
+    /// The first choice's start state, for the request's figures.
+    restored: Option<(RestoreKind, usize)>,
+    fallback: Option<Fallback>,
+    summary: Option<Summary>,
+}
+
+/// Up to the session's slots of jobs at once: queued jobs start while a slot is free, every step advances
+/// all of them by one batched pass (at most `budget` prompt tokens beside the decoding streams' tokens),
+/// and a job's next choice starts on its slot when one ends.
+fn run_batched<'a>(
+    session: &mut Session<'a>,
+    tokenizer: &'a Tokenizer,
+    shared: &'a Shared,
+    jobs: &Receiver<Job>,
+    budget: usize,
+) {
+    let mut running: Vec<Running<'a>> = Vec::new();
+    let mut serial = 0u64;
+    loop {
+        while running.len() < session.parallel() {
+            let job = if running.is_empty() {
+                match jobs.recv() {
+                    Ok(j) => j,
+                    Err(_) => return,
+                }
+            } else {
+                match jobs.try_recv() {
+                    Ok(j) => j,
+                    Err(_) => break,
+                }
+            };
+            if !admit(shared, &job) {
+                continue;
+            }
+            serial += 1;
+            let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                start_job(session, tokenizer, shared, job, serial)
+            }));
+            match started {
+                Ok(Some(r)) => running.push(r),
+                Ok(None) => publish_cache(session, shared),
+                Err(_) => return engine_failed(shared, running.iter().map(|r| &r.job.tx)),
+            }
+        }
+        shared.slots_busy.store(running.len(), Ordering::Release);
+        shared.busy.store(!running.is_empty(), Ordering::Release);
+        if running.is_empty() {
+            continue;
+        }
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut views: Vec<(usize, &mut Stream<'a>, &mut dyn Observer)> =
+                running.iter_mut().map(|r| (r.slot, &mut r.stream, &mut r.obs as &mut dyn Observer)).collect();
+            session.step(&mut views, budget)
+        }));
+        let progress = match stepped {
+            Ok(p) => p,
+            Err(_) => return engine_failed(shared, running.iter().map(|r| &r.job.tx)),
+        };
+        let mut ended = false;
+        // Back to front, so that removing a job leaves the indices before it as they were.
+        let done: Vec<(usize, Result<Generation, EngineError>)> = progress
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, p)| match p {
+                Progress::Done(r) => Some((i, r)),
+                Progress::Going => None,
+            })
+            .collect();
+        for (i, result) in done.into_iter().rev() {
+            let r = running.remove(i);
+            let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                choice_ended(session, tokenizer, shared, r, result)
+            }));
+            match next {
+                Ok(Some(r)) => running.insert(i, r),
+                Ok(None) => ended = true,
+                Err(_) => return engine_failed(shared, running.iter().map(|r| &r.job.tx)),
+            }
+        }
+        shared.slots_busy.store(running.len(), Ordering::Release);
+        shared.busy.store(!running.is_empty(), Ordering::Release);
+        if ended {
+            publish_cache(session, shared);
+        }
+    }
+}
+
+/// Starts `job`'s first choice on a free slot; None when the job was answered instead (an error).
+fn start_job<'a>(
+    session: &mut Session<'a>,
+    tokenizer: &'a Tokenizer,
+    shared: &'a Shared,
+    job: Job,
+    serial: u64,
+) -> Option<Running<'a>> {
+    let queue_ms = job.queued_at.elapsed().as_secs_f64() * 1e3;
+    let mut params = job.checked.params.clone();
+    params.top_logprobs = job.top_logprobs;
+    let base_seed = params.sampler.seed;
+    let obs = JobObserver::new(&job, shared, tokenizer, 0, params.logprobs || params.top_logprobs > 0);
+    let begun = match session.begin(&job.prompt, &params) {
+        Some(Ok(b)) => b,
+        Some(Err(e)) => {
+            fail_job(shared, &job, &e);
+            return None;
+        }
+        None => {
+            fail_job(shared, &job, &EngineError::Cancelled);
+            return None;
+        }
+    };
+    Some(Running {
+        serial,
+        queue_ms,
+        params,
+        base_seed,
+        choice: 0,
+        slot: begun.slot,
+        stream: begun.stream,
+        obs,
+        restored: begun.restored,
+        fallback: begun.fallback,
+        summary: None,
+        job,
+    })
+}
+
+/// A running job's choice ended with `result`: its slot is idle again, the choice goes out, and the job
+/// either starts its next choice on the same slot (returned) or ends.
+fn choice_ended<'a>(
+    session: &mut Session<'a>,
+    tokenizer: &'a Tokenizer,
+    shared: &'a Shared,
+    mut r: Running<'a>,
+    result: Result<Generation, EngineError>,
+) -> Option<Running<'a>> {
+    let (reused, read) = session.end(r.slot, r.job.prompt.len(), result.as_ref().ok());
+    let (restored, fallback) = (r.restored.take(), r.fallback.take());
+    let served = result.map(|generation| Served { generation, reused, read, restored, fallback, draft_read: None });
+    let logprobs = r.obs.logprobs;
+    let served = match choice_outcome(shared, &r.job, served, r.obs.timed_out) {
+        ChoiceEnd::Served(s) => s,
+        ChoiceEnd::Stopped => {
+            match r.summary {
+                Some(s) => finish_job(shared, &r.job, s),
+                None => end_cancelled(shared, &r.job),
+            }
+            return None;
+        }
+        ChoiceEnd::Answered => return None,
+    };
+    record_choice(tokenizer, shared, &r.job, &served, r.choice, logprobs, &mut r.summary, r.serial, r.queue_ms);
+    if r.choice + 1 >= r.job.checked.choices {
+        if let Some(s) = r.summary.take() {
+            finish_job(shared, &r.job, s);
+        }
+        return None;
+    }
+    r.choice += 1;
+    r.params.sampler.seed = r.base_seed.wrapping_add(r.choice as u64);
+    r.obs = JobObserver::new(&r.job, shared, tokenizer, r.choice, logprobs);
+    match session.begin_again(r.slot, &r.job.prompt, &r.params) {
+        Ok(b) => {
+            r.stream = b.stream;
+            Some(r)
+        }
+        Err(e) => {
+            fail_job(shared, &r.job, &e);
+            None
+        }
     }
 }
 
 /// Sends the text of one choice as it comes, with its tokens when log-probabilities are asked for, and
 /// stops the generation when the client is gone, the request's time is up or the server must stop now.
 struct JobObserver<'a> {
-    tx: &'a Sender<Msg>,
+    tx: Sender<Msg>,
     /// The client went away or stopped reading.
     gone: bool,
     /// When the request's time is up (`--request-timeout-s`), and whether it was.
@@ -257,11 +477,28 @@ fn token_infos(tokenizer: &Tokenizer, g: &Generation, from: usize) -> Vec<TokenI
         .collect()
 }
 
+impl<'a> JobObserver<'a> {
+    /// The observer of choice `choice` of `job`, whose time runs from the job's arrival.
+    fn new(job: &Job, shared: &'a Shared, tokenizer: &'a Tokenizer, choice: usize, logprobs: bool) -> JobObserver<'a> {
+        JobObserver {
+            tx: job.tx.clone(),
+            gone: false,
+            deadline: job.time_limit.map(|l| job.queued_at + l),
+            timed_out: false,
+            shared,
+            tokenizer,
+            choice,
+            logprobs,
+            sent_tokens: 0,
+        }
+    }
+}
+
 impl Observer for JobObserver<'_> {
     fn on_text(&mut self, text: &str, so_far: &Generation) {
         let tokens = if self.logprobs { token_infos(self.tokenizer, so_far, self.sent_tokens) } else { Vec::new() };
         self.sent_tokens = so_far.tokens.len();
-        if !send(self.tx, Msg::Text { choice: self.choice, text: text.to_owned(), tokens }) {
+        if !send(&self.tx, Msg::Text { choice: self.choice, text: text.to_owned(), tokens }) {
             self.gone = true;
         }
     }
@@ -309,30 +546,18 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
     let mut summary: Option<Summary> = None;
     for choice in 0..job.checked.choices {
         params.sampler.seed = base_seed.wrapping_add(choice as u64);
-        let served = match serve_choice(session, tokenizer, shared, &job, &params, choice, logprobs) {
+        let mut obs = JobObserver::new(&job, shared, tokenizer, choice, logprobs);
+        let served = if choice == 0 {
+            session.serve(&job.prompt, &params, &mut obs)
+        } else {
+            session.serve_again(&job.prompt, &params, &mut obs)
+        };
+        let served = match choice_outcome(shared, &job, served, obs.timed_out) {
             ChoiceEnd::Served(s) => s,
             ChoiceEnd::Stopped => break,
             ChoiceEnd::Answered => return,
         };
-        let g = &served.generation;
-        let tokens = choice_tokens(tokenizer, g, logprobs);
-        if let Some(t) = tokens_of_text(tokenizer, &g.tokens, &g.text) {
-            shared.replies.lock_unpoisoned().remember(&g.text, t);
-        }
-        send(
-            &job.tx,
-            Msg::ChoiceDone { choice, finish_reason: finish_reason(g.stop_reason), text: g.text.clone(), tokens },
-        );
-        let s = summary.get_or_insert_with(|| first_summary(&job, &served, serial, queue_ms));
-        s.completion_tokens += g.tokens.len();
-        if let Some(inside) = job.opens_think {
-            let pieces: Vec<Vec<u8>> =
-                g.tokens.iter().filter(|&&t| !tokenizer.is_eog(t)).map(|&t| tokenizer.token_to_piece(t)).collect();
-            s.reasoning_tokens += reasoning_token_count(pieces.iter().map(|p| p.as_slice()), inside);
-        }
-        s.gen_ms += g.gen_ms;
-        s.drafts_proposed += g.drafts_proposed;
-        s.drafts_accepted += g.drafts_accepted;
+        record_choice(tokenizer, shared, &job, &served, choice, logprobs, &mut summary, serial, queue_ms);
     }
     match summary {
         Some(s) => finish_job(shared, &job, s),
@@ -340,35 +565,10 @@ fn serve_job(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job:
     }
 }
 
-/// Generates choice `choice` of `job` (the first reads the prompt; the others go back to its end), and
-/// answers the job itself when that ends it: a time limit passed, an engine error, a shutdown.
-fn serve_choice(
-    session: &mut Session,
-    tokenizer: &Tokenizer,
-    shared: &Shared,
-    job: &Job,
-    params: &GenerateParams,
-    choice: usize,
-    logprobs: bool,
-) -> ChoiceEnd {
-    let deadline = job.time_limit.map(|l| job.queued_at + l);
-    let mut obs = JobObserver {
-        tx: &job.tx,
-        gone: false,
-        deadline,
-        timed_out: false,
-        shared,
-        tokenizer,
-        choice,
-        logprobs,
-        sent_tokens: 0,
-    };
-    let served = if choice == 0 {
-        session.serve(&job.prompt, params, &mut obs)
-    } else {
-        session.serve_again(&job.prompt, params, &mut obs)
-    };
-    if obs.timed_out && !job.tx.is_closed() {
+/// What a choice's end means for its job: served, stopped (the client went away, or a signal), or answered
+/// here (its time ran out, an engine error, a shutdown).
+fn choice_outcome(shared: &Shared, job: &Job, served: Result<Served, EngineError>, timed_out: bool) -> ChoiceEnd {
+    if timed_out && !job.tx.is_closed() {
         let limit = job.time_limit.unwrap_or_default().as_secs();
         tracing::info!("a request ran past --request-timeout-s {limit}: it ends");
         shared.metrics.reject("request_timeout");
@@ -392,6 +592,41 @@ fn serve_choice(
         return ChoiceEnd::Stopped;
     }
     ChoiceEnd::Served(Box::new(served))
+}
+
+/// Sends a served choice's end to its client and adds it to the request's figures (made from the first
+/// choice's).
+#[allow(clippy::too_many_arguments)]
+fn record_choice(
+    tokenizer: &Tokenizer,
+    shared: &Shared,
+    job: &Job,
+    served: &Served,
+    choice: usize,
+    logprobs: bool,
+    summary: &mut Option<Summary>,
+    serial: u64,
+    queue_ms: f64,
+) {
+    let g = &served.generation;
+    let tokens = choice_tokens(tokenizer, g, logprobs);
+    if let Some(t) = tokens_of_text(tokenizer, &g.tokens, &g.text) {
+        shared.replies.lock_unpoisoned().remember(&g.text, t);
+    }
+    send(
+        &job.tx,
+        Msg::ChoiceDone { choice, finish_reason: finish_reason(g.stop_reason), text: g.text.clone(), tokens },
+    );
+    let s = summary.get_or_insert_with(|| first_summary(job, served, serial, queue_ms));
+    s.completion_tokens += g.tokens.len();
+    if let Some(inside) = job.opens_think {
+        let pieces: Vec<Vec<u8>> =
+            g.tokens.iter().filter(|&&t| !tokenizer.is_eog(t)).map(|&t| tokenizer.token_to_piece(t)).collect();
+        s.reasoning_tokens += reasoning_token_count(pieces.iter().map(|p| p.as_slice()), inside);
+    }
+    s.gen_ms += g.gen_ms;
+    s.drafts_proposed += g.drafts_proposed;
+    s.drafts_accepted += g.drafts_accepted;
 }
 
 /// Answers `job` with the error `e` became; a fatal device error marks the engine unhealthy.
@@ -480,7 +715,7 @@ fn publish_cache(session: &Session, shared: &Shared) {
         budget_bytes: c.budget_bytes,
         bytes: c.bytes(),
         evictions: c.evictions(),
-        live_tokens: session.live_tokens().len(),
+        live_tokens: session.live_token_count(),
         parked: c
             .snapshots()
             .map(|s| ParkedView {

@@ -262,7 +262,7 @@ fn slow_clients_are_bounded_by_timeouts() {
 #[test]
 fn a_flood_against_a_full_queue_gets_503_with_retry_after_and_queued_clients_that_leave_are_dropped() {
     let _one = common::one_at_a_time();
-    let s = Arc::new(Server::start(&["-c", "4096", "--queue", "16"]));
+    let s = Arc::new(Server::start(&["-c", "4096", "--queue", "16", "--parallel", "1"]));
     // A long reply keeps the engine busy.
     let mut long = s.connect();
     let body = json!({"messages": [{"role": "user", "content": "Count."}], "max_tokens": 3000, "ignore_eos": true, "temperature": 0}).to_string();
@@ -403,7 +403,7 @@ fn sustained_and_concurrent_streaming_load_keeps_fifo_order_and_every_reply() {
 #[test]
 fn sigterm_finishes_the_request_in_flight_refuses_the_queue_and_exits_0() {
     let _one = common::one_at_a_time();
-    let s = Server::start(&["-c", "1024"]);
+    let s = Server::start(&["-c", "1024", "--parallel", "1"]);
     let mut c = s.connect();
     let body = json!({"messages": [{"role": "user", "content": "Count."}], "max_tokens": 60, "ignore_eos": true, "temperature": 0}).to_string();
     c.write_all(&raw_post(body.as_bytes())).unwrap();

@@ -1,0 +1,106 @@
+//! `strata serve --parallel`: requests generating at once (continuous batching) get the replies each gets
+//! alone, streamed or not, with their log-probabilities bit for bit; `/health` and `/metrics` show the
+//! slots in use.
+
+use crate::common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::server::{streamed_text, Server};
+use serde_json::{json, Value};
+
+const PROMPTS: [&str; 8] = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Count from one to ten.",
+    "Name three colors.",
+    "Why is the sky blue?",
+    "Say hello in Spanish.",
+    "What is two plus two?",
+    "Tell me a fact about cats.",
+];
+
+fn body(user: &str, stream: bool) -> Value {
+    json!({
+        "messages": [{"role": "user", "content": user}],
+        "temperature": 0,
+        "max_tokens": 24,
+        "logprobs": true,
+        "stream": stream,
+    })
+}
+
+/// The reply's text and its tokens' log-probabilities (as JSON, so any change in a bit shows).
+fn reply(s: &Server, user: &str, stream: bool) -> (String, Vec<Value>) {
+    let r = s.post("/v1/chat/completions", &body(user, stream));
+    if stream {
+        let (text, chunks) = streamed_text(&r);
+        let logprobs = chunks
+            .iter()
+            .flat_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned().unwrap_or_default())
+            .collect();
+        return (text, logprobs);
+    }
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let text = v["choices"][0]["message"]["content"].as_str().expect("content").to_owned();
+    (text, v["choices"][0]["logprobs"]["content"].as_array().cloned().expect("logprobs"))
+}
+
+#[test]
+fn eight_clients_at_once_get_the_replies_each_gets_alone() {
+    let _one = common::one_at_a_time();
+    let s = Arc::new(Server::start(&["-c", "1024", "--parallel", "4"]));
+    let h = s.get("/health").json();
+    assert_eq!(h["slots"]["total"], 4, "{h}");
+    let alone: Vec<(String, Vec<Value>)> = PROMPTS.iter().map(|p| reply(&s, p, false)).collect();
+
+    // All eight at once (half of them streamed), while a watcher records how many slots were busy.
+    let (done, most_busy) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let watcher = {
+        let (s, done, most_busy) = (s.clone(), done.clone(), most_busy.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Acquire) {
+                let busy = s.get("/health").json()["slots"]["busy"].as_u64().unwrap_or(0);
+                most_busy.fetch_max(busy, Ordering::AcqRel);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let clients: Vec<_> = PROMPTS
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let s = s.clone();
+            std::thread::spawn(move || reply(&s, p, i % 2 == 1))
+        })
+        .collect();
+    let together: Vec<(String, Vec<Value>)> = clients.into_iter().map(|c| c.join().expect("client")).collect();
+    done.store(true, Ordering::Release);
+    watcher.join().expect("watcher");
+
+    for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
+        assert_eq!(t.0, a.0, "client {i} ({:?}): the text differs from its reply alone", PROMPTS[i]);
+        assert_eq!(t.1, a.1, "client {i} ({:?}): the log-probabilities differ", PROMPTS[i]);
+        assert!(!t.1.is_empty(), "client {i}: log-probabilities were sent");
+    }
+    let busy = most_busy.load(Ordering::Acquire);
+    assert!((2..=4).contains(&busy), "requests ran together, at most --parallel of them: {busy} slots busy at most");
+    let metrics = s.get("/metrics").text();
+    assert!(metrics.contains("strata_slots 4"), "{metrics}");
+    assert!(metrics.contains("strata_slots_busy 0"), "{metrics}");
+}
+
+#[test]
+fn parallel_with_speculative_decoding_is_refused_with_a_reason() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["serve", "--spec", "ngram", "--parallel", "2", "--port", "0"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--parallel 2") && err.contains("one request at a time"), "{err}");
+}
