@@ -63,6 +63,8 @@ struct Slot {
     checkpoints: Vec<usize>,
     busy: bool,
     last_use: u64,
+    /// While busy: the length its stream may reach (prompt and `max_tokens`, within the context).
+    target_len: usize,
 }
 
 /// How a slot came to its start state: a restore from the cache (its kind and tokens), or a cache hit that
@@ -98,7 +100,7 @@ pub struct Session<'a> {
 impl Slot {
     fn new(model: &Model, cfg: &SessionConfig) -> Result<Slot, EngineError> {
         let seq = Sequence::new(model, cfg.kv_type, cfg.max_context)?;
-        Ok(Slot { seq, checkpoints: Vec::new(), busy: false, last_use: 0 })
+        Ok(Slot { seq, checkpoints: Vec::new(), busy: false, last_use: 0, target_len: 0 })
     }
 }
 
@@ -243,6 +245,7 @@ impl<'a> Session<'a> {
         let s = &mut self.slots[slot];
         s.busy = true;
         s.last_use = self.takings;
+        s.target_len = (prompt.len() + params.max_tokens).min(s.seq.kv.max_tokens);
         Ok(Begun { slot, stream, restored, fallback })
     }
 
@@ -460,8 +463,9 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// What restoring `tokens` (and `draft_tokens` of the draft model) needs on each device, with the
-    /// credit of what the live sequences hold there now (they are released first). `firsts`: the
+    /// What restoring `tokens` (and `draft_tokens` of the draft model) into `slot` needs on each device,
+    /// beside what the other running streams will still take there, with the credit of what the slot's
+    /// sequences hold there now (they are released first). `firsts`: the
     /// snapshot's first position per layer (a sliding-window layer brings back only its window).
     fn restore_needs(&self, slot: usize, tokens: usize, firsts: &[usize], draft_tokens: usize) -> Vec<gate::Need> {
         let live = &self.slots[slot].seq;
@@ -470,6 +474,15 @@ impl<'a> Session<'a> {
         if let Some(d) = self.drafter.as_ref().and_then(Drafter::draft_seq).filter(|_| slot == 0) {
             held.extend(d.kv.device_held_bytes());
             need.extend(d.kv.device_need_bytes(draft_tokens));
+        }
+        // The other streams will still grow to their target lengths: those pages are not this restore's
+        // to take (a restore that would squeeze a running stream falls back instead).
+        for other in self.slots.iter().enumerate().filter(|&(i, s)| i != slot && s.busy).map(|(_, s)| s) {
+            let other_held = other.seq.kv.device_held_bytes();
+            for (device, bytes) in other.seq.kv.device_need_bytes(other.target_len) {
+                let h: u64 = other_held.iter().filter(|(d, _)| Arc::ptr_eq(d, &device)).map(|(_, b)| *b).sum();
+                need.push((device, bytes.saturating_sub(h)));
+            }
         }
         let mut needs: Vec<gate::Need> = Vec::new();
         for (device, need_bytes) in need {

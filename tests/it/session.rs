@@ -8,6 +8,7 @@ use crate::common;
 use std::sync::Arc;
 
 use strata::cache::RestoreKind;
+use strata::device::sim::Fault;
 use strata::device::{DeviceKind, DeviceSet};
 use strata::engine::session::{Session, SessionConfig};
 use strata::engine::{generate, GenerateParams, Quiet, Request, Sequence};
@@ -58,4 +59,58 @@ fn an_edited_last_message_restores_from_a_checkpoint_and_reads_only_the_rest() {
     let mut fresh = Sequence::new(&cpu, KvType::F16, 8192).expect("sequence");
     let want = generate(&cpu, &tok, &pool, &mut fresh, Request::new(&edited, &params), &mut Quiet).expect("reread");
     assert_eq!(served.generation.tokens, want.tokens, "a checkpoint restore gives the reread's tokens");
+}
+
+/// The restore gate with several streams: restoring a parked conversation into one slot must leave room
+/// for what the other running stream will still take (its prompt and max_tokens). The devices are squeezed
+/// to leave exactly the snapshot's pages and the reserve free: a neighbour that will not grow past its held
+/// page lets the restore in; one that will grow by many pages makes it fall back (the snapshot is kept and
+/// the prompt reread), so the running stream is never the one that runs out.
+#[test]
+fn a_restore_leaves_room_for_the_streams_running_beside_it() {
+    let file = Arc::new(GgufFile::open(&common::model_path()).expect("model"));
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let pool = ThreadPool::new(2);
+    let text = std::fs::read_to_string(common::reference_path("perplexity_GPL-3.txt")).expect("text");
+    let conv_a: Vec<u32> = tok.encode(&text, false)[..600].to_vec();
+    let params = |n: usize| GenerateParams {
+        max_tokens: n,
+        sampler: SamplerConfig::greedy(),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let mut outcomes = Vec::new();
+    for neighbour_tokens in [8, 3000] {
+        let kinds = [DeviceKind::Sim { capacity_bytes: 400 * MIB }, DeviceKind::Sim { capacity_bytes: 400 * MIB }];
+        let devices = DeviceSet::from_kinds(&kinds, 16 * MIB).expect("sims");
+        let sims = devices.devices.clone();
+        let opts = LoadOptions { devices, split: Some(vec![15]), ..Default::default() };
+        let model = Model::from_file_with(file.clone(), &opts).expect("model");
+        let cfg =
+            SessionConfig { kv_type: KvType::F16, max_context: 8192, cache_slots: 4, cache_budget_bytes: 1024 * MIB };
+        let mut session = Session::new(&model, &tok, &pool, &cfg).expect("session").with_parallel(2, &cfg).expect("2");
+        // a, then c on slot 0 (a is parked); b starts on slot 1 and reads its prompt.
+        session.serve(&conv_a, &params(4), &mut Quiet).expect("a");
+        let a_live = session.live_tokens().to_vec();
+        session.serve(&tok.encode("Write a haiku about rain.", false), &params(4), &mut Quiet).expect("c");
+        let b = session.begin(&tok.encode("Count to three.", false), &params(neighbour_tokens)).expect("a slot");
+        let mut b = b.expect("b starts");
+        assert_eq!(b.slot, 1, "b takes the empty slot");
+        let progress = session.step(&mut [(b.slot, &mut b.stream, &mut Quiet)], 512);
+        assert!(matches!(progress[0], strata::engine::batch::Progress::Going));
+        // Squeeze: each device keeps free exactly a's pages and its reserve.
+        let probe = model.new_kv(KvType::F16, 8192).expect("kv");
+        for (device, need) in probe.device_need_bytes(a_live.len()) {
+            let d = sims.iter().find(|s| Arc::ptr_eq(s, &device)).expect("a sim device");
+            d.inject(Fault::LeaveFreeBytes(need + d.reserve_bytes)).expect("squeeze");
+        }
+        let mut back = a_live.clone();
+        back.extend(tok.encode("\nAnd then?", false));
+        let a2 = session.begin(&back, &params(4)).expect("a slot").expect("a comes back");
+        assert_eq!(a2.slot, 0);
+        outcomes.push((a2.restored, a2.fallback.is_some()));
+    }
+    let admitted = matches!(outcomes[0], (Some((RestoreKind::Live, n)), false) if n == outcomes[0].0.map_or(0, |r| r.1) && n > 600);
+    assert!(admitted, "a neighbour that stays within its page lets the restore in: {outcomes:?}");
+    assert_eq!(outcomes[1], (None, true), "a neighbour that will grow makes the restore fall back: {outcomes:?}");
 }
