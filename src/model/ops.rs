@@ -249,8 +249,6 @@ pub struct MatJob<'a> {
 /// Rows of weights processed together per tile: their bytes stay in L1 while a tile of tokens passes. A
 /// packed matrix's group (`quant::packed::PACK_ROWS`).
 const ROW_TILE: usize = quant::packed::PACK_ROWS;
-/// Batches of at least this many tokens build (and cache) dequantized weight columns for their outliers.
-const COLUMN_MIN_TOKENS: usize = 8;
 /// Products of at most this many tokens split their rows in one run per thread (see `matmul`).
 const STREAM_MAX_TOKENS: usize = 4;
 /// Tokens dotted against a tile of weight rows at once by `vec_dot_tile`.
@@ -263,13 +261,13 @@ pub fn matmul(pool: &ThreadPool, jobs: &[MatJob], qa: &QuantActs) {
     let total_rows: usize = jobs.iter().map(|j| j.w.rows).sum();
     let t_count = qa.t_count();
     let acts: Vec<quant::ActRow> = (0..t_count).map(|t| qa.act_row(t)).collect();
-    // Dequantized weight columns at the batch's outlier channels, per job (see `acts`).
+    // Dequantized weight columns at the batch's outlier channels, per job (see `acts`): the cached ones. A
+    // channel past the cache is read from the weights tile by tile inside the threads (`finish_tile`), once
+    // per row tile whatever the batch: building its whole column here instead ran on this thread alone
+    // while the others waited (8 sequences decoding together, SmolLM2: 375 -> 554 tok/s without it).
     let channels = qa.outlier_channels();
-    // A column costs one value per row to build: worth it for a batch, not for a single token (which
-    // reads the few values it needs from the weights directly).
-    let build = t_count >= COLUMN_MIN_TOKENS;
     let columns: Vec<Vec<Option<Arc<[f32]>>>> =
-        jobs.iter().map(|j| channels.iter().map(|&c| j.w.column(c, build)).collect()).collect();
+        jobs.iter().map(|j| channels.iter().map(|&c| j.w.column(c)).collect()).collect();
     // Each token's outliers as (channel, index into `channels`, value), in channel order.
     let outliers: Vec<Vec<(usize, usize, f32)>> = qa
         .outliers

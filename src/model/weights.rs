@@ -50,22 +50,19 @@ impl Layout {
 const MAX_CACHED_COLUMNS: usize = 16;
 
 impl QTensor {
-    /// Column `c` dequantized (`W[r][c]` for every row `r`): from the cache; else built and cached while
-    /// the cache has room (the first channels seen are the model's fixed massive ones); else built
-    /// uncached when `compute` (a batch amortizes it), or `None` (a single token reads its few values
-    /// from the weights instead).
-    pub fn column(&self, c: usize, compute: bool) -> Option<Arc<[f32]>> {
+    /// Column `c` dequantized (`W[r][c]` for every row `r`): from the cache, else built and cached while the
+    /// cache has room (the first channels seen are the model's fixed massive ones); `None` past that (the
+    /// product reads the values it needs from the weights).
+    pub fn column(&self, c: usize) -> Option<Arc<[f32]>> {
         let mut cache = self.columns.lock_unpoisoned();
         if let Some((_, col)) = cache.iter().find(|(i, _)| *i == c) {
             return Some(col.clone());
         }
-        if !compute && cache.len() >= MAX_CACHED_COLUMNS {
+        if cache.len() >= MAX_CACHED_COLUMNS {
             return None;
         }
         let col: Arc<[f32]> = (0..self.rows).map(|r| self.value(r, c)).collect();
-        if cache.len() < MAX_CACHED_COLUMNS {
-            cache.push((c, col.clone()));
-        }
+        cache.push((c, col.clone()));
         Some(col)
     }
 
