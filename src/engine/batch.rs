@@ -33,6 +33,10 @@ pub struct Stream<'m> {
 pub enum Progress {
     /// It took no part (no budget left for its prompt) or goes on.
     Going,
+    /// Its tokens found no device memory for their KV pages while other streams shared the pass: it holds
+    /// what it held before the step and takes part again in a later one (the session makes room by
+    /// preempting a stream, see `Session::step`).
+    Starved,
     /// It ended: its generation, or the error that ended it (the sequence then holds what it held before,
     /// or the prompt chunks read before a cancellation).
     Done(Result<Generation, EngineError>),
@@ -210,9 +214,11 @@ pub fn step(model: &Model, pool: &ThreadPool, active: &mut [Active], budget: usi
         }
         model.forward_many(pool, &mut inputs)
     };
+    let shared = takes.len() > 1;
     for (&(i, n), result) in takes.iter().zip(results) {
         let a = &mut active[i];
-        progress[i] = Some(a.stream.advance(a.seq, n, result, a.obs));
+        let starved = shared && matches!(&result, Err(ModelError::Device(e)) if !e.is_fatal());
+        progress[i] = Some(if starved { Progress::Starved } else { a.stream.advance(a.seq, n, result, a.obs) });
     }
     progress.into_iter().map(|p| p.unwrap_or(Progress::Going)).collect()
 }

@@ -15,6 +15,7 @@ use std::time::Instant;
 use crate::cache::gate::{self, GateDecision};
 use crate::cache::{ConversationCache, KvIdentity, ParkOutcome, RestoreKind, Snapshot};
 use crate::device::Purpose;
+use crate::model::kv::KvSnapshot;
 use crate::model::{KvType, Model, ModelError};
 /// Why a cache hit was reread instead of restored (its schema is telemetry's).
 pub use crate::telemetry::Fallback;
@@ -65,6 +66,9 @@ struct Slot {
     last_use: u64,
     /// While busy: the length its stream may reach (prompt and `max_tokens`, within the context).
     target_len: usize,
+    /// A preempted stream's KV, parked in host RAM until it resumes, and the count of ended streams when it
+    /// was preempted (it resumes once another has ended and freed memory, or when nothing else runs).
+    suspended: Option<(KvSnapshot, u64)>,
 }
 
 /// How a slot came to its start state: a restore from the cache (its kind and tokens), or a cache hit that
@@ -87,6 +91,9 @@ pub struct Session<'a> {
     slots: Vec<Slot>,
     /// Slot takings so far (the clock of `Slot::last_use`).
     takings: u64,
+    /// Streams ended so far, and streams preempted so far.
+    ends: u64,
+    pub preemptions: u64,
     pub cache: ConversationCache,
     pub telemetry: Arc<Telemetry>,
     identity: KvIdentity,
@@ -100,7 +107,7 @@ pub struct Session<'a> {
 impl Slot {
     fn new(model: &Model, cfg: &SessionConfig) -> Result<Slot, EngineError> {
         let seq = Sequence::new(model, cfg.kv_type, cfg.max_context)?;
-        Ok(Slot { seq, checkpoints: Vec::new(), busy: false, last_use: 0, target_len: 0 })
+        Ok(Slot { seq, checkpoints: Vec::new(), busy: false, last_use: 0, target_len: 0, suspended: None })
     }
 }
 
@@ -131,6 +138,8 @@ impl<'a> Session<'a> {
             pool,
             slots: vec![Slot::new(model, cfg)?],
             takings: 0,
+            ends: 0,
+            preemptions: 0,
             cache: ConversationCache::new(cfg.cache_slots, cfg.cache_budget_bytes),
             telemetry: Arc::new(Telemetry::new()),
             identity,
@@ -251,21 +260,116 @@ impl<'a> Session<'a> {
 
     /// One pass over the running streams (`(slot, stream, observer)`), at most `budget` tokens of prompt
     /// beside every decoding stream's token (see `batch::step`). What became of each, in order.
+    ///
+    /// Never an out-of-memory for a stream that shares the pass: when a stream's KV pages find no device
+    /// memory, the newest running stream is preempted (its KV parked in host RAM, its device pages freed)
+    /// and the starved one tries again next step; a preempted stream resumes (its KV restored, a byte copy,
+    /// so its reply is unchanged) once another stream has ended, or when nothing else runs. One that cannot
+    /// come back while nothing else runs ends with the device's error.
     pub fn step(
         &mut self,
         running: &mut [(usize, &mut Stream<'a>, &mut dyn Observer)],
         budget: usize,
     ) -> Vec<Progress> {
-        let mut seqs: Vec<Option<&mut Sequence>> = self.slots.iter_mut().map(|s| Some(&mut s.seq)).collect();
-        let mut active: Vec<Active> = Vec::with_capacity(running.len());
-        for (slot, stream, obs) in running.iter_mut() {
-            let Some(seq) = seqs.get_mut(*slot).and_then(Option::take) else {
-                // A slot named twice, or one that does not exist: a caller's bug, refused plainly.
-                return running.iter().map(|_| Progress::Done(Err(EngineError::Cancelled))).collect();
-            };
-            active.push(Active { seq, stream, obs: &mut **obs });
+        if running.iter().any(|r| r.0 >= self.slots.len()) {
+            // A slot that does not exist: a caller's bug, refused plainly.
+            return running.iter().map(|_| Progress::Done(Err(EngineError::Cancelled))).collect();
         }
-        batch::step(self.model, self.pool, &mut active, budget)
+        let mut progress: Vec<Option<Progress>> = running.iter().map(|_| None).collect();
+        self.resume_suspended(running, &mut progress);
+        let mut seqs: Vec<Option<&mut Sequence>> =
+            self.slots.iter_mut().map(|s| if s.suspended.is_none() { Some(&mut s.seq) } else { None }).collect();
+        let mut active: Vec<Active> = Vec::with_capacity(running.len());
+        let mut in_pass = Vec::with_capacity(running.len());
+        for (n, (slot, stream, obs)) in running.iter_mut().enumerate() {
+            if progress[n].is_some() {
+                continue;
+            }
+            if let Some(seq) = seqs[*slot].take() {
+                active.push(Active { seq, stream, obs: &mut **obs });
+                in_pass.push(n);
+            }
+        }
+        let stepped = batch::step(self.model, self.pool, &mut active, budget);
+        drop(active);
+        let mut starved = false;
+        for (n, p) in in_pass.into_iter().zip(stepped) {
+            starved |= matches!(p, Progress::Starved);
+            progress[n] = Some(p);
+        }
+        if starved {
+            self.preempt_newest(running, &progress);
+        }
+        progress
+            .into_iter()
+            .map(|p| match p {
+                None | Some(Progress::Starved) => Progress::Going,
+                Some(p) => p,
+            })
+            .collect()
+    }
+
+    /// Brings back the suspended streams among `running` whose time has come (see `step`); one that cannot
+    /// come back while nothing else runs ends with the error (in `progress`).
+    fn resume_suspended(
+        &mut self,
+        running: &[(usize, &mut Stream<'a>, &mut dyn Observer)],
+        progress: &mut [Option<Progress>],
+    ) {
+        let others_running = |slots: &[Slot]| running.iter().any(|r| slots[r.0].suspended.is_none());
+        for (n, r) in running.iter().enumerate() {
+            let Some((_, at)) = &self.slots[r.0].suspended else { continue };
+            let alone = !others_running(&self.slots);
+            if *at >= self.ends && !alone {
+                continue;
+            }
+            let s = &mut self.slots[r.0];
+            let Some((snap, at)) = s.suspended.take() else { continue };
+            match s.seq.kv.restore(&snap, snap.len) {
+                Ok(()) => tracing::info!("continuous batching: resumed a preempted sequence ({} tokens)", snap.len),
+                Err(e) => {
+                    s.seq.kv.truncate(0);
+                    s.seq.kv.release_unused();
+                    if alone {
+                        tracing::warn!("continuous batching: a preempted sequence cannot come back: {e}");
+                        s.seq.rewind(0);
+                        progress[n] = Some(Progress::Done(Err(ModelError::Device(e).into())));
+                    } else {
+                        s.suspended = Some((snap, at));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Parks the newest running stream's KV in host RAM and frees its device pages, to make room for a
+    /// starved one.
+    fn preempt_newest(
+        &mut self,
+        running: &[(usize, &mut Stream<'a>, &mut dyn Observer)],
+        progress: &[Option<Progress>],
+    ) {
+        let victim = running
+            .iter()
+            .zip(progress)
+            .filter(|(r, p)| self.slots[r.0].suspended.is_none() && !matches!(p, Some(Progress::Done(_))))
+            .map(|(r, _)| r.0)
+            .max_by_key(|&slot| self.slots[slot].last_use);
+        let Some(slot) = victim else { return };
+        let s = &mut self.slots[slot];
+        match s.seq.kv.snapshot() {
+            Ok(snap) => {
+                let tokens = snap.len;
+                s.seq.kv.truncate(0);
+                s.seq.kv.release_unused();
+                s.suspended = Some((snap, self.ends));
+                self.preemptions += 1;
+                tracing::info!(
+                    "continuous batching: a device ran out of memory mid-batch: preempted the newest sequence ({tokens} tokens parked in host RAM) until another ends"
+                );
+            }
+            Err(e) => tracing::warn!("continuous batching: could not preempt a sequence: {e}"),
+        }
     }
 
     /// The stream on `slot` is done: the slot is idle again, and with a generation its checkpoints and log
@@ -273,6 +377,11 @@ impl<'a> Session<'a> {
     pub fn end(&mut self, slot: usize, prompt_len: usize, generation: Option<&Generation>) -> (usize, usize) {
         let Some(s) = self.slots.get_mut(slot) else { return (0, 0) };
         s.busy = false;
+        if s.suspended.take().is_some() {
+            // Ended while preempted (its client left): its parked KV goes, and so does its sequence.
+            s.seq.rewind(0);
+        }
+        self.ends += 1;
         match generation {
             Some(g) => self.settle(slot, prompt_len, g),
             None => (0, 0),

@@ -337,7 +337,7 @@ fn run_batched<'a>(
             .enumerate()
             .filter_map(|(i, p)| match p {
                 Progress::Done(r) => Some((i, r)),
-                Progress::Going => None,
+                Progress::Going | Progress::Starved => None,
             })
             .collect();
         for (i, result) in done.into_iter().rev() {

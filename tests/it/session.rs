@@ -114,3 +114,72 @@ fn a_restore_leaves_room_for_the_streams_running_beside_it() {
     assert!(admitted, "a neighbour that stays within its page lets the restore in: {outcomes:?}");
     assert_eq!(outcomes[1], (None, true), "a neighbour that will grow makes the restore fall back: {outcomes:?}");
 }
+
+/// A device that runs out of memory mid-batch preempts the newest stream instead of failing anything: its
+/// KV is parked in host RAM and its pages freed, the starved stream goes on, and the preempted one comes
+/// back after the other ends. Both replies (tokens and log-probability bits) are the ones each gets alone.
+#[test]
+fn an_out_of_memory_mid_batch_preempts_the_newest_stream_and_changes_no_reply() {
+    use strata::engine::batch::Progress;
+    use strata::engine::{Generation, Observer};
+    let file = Arc::new(GgufFile::open(&common::model_path()).expect("model"));
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let pool = ThreadPool::new(2);
+    let kinds = [DeviceKind::Sim { capacity_bytes: 400 * MIB }, DeviceKind::Sim { capacity_bytes: 400 * MIB }];
+    let devices = DeviceSet::from_kinds(&kinds, 16 * MIB).expect("sims");
+    let sims = devices.devices.clone();
+    let opts = LoadOptions { devices, split: Some(vec![15]), ..Default::default() };
+    let model = Model::from_file_with(file, &opts).expect("model");
+    let cfg = SessionConfig { kv_type: KvType::F16, max_context: 4096, cache_slots: 0, cache_budget_bytes: 0 };
+    let mut session = Session::new(&model, &tok, &pool, &cfg).expect("session").with_parallel(2, &cfg).expect("2");
+    let params = GenerateParams {
+        max_tokens: 150,
+        sampler: SamplerConfig::greedy(),
+        ignore_eos: true,
+        logprobs: true,
+        ..Default::default()
+    };
+    let prompts = [tok.encode("Write a long story about a dragon.", false), tok.encode("List the planets.", false)];
+    let reply = |g: &Generation| (g.tokens.clone(), g.token_logprobs.iter().map(|p| p.to_bits()).collect::<Vec<_>>());
+    let alone: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let mut seq = Sequence::new(&model, KvType::F16, 4096).expect("seq");
+            reply(&generate(&model, &tok, &pool, &mut seq, Request::new(p, &params), &mut Quiet).expect("alone"))
+        })
+        .collect();
+
+    let mut begun: Vec<_> = prompts.iter().map(|p| session.begin(p, &params).expect("slot").expect("starts")).collect();
+    let mut quiet = [Quiet, Quiet];
+    let mut done: Vec<Option<(Vec<u32>, Vec<u32>)>> = vec![None, None];
+    for step in 0.. {
+        assert!(step < 1000, "the streams end");
+        if step == 3 {
+            // Both decode now; the next page either stream takes on device 0 fails.
+            sims[0].inject(Fault::FailAllocs(1)).expect("fault");
+        }
+        let live: Vec<usize> = (0..2).filter(|&i| done[i].is_none()).collect();
+        if live.is_empty() {
+            break;
+        }
+        let mut running: Vec<(usize, &mut strata::engine::batch::Stream, &mut dyn Observer)> = Vec::new();
+        for (i, (b, q)) in begun.iter_mut().zip(quiet.iter_mut()).enumerate() {
+            if done[i].is_none() {
+                running.push((b.slot, &mut b.stream, q));
+            }
+        }
+        let progress = session.step(&mut running, 512);
+        drop(running);
+        for (i, p) in live.into_iter().zip(progress) {
+            if let Progress::Done(r) = p {
+                let g = r.expect("no stream fails");
+                session.end(begun[i].slot, prompts[i].len(), Some(&g));
+                done[i] = Some(reply(&g));
+            }
+        }
+    }
+    assert_eq!(session.preemptions, 1, "the out-of-memory preempted one stream");
+    for (i, (d, a)) in done.iter().zip(&alone).enumerate() {
+        assert_eq!(d.as_ref().expect("done"), a, "stream {i}: its reply differs from the one it gets alone");
+    }
+}
