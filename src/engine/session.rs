@@ -182,6 +182,11 @@ impl<'a> Session<'a> {
         self.slots.iter().filter(|s| s.busy).count()
     }
 
+    /// Slots whose stream is preempted now (its KV parked in host RAM until it resumes).
+    pub fn suspended_slots(&self) -> usize {
+        self.slots.iter().filter(|s| s.suspended.is_some()).count()
+    }
+
     /// Slot 0's tokens (the live sequence of `serve`).
     pub fn live_tokens(&self) -> &[u32] {
         &self.slots[0].seq.tokens

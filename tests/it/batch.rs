@@ -142,9 +142,14 @@ fn streams_together_give_each_the_reply_it_has_alone() {
 }
 
 fn req(n_vocab: u32) -> impl Strategy<Value = Req> {
+    req_of(n_vocab, 40, 12)
+}
+
+/// A request with a prompt of fewer than `prompt` tokens and at most `max_tokens` of reply.
+fn req_of(n_vocab: u32, prompt: usize, max_tokens: usize) -> impl Strategy<Value = Req> {
     (
-        proptest::collection::vec(0..n_vocab, 1..40),
-        1usize..12,
+        proptest::collection::vec(0..n_vocab, 1..prompt),
+        1usize..max_tokens,
         1usize..24,
         prop_oneof![Just(0.0f32), Just(0.8f32)],
         any::<u64>(),
@@ -175,5 +180,95 @@ proptest! {
         let pool = ThreadPool::new(2);
         let solo: Vec<Reply> = reqs.iter().map(|r| alone(&model, &tok, &pool, r)).collect();
         prop_assert_eq!(together(&model, &tok, &pool, &reqs, budget), solo);
+    }
+}
+
+/// A scenario for the session: requests joining at their steps (waiting for a free slot), and the steps at
+/// which device 0 or 1 fails its next allocation.
+fn session_case() -> impl Strategy<Value = (Vec<Req>, usize, Vec<(usize, usize)>)> {
+    (
+        // Long enough to cross KV pages (64 tokens) while others run: that is when pages are allocated.
+        proptest::collection::vec(req_of(256, 150, 40), 2..6),
+        2usize..4,
+        proptest::collection::vec((0usize..30, 0usize..2), 1..6),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases() / 2, ..ProptestConfig::default() })]
+
+    /// Through the session's slots on a two-device sim split: requests join (queued while every slot is
+    /// busy), leave, and devices fail allocations mid-batch (each while at least two streams share the
+    /// pass, so the newest is preempted and resumed later). Every reply is the one its request gets alone.
+    #[test]
+    fn slots_joins_leaves_and_preemptions_never_change_a_reply((reqs, parallel, faults) in session_case()) {
+        use strata::device::sim::Fault;
+        use strata::device::{DeviceKind, DeviceSet};
+        use strata::engine::session::{Session, SessionConfig};
+        use strata::model::LoadOptions;
+        let file = Arc::new(GgufFile::from_bytes(SyntheticSpec::default().to_gguf()).expect("parses"));
+        let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+        let kinds = [DeviceKind::Sim { capacity_bytes: 256 << 20 }, DeviceKind::Sim { capacity_bytes: 256 << 20 }];
+        let devices = DeviceSet::from_kinds(&kinds, 0).expect("sims");
+        let sims = devices.devices.clone();
+        let opts = LoadOptions { devices, split: Some(vec![1]), ..Default::default() };
+        let model = Model::from_file_with(file, &opts).expect("split model");
+        let pool = ThreadPool::new(2);
+        let solo: Vec<Reply> = reqs.iter().map(|r| alone(&model, &tok, &pool, r)).collect();
+
+        let cfg = SessionConfig { kv_type: KvType::F16, max_context: 256, cache_slots: 2, cache_budget_bytes: 64 << 20 };
+        let mut session = Session::new(&model, &tok, &pool, &cfg).expect("session").with_parallel(parallel, &cfg).expect("slots");
+        let mut recs: Vec<Recorder> = reqs.iter().map(|r| Recorder { cancel_after: r.cancel_after, ..Default::default() }).collect();
+        let mut running: Vec<Option<(usize, Stream)>> = reqs.iter().map(|_| None).collect();
+        let mut replies: Vec<Option<Reply>> = reqs.iter().map(|_| None).collect();
+        let mut started = vec![false; reqs.len()];
+        for t in 0.. {
+            prop_assert!(t < 5000, "the requests end");
+            for (i, r) in reqs.iter().enumerate() {
+                if !started[i] && r.join <= t && session.busy_slots() < session.parallel() {
+                    started[i] = true;
+                    match session.begin(&r.prompt, &r.params).expect("a free slot") {
+                        Ok(b) => running[i] = Some((b.slot, b.stream)),
+                        Err(e) => replies[i] = Some(Err(e.to_string())),
+                    }
+                }
+            }
+            if replies.iter().all(Option::is_some) {
+                break;
+            }
+            // Streams that will share the pass: running, not preempted, and not about to end on their client's
+            // cancellation before it.
+            let leaving = |rec: &Recorder| rec.cancel_after.is_some_and(|k| rec.pieces >= k);
+            let n_running = running.iter().zip(&recs).filter(|(r, rec)| r.is_some() && !leaving(rec)).count();
+            if n_running >= session.suspended_slots() + 2 {
+                for &(_, d) in faults.iter().filter(|&&(at, _)| at == t) {
+                    sims[d].inject(Fault::FailAllocs(1)).expect("fault");
+                }
+            }
+            let mut ids = Vec::new();
+            let mut views: Vec<(usize, &mut Stream, &mut dyn Observer)> = Vec::new();
+            for (i, (r, obs)) in running.iter_mut().zip(&mut recs).enumerate() {
+                if let Some((slot, stream)) = r {
+                    ids.push(i);
+                    views.push((*slot, stream, obs));
+                }
+            }
+            let progress = session.step(&mut views, 24);
+            drop(views);
+            // A failure not taken in this shared step is withdrawn: one taken by a stream alone in its pass is
+            // that request's error (nothing to preempt), which is not what this property is about.
+            for d in &sims {
+                d.inject(Fault::FailAllocs(0)).expect("reset");
+            }
+            for (i, p) in ids.into_iter().zip(progress) {
+                if let Progress::Done(r) = p {
+                    let (slot, _) = running[i].take().expect("running");
+                    session.end(slot, reqs[i].prompt.len(), r.as_ref().ok());
+                    replies[i] = Some(reply(r, &recs[i]));
+                }
+            }
+        }
+        let got: Vec<Reply> = replies.into_iter().map(|r| r.expect("answered")).collect();
+        prop_assert_eq!(got, solo);
     }
 }
