@@ -12,7 +12,7 @@ use crate::model::{Logits, Model, ModelError, SeqInput};
 use crate::threadpool::ThreadPool;
 use crate::tokenizer::Tokenizer;
 
-use super::{Decoder, EngineError, GenerateParams, Generation, Observer, Sequence, StopReason};
+use super::{keep_prefix, Decoder, EngineError, GenerateParams, Generation, Observer, Sequence, StopReason};
 
 /// One generation in progress (plain decoding: speculative decoding runs alone, through `generate`).
 pub struct Stream<'m> {
@@ -44,8 +44,7 @@ pub enum Progress {
 
 impl<'m> Stream<'m> {
     /// Starts a generation after `prompt` on `seq`, reusing the longest common prefix with what `seq`
-    /// holds (as `prefill` does: at least the last prompt token is read again, and a prefix shorter than a
-    /// sliding window's kept keys is not reused).
+    /// holds (`keep_prefix`, as `prefill` does).
     pub fn start(
         model: &'m Model,
         tokenizer: &'m Tokenizer,
@@ -54,18 +53,7 @@ impl<'m> Stream<'m> {
         prompt: &[u32],
         params: &GenerateParams,
     ) -> Result<Stream<'m>, EngineError> {
-        if prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if prompt.len() > seq.kv.max_tokens {
-            return Err(ModelError::ContextOverflow { needed: prompt.len(), max: seq.kv.max_tokens }.into());
-        }
-        let common = seq.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-        let reused = common.min(prompt.len() - 1);
-        let reused = if reused < seq.kv.min_len() { 0 } else { reused };
-        seq.tokens.truncate(reused);
-        seq.kv.truncate(reused);
-        seq.kv.set_protect(None);
+        let reused = keep_prefix(seq, prompt)?;
         Ok(Stream {
             dec: Decoder::new(model, tokenizer, pool, params, reused),
             prompt: prompt.to_vec(),

@@ -133,21 +133,7 @@ fn prefill_until(
     batch: usize,
     cancelled: &mut dyn FnMut() -> bool,
 ) -> Result<(Vec<f32>, usize), EngineError> {
-    if prompt.is_empty() {
-        return Err(EngineError::EmptyPrompt);
-    }
-    if prompt.len() > seq.kv.max_tokens {
-        return Err(ModelError::ContextOverflow { needed: prompt.len(), max: seq.kv.max_tokens }.into());
-    }
-    let common = seq.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-    // At least the last prompt token is read again: its logits are needed.
-    let reused = common.min(prompt.len() - 1);
-    // A sliding-window layer keeps the keys of the last prompt's end and of the newest positions: a
-    // prefix shorter than that is read again.
-    let reused = if reused < seq.kv.min_len() { 0 } else { reused };
-    seq.tokens.truncate(reused);
-    seq.kv.truncate(reused);
-    seq.kv.set_protect(None);
+    let reused = keep_prefix(seq, prompt)?;
     let rest = &prompt[reused..];
     let mut last = Vec::new();
     for chunk in rest.chunks(batch.max(1)) {
@@ -161,6 +147,25 @@ fn prefill_until(
     // The next turn's common prefix usually ends here (the reply is rendered anew): keep it restorable.
     seq.kv.set_protect(Some(prompt.len()));
     Ok((last, reused))
+}
+
+/// Checks `prompt` against `seq` and cuts `seq` back to the longest prefix it shares with it that can be
+/// reused: at least the last prompt token is read again (its logits are needed), and a prefix shorter than
+/// a sliding-window layer's kept keys is read again whole. How many tokens are reused.
+fn keep_prefix(seq: &mut Sequence, prompt: &[u32]) -> Result<usize, EngineError> {
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    if prompt.len() > seq.kv.max_tokens {
+        return Err(ModelError::ContextOverflow { needed: prompt.len(), max: seq.kv.max_tokens }.into());
+    }
+    let common = seq.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    let reused = common.min(prompt.len() - 1);
+    let reused = if reused < seq.kv.min_len() { 0 } else { reused };
+    seq.tokens.truncate(reused);
+    seq.kv.truncate(reused);
+    seq.kv.set_protect(None);
+    Ok(reused)
 }
 
 #[derive(Debug, thiserror::Error)]
