@@ -1,9 +1,11 @@
 // The chat view over a fake transport: Enter sends and Shift+Enter does not, chunks stream into the reply,
 // a retrying chunk clears the partial reply with a note, Stop calls chat_cancel, figures show under the
-// reply, errors show inline, and model output renders with no script, handler or javascript: link.
+// reply, errors show inline, and model output renders with no script, handler or javascript: link. Two
+// conversations stream at once: chunks interleaved land each in its own, Stop in one leaves the other
+// streaming, Send is blocked only in the streaming one, and the list marks each replying conversation.
 import { act, fireEvent, render, screen, waitFor, within } from "@testing-library/preact";
 import { describe, expect, it, vi } from "vitest";
-import type { ChatChunk } from "../src/bindings";
+import type { ChatChunk, Conversation, StoredMessage } from "../src/bindings";
 import { NO_PARAMS } from "../src/chat/params";
 import { ChatView } from "../src/views/chat/ChatView";
 import { conversation, FakeTransport, MIB, summary } from "./fakes";
@@ -206,6 +208,182 @@ describe("ChatView", () => {
     expect(t.deleteConversation).not.toHaveBeenCalled();
     fireEvent.click(within(screen.getByRole("group", { name: "Delete this conversation?" })).getByRole("button", { name: "Delete" }));
     await waitFor(() => expect(t.deleteConversation).toHaveBeenCalledWith("c1"));
+  });
+});
+
+/**
+ * Two conversations, "First" (c1) open and "Second" (c2). The fake backend stores what the view sends as a
+ * real one does: the user's message and the reply as it streams (incomplete), complete once it ends.
+ */
+async function setupTwo(stopGraceMs = 3000) {
+  const t = new FakeTransport();
+  const stored: Record<string, Conversation> = {
+    c1: conversation({ id: "c1", title: "First" }),
+    c2: conversation({ id: "c2", title: "Second", updated_ms: 1 }),
+  };
+  t.listConversations.mockImplementation(async () =>
+    Object.values(stored).map((c) => ({ id: c.id, title: c.title, updated_ms: c.updated_ms, messages: c.messages.length })),
+  );
+  t.getConversation.mockImplementation(async (id) => structuredClone(stored[id]!));
+  t.chatSend.mockImplementation(async (id, messages, _p, on) => {
+    const c = stored[id]!;
+    const reply: StoredMessage = { role: "assistant", content: "", figures: null, complete: false };
+    c.messages = [...messages.map((m) => ({ ...m, figures: null, complete: true })), reply];
+    t.sendChunk = on;
+    // What the backend streams is stored as it goes; its end completes the stored reply.
+    (t as unknown as { chunkOf: Map<string, (c: ChatChunk) => void> }).chunkOf.set(id, (ch) => {
+      if (ch.kind === "text") reply.content += ch.text;
+      if (ch.kind === "done") reply.complete = true;
+      on(ch);
+    });
+  });
+  render(<ChatView transport={t} stopGraceMs={stopGraceMs} />);
+  await screen.findByRole("heading", { name: "First" });
+  const input = screen.getByTestId("chat-input") as HTMLTextAreaElement;
+  return { t, input };
+}
+
+const row = (title: string) => screen.getByRole("button", { name: new RegExp(`^${title}`) });
+const replyingRows = () => screen.queryAllByTestId("conversation-replying").map((el) => el.closest("button")?.querySelector(".conversation-title")?.textContent);
+
+async function open(title: string) {
+  fireEvent.click(row(title));
+  await screen.findByRole("heading", { name: title });
+}
+
+async function sendIn(input: HTMLTextAreaElement, text: string) {
+  await type(input, text);
+  fireEvent.keyDown(input, { key: "Enter" });
+  await waitFor(() => expect(userTexts()).toContain(text));
+}
+
+async function chunkTo(t: FakeTransport, id: string, c: ChatChunk) {
+  await act(async () => t.sendChunkTo(id, c));
+}
+
+const userTexts = () => screen.queryAllByTestId("message-user").map((m) => m.querySelector(".message-text")?.textContent ?? "");
+const assistantTexts = () => screen.queryAllByTestId("message-assistant").map((m) => (m.querySelector('[data-testid="markdown"]')?.textContent ?? "").trim());
+
+describe("ChatView with two conversations streaming at once", () => {
+  it("streams both replies with chunks interleaved, each landing in its own conversation", async () => {
+    const { t, input } = await setupTwo();
+    await sendIn(input, "first question");
+    await open("Second");
+    // Send is not blocked by the reply streaming in First.
+    await sendIn(input, "second question");
+    await waitFor(() => expect(t.chatSend).toHaveBeenCalledTimes(2));
+    expect(t.chatSend.mock.calls.map((c) => c[0])).toEqual(["c1", "c2"]);
+    await waitFor(() => expect(replyingRows()).toEqual(["First", "Second"]));
+    expect(row("First").getAttribute("aria-busy")).toBe("true");
+
+    await chunkTo(t, "c1", { kind: "text", text: "Alpha " });
+    await chunkTo(t, "c2", { kind: "text", text: "Beta " });
+    await chunkTo(t, "c1", { kind: "text", text: "one" });
+    await chunkTo(t, "c2", { kind: "text", text: "two" });
+    // The open conversation shows its own reply only.
+    expect(assistantTexts()).toEqual(["Beta two"]);
+
+    // Back in First: its live reply, once (not also as stored so far), with all its text.
+    await open("First");
+    await waitFor(() => expect(assistantTexts()).toEqual(["Alpha one"]));
+    expect(screen.getByRole("button", { name: "Stop" })).toBeTruthy();
+
+    // Second's reply ends while First is open: it does not join First.
+    await chunkTo(t, "c2", { kind: "done", finish_reason: "stop", figures: summary() });
+    await waitFor(() => expect(replyingRows()).toEqual(["First"]));
+    expect(assistantTexts()).toEqual(["Alpha one"]);
+    expect(screen.queryByTestId("figures")).toBeNull();
+
+    // First's ends in the open conversation: it joins its messages, with its figures.
+    await chunkTo(t, "c1", { kind: "text", text: " more" });
+    await chunkTo(t, "c1", { kind: "done", finish_reason: "stop", figures: summary({ gen_tok_s: 12 }) });
+    await waitFor(() => expect(screen.getByTestId("figures").textContent).toContain("12.0 tok/s"));
+    expect(assistantTexts()).toEqual(["Alpha one more"]);
+    expect(replyingRows()).toEqual([]);
+    expect(screen.getByRole("button", { name: "Send" })).toBeTruthy();
+
+    // Second, read again, has its reply as the backend stored it.
+    await open("Second");
+    await waitFor(() => expect(assistantTexts()).toEqual(["Beta two"]));
+    expect(userTexts()).toEqual(["second question"]);
+  });
+
+  it("blocks Send only in the conversation that is streaming", async () => {
+    const { t, input } = await setupTwo();
+    await sendIn(input, "first question");
+    expect(screen.queryByRole("button", { name: "Send" })).toBeNull();
+    await type(input, "again in First");
+    fireEvent.keyDown(input, { key: "Enter" });
+    await new Promise((r) => setTimeout(r, 10));
+    expect(t.chatSend).toHaveBeenCalledTimes(1);
+
+    await open("Second");
+    expect(screen.queryByRole("button", { name: "Stop" })).toBeNull();
+    await type(input, "in Second");
+    const send = screen.getByRole("button", { name: "Send" }) as HTMLButtonElement;
+    expect(send.disabled).toBe(false);
+    fireEvent.click(send);
+    await waitFor(() => expect(t.chatSend).toHaveBeenCalledTimes(2));
+    expect(t.chatSend.mock.calls[1]![0]).toBe("c2");
+    // Now Second streams too: Send is blocked here as well.
+    expect(screen.queryByRole("button", { name: "Send" })).toBeNull();
+    expect(screen.getByRole("button", { name: "Stop" })).toBeTruthy();
+  });
+
+  it("stops one conversation's reply and leaves the other streaming", async () => {
+    const { t, input } = await setupTwo();
+    await sendIn(input, "first question");
+    await open("Second");
+    await sendIn(input, "second question");
+    await chunkTo(t, "c1", { kind: "text", text: "Alpha" });
+    await chunkTo(t, "c2", { kind: "text", text: "Beta" });
+
+    fireEvent.click(screen.getByRole("button", { name: "Stop" }));
+    await waitFor(() => expect(t.chatCancel).toHaveBeenCalledWith("c2"));
+    expect(t.chatCancel).toHaveBeenCalledTimes(1);
+    await chunkTo(t, "c2", { kind: "done", finish_reason: "cancelled", figures: null });
+    await waitFor(() => expect(screen.getByTestId("reply-stopped")).toBeTruthy());
+    expect(screen.getByRole("button", { name: "Send" })).toBeTruthy();
+    expect(replyingRows()).toEqual(["First"]);
+
+    // First still streams: its later text arrives, and it is shown when opened.
+    await chunkTo(t, "c1", { kind: "text", text: " goes on" });
+    await open("First");
+    await waitFor(() => expect(assistantTexts()).toEqual(["Alpha goes on"]));
+    expect(screen.getByRole("button", { name: "Stop" })).toBeTruthy();
+    expect(screen.queryByTestId("reply-stopped")).toBeNull();
+  });
+
+  it("ends only the stopped reply when the backend says nothing after chat_cancel", async () => {
+    const { t, input } = await setupTwo(20);
+    await sendIn(input, "first question");
+    await open("Second");
+    await sendIn(input, "second question");
+    fireEvent.click(screen.getByRole("button", { name: "Stop" }));
+    await waitFor(() => expect(screen.getByTestId("reply-stopped")).toBeTruthy());
+    await new Promise((r) => setTimeout(r, 40));
+    expect(replyingRows()).toEqual(["First"]);
+    await chunkTo(t, "c1", { kind: "text", text: "still here" });
+    await open("First");
+    await waitFor(() => expect(assistantTexts()).toEqual(["still here"]));
+    expect(screen.getByRole("button", { name: "Stop" })).toBeTruthy();
+  });
+
+  it("stops a replying conversation before deleting it, and refuses to rename it meanwhile", async () => {
+    const { t, input } = await setupTwo();
+    await sendIn(input, "first question");
+    expect((screen.getByRole("button", { name: "Rename" }) as HTMLButtonElement).disabled).toBe(true);
+    fireEvent.click(screen.getByRole("button", { name: "Delete" }));
+    const confirm = screen.getByRole("group", { name: "Delete this conversation?" });
+    expect(confirm.textContent).toContain("Its reply is stopped first.");
+    t.chatCancel.mockImplementation(async (id) => t.sendChunkTo(id, { kind: "done", finish_reason: "cancelled", figures: null }));
+    fireEvent.click(within(confirm).getByRole("button", { name: "Delete" }));
+    await waitFor(() => expect(t.deleteConversation).toHaveBeenCalledWith("c1"));
+    expect(t.chatCancel).toHaveBeenCalledWith("c1");
+    expect(t.chatCancel.mock.invocationCallOrder[0]!).toBeLessThan(t.deleteConversation.mock.invocationCallOrder[0]!);
+    // Once the reply has ended, Rename is back for a conversation that is not replying.
+    await open("Second");
+    expect((screen.getByRole("button", { name: "Rename" }) as HTMLButtonElement).disabled).toBe(false);
   });
 });
 

@@ -192,12 +192,17 @@ export function conversation(over: Partial<Conversation> = {}): Conversation {
   return { id: "c1", title: "First", created_ms: 1, updated_ms: 2, messages: [], ...over };
 }
 
-/** A Transport of vi.fn()s. `chatSend` keeps the last onChunk in `chunks` for the test to drive. */
+/**
+ * A Transport of vi.fn()s. `chatSend` keeps the last onChunk in `sendChunk`, and each conversation's in
+ * `sendChunkTo`, for the test to drive.
+ */
 export class FakeTransport implements Transport {
   readonly kind: "tauri" | "http";
   readonly caps: Capabilities;
   /** The onChunk of the last chatSend. */
   sendChunk: (c: ChatChunk) => void = () => {};
+  /** The onChunk of the last chatSend in each conversation. */
+  private chunkOf = new Map<string, (c: ChatChunk) => void>();
   private drop: ((paths: string[]) => void) | null = null;
 
   constructor(caps: Partial<Capabilities> = {}) {
@@ -225,10 +230,18 @@ export class FakeTransport implements Transport {
   getSettings = vi.fn(async () => settings());
   saveSettings = vi.fn(async (s: EngineSettings) => s);
   chatSend = vi.fn(
-    async (_id: string, _m: import("../src/bindings").ChatMessage[], _p: import("../src/bindings").ChatParams, on: (c: ChatChunk) => void) => {
+    async (id: string, _m: import("../src/bindings").ChatMessage[], _p: import("../src/bindings").ChatParams, on: (c: ChatChunk) => void) => {
       this.sendChunk = on;
+      this.chunkOf.set(id, on);
     },
   );
+
+  /** Delivers `c` to the last chatSend in conversation `id`. */
+  sendChunkTo(id: string, c: ChatChunk): void {
+    const on = this.chunkOf.get(id);
+    if (!on) throw new Error(`no chatSend in ${id}`);
+    on(c);
+  }
   chatCancel = vi.fn(async (_id: string) => {});
   /** What savePreferences kept last (getPreferences returns it). */
   prefs: ChatPreferences = preferences();

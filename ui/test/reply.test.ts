@@ -1,8 +1,8 @@
 // How chunks build a reply, and the figures shown under it.
 import { describe, expect, it } from "vitest";
 import { replyFigures } from "../src/chat/figures";
-import { applyChunk, newReply, RETRY_NOTE, stopReply } from "../src/chat/reply";
-import { MIB, summary } from "./fakes";
+import { applyChunk, newReply, RETRY_NOTE, stopReply, withoutPendingReply } from "../src/chat/reply";
+import { conversation, MIB, summary } from "./fakes";
 
 describe("applyChunk", () => {
   it("appends text, clears it on retrying with a note, ends on done with figures", () => {
@@ -23,6 +23,18 @@ describe("applyChunk", () => {
   it("ends with the error message; a stop ends a streaming reply", () => {
     expect(applyChunk(newReply(), { kind: "error", message: "boom" })).toMatchObject({ status: "error", error: "boom" });
     expect(stopReply(newReply()).status).toBe("stopped");
+  });
+});
+
+describe("withoutPendingReply", () => {
+  it("drops the stored reply still being written, and nothing else", () => {
+    const user = { role: "user" as const, content: "hi", figures: null, complete: true };
+    const partial = { role: "assistant" as const, content: "Hel", figures: null, complete: false };
+    const ended = { ...partial, content: "Hello", complete: true };
+    expect(withoutPendingReply(conversation({ messages: [user, partial] })).messages).toEqual([user]);
+    expect(withoutPendingReply(conversation({ messages: [user, ended] })).messages).toEqual([user, ended]);
+    expect(withoutPendingReply(conversation({ messages: [user] })).messages).toEqual([user]);
+    expect(withoutPendingReply(conversation()).messages).toEqual([]);
   });
 });
 

@@ -1,6 +1,6 @@
 // The state of one assistant reply while it streams, and how each ChatChunk changes it. Pure: the chat
-// view keeps one of these per reply in flight and renders it.
-import type { ChatChunk, StoredMessage, Summary } from "../bindings";
+// view keeps one of these per conversation whose reply is in flight and renders the open one's.
+import type { ChatChunk, Conversation, StoredMessage, Summary } from "../bindings";
 
 export type ReplyStatus = "streaming" | "done" | "stopped" | "error";
 
@@ -66,4 +66,13 @@ export function replyToMessage(s: ReplyState): StoredMessage {
   const m: StoredMessage = { role: "assistant", content: s.text, figures: s.figures, complete: s.status === "done" };
   if (s.reasoning) m.reasoning = s.reasoning;
   return m;
+}
+
+/**
+ * A conversation read while its reply streams, without that reply: the backend stores the reply being
+ * written as the last message, incomplete, and the chat view shows it from its own ReplyState instead.
+ */
+export function withoutPendingReply(c: Conversation): Conversation {
+  const last = c.messages[c.messages.length - 1];
+  return last && last.role === "assistant" && !last.complete ? { ...c, messages: c.messages.slice(0, -1) } : c;
 }
