@@ -480,10 +480,11 @@ impl Model {
             }
         }
         let opts = AttnOpts { scale: cfg.attn_scale, softcap: cfg.attn_softcap, window: cfg.window(l) };
-        for seg in segs.iter() {
-            let rows = seg.start * q_dim..(seg.start + seg.t_count) * q_dim;
-            attn::attention(pool, seg.kv, l, &shape, &opts, &s.q[rows.clone()], seg.pos0, &mut s.att[rows]);
-        }
+        let seqs: Vec<attn::SeqRows> = segs
+            .iter()
+            .map(|g| attn::SeqRows { kv: &*g.kv, rows: g.start..g.start + g.t_count, pos0: g.pos0 })
+            .collect();
+        attn::attention_many(pool, &seqs, l, &shape, &opts, &s.q[..t_count * q_dim], &mut s.att[..t_count * q_dim]);
         drop(attention);
         let products = profile::time(Part::AttnProducts);
         s.act.quantize(pool, lw.wo.ty, &s.att, q_dim);

@@ -49,6 +49,7 @@ mod tests;
 mod tile;
 
 use std::cell::RefCell;
+use std::ops::Range;
 
 use crate::quant::{self, GgmlType, QK};
 use crate::threadpool::ThreadPool;
@@ -57,7 +58,7 @@ use super::kv::{KvCache, KvPage, KV_PAGE_TOKENS};
 use super::ops::AttnShape;
 
 pub use exp::exp_nonpos;
-use plan::attend_all;
+use plan::{attend_all, Part};
 
 /// Keys per tile.
 pub const KEY_TILE: usize = 32;
@@ -168,23 +169,56 @@ pub fn attention(
     pos0: usize,
     out: &mut [f32],
 ) {
+    let rows = 0..q.len() / (shape.n_head * shape.head_dim);
+    attention_many(pool, &[SeqRows { kv, rows, pos0 }], layer, shape, opts, q, out);
+}
+
+/// One sequence of an [`attention_many`] call: its cache, its rows of the queries and the output (token
+/// indices), and the position of its first row.
+pub struct SeqRows<'a> {
+    pub kv: &'a KvCache,
+    pub rows: Range<usize>,
+    pub pos0: usize,
+}
+
+/// [`attention`] for several sequences at once, in one run on the threads: each sequence's rows of `q`
+/// attend over layer `layer` of its own cache. `q`: (tokens, n_head * head_dim); `out`: same shape. Each
+/// row's result is the one it gets alone.
+pub fn attention_many(
+    pool: &ThreadPool,
+    seqs: &[SeqRows],
+    layer: usize,
+    shape: &AttnShape,
+    opts: &AttnOpts,
+    q: &[f32],
+    out: &mut [f32],
+) {
     let AttnShape { n_head_kv, head_dim, .. } = *shape;
-    let ctx = Layer {
-        pages: &kv.layers[layer].pages,
-        kv_dim: n_head_kv * head_dim,
-        head_dim,
-        row_bytes: kv.ty.row_bytes(n_head_kv * head_dim),
-        head_bytes: kv.ty.row_bytes(head_dim),
-        scale: opts.scale,
-        softcap: opts.softcap,
-        window: opts.window,
-        int8: kv.ty == super::KvType::Int8,
-    };
+    let parts: Vec<Part> = seqs
+        .iter()
+        .map(|seq| Part {
+            ctx: Layer {
+                pages: &seq.kv.layers[layer].pages,
+                kv_dim: n_head_kv * head_dim,
+                head_dim,
+                row_bytes: seq.kv.ty.row_bytes(n_head_kv * head_dim),
+                head_bytes: seq.kv.ty.row_bytes(head_dim),
+                scale: opts.scale,
+                softcap: opts.softcap,
+                window: opts.window,
+                int8: seq.kv.ty == super::KvType::Int8,
+            },
+            rows: seq.rows.clone(),
+            pos0: seq.pos0,
+        })
+        .collect();
+    // Every sequence of a pass has the model's KV type.
+    let int8 = parts.first().is_some_and(|p| p.ctx.int8);
     QUERY_BLOCKS.with_borrow_mut(|blocks| {
-        if ctx.int8 {
+        if int8 {
             quantize_queries(q, blocks);
         }
         let q = Queries { f: q, blocks };
-        attend_all(pool, &ctx, shape, q, pos0, out);
+        attend_all(pool, &parts, shape, q, out);
     });
 }

@@ -15,78 +15,131 @@ use super::exp::exp_nonpos;
 use super::kernel::chunk_pass;
 use super::{Layer, Queries, Query, Scratch, CHUNK_KEYS, PARTIALS, QUERY_TOKENS, SCRATCH};
 
-/// `attention` with the layer found and the queries ready.
-pub(super) fn attend_all(pool: &ThreadPool, ctx: &Layer, shape: &AttnShape, q: Queries, pos0: usize, out: &mut [f32]) {
+/// One sequence of a call: its layer's pages, its rows of the queries and the output (token indices), and
+/// the position of its first row.
+pub(super) struct Part<'a> {
+    pub ctx: Layer<'a>,
+    pub rows: Range<usize>,
+    pub pos0: usize,
+}
+
+impl Part<'_> {
+    /// The key chunks a lone block's queries read, as items on the threads (`first..end`), or `None` when
+    /// the part is read as blocks of tokens by KV head (several blocks, or one chunk of keys).
+    fn lone_chunks(&self) -> Option<Range<usize>> {
+        let t_count = self.rows.len();
+        // Chunks wholly before every query's window hold no key any query reads.
+        let first = self.ctx.first_key(self.pos0) / CHUNK_KEYS;
+        let end = (self.pos0 + t_count).div_ceil(CHUNK_KEYS);
+        (t_count <= QUERY_TOKENS && end - first > 1).then_some(first..end)
+    }
+}
+
+/// A work item of a call.
+#[derive(Clone, Copy)]
+enum Item {
+    /// Block `block` of a part's tokens with the heads of KV head `kvh`, its key chunks one after the
+    /// other; it writes its queries' outputs.
+    Block { part: usize, block: usize, kvh: usize },
+    /// The key chunk at `c0` of a lone block, every head; its states go to `PARTIALS` at `slot`.
+    Chunk { part: usize, c0: usize, slot: usize },
+}
+
+thread_local! {
+    /// The caller's work items of a call.
+    static ITEMS: std::cell::RefCell<Vec<Item>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `attention` with each part's layer found and the queries ready: every part's work items in one run on
+/// the threads (several sequences' decoding tokens share one parallel region), then the lone blocks'
+/// chunk states merged in key order.
+pub(super) fn attend_all(pool: &ThreadPool, parts: &[Part], shape: &AttnShape, q: Queries, out: &mut [f32]) {
     let AttnShape { n_head, n_head_kv, head_dim } = *shape;
     let q_dim = n_head * head_dim;
-    let t_count = q.f.len() / q_dim;
     let group = n_head / n_head_kv;
     // A work item is a block of tokens with all the heads of one KV head (each K/V tile converted once for
-    // them all). With one block (decoding, small batches) that is too few items for the threads, so there
-    // an item is a chunk of the keys for every head, read as whole rows (contiguous memory), and the
-    // chunks' states are merged after. Which queries share a pass, and on which thread a chunk runs,
-    // changes no bit.
-    let n_blocks = t_count.div_ceil(QUERY_TOKENS);
-    let queries_of = |block: usize, kv_heads: Range<usize>, list: &mut Vec<Query>| {
+    // them all). A lone block (decoding, small batches) over several key chunks would give too few items
+    // for the threads, so there an item is a chunk of the keys for every head, read as whole rows
+    // (contiguous memory), and the chunks' states are merged after. Which queries share a pass, which
+    // sequences share the run, and on which thread a chunk runs, changes no bit.
+    let queries_of = |part: &Part, block: usize, kv_heads: Range<usize>, list: &mut Vec<Query>| {
         list.clear();
-        for t in block * QUERY_TOKENS..((block + 1) * QUERY_TOKENS).min(t_count) {
+        for t in block * QUERY_TOKENS..((block + 1) * QUERY_TOKENS).min(part.rows.len()) {
             for h in kv_heads.start * group..kv_heads.end * group {
-                let at = t * q_dim + h * head_dim;
-                let pos = pos0 + t;
-                list.push(Query { q_at: at, pos, lo: ctx.first_key(pos), out_at: at, kvh: h / group });
+                let at = (part.rows.start + t) * q_dim + h * head_dim;
+                let pos = part.pos0 + t;
+                list.push(Query { q_at: at, pos, lo: part.ctx.first_key(pos), out_at: at, kvh: h / group });
             }
         }
     };
+    let per_item = |part: &Part| part.rows.len() * n_head * (2 + head_dim);
     let shared_out = SharedMut::new(out);
-    let n_key_chunks = (pos0 + t_count).div_ceil(CHUNK_KEYS);
-    // Chunks wholly before every query's window hold no key any query reads.
-    let first_chunk = ctx.first_key(pos0) / CHUNK_KEYS;
-    if n_blocks == 1 && n_key_chunks - first_chunk > 1 {
-        let per_item = t_count * n_head * (2 + head_dim);
-        let items = n_key_chunks - first_chunk;
+    ITEMS.with_borrow_mut(|items| {
+        items.clear();
+        let mut slots = 0;
+        for (pi, part) in parts.iter().enumerate() {
+            match part.lone_chunks() {
+                Some(chunks) => {
+                    for c in chunks {
+                        items.push(Item::Chunk { part: pi, c0: c * CHUNK_KEYS, slot: slots });
+                        slots += per_item(part);
+                    }
+                }
+                None => {
+                    for block in 0..part.rows.len().div_ceil(QUERY_TOKENS) {
+                        items.extend((0..n_head_kv).map(|kvh| Item::Block { part: pi, block, kvh }));
+                    }
+                }
+            }
+        }
+        let items = &*items;
         PARTIALS.with_borrow_mut(|partials| {
-            partials.resize(items * per_item, 0.0);
+            partials.resize(slots, 0.0);
             let shared = SharedMut::new(partials);
-            let n_chunks = pool.chunks_for(items);
+            let n_chunks = pool.chunks_for(items.len());
             pool.run(n_chunks, |chunk| {
                 SCRATCH.with_borrow_mut(|s| {
-                    for c in split_range(chunk, n_chunks, items) {
-                        queries_of(0, 0..n_head_kv, &mut s.queries);
-                        chunk_pass(ctx, 0..n_head_kv, q, (first_chunk + c) * CHUNK_KEYS, s);
-                        // SAFETY: each item writes its own slot.
-                        save_chunk(s, head_dim, unsafe { shared.slice(c * per_item, per_item) });
+                    for &item in &items[split_range(chunk, n_chunks, items.len())] {
+                        match item {
+                            Item::Chunk { part, c0, slot } => {
+                                let part = &parts[part];
+                                queries_of(part, 0, 0..n_head_kv, &mut s.queries);
+                                chunk_pass(&part.ctx, 0..n_head_kv, q, c0, s);
+                                // SAFETY: each item writes its own slot.
+                                save_chunk(s, head_dim, unsafe { shared.slice(slot, per_item(part)) });
+                            }
+                            Item::Block { part, block, kvh } => {
+                                let part = &parts[part];
+                                queries_of(part, block, kvh..kvh + 1, &mut s.queries);
+                                let last = s.queries.iter().map(|x| x.pos).max().unwrap_or(0);
+                                let first = s.queries.iter().map(|x| x.lo).min().unwrap_or(0) / CHUNK_KEYS * CHUNK_KEYS;
+                                start_totals(s, head_dim);
+                                for c0 in (first..=last).step_by(CHUNK_KEYS) {
+                                    chunk_pass(&part.ctx, kvh..kvh + 1, q, c0, s);
+                                    merge_chunk(s, head_dim, c0);
+                                }
+                                write_out(s, head_dim, shared_out);
+                            }
+                        }
                     }
                 })
             });
+            // The lone blocks' chunk states, merged in key order.
             SCRATCH.with_borrow_mut(|s| {
-                queries_of(0, 0..n_head_kv, &mut s.queries);
-                start_totals(s, head_dim);
-                for c in 0..items {
-                    let c0 = (first_chunk + c) * CHUNK_KEYS;
-                    merge_saved(s, head_dim, c0, &partials[c * per_item..(c + 1) * per_item]);
+                let mut slot = 0;
+                for part in parts {
+                    let Some(chunks) = part.lone_chunks() else { continue };
+                    queries_of(part, 0, 0..n_head_kv, &mut s.queries);
+                    start_totals(s, head_dim);
+                    let n = per_item(part);
+                    for c in chunks {
+                        merge_saved(s, head_dim, c * CHUNK_KEYS, &partials[slot..slot + n]);
+                        slot += n;
+                    }
+                    write_out(s, head_dim, shared_out);
                 }
-                write_out(s, head_dim, shared_out);
             });
         });
-        return;
-    }
-    let items = n_blocks * n_head_kv;
-    let n_chunks = pool.chunks_for(items);
-    pool.run(n_chunks, |chunk| {
-        SCRATCH.with_borrow_mut(|s| {
-            for item in split_range(chunk, n_chunks, items) {
-                let kvh = item % n_head_kv;
-                queries_of(item / n_head_kv, kvh..kvh + 1, &mut s.queries);
-                let last = s.queries.iter().map(|x| x.pos).max().unwrap_or(0);
-                let first = s.queries.iter().map(|x| x.lo).min().unwrap_or(0) / CHUNK_KEYS * CHUNK_KEYS;
-                start_totals(s, head_dim);
-                for c0 in (first..=last).step_by(CHUNK_KEYS) {
-                    chunk_pass(ctx, kvh..kvh + 1, q, c0, s);
-                    merge_chunk(s, head_dim, c0);
-                }
-                write_out(s, head_dim, shared_out);
-            }
-        })
     });
 }
 

@@ -155,6 +155,43 @@ fn attention_follows_float64_for_f16_and_int8_kv_at_every_length() {
     assert!(worst_exact_q < 1e-2, "int8 KV: the quantized queries moved the output by {worst_exact_q:e}");
 }
 
+/// Several sequences in one call (decoding tokens over several key chunks, a lone chunk, blocks of a
+/// prompt, one short of a block) give each row the bits it gets from its sequence alone, for every KV type
+/// and with a sliding window.
+#[test]
+fn sequences_attended_together_give_each_the_bits_it_gets_alone() {
+    let pool = ThreadPool::new(2);
+    let q_dim = SHAPE.n_head * SHAPE.head_dim;
+    let mut rng = StdRng::seed_from_u64(8);
+    for ty in [KvType::F16, KvType::Int8] {
+        // (cache length, tokens of the call): the tokens are the cache's last ones.
+        let plan = [(700usize, 1usize), (40, 1), (300, 11), (1300, 3), (8, 8), (257, 1)];
+        let caches: Vec<KvCache> = plan.iter().map(|&(n, _)| filled(ty, n, &mut rng)).collect();
+        let total: usize = plan.iter().map(|p| p.1).sum();
+        let q: Vec<f32> = (0..total * q_dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        for opts in variants() {
+            let mut seqs = Vec::new();
+            let mut at = 0;
+            for (kv, &(n, t)) in caches.iter().zip(&plan) {
+                seqs.push(SeqRows { kv, rows: at..at + t, pos0: n - t });
+                at += t;
+            }
+            let mut together = vec![0f32; q.len()];
+            attention_many(&pool, &seqs, 0, &SHAPE, &opts, &q, &mut together);
+            for seq in &seqs {
+                let rows = seq.rows.start * q_dim..seq.rows.end * q_dim;
+                let mut alone = vec![0f32; rows.len()];
+                attention(&pool, seq.kv, 0, &SHAPE, &opts, &q[rows.clone()], seq.pos0, &mut alone);
+                assert!(
+                    alone.iter().zip(&together[rows]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty:?}, {opts:?}: the sequence at {:?} changed beside the others",
+                    seq.rows
+                );
+            }
+        }
+    }
+}
+
 /// The three instances of a chunk's pass (portable, AVX2, AVX-512 with its key-pair tiles) leave the same
 /// bits in every query's state: f16 and int8 KV, one KV head or all of them (decoding's whole rows),
 /// chunks that end inside a tile, queries whose keys end inside a tile, a chunk on host pages.
