@@ -387,9 +387,53 @@ impl<'a> Session<'a> {
             s.seq.rewind(0);
         }
         self.ends += 1;
-        match generation {
+        let prompt_tokens = match generation {
             Some(g) => self.settle(slot, prompt_len, g),
             None => (0, 0),
+        };
+        self.trim_idle();
+        prompt_tokens
+    }
+
+    /// KV bytes held by idle slots other than the most recently used one: conversations kept live beside
+    /// the newest, which count against the conversation cache's budget (see `trim_idle`).
+    pub fn idle_live_bytes(&self) -> u64 {
+        self.idle_beside_newest().iter().map(|&i| self.slots[i].seq.kv.allocated_bytes() as u64).sum()
+    }
+
+    /// The idle slots that hold a conversation, less the most recently used one.
+    fn idle_beside_newest(&self) -> Vec<usize> {
+        let mut idle: Vec<usize> =
+            (0..self.slots.len()).filter(|&i| !self.slots[i].busy && !self.slots[i].seq.tokens.is_empty()).collect();
+        idle.sort_by_key(|&i| self.slots[i].last_use);
+        idle.pop();
+        idle
+    }
+
+    /// Keeps the conversations idle slots hold live within the conversation cache's budget
+    /// (`--conversation-cache-mib`): the newest idle one stays live as a lone slot's would, the others' KV
+    /// and the parked snapshots together stay within the budget. While they pass it, the least recently used
+    /// idle slot is parked in the cache (which evicts its oldest to make room, as any park does) and emptied;
+    /// a request that comes back to it restores from the cache, or rereads.
+    fn trim_idle(&mut self) {
+        loop {
+            let idle = self.idle_beside_newest();
+            let Some(&oldest) = idle.first() else { return };
+            let (held, parked) = (self.idle_live_bytes(), self.cache.bytes());
+            if held.saturating_add(parked) <= self.cache.budget_bytes {
+                return;
+            }
+            let tokens = self.slots[oldest].seq.tokens.len();
+            self.park(oldest);
+            let s = &mut self.slots[oldest];
+            s.seq.rewind(0);
+            s.checkpoints.clear();
+            tracing::info!(
+                "continuous batching: an idle slot's conversation ({tokens} tokens) left RAM for the conversation cache: idle slots held {} MiB beside {} MiB parked, over the budget of {} MiB",
+                mib_f(held),
+                mib_f(parked),
+                mib_f(self.cache.budget_bytes)
+            );
         }
     }
 
@@ -401,9 +445,10 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Readies `slot` for `prompt`: a prompt that extends its sequence continues it; otherwise the sequence
-    /// is parked in the conversation cache and the best snapshot goes through the restore gate. The restore
-    /// and the fallback, if any.
+    /// Readies `slot` for `prompt`: a sequence that would lose tokens is parked in the conversation cache;
+    /// a snapshot that holds more of the prompt than the sequence keeps (an empty slot keeps nothing) goes
+    /// through the restore gate; else the prompt continues the sequence. The restore and the fallback, if
+    /// any.
     fn prepare(&mut self, slot: usize, prompt: &[u32]) -> Result<StartState, EngineError> {
         let live = &self.slots[slot].seq;
         if prompt.is_empty() {
@@ -415,18 +460,19 @@ impl<'a> Session<'a> {
         let live_common = live.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         let mut restored = None;
         let mut fallback = None;
+        // A snapshot that holds more of the prompt than the live sequence (an empty slot's is nothing).
+        let cand = self.cache.lookup(prompt, &self.identity, live_common);
+        if let Some(c) = cand {
+            self.cache.pin(c.id);
+        }
         if live_common < live.tokens.len() {
-            // The live sequence would lose tokens: park it, then take the best start state.
-            let cand = self.cache.lookup(prompt, &self.identity, live_common);
-            if let Some(c) = cand {
-                self.cache.pin(c.id);
-            }
+            // The live sequence would lose tokens: park it first.
             self.park(slot);
-            if let Some(c) = cand {
-                match self.restore(slot, c.id, c.tokens, c.kind, prompt.len(), live_common) {
-                    Ok(()) => restored = Some((c.kind, c.tokens)),
-                    Err(f) => fallback = f,
-                }
+        }
+        if let Some(c) = cand {
+            match self.restore(slot, c.id, c.tokens, c.kind, prompt.len(), live_common) {
+                Ok(()) => restored = Some((c.kind, c.tokens)),
+                Err(f) => fallback = f,
             }
         }
         Ok((restored, fallback))

@@ -183,3 +183,84 @@ fn an_out_of_memory_mid_batch_preempts_the_newest_stream_and_changes_no_reply() 
         assert_eq!(d.as_ref().expect("done"), a, "stream {i}: its reply differs from the one it gets alone");
     }
 }
+
+/// Idle slots keep their conversations live only within the conversation cache's budget: past it, the
+/// least recently used idle slot is parked in the cache and emptied (the newest idle one stays live), and a
+/// request that comes back to a parked one restores it on an empty slot instead of rereading. With room,
+/// every idle slot stays live.
+#[test]
+fn idle_slots_keep_their_conversations_live_only_within_the_cache_budget() {
+    use strata::engine::batch::Progress;
+    use strata::engine::Observer;
+    let file = Arc::new(GgufFile::open(&common::model_path()).expect("model"));
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let pool = ThreadPool::new(2);
+    let model = Model::from_file_with(file, &LoadOptions::default()).expect("model");
+    let text = std::fs::read_to_string(common::reference_path("perplexity_GPL-3.txt")).expect("text");
+    let words = tok.encode(&text, false);
+    // Three conversations of 300 tokens: 5 pages of 64 positions each, about 7 MiB of f16 KV.
+    let convs: Vec<Vec<u32>> = (0..3).map(|i| words[i * 400..i * 400 + 300].to_vec()).collect();
+    let params =
+        GenerateParams { max_tokens: 4, sampler: SamplerConfig::greedy(), ignore_eos: true, ..Default::default() };
+    let run_together = |session: &mut Session, prompts: &[Vec<u32>]| -> Vec<(usize, Vec<u32>)> {
+        let mut begun: Vec<_> =
+            prompts.iter().map(|p| session.begin(p, &params).expect("slot").expect("starts")).collect();
+        let mut done: Vec<Option<Vec<u32>>> = vec![None; prompts.len()];
+        let mut quiet: Vec<_> = prompts.iter().map(|_| Quiet).collect();
+        while done.iter().any(Option::is_none) {
+            let live: Vec<usize> = (0..prompts.len()).filter(|&i| done[i].is_none()).collect();
+            let mut running: Vec<(usize, &mut strata::engine::batch::Stream, &mut dyn Observer)> = Vec::new();
+            for (i, (b, q)) in begun.iter_mut().zip(quiet.iter_mut()).enumerate() {
+                if done[i].is_none() {
+                    running.push((b.slot, &mut b.stream, q));
+                }
+            }
+            let progress = session.step(&mut running, 512);
+            drop(running);
+            for (i, p) in live.into_iter().zip(progress) {
+                if let Progress::Done(r) = p {
+                    let g = r.expect("no stream fails");
+                    session.end(begun[i].slot, prompts[i].len(), Some(&g));
+                    done[i] = Some([prompts[i].clone(), g.tokens.clone()].concat());
+                }
+            }
+        }
+        begun.iter().map(|b| b.slot).zip(done.into_iter().map(Option::unwrap)).collect()
+    };
+    for budget_mib in [1024, 10] {
+        let cfg = SessionConfig {
+            kv_type: KvType::F16,
+            max_context: 4096,
+            cache_slots: 8,
+            cache_budget_bytes: budget_mib * MIB,
+        };
+        let mut session = Session::new(&model, &tok, &pool, &cfg).expect("session").with_parallel(3, &cfg).expect("3");
+        let ended = run_together(&mut session, &convs);
+        let held = session.idle_live_bytes();
+        assert!(
+            held + session.cache.bytes() <= cfg.cache_budget_bytes,
+            "budget {budget_mib} MiB: idle slots hold {held} bytes beside {} parked",
+            session.cache.bytes()
+        );
+        if budget_mib == 1024 {
+            assert!(held > 10 * MIB, "with room, both older idle slots stay live ({held} bytes)");
+            assert_eq!(session.cache.len(), 0, "nothing was parked");
+            continue;
+        }
+        // Past the budget: the first two left RAM (the first evicted to make room for the second), the
+        // third stays live.
+        assert_eq!(held, 0, "only the newest idle slot holds KV");
+        assert_eq!(session.cache.len(), 1, "one snapshot fits the budget");
+        // The second conversation comes back: restored from the cache onto an empty slot.
+        let mut back = ended[1].1.clone();
+        back.extend(tok.encode(" And then?", false));
+        let b = session.begin(&back, &params).expect("slot").expect("starts");
+        assert_ne!(b.slot, ended[2].0, "the newest conversation's slot is not taken");
+        assert!(
+            // (all of it but the last token sampled, which was never read)
+            matches!(b.restored, Some((RestoreKind::Live, n)) if n == ended[1].1.len() - 1),
+            "the parked conversation is restored: {:?}",
+            b.restored
+        );
+    }
+}
