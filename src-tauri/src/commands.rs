@@ -264,7 +264,7 @@ async fn stream_reply(
         match outcome {
             Ok(end) => {
                 let (finish_reason, figures) = match end {
-                    ChatEnd::Done { finish_reason, figures } => (finish_reason, figures),
+                    ChatEnd::Done { finish_reason, figures } => (finish_reason, figures.map(|f| *f)),
                     ChatEnd::Cancelled => ("cancelled".to_owned(), None),
                 };
                 conv.messages[last].figures = figures.clone();

@@ -28,7 +28,11 @@ pub struct Endpoint {
 /// How a streamed reply ended.
 #[derive(Debug)]
 pub enum ChatEnd {
-    Done { finish_reason: String, figures: Option<Summary> },
+    /// The figures boxed: a Summary is large beside the other variant.
+    Done {
+        finish_reason: String,
+        figures: Option<Box<Summary>>,
+    },
     Cancelled,
 }
 
@@ -243,7 +247,7 @@ impl EngineClient {
         let mut stream = resp.bytes_stream();
         let mut sse = SseParser::default();
         let mut finish_reason: Option<String> = None;
-        let mut figures: Option<Summary> = None;
+        let mut figures: Option<Box<Summary>> = None;
         loop {
             let chunk = tokio::select! {
                 c = stream.next() => c,
