@@ -1,7 +1,8 @@
 //! The Tauri commands the UI calls (listed in commands.txt; each granted by capabilities/default.json).
 //! Arguments are typed and checked here; every failure is a `CommandError` (a settings value refused names
 //! its field). Chat replies stream over a `Channel` and are written to the history before each piece is
-//! shown, so a crash loses nothing the user saw.
+//! shown, so a crash loses nothing the user saw. Replies in different conversations stream at once, each
+//! with its own cancel token (keyed by the conversation's id) and its own file.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +28,8 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 pub const MAX_CHAT_BYTES: usize = 4 << 20;
 /// How long a reply waits for a restarted engine before it gives up.
 const RETRY_WAIT: Duration = Duration::from_secs(120);
+/// How long deleting a conversation waits for its cancelled reply to make its last write.
+const DELETE_WAIT: Duration = Duration::from_secs(10);
 
 fn open_model(path: &str) -> CmdResult<(Arc<GgufFile>, ModelFacts)> {
     let p = std::path::Path::new(path);
@@ -349,9 +352,15 @@ pub fn conversation_rename(state: State<'_, AppState>, id: String, title: String
     state.history.rename(&id, &title)
 }
 
+/// Deletes conversation `id`. A reply streaming in it is cancelled first, and the file deleted once that
+/// reply has ended: its last write would otherwise store the conversation again.
 #[tauri::command]
-pub fn conversation_delete(state: State<'_, AppState>, id: String) -> CmdResult<()> {
-    state.cancel(&id);
+pub async fn conversation_delete(state: State<'_, AppState>, id: String) -> CmdResult<()> {
+    if let Some(reply) = state.cancel(&id) {
+        if tokio::time::timeout(DELETE_WAIT, reply.closed()).await.is_err() {
+            tracing::warn!("the reply in conversation {id} did not end within {DELETE_WAIT:?} of its cancel");
+        }
+    }
     state.history.delete(&id)
 }
 

@@ -116,10 +116,13 @@ impl AppState {
         self.cancels.lock_unpoisoned().remove(id);
     }
 
-    pub(crate) fn cancel(&self, id: &str) {
-        if let Some(tx) = self.cancels.lock_unpoisoned().get(id) {
-            let _ = tx.send(true);
-        }
+    /// Asks the reply streaming in conversation `id`, if there is one, to stop. Returns its token, whose
+    /// `closed()` resolves once that reply has ended (its chat_send drops the receiver after its last
+    /// write). Replies in other conversations have tokens of their own and go on.
+    pub(crate) fn cancel(&self, id: &str) -> Option<tokio::sync::watch::Sender<bool>> {
+        let tx = self.cancels.lock_unpoisoned().get(id).cloned()?;
+        let _ = tx.send(true);
+        Some(tx)
     }
 }
 

@@ -17,7 +17,7 @@ use tauri::webview::InvokeRequest;
 use tauri::WebviewWindowBuilder;
 
 /// The environment (data folder) is the process's: one app at a time.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+pub(crate) static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -28,12 +28,12 @@ fn default_model() -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
-struct App {
+pub(crate) struct App {
     _app: tauri::App<tauri::test::MockRuntime>,
-    window: tauri::WebviewWindow<tauri::test::MockRuntime>,
+    pub(crate) window: tauri::WebviewWindow<tauri::test::MockRuntime>,
 }
 
-fn app(data: &std::path::Path) -> App {
+pub(crate) fn app(data: &std::path::Path) -> App {
     std::env::set_var("STRATA_APP_DATA", data);
     std::env::set_var("STRATA_NO_ENGINE", "1");
     std::env::remove_var("STRATA_MODEL");
@@ -43,9 +43,18 @@ fn app(data: &std::path::Path) -> App {
     App { _app: app, window }
 }
 
-fn call(a: &App, cmd: &str, args: Value) -> Result<Value, Value> {
+pub(crate) fn call(a: &App, cmd: &str, args: Value) -> Result<Value, Value> {
+    invoke(&a.window, cmd, args)
+}
+
+/// A command through the window's IPC, as the page calls it; blocks until it answers.
+pub(crate) fn invoke(
+    window: &tauri::WebviewWindow<tauri::test::MockRuntime>,
+    cmd: &str,
+    args: Value,
+) -> Result<Value, Value> {
     let r = get_ipc_response(
-        &a.window,
+        window,
         InvokeRequest {
             cmd: cmd.into(),
             callback: CallbackFn(0),
@@ -105,7 +114,7 @@ fn every_command_the_ui_calls_is_registered_and_granted() {
     }
 }
 
-fn settings_with(base: &Value, patch: Value) -> Value {
+pub(crate) fn settings_with(base: &Value, patch: Value) -> Value {
     let mut s = base.clone();
     for (k, v) in patch.as_object().unwrap() {
         s[k] = v.clone();
