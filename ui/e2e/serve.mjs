@@ -14,6 +14,9 @@
 //   5. each view renders: screenshots to $E2E_SHOTS (default target/e2e/) of chat, models, settings and
 //      devices at 1280x800, devices at 800x600, and chat (and devices) in the dark theme;
 //   6. "Save for this model" keeps the panel's values across a reload of the page, and Reset clears them.
+//   7. two conversations stream at once: a reply streams in one while the user sends in a second; the list
+//      marks both as replying (screenshot chat-two-streaming), /health shows both slots busy when the
+//      server has two, and each reply ends, not empty, in its own conversation.
 // Prints one line per check (`ok - ...` / `not ok - ...`) and `e2e browser: N passed, M failed`; exits 1 on
 // any failure.
 //   node ui/e2e/serve.mjs http://127.0.0.1:PORT
@@ -447,6 +450,75 @@ try {
     const cleared = await temperature.inputValue();
     const placeholder = await temperature.getAttribute("placeholder");
     check("6 saved parameters: after Reset and a reload the field is empty, showing the model's value", cleared === "" && placeholder !== "" && placeholder !== null, `value ${JSON.stringify(cleared)}, placeholder ${placeholder}`);
+  });
+
+  // 7. Two conversations at once: send in one, open a new one and send there while the first streams.
+  await group("7 two at once", async () => {
+    await tab("Chat").click();
+    const details = chatPanel.locator("details.params");
+    if ((await details.getAttribute("open")) === null) await details.locator("summary").click();
+    // Replies long enough that the second is sent while the first still streams.
+    await chatPanel.getByLabel("Max tokens", { exact: true }).fill("96");
+    await chatPanel.getByLabel("Temperature", { exact: true }).fill("0");
+    const replying = chatPanel.getByTestId("conversation-replying");
+    const input = chatPanel.getByTestId("chat-input");
+    const newConversation = async () => {
+      await chatPanel.getByRole("button", { name: "New conversation", exact: true }).click();
+      await chatPanel.getByText("Say something to start.").waitFor();
+    };
+    // The server's busy slots, polled while the replies stream.
+    let busyMax = 0;
+    let slots = 0;
+    let polling = true;
+    const poll = (async () => {
+      while (polling) {
+        const h = await api("/health").catch(() => null);
+        if (h?.slots) {
+          slots = h.slots.total;
+          busyMax = Math.max(busyMax, h.slots.busy);
+        }
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    })();
+    try {
+      await newConversation();
+      await input.fill("Gamma: count from one to forty in words.");
+      await input.press("Enter");
+      await chatPanel.locator('.conversation-item[aria-busy="true"]', { hasText: "Gamma" }).waitFor();
+      await newConversation();
+      await input.fill("Delta: name ten animals, one per line.");
+      await input.press("Enter");
+      const both = await page
+        .waitForFunction(() => document.querySelectorAll('#panel-chat [data-testid="conversation-replying"]').length === 2, null, { timeout: 10_000, polling: 50 })
+        .then(() => true, () => false);
+      check("7 two at once: the list marks both conversations as replying while both stream", both, `${await replying.count()} replying`);
+      const send = await chatPanel.getByRole("button", { name: "Send" }).count();
+      check("7 two at once: Send is blocked in the streaming conversation", send === 0, `${send} Send buttons`);
+      if (both) await shot("chat-two-streaming");
+      await page.waitForFunction(() => document.querySelectorAll('#panel-chat [data-testid="conversation-replying"]').length === 0, null, { timeout: REPLY_TIMEOUT_MS, polling: 100 });
+    } finally {
+      polling = false;
+      await poll;
+    }
+    if (slots >= 2) check("7 two at once: /health showed both requests generating at once", busyMax >= 2, `busy at most ${busyMax} of ${slots} slots`);
+    else console.log(`# 7 two at once: strata serve runs ${slots} request at a time here; the second reply waited in its queue`);
+    // Delta is open: its reply ended here, with its figures; the other's did not join it.
+    await chatPanel.getByTestId("figures").first().waitFor({ timeout: 10_000 });
+    const deltaReplies = await chatPanel.getByTestId("message-assistant").count();
+    const delta = (await assistant().getByTestId("markdown").innerText()).trim();
+    const deltaUsers = await chatPanel.locator(".message-user .message-text").allInnerTexts();
+    check("7 two at once: the open conversation's reply ended, not empty, with no error", delta !== "" && (await chatPanel.getByTestId("reply-error").count()) === 0, JSON.stringify(delta.slice(0, 60)));
+    check("7 two at once: the open conversation holds its own message and one reply", deltaReplies === 1 && deltaUsers.length === 1 && deltaUsers[0].startsWith("Delta"), JSON.stringify({ deltaReplies, deltaUsers }));
+    // Gamma's reply ended while Delta was open: reading Gamma shows it as the server's storage kept it.
+    await openConversation("Gamma");
+    await chatPanel.getByTestId("figures").first().waitFor({ timeout: 10_000 });
+    const gammaReplies = await chatPanel.getByTestId("message-assistant").count();
+    const gamma = (await assistant().getByTestId("markdown").innerText()).trim();
+    const gammaUsers = await chatPanel.locator(".message-user .message-text").allInnerTexts();
+    check("7 two at once: the other conversation's reply ended, not empty, with no error", gamma !== "" && (await chatPanel.getByTestId("reply-error").count()) === 0, JSON.stringify(gamma.slice(0, 60)));
+    check("7 two at once: the other conversation holds its own message and one reply", gammaReplies === 1 && gammaUsers.length === 1 && gammaUsers[0].startsWith("Gamma"), JSON.stringify({ gammaReplies, gammaUsers }));
+    check("7 two at once: the replies differ (neither is the other's)", gamma !== delta, "");
+    await shot("chat-two-done");
   });
 
   check("no page errors or console errors", pageErrors.length === 0, pageErrors.slice(0, 5).join(" / "));
