@@ -15,9 +15,12 @@ Checks, in order, each printed as `ok - ...` or `not ok - ...`:
     `--exit-with-stdin`, the pid of EngineStatus) while a longer reply streams (the list already counts
     its messages then): the app starts a new engine
     (a new pid), the Devices view shows an engine_restarted marker, and the reply, retried, completes;
- 5. the device panel's screenshots (target/e2e/desktop-devices.png from WebDriver,
+ 5. two conversations stream at once: a long reply streams in a new conversation while the user sends in
+    a second; the list marks both as replying (target/e2e/desktop-chat-two-streaming.png), and each reply
+    ends, not empty, with its figures, in its own conversation (target/e2e/desktop-chat-two-done.png);
+ 6. the device panel's screenshots (target/e2e/desktop-devices.png from WebDriver,
     target/e2e/desktop-window.png of the whole Xvfb screen with ImageMagick's `import`);
- 6. quitting (driver.quit() closes the app) leaves no engine: no `strata serve --exit-with-stdin` of
+ 7. quitting (driver.quit() closes the app) leaves no engine: no `strata serve --exit-with-stdin` of
     this run within 10 s.
 Ends with `e2e desktop: N passed, M failed` and exits 1 if any check failed.
 """
@@ -529,6 +532,59 @@ def check_restart(driver, app_pid):
     ok(bool(rows), "the events table lists the restart (%r)" % (rows[0].text if rows else None,))
 
 
+def replying_count(driver):
+    return len(driver.find_elements(By.CSS_SELECTOR, "#panel-chat [data-testid=conversation-replying]"))
+
+
+def new_conversation(driver):
+    driver.find_element(By.XPATH, "//*[@id='panel-chat']//button[normalize-space()='New conversation']").click()
+    wait_for("an empty conversation", lambda: driver.find_elements(By.CSS_SELECTOR, "#panel-chat .messages .empty"), 10)
+
+
+def check_two_at_once(driver):
+    tab(driver, "chat")
+    set_param(driver, "Temperature", 0)
+    # The first reply runs to this limit (the story prompt of check_restart), so it still streams when
+    # the second is sent.
+    set_param(driver, "Max tokens", 300)
+    new_conversation(driver)
+    send_chat(driver, "Gamma: write a long story about a dragon.")
+    first = wait_for("the first reply streaming", lambda: replying_count(driver) == 1 or None, 30, every=0.05)
+    ok(bool(first), "the list marks the first conversation as replying")
+    new_conversation(driver)
+    send_chat(driver, "Delta: name ten animals, one per line.")
+    both = wait_for("both replying", lambda: replying_count(driver) == 2 or None, 20, every=0.05)
+    ok(bool(both), "two conversations stream at once: the list marks both as replying")
+    if both:
+        screenshot(driver, "chat-two-streaming")
+    done = wait_for("both replies ended", lambda: replying_count(driver) == 0 or None, 90)
+    ok(bool(done), "both replies end")
+    r = wait_for("the open reply's figures", lambda: (lambda x: x if x and x["figures"] else None)(last_reply(driver)), 10)
+    ok(
+        r is not None and r["count"] == 1 and r["text"].strip() != "" and not r["error"],
+        "the second conversation's reply ended in it, alone (%r)" % ((r or {}).get("text", "")[:60],),
+        json.dumps(r),
+    )
+    # The first reply ended while the second conversation was open: reading it back shows it, stored.
+    item = driver.find_element(
+        By.XPATH, "//*[@id='panel-chat']//button[contains(@class,'conversation-item')][starts-with(normalize-space(), 'Gamma')]"
+    )
+    item.click()
+    g = wait_for(
+        "the first conversation's stored reply",
+        lambda: (lambda x: x if x and x["figures"] and (current_conversation(driver) or [""])[0].startswith("Gamma") else None)(
+            last_reply(driver)
+        ),
+        10,
+    )
+    ok(
+        g is not None and g["count"] == 1 and g["text"].strip() != "" and not g["error"] and g["text"] != (r or {}).get("text"),
+        "the first conversation's reply ended in it, alone (%d chars, %s)" % (len((g or {}).get("text", "")), (g or {}).get("figuresText", "")),
+        json.dumps(g),
+    )
+    screenshot(driver, "chat-two-done")
+
+
 def check_devices(driver):
     tab(driver, "devices")
     # Give the chart a few samples after the restart (the engine samples every half second).
@@ -637,6 +693,7 @@ def main():
             check_params(driver)
             check_chat(driver, app_pid)
             check_restart(driver, app_pid)
+            check_two_at_once(driver)
         check_devices(driver)
         if loaded:
             check_remote_key(driver)
