@@ -29,7 +29,11 @@ pub struct PlanArgs {
     /// Positions a sequence holds for the KV figures [default: the context, -c or the model's]
     #[arg(long = "tokens", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub tokens: Option<u32>,
-    /// Print one JSON object: {"stages": [...], "draft": {"model", "stages": [...]}, "devices": [...], "tokens"}
+    /// Live sequences, as `strata serve --parallel N` runs them: the KV figures count N sequences of
+    /// --tokens positions each
+    #[arg(long = "parallel", visible_alias = "np", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub parallel: u32,
+    /// Print one JSON object: {"stages": [...], "draft": {"model", "stages": [...]}, "devices": [...], "tokens", "sequences"}
     #[arg(long = "json")]
     pub json: bool,
     #[command(flatten)]
@@ -45,15 +49,18 @@ pub fn main(a: PlanArgs) -> anyhow::Result<()> {
     let path = resolve_model(&a.model)?;
     let file = Arc::new(GgufFile::open(&path).with_context(|| format!("cannot read model {}", path.display()))?);
     let draft = draft_input(&a.engine, &file, &opts, &path)?;
-    let p = plan::plan_with_draft(&file, &opts, a.tokens.map(|t| t as usize), draft.as_ref().map(|(_, d)| d))
-        .with_context(|| format!("cannot plan model {}", path.display()))?;
+    let sequences = a.parallel as usize;
+    let p =
+        plan::plan_with_draft(&file, &opts, a.tokens.map(|t| t as usize), sequences, draft.as_ref().map(|(_, d)| d))
+            .with_context(|| format!("cannot plan model {}", path.display()))?;
     let draft_path = draft.as_ref().map(|(p, _)| p.as_path());
     if a.json {
-        print_json(&p, draft_path);
+        print_json(&p, draft_path, sequences);
     } else {
         let window = p.kv_resident.map_or("all".to_owned(), |r| format!("{r} positions"));
+        let times = if sequences > 1 { format!(" x {sequences} sequences") } else { String::new() };
         println!(
-            "{}: {} layers, KV {} at {} of {} positions (resident per layer: {window})",
+            "{}: {} layers, KV {} at {} of {} positions{times} (resident per layer: {window})",
             path.display(),
             p.rows.last().map_or(0, |r| r.layers.1),
             p.kv,
@@ -74,7 +81,7 @@ pub fn main(a: PlanArgs) -> anyhow::Result<()> {
         bail!("{problem}");
     }
     for d in &p.devices {
-        warn_kv_spill(&p, d);
+        warn_kv_spill(&p, d, sequences);
     }
     Ok(())
 }
@@ -172,7 +179,7 @@ fn print_table(rows: &[PlanRow]) {
     }
 }
 
-fn print_json(p: &Plan, draft_path: Option<&std::path::Path>) {
+fn print_json(p: &Plan, draft_path: Option<&std::path::Path>, sequences: usize) {
     let stages_of = |rows: &[PlanRow]| -> Vec<serde_json::Value> {
         rows.iter()
             .map(|r| {
@@ -209,7 +216,12 @@ fn print_json(p: &Plan, draft_path: Option<&std::path::Path>) {
             })
         })
         .collect();
-    let mut out = serde_json::json!({ "stages": stages_of(&p.rows), "devices": devices, "tokens": p.tokens });
+    let mut out = serde_json::json!({
+        "stages": stages_of(&p.rows),
+        "devices": devices,
+        "tokens": p.tokens,
+        "sequences": sequences,
+    });
     if let Some(d) = &p.draft {
         out["draft"] = serde_json::json!({
             "model": draft_path.map(|p| p.display().to_string()),
@@ -220,10 +232,10 @@ fn print_json(p: &Plan, draft_path: Option<&std::path::Path>) {
     println!("{out}");
 }
 
-/// Warns (stderr) when the KV at `tokens` positions of the stages on a device (both models' with a draft
-/// there) does not fit the device above the reserve once the loads are in place, with about how many
-/// positions stay resident before pages go to the host.
-fn warn_kv_spill(p: &Plan, d: &PlanDevice) {
+/// Warns (stderr) when the KV of `sequences` sequences at `tokens` positions of the stages on a device (both
+/// models' with a draft there) does not fit the device above the reserve once the loads are in place, with
+/// about how many positions of each sequence stay resident before pages go to the host.
+fn warn_kv_spill(p: &Plan, d: &PlanDevice, sequences: usize) {
     let (Some(free), Some(headroom)) = (d.free_bytes, d.headroom_bytes) else { return };
     if headroom >= 0 || d.host || d.kv_bytes_per_token == 0 {
         return;
@@ -231,7 +243,7 @@ fn warn_kv_spill(p: &Plan, d: &PlanDevice) {
     let tokens = p.tokens;
     let room = free.saturating_sub(d.reserve_bytes).saturating_sub(d.load_bytes);
     let pages = room / (KV_PAGE_TOKENS as u64 * d.kv_bytes_per_token);
-    let resident = (pages as usize * KV_PAGE_TOKENS).min(tokens);
+    let resident = (pages as usize / sequences * KV_PAGE_TOKENS).min(tokens);
     let layers = |rows: &[PlanRow]| rows.iter().find(|r| r.index == d.index).map(|r| (r.layers.0, r.layers.1));
     let whose = match (layers(&p.rows), p.draft.as_ref().and_then(|dr| layers(&dr.rows))) {
         (Some((a, b)), Some((c, e))) => format!("layers {a}..{b} and of the draft model's layers {c}..{e}"),
@@ -240,10 +252,12 @@ fn warn_kv_spill(p: &Plan, d: &PlanDevice) {
         (None, None) => return,
     };
     eprintln!(
-        "strata: warning: device {}: KV of {whose} at {tokens} positions needs {} on the device but {} fits above \
-         the reserve: about {resident} positions stay resident, older KV goes to the host",
+        "strata: warning: device {}: KV of {whose} at {tokens} positions{} needs {} on the device but {} fits \
+         above the reserve: about {resident} positions{} stay resident, older KV goes to the host",
         d.device,
+        if sequences > 1 { format!(" x {sequences} sequences") } else { String::new() },
         mib(d.kv_device_bytes),
         mib(room),
+        if sequences > 1 { " per sequence" } else { "" },
     );
 }

@@ -2,9 +2,10 @@
 //! `strata plan`, the desktop app's fit bars and the server's `POST /strata/plan`.
 //!
 //! It reads the configuration and the weights index only (no weight is paged in, no device memory taken).
-//! Per stage: the layers, the weights, the KV cache at `tokens` positions on the device and on the host, the
-//! scratch and staging buffers, the device's sampled free memory, the reserve and the headroom left. The
-//! numbers are the ones the loader allocates, so what a plan says is what a load will hold.
+//! Per stage: the layers, the weights, the KV cache of `sequences` sequences at `tokens` positions each on
+//! the device and on the host, the scratch and staging buffers, the device's sampled free memory, the
+//! reserve and the headroom left. The numbers are the ones the loader allocates, so what a plan says is
+//! what a load will hold.
 //!
 //! With a draft model (speculative decoding) its stages are planned the same way on its devices, at the
 //! same positions, and each device's free memory, headroom and fit count both models together: a device
@@ -149,19 +150,22 @@ pub enum PlanError {
 /// Plans `file` on `opts`' devices at `tokens` positions (default: the context, `opts.max_context` or the
 /// model's). Device faults already applied count as memory other processes hold.
 pub fn plan(file: &Arc<GgufFile>, opts: &LoadOptions, tokens: Option<usize>) -> Result<Plan, PlanError> {
-    plan_with_draft(file, opts, tokens, None)
+    plan_with_draft(file, opts, tokens, 1, None)
 }
 
-/// [`plan`], with a draft model beside the model: its stages on `draft.devices` (split by their memory, as
-/// loading it does), its KV at the same positions, and each device's figures for both models together. A
-/// device short for the two loads together makes the plan not fit, its problem naming the device and the
-/// shortfall.
+/// [`plan`] for `sequences` live sequences of `tokens` positions each (`strata serve --parallel`: every
+/// KV figure counts them all), with a draft model beside the model: its stages on `draft.devices` (split
+/// by their memory, as loading it does), its KV at the same positions, and each device's figures for both
+/// models together. A device short for the two loads together makes the plan not fit, its problem naming
+/// the device and the shortfall.
 pub fn plan_with_draft(
     file: &Arc<GgufFile>,
     opts: &LoadOptions,
     tokens: Option<usize>,
+    sequences: usize,
     draft: Option<&DraftInput>,
 ) -> Result<Plan, PlanError> {
+    let sequences = sequences.max(1) as u64;
     let (cfg, stages) = Model::plan(file, opts)?;
     let max_context = opts.max_context.unwrap_or(cfg.n_ctx_train);
     let tokens = tokens.unwrap_or(max_context);
@@ -169,13 +173,13 @@ pub fn plan_with_draft(
         return Err(PlanError::TokensBeyondContext { tokens, max_context });
     }
     let resident = opts.kv_resident;
-    let mut rows: Vec<PlanRow> = stages.iter().map(|s| row(s, tokens, resident)).collect();
+    let mut rows: Vec<PlanRow> = stages.iter().map(|s| row(s, tokens, resident, sequences)).collect();
     let mut draft_plan = match draft {
         None => None,
         Some(d) => {
             let dopts = LoadOptions { devices: d.devices.clone(), split: None, ..opts.clone() };
             let (dcfg, dstages) = Model::plan(&d.file, &dopts).map_err(PlanError::Draft)?;
-            let drows = dstages.iter().map(|s| row(s, tokens, resident)).collect();
+            let drows = dstages.iter().map(|s| row(s, tokens, resident, sequences)).collect();
             Some(DraftPlan { layers: dcfg.n_layer, rows: drows })
         }
     };
@@ -275,9 +279,10 @@ fn check_shared(rows: &[PlanRow], draft_rows: &[PlanRow], devices: &[PlanDevice]
     })
 }
 
-/// A stage's own figures; its headroom and fit are its device's, set once every stage is known.
-fn row(s: &StagePlan, tokens: usize, resident: Option<usize>) -> PlanRow {
-    let kv_device_bytes = s.kv_device_bytes(tokens, resident);
+/// A stage's own figures for `sequences` sequences of `tokens` positions; its headroom and fit are its
+/// device's, set once every stage is known.
+fn row(s: &StagePlan, tokens: usize, resident: Option<usize>, sequences: u64) -> PlanRow {
+    let kv_device_bytes = s.kv_device_bytes(tokens, resident).saturating_mul(sequences);
     PlanRow {
         device: s.device.name(),
         index: s.device.index,
@@ -286,7 +291,7 @@ fn row(s: &StagePlan, tokens: usize, resident: Option<usize>) -> PlanRow {
         weights_bytes: s.weights_bytes,
         kv_bytes_per_token: s.kv_bytes_per_token,
         kv_device_bytes,
-        kv_host_bytes: s.kv_host_bytes(tokens, resident),
+        kv_host_bytes: s.kv_host_bytes(tokens, resident).saturating_mul(sequences),
         scratch_bytes: s.scratch_bytes,
         staging_bytes: s.staging_bytes,
         total_bytes: s.load_bytes() + kv_device_bytes,
@@ -332,7 +337,7 @@ fn check_host(
     if need > available {
         return Err(format!(
             "the host needs {} at {tokens} positions (KV {}, scratch and staging {}) but has {} available: short by \
-             {}; lower -c or --tokens, or use --kv int8",
+             {}; lower -c, --tokens or --parallel, or use --kv int8",
             mib(need),
             mib(kv_bytes),
             mib(buffers_bytes),

@@ -386,7 +386,7 @@ impl EngineSettings {
                 Some(DraftInput { file: d, devices })
             }
         };
-        super::plan_with_draft(file, &opts, None, draft.as_ref()).map_err(|e| match e {
+        super::plan_with_draft(file, &opts, None, 1, draft.as_ref()).map_err(|e| match e {
             PlanError::Model(m) => model_field_error(m),
             e @ PlanError::TokensBeyondContext { .. } => FieldError::new("max_context", e.to_string()),
             PlanError::Draft(m) => {

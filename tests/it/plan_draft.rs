@@ -192,7 +192,7 @@ fn the_plan_with_a_draft_predicts_both_models_in_the_ledgers() {
     };
     let draft = DraftInput { file: file.clone(), devices: select_devices(&opts.devices, &[1]).expect("device 1") };
     let n = 300;
-    let plan = strata::plan::plan_with_draft(&file, &opts, Some(n), Some(&draft)).expect("plan");
+    let plan = strata::plan::plan_with_draft(&file, &opts, Some(n), 1, Some(&draft)).expect("plan");
     assert!(plan.fits, "{:?}", plan.problem);
 
     let target = Model::from_file_with(file.clone(), &opts).expect("the model loads");

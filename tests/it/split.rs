@@ -166,6 +166,39 @@ fn plan_predicts_the_ledger_after_a_2000_token_prompt() {
     }
 }
 
+/// `strata plan --parallel 3` counts three live sequences: its KV figure per device is what the ledger
+/// holds once three sequences have read 1,000 tokens each, and three times the one-sequence figure.
+#[test]
+fn the_plan_for_three_sequences_predicts_the_ledger_with_three_live() {
+    let file = file();
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let pool = ThreadPool::new(2);
+    let opts = LoadOptions {
+        devices: sims(&[200, 400], 0),
+        split: Some(vec![15]),
+        kv_type: KvType::Int8,
+        max_context: Some(4096),
+        ..Default::default()
+    };
+    let n = 1000;
+    let one = strata::plan::plan_with_draft(&file, &opts, Some(n), 1, None).expect("plan");
+    let three = strata::plan::plan_with_draft(&file, &opts, Some(n), 3, None).expect("plan");
+    let model = Model::from_file_with(file.clone(), &opts).expect("loads");
+    let prompt = long_prompt(&tok, n);
+    let mut seqs: Vec<Sequence> =
+        (0..3).map(|_| Sequence::new(&model, KvType::Int8, 4096).expect("sequence")).collect();
+    for seq in &mut seqs {
+        prefill(&model, &pool, seq, &prompt, 512).expect("prefill");
+    }
+    for ((r1, r3), device) in one.rows.iter().zip(&three.rows).zip(&model.placement.devices.devices) {
+        assert_eq!(r3.kv_device_bytes, 3 * r1.kv_device_bytes, "{}", device.name());
+        let kv_actual = device.usage().bytes(Purpose::Kv);
+        let err = (r3.kv_device_bytes as f64 - kv_actual as f64).abs() / kv_actual as f64;
+        println!("{}: plan KV {} bytes for 3 sequences, ledger {kv_actual}", device.name(), r3.kv_device_bytes);
+        assert!(err < 0.05, "{}: plan KV {} vs ledger KV {kv_actual}", device.name(), r3.kv_device_bytes);
+    }
+}
+
 #[test]
 fn pressure_mid_prefill_spills_to_the_host_and_changes_no_bit() {
     let file = file();
