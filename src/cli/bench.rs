@@ -22,7 +22,7 @@ use strata::device::mib;
 use strata::engine::spec::{Drafter, SpecSetup};
 use strata::engine::{generate, GenerateParams, Quiet, Request, Sequence};
 use strata::model::profile::{self, Part};
-use strata::model::{KvCache, KvType, Model};
+use strata::model::{KvCache, KvType, Model, SeqInput};
 use strata::sample::SamplerConfig;
 use strata::threadpool::ThreadPool;
 use strata::tokenizer::Tokenizer;
@@ -49,6 +49,10 @@ pub struct BenchArgs {
     #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub reps: u32,
     /// Print one JSON object instead of a table
+    /// The tg tests decode this many sequences at once, each from its own context of the test's depth,
+    /// in one batched pass per step (`strata serve --parallel`): reported as `tgN x S`, aggregate tok/s
+    #[arg(long = "streams", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub streams: u32,
     #[arg(long = "json")]
     pub json: bool,
     /// Also measure memory: each GPU's device and host-to-device bandwidth (and the decode floor they set),
@@ -98,6 +102,8 @@ struct Measured {
     depth: usize,
     /// `ngram` or `draft` for the tg test with drafts, after a real prompt.
     spec: Option<&'static str>,
+    /// Sequences decoded at once (tg tests; 1 otherwise).
+    streams: usize,
     /// Tokens per second, one per timed run.
     samples_tok_s: Vec<f64>,
     /// With --type-report: seconds per token in each `profile::Part`, and in all, over the timed runs.
@@ -130,8 +136,9 @@ impl Measured {
             Kind::Tg(n) => format!("tg{n}"),
         };
         let spec = self.spec.map_or(String::new(), |s| format!("+{s}"));
+        let streams = if self.streams > 1 { format!(" x{}", self.streams) } else { String::new() };
         let depth = if self.depth > 0 { format!(" @ d{}", self.depth) } else { String::new() };
-        format!("{base}{spec}{depth}")
+        format!("{base}{spec}{streams}{depth}")
     }
 
     /// The mean rate over the timed runs and its standard deviation.
@@ -152,6 +159,7 @@ impl Measured {
             "n_gen": n_gen,
             "n_depth": self.depth,
             "spec": self.spec,
+            "streams": self.streams,
             "tok_s": mean,
             "tok_s_stddev": sd,
             "samples_tok_s": self.samples_tok_s,
@@ -170,11 +178,21 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     let plan = Plan::new(&a, a.engine.context(model))?;
     let spec = load_spec(&a.engine, &loaded)?;
     plan.check_depth_without_prompt(spec.is_some() || a.prompt_file.is_some())?;
-    check_kv_fits(model, a.engine.kv, plan.kv_positions(&a))?;
+    if a.streams > 1 && (spec.is_some() || a.prompt_file.is_some()) {
+        bail!("--streams {}: the tg tests after a real prompt (--prompt-file, --spec) run one sequence", a.streams);
+    }
+    check_kv_fits(model, a.engine.kv, plan.kv_positions(&a) * a.streams as usize)?;
     let tokens = random_tokens(model.cfg.n_vocab, plan.max_depth + plan.pps.iter().copied().max().unwrap_or(0));
     let text_prompt = text_prompt(&a, &loaded.tokenizer, spec.is_some(), plan.pps.first().copied(), &tokens)?;
-    let random =
-        RandomRun { model, pool: &pool, e: &a.engine, tokens: &tokens, reps: a.reps, type_report: a.type_report };
+    let random = RandomRun {
+        model,
+        pool: &pool,
+        e: &a.engine,
+        tokens: &tokens,
+        reps: a.reps,
+        type_report: a.type_report,
+        streams: a.streams as usize,
+    };
     let mut tests = random.at_depths(&plan, &a.n_depth, text_prompt.is_none())?;
     let spec_tg = match &text_prompt {
         Some(p) => text_tests(&a, &loaded, &pool, spec.as_ref(), p, &plan, &mut tests)?,
@@ -327,13 +345,14 @@ fn text_tests(
             kv: a.engine.kv,
         };
         let (plain, drafted) = text.measure(a.reps, drafter.as_mut())?;
-        tests.push(Measured { kind: Kind::Tg(n), depth: 0, spec: None, samples_tok_s: plain, parts: None });
+        tests.push(Measured { kind: Kind::Tg(n), depth: 0, spec: None, streams: 1, samples_tok_s: plain, parts: None });
         if let Some(s) = drafted {
             let samples_tok_s = s.samples.clone();
             tests.push(Measured {
                 kind: Kind::Tg(n),
                 depth: 0,
                 spec: Some(spec_kind(&a.engine)),
+                streams: 1,
                 samples_tok_s,
                 parts: None,
             });
@@ -374,6 +393,8 @@ struct RandomRun<'a> {
     reps: u32,
     /// Time the parts of the forward pass (--type-report).
     type_report: bool,
+    /// Sequences the tg tests decode at once (--streams).
+    streams: usize,
 }
 
 impl RandomRun<'_> {
@@ -393,24 +414,28 @@ impl RandomRun<'_> {
     /// Computes `depth` tokens of context once (untimed) in a KV cache reserved for `cap` positions up front
     /// (as llama-bench allocates before timing), then runs each test `1 + reps` times from it.
     fn at_depth(&self, depth: usize, cap: usize, kinds: &[Kind]) -> anyhow::Result<Vec<Measured>> {
-        let mut kv = self.model.new_kv(self.e.kv, cap)?;
-        kv.reserve(cap).with_context(|| format!("cannot reserve the KV cache of {cap} positions"))?;
-        self.prefill(&mut kv, &self.tokens[..depth])?;
+        let mut kvs = Vec::with_capacity(self.streams);
+        for _ in 0..self.streams {
+            let mut kv = self.model.new_kv(self.e.kv, cap)?;
+            kv.reserve(cap).with_context(|| format!("cannot reserve the KV cache of {cap} positions"))?;
+            self.prefill(&mut kv, &self.tokens[..depth])?;
+            kvs.push(kv);
+        }
         let mut out = Vec::new();
         for &kind in kinds {
             let mut samples_tok_s = Vec::new();
             let mut parts = Parts::default();
             profile::set_enabled(self.type_report);
             for rep in 0..=self.reps {
-                kv.truncate(depth);
+                kvs.iter_mut().for_each(|kv| kv.truncate(depth));
                 profile::take();
                 let (secs, n) = match kind {
                     Kind::Pp(n) => {
                         let t = Instant::now();
-                        self.prefill(&mut kv, &self.tokens[depth..depth + n])?;
+                        self.prefill(&mut kvs[0], &self.tokens[depth..depth + n])?;
                         (t.elapsed().as_secs_f64(), n)
                     }
-                    Kind::Tg(n) => (self.decode(&mut kv, n)?, n),
+                    Kind::Tg(n) => (self.decode(&mut kvs, n)?, n * self.streams),
                 };
                 let spent = profile::take();
                 // The first run warms up.
@@ -425,7 +450,8 @@ impl RandomRun<'_> {
             }
             profile::set_enabled(false);
             let parts = self.type_report.then_some(parts);
-            out.push(Measured { kind, depth, spec: None, samples_tok_s, parts });
+            let streams = if matches!(kind, Kind::Tg(_)) { self.streams } else { 1 };
+            out.push(Measured { kind, depth, spec: None, streams, samples_tok_s, parts });
         }
         Ok(out)
     }
@@ -438,22 +464,36 @@ impl RandomRun<'_> {
         Ok(())
     }
 
-    /// Seconds to decode `n` tokens one at a time.
-    fn decode(&self, kv: &mut KvCache, n: usize) -> anyhow::Result<f64> {
-        let mut token = 1u32.min(self.model.cfg.n_vocab as u32 - 1);
+    /// Seconds to decode `n` tokens one at a time in each of `kvs` (together in one pass per step when
+    /// there are several).
+    fn decode(&self, kvs: &mut [KvCache], n: usize) -> anyhow::Result<f64> {
+        let last = self.model.cfg.n_vocab as u32 - 1;
+        // Each sequence starts from its own token.
+        let mut tokens: Vec<u32> = (0..kvs.len() as u32).map(|i| (1 + i).min(last)).collect();
         let t = Instant::now();
         for _ in 0..n {
-            let logits = self.model.forward(self.pool, kv, &[token], &[0])?;
-            // Feed back the argmax so the work depends on the previous step, as in real decoding.
-            token = logits
-                .row(0)
-                .iter()
-                .enumerate()
-                .fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
-                .0 as u32;
+            if let [kv] = kvs {
+                let logits = self.model.forward(self.pool, kv, &tokens, &[0])?;
+                tokens[0] = argmax(logits.row(0));
+                continue;
+            }
+            let mut inputs: Vec<SeqInput> = kvs
+                .iter_mut()
+                .zip(&tokens)
+                .map(|(kv, t)| SeqInput { kv, tokens: std::slice::from_ref(t), want: &[0] })
+                .collect();
+            let out = self.model.forward_many(self.pool, &mut inputs);
+            for (token, logits) in tokens.iter_mut().zip(out) {
+                *token = argmax(logits?.row(0));
+            }
         }
         Ok(t.elapsed().as_secs_f64())
     }
+}
+
+/// The most likely token: fed back so that each step's work depends on the one before, as in real decoding.
+fn argmax(logits: &[f32]) -> u32 {
+    logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32
 }
 
 /// `ngram` or `draft` (for the tables).

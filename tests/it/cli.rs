@@ -293,6 +293,24 @@ fn bench_runs_every_size_at_every_depth() {
     );
 }
 
+/// `--streams 3`: the tg tests decode three sequences at once (named `tgN x3`, aggregate tok/s); the pp
+/// tests are unchanged; after a real prompt it is refused.
+#[test]
+fn bench_streams_decodes_several_sequences_at_once() {
+    let o = strata(&["bench", "-p", "16", "-n", "4", "-d", "0,40", "-r", "1", "-t", "2", "--streams", "3", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("json");
+    let tests = v["tests"].as_array().expect("tests");
+    let names: Vec<&str> = tests.iter().map(|t| t["test"].as_str().expect("name")).collect();
+    assert_eq!(names, ["pp16", "tg4 x3", "pp16 @ d40", "tg4 x3 @ d40"]);
+    let streams: Vec<u64> = tests.iter().map(|t| t["streams"].as_u64().expect("streams")).collect();
+    assert_eq!(streams, [1, 3, 1, 3]);
+    let text = common::reference_path("perplexity_GPL-3.txt");
+    let o = strata(&["bench", "-p", "16", "-n", "4", "--streams", "2", "--prompt-file", text.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--streams 2: the tg tests after a real prompt"), "{}", stderr(&o));
+}
+
 #[test]
 fn perplexity_of_the_gpl3_text_matches_llama_cpp() {
     let text = common::reference_path("perplexity_GPL-3.txt");
