@@ -12,6 +12,11 @@
 //!                                                                  first use); its whole history is rendered
 //!                                                                  with the chat template and served; the reply
 //!                                                                  joins the history (max_tokens: default 128)
+//! {"op":"together","chats":[{"conversation":"b","user":"text","max_tokens":200},
+//!                            {"conversation":"a","user":"text"}]}  turns of different conversations served at
+//!                                                                  once (continuous batching, --parallel N at
+//!                                                                  least the count): each starts in order, all
+//!                                                                  step together; responses in the listed order
 //! {"op":"fork","from":"a","to":"a2","drop_last":2}                 a2 starts as a copy of a's history without
 //!                                                                  its last drop_last messages (an edited turn)
 //! {"op":"pressure","device":1,"mib":300}                           another process holds 300 MiB of device 1
@@ -40,8 +45,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 use strata::device::{Device, DeviceSet, Fault};
-use strata::engine::session::{Served, Session, SessionConfig};
-use strata::engine::{GenerateParams, Quiet};
+use strata::engine::batch::{Progress, Stream};
+use strata::engine::session::{Begun, Served, Session, SessionConfig};
+use strata::engine::{EngineError, GenerateParams, Observer, Quiet};
 use strata::sample::SamplerConfig;
 use strata::telemetry::Entry;
 use strata::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -57,6 +63,9 @@ pub struct ReplayArgs {
     pub script: PathBuf,
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Live sequences (`strata serve --parallel`): what "together" lines need; chat lines take the first
+    #[arg(long = "parallel", visible_alias = "np", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub parallel: u32,
     #[command(flatten)]
     pub cache: super::CacheArgs,
     #[command(flatten)]
@@ -76,6 +85,9 @@ enum Op {
         user: String,
         #[serde(default = "default_max_tokens")]
         max_tokens: usize,
+    },
+    Together {
+        chats: Vec<Turn>,
     },
     Fork {
         from: String,
@@ -98,6 +110,16 @@ enum Op {
     },
 }
 
+/// One turn of a `together` line.
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct Turn {
+    conversation: String,
+    user: String,
+    #[serde(default = "default_max_tokens")]
+    max_tokens: usize,
+}
+
 impl Op {
     /// The device a fault op aims at.
     fn device(&self) -> Option<usize> {
@@ -105,7 +127,7 @@ impl Op {
             Op::Pressure { device, .. } | Op::FailSamples { device, .. } | Op::FailAlloc { device, .. } => {
                 Some(*device)
             }
-            Op::Chat { .. } | Op::Fork { .. } => None,
+            Op::Chat { .. } | Op::Together { .. } | Op::Fork { .. } => None,
         }
     }
 }
@@ -136,6 +158,20 @@ fn parse_script(text: &str) -> anyhow::Result<Vec<(usize, Op)>> {
             Op::Chat { conversation, .. } => {
                 *conversations.entry(conversation.clone()).or_default() += 2;
             }
+            Op::Together { chats } => {
+                if chats.is_empty() {
+                    bail!("line {n}: together has no chats");
+                }
+                for (i, t) in chats.iter().enumerate() {
+                    if chats[..i].iter().any(|o| o.conversation == t.conversation) {
+                        bail!(
+                            "line {n}: together has two turns of conversation {:?} (the second would follow the first's reply)",
+                            t.conversation
+                        );
+                    }
+                    *conversations.entry(t.conversation.clone()).or_default() += 2;
+                }
+            }
             Op::Fork { from, to, drop_last } => {
                 let Some(&have) = conversations.get(from) else {
                     bail!("line {n}: fork from {from:?}, a conversation no earlier line chats in");
@@ -155,6 +191,18 @@ fn parse_script(text: &str) -> anyhow::Result<Vec<(usize, Op)>> {
         ops.push((n, op));
     }
     Ok(ops)
+}
+
+/// Checks that every together line has a live sequence for each of its turns.
+fn check_parallel(ops: &[(usize, Op)], parallel: usize) -> anyhow::Result<()> {
+    for (n, op) in ops {
+        if let Op::Together { chats } = op {
+            if chats.len() > parallel {
+                bail!("line {n}: together runs {} turns at once but --parallel is {parallel}", chats.len());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks that every fault op names a GPU-like device (sim, emu, cuda) of `devices`.
@@ -191,7 +239,7 @@ fn fault_of(op: &Op) -> Option<(usize, Fault, serde_json::Value)> {
         Op::FailAlloc { device, count } => {
             (device, Fault::FailAllocs(count), json!({"op": "fail_alloc", "device": device, "count": count}))
         }
-        Op::Pressure { .. } | Op::Chat { .. } | Op::Fork { .. } => return None,
+        Op::Pressure { .. } | Op::Chat { .. } | Op::Together { .. } | Op::Fork { .. } => return None,
     })
 }
 
@@ -224,8 +272,10 @@ pub fn main(a: ReplayArgs) -> anyhow::Result<()> {
     let text = super::input::read_text_capped(&a.script, super::input::REPLAY_SCRIPT_CAP_BYTES, "script")?;
     let ops = parse_script(&text).with_context(|| format!("bad script {}", a.script.display()))?;
     let cache_budget_bytes = a.cache.budget_bytes()?;
-    // Fault lines are checked against the devices before the model loads.
+    // Fault lines are checked against the devices before the model loads, together lines against
+    // --parallel.
     check_devices(&ops, &a.engine.load_options()?.devices)
+        .and_then(|()| check_parallel(&ops, a.parallel as usize))
         .with_context(|| format!("bad script {}", a.script.display()))?;
 
     let loaded = load(&a.model, &a.engine)?;
@@ -240,8 +290,12 @@ pub fn main(a: ReplayArgs) -> anyhow::Result<()> {
     let spec = super::load_spec(&a.engine, &loaded)?;
     let mut session = Session::new(&loaded.model, &loaded.tokenizer, &pool, &cfg)?;
     if let Some(s) = &spec {
+        if a.parallel > 1 {
+            bail!("--parallel {}: speculative decoding runs one sequence; drop one of the two", a.parallel);
+        }
         session = session.with_drafter(s.drafter(cfg.kv_type, cfg.max_context, loaded.model.cfg.n_vocab)?);
     }
+    let session = session.with_parallel(a.parallel as usize, &cfg)?;
     let mut replay = Replay {
         events: session.telemetry.subscribe(),
         session,
@@ -276,6 +330,7 @@ impl Replay<'_> {
     fn step(&mut self, line: usize, op: &Op) -> anyhow::Result<()> {
         match op {
             Op::Chat { conversation, user, max_tokens } => self.chat(line, conversation, user, *max_tokens),
+            Op::Together { chats } => self.together(line, chats),
             Op::Fork { from, to, drop_last } => self.fork(line, from, to, *drop_last),
             Op::Pressure { .. } | Op::FailSamples { .. } | Op::FailAlloc { .. } => self.fault(line, op),
         }
@@ -284,11 +339,24 @@ impl Replay<'_> {
     /// Serves `user`'s turn in `conversation`, greedily: its response (the reply joins the history) or its
     /// error (the turn is dropped), after the events it caused; an error of a faulted device stops the replay.
     fn chat(&mut self, line: usize, conversation: &str, user: &str, max_tokens: usize) -> anyhow::Result<()> {
+        let prompt = self.user_turn(line, conversation, user)?;
+        let served = self.session.serve(&prompt, &self.params(max_tokens), &mut Quiet);
+        drain(&self.events, line);
+        self.answer(line, conversation, prompt.len(), served)
+    }
+
+    /// Adds `user`'s message to `conversation` (created on first use) and renders its whole history: the
+    /// prompt.
+    fn user_turn(&mut self, line: usize, conversation: &str, user: &str) -> anyhow::Result<Vec<u32>> {
         let history = self.histories.entry(conversation.to_owned()).or_default();
         history.push(ChatMessage::new("user", user));
         let rendered = self.template.render(history, true).with_context(|| format!("line {line}"))?;
-        let prompt = tokenize_prompt_templated(self.tokenizer, &rendered);
-        let params = GenerateParams {
+        Ok(tokenize_prompt_templated(self.tokenizer, &rendered))
+    }
+
+    /// Greedy sampling, at most `max_tokens`, prompts read in batches of `-b`.
+    fn params(&self, max_tokens: usize) -> GenerateParams {
+        GenerateParams {
             max_tokens,
             sampler: SamplerConfig::greedy(),
             ignore_eos: false,
@@ -296,13 +364,23 @@ impl Replay<'_> {
             top_logprobs: 0,
             logprobs: false,
             batch: self.batch,
-        };
-        let served = self.session.serve(&prompt, &params, &mut Quiet);
-        drain(&self.events, line);
+        }
+    }
+
+    /// Prints a served turn's response (its reply joins the history) or its error (the user's message
+    /// leaves it); an error of a faulted device stops the replay.
+    fn answer(
+        &mut self,
+        line: usize,
+        conversation: &str,
+        prompt_tokens: usize,
+        served: Result<Served, EngineError>,
+    ) -> anyhow::Result<()> {
+        let history = self.histories.entry(conversation.to_owned()).or_default();
         match served {
             Ok(s) => {
                 history.push(ChatMessage::new("assistant", s.generation.text.trim()));
-                emit("response", line, response_fields(conversation, prompt.len(), &s));
+                emit("response", line, response_fields(conversation, prompt_tokens, &s));
             }
             Err(e) => {
                 history.pop();
@@ -313,6 +391,73 @@ impl Replay<'_> {
                     return Err(e);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Serves the turns of a together line at once: each starts in order on a free live sequence (restored,
+    /// fallen back or continued as a lone turn would be, the gate counting what the turns started before
+    /// it will still take), then they step together until each is done. The events come as they happen;
+    /// the responses (or errors) in the listed order.
+    fn together(&mut self, line: usize, chats: &[Turn]) -> anyhow::Result<()> {
+        let mut prompts = Vec::with_capacity(chats.len());
+        for t in chats {
+            prompts.push(self.user_turn(line, &t.conversation, &t.user)?);
+        }
+        let mut begun: Vec<Option<Begun>> = Vec::with_capacity(chats.len());
+        let mut outcomes: Vec<Option<Result<Served, EngineError>>> = Vec::with_capacity(chats.len());
+        for (t, prompt) in chats.iter().zip(&prompts) {
+            let params = self.params(t.max_tokens);
+            match self.session.begin(prompt, &params) {
+                Some(Ok(b)) => {
+                    begun.push(Some(b));
+                    outcomes.push(None);
+                }
+                Some(Err(e)) => {
+                    begun.push(None);
+                    outcomes.push(Some(Err(e)));
+                }
+                // check_parallel vouched for the slots.
+                None => bail!("line {line}: no free live sequence for conversation {:?}", t.conversation),
+            }
+        }
+        drain(&self.events, line);
+        let mut quiet: Vec<Quiet> = chats.iter().map(|_| Quiet).collect();
+        loop {
+            let mut running: Vec<(usize, &mut Stream, &mut dyn Observer)> = Vec::new();
+            let mut which = Vec::new();
+            for (i, (b, q)) in begun.iter_mut().zip(quiet.iter_mut()).enumerate() {
+                if let Some(b) = b {
+                    running.push((b.slot, &mut b.stream, q));
+                    which.push(i);
+                }
+            }
+            if running.is_empty() {
+                break;
+            }
+            let progress = self.session.step(&mut running, self.batch);
+            drop(running);
+            for (i, p) in which.into_iter().zip(progress) {
+                let Progress::Done(result) = p else { continue };
+                let Some(b) = begun[i].take() else { continue };
+                let prompt_len = prompts[i].len();
+                outcomes[i] = Some(match result {
+                    Ok(generation) => {
+                        let (reused, read) = self.session.end(b.slot, prompt_len, Some(&generation));
+                        let (restored, fallback) = (b.restored, b.fallback);
+                        Ok(Served { generation, reused, read, restored, fallback, draft_read: None })
+                    }
+                    Err(e) => {
+                        self.session.end(b.slot, prompt_len, None);
+                        Err(e)
+                    }
+                });
+            }
+            drain(&self.events, line);
+        }
+        for ((t, prompt), outcome) in chats.iter().zip(&prompts).zip(outcomes) {
+            let served = outcome.unwrap_or(Err(EngineError::Cancelled));
+            self.answer(line, &t.conversation, prompt.len(), served)?;
         }
         Ok(())
     }
@@ -405,6 +550,31 @@ mod tests {
             format!("{chat}\n{chat}\n{}\n{{\"op\":\"fork\",\"from\":\"b\",\"to\":\"c\",\"drop_last\":4}}\n", fork(1));
         let e = one_line(&parse_script(&text).unwrap_err());
         assert!(e.starts_with("line 4: fork drops 4 messages but conversation \"b\" has 3"), "{e}");
+    }
+
+    #[test]
+    fn together_lines_need_distinct_conversations_and_enough_sequences() {
+        let t = |a: &str, b: &str| {
+            format!(
+                "{{\"op\":\"together\",\"chats\":[{{\"conversation\":\"{a}\",\"user\":\"hi\"}},{{\"conversation\":\"{b}\",\"user\":\"yo\",\"max_tokens\":5}}]}}"
+            )
+        };
+        let ops = parse_script(&format!(
+            "{}\n{{\"op\":\"fork\",\"from\":\"b\",\"to\":\"c\",\"drop_last\":2}}\n",
+            t("a", "b")
+        ))
+        .unwrap();
+        let Op::Together { chats } = &ops[0].1 else { panic!("{ops:?}") };
+        assert_eq!(chats[1], Turn { conversation: "b".into(), user: "yo".into(), max_tokens: 5 });
+        // Each turn adds two messages to its conversation, as a chat line does.
+        assert_eq!(ops.len(), 2);
+        check_parallel(&ops, 2).unwrap();
+        let e = one_line(&check_parallel(&ops, 1).unwrap_err());
+        assert_eq!(e, "line 1: together runs 2 turns at once but --parallel is 1");
+        let e = one_line(&parse_script(&t("a", "a")).unwrap_err());
+        assert!(e.starts_with("line 1: together has two turns of conversation \"a\""), "{e}");
+        let e = one_line(&parse_script("{\"op\":\"together\",\"chats\":[]}").unwrap_err());
+        assert_eq!(e, "line 1: together has no chats");
     }
 
     #[test]

@@ -212,6 +212,61 @@ fn an_edited_turn_restores_from_a_checkpoint_despite_a_failed_sample() {
     assert!(log.contains("strata replay: conversation cache: free-memory sample of device 1 failed"), "{log}");
 }
 
+/// The reported scenario with two sequences generating at once (reported_parallel.jsonl, --parallel 2):
+/// a's restore beside the generating b falls back because b's growth would squeeze device 1 (alone it would
+/// fit), a is reread while b generates; later b is restored beside a. Every reply is the one the same chats
+/// give one conversation at a time without the cache.
+#[test]
+fn the_reported_scenario_with_two_sequences_at_once_falls_back_then_restores() {
+    let run = replay(
+        &script("reported_parallel.jsonl"),
+        &[SPLIT, &["--conversation-cache-slots", "2", "--parallel", "2"]].concat(),
+    );
+    let log = String::from_utf8_lossy(&run.stderr).into_owned();
+    let cached = story(&run);
+    let plain = story(&replay(
+        &script("reported_parallel_plain.jsonl"),
+        &[SPLIT, &["--conversation-cache-slots", "0", "--parallel", "1"]].concat(),
+    ));
+    let without: BTreeMap<_, _> = turns(&plain).into_iter().collect();
+    let with = turns(&cached);
+    assert_eq!(with.len(), 8, "{with:?}");
+    assert_eq!(with.len(), without.len());
+    for (turn, r) in &with {
+        let p = without.get(turn).unwrap_or_else(|| panic!("{turn:?} is not in the run one at a time"));
+        assert_eq!(r["prompt_tokens"], p["prompt_tokens"], "{turn:?}: another prompt");
+        assert_eq!(r["tokens"], p["tokens"], "batching beside another sequence or the cache changed {turn:?}");
+    }
+    assert!(of(&cached, "error").is_empty() && of(&plain, "error").is_empty());
+
+    // a is parked when b takes the first sequence.
+    let a_tokens = u(&of(&cached, "parked")[0]["tokens"]);
+    assert!((2000..3000).contains(&a_tokens));
+    // The together line: one fallback, on device 1, whose need is a's KV there plus b's growth.
+    let fallbacks = of(&cached, "restore_fallback");
+    assert_eq!(fallbacks.len(), 1, "{fallbacks:?}");
+    let fb = fallbacks[0];
+    let a_alone = a_tokens.div_ceil(64) * LAYERS_ON_DEVICE_1 * PAGE_BYTES;
+    assert_eq!((u(&fb["device"]), u(&fb["tokens"])), (1, a_tokens), "{fb}");
+    assert!(f(&fb["need_mib"]) > mib_1(a_alone) + 5.0, "b's growth is counted: {fb}");
+    assert!(f(&fb["free_mib"]) - mib_1(a_alone) >= f(&fb["reserve_mib"]), "alone, a's restore would fit: {fb}");
+    assert!(log.contains("restore skipped: device 1 free 60 MiB - need 34 MiB < reserve 32 MiB"), "{log}");
+    let line = u(&fb["line"]);
+    let at_line: Vec<&Value> = of(&cached, "response").into_iter().filter(|r| u(&r["line"]) == line).collect();
+    assert_eq!(at_line.len(), 2, "both turns of the together line answered");
+    let (b, a) = (at_line[0], at_line[1]);
+    assert_eq!((&b["conversation"], &a["conversation"]), (&Value::from("b"), &Value::from("a")));
+    assert_eq!((&a["restored"], u(&a["read"])), (&Value::Null, u(&a["prompt_tokens"])), "a is reread: {a}");
+    assert!(u(&b["reused"]) > 0, "b went on in its live sequence: {b}");
+
+    // With the pressure lifted: a goes on in its live sequence while b is restored beside it.
+    let last = of(&cached, "response").into_iter().rfind(|r| r["conversation"] == "b").expect("b");
+    assert_eq!(last["restored"], "live", "{last}");
+    let a_last = of(&cached, "response").into_iter().rfind(|r| r["conversation"] == "a").expect("a");
+    assert_eq!(a_last["line"], last["line"], "the two turns ran together");
+    assert!(u(&a_last["read"]) < 64 && a_last["restored"] == Value::Null, "a continued live: {a_last}");
+}
+
 /// One line of a replay script.
 fn script_ops(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
