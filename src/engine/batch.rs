@@ -136,6 +136,16 @@ impl<'m> Stream<'m> {
         }
     }
 
+    /// Ends the stream at its client's word while it takes no part in passes (preempted): a stream still
+    /// reading its prompt ends with `EngineError::Cancelled`, a decoding one with what it generated so far
+    /// (stop reason `Cancelled`), as it would at its next step.
+    pub fn cancel(&mut self, obs: &mut dyn Observer) -> Progress {
+        if self.reading() {
+            return Progress::Done(Err(EngineError::Cancelled));
+        }
+        Progress::Done(Ok(self.finish(StopReason::Cancelled, obs)))
+    }
+
     /// Ends the generation for `reason`: the text held back goes out, and the timings are set.
     fn finish(&mut self, reason: StopReason, obs: &mut dyn Observer) -> Generation {
         self.out.stop_reason = reason;

@@ -281,6 +281,12 @@ impl<'a> Session<'a> {
             return running.iter().map(|_| Progress::Done(Err(EngineError::Cancelled))).collect();
         }
         let mut progress: Vec<Option<Progress>> = running.iter().map(|_| None).collect();
+        // A preempted stream whose client cancelled ends now, not once it resumes.
+        for ((slot, stream, obs), p) in running.iter_mut().zip(&mut progress) {
+            if self.slots[*slot].suspended.is_some() && obs.cancelled() {
+                *p = Some(stream.cancel(&mut **obs));
+            }
+        }
         self.resume_suspended(running, &mut progress);
         let mut seqs: Vec<Option<&mut Sequence>> =
             self.slots.iter_mut().map(|s| if s.suspended.is_none() { Some(&mut s.seq) } else { None }).collect();
@@ -323,6 +329,9 @@ impl<'a> Session<'a> {
     ) {
         let others_running = |slots: &[Slot]| running.iter().any(|r| slots[r.0].suspended.is_none());
         for (n, r) in running.iter().enumerate() {
+            if progress[n].is_some() {
+                continue;
+            }
             let Some((_, at)) = &self.slots[r.0].suspended else { continue };
             let alone = !others_running(&self.slots);
             if *at >= self.ends && !alone {
@@ -382,7 +391,8 @@ impl<'a> Session<'a> {
     pub fn end(&mut self, slot: usize, prompt_len: usize, generation: Option<&Generation>) -> (usize, usize) {
         let Some(s) = self.slots.get_mut(slot) else { return (0, 0) };
         s.busy = false;
-        if s.suspended.take().is_some() {
+        let was_suspended = s.suspended.take().is_some();
+        if was_suspended {
             // Ended while preempted (its client left): its parked KV goes, and so does its sequence.
             s.seq.rewind(0);
         }
@@ -391,6 +401,9 @@ impl<'a> Session<'a> {
             Some(g) => self.settle(slot, prompt_len, g),
             None => (0, 0),
         };
+        if was_suspended {
+            self.slots[slot].checkpoints.clear();
+        }
         self.trim_idle();
         prompt_tokens
     }

@@ -264,3 +264,82 @@ fn idle_slots_keep_their_conversations_live_only_within_the_cache_budget() {
         );
     }
 }
+
+/// A preempted stream whose client cancels ends at the next step (with what it generated so far, stop reason
+/// Cancelled), not once the stream beside it has finished; its slot is idle and empty again, and the other
+/// stream's reply is unchanged.
+#[test]
+fn a_preempted_stream_ends_at_its_clients_cancel_without_waiting_to_resume() {
+    use strata::engine::batch::Progress;
+    use strata::engine::{Generation, Observer, StopReason};
+    struct Cancel(bool);
+    impl Observer for Cancel {
+        fn on_text(&mut self, _: &str, _: &Generation) {}
+        fn cancelled(&mut self) -> bool {
+            self.0
+        }
+    }
+    let file = Arc::new(GgufFile::open(&common::model_path()).expect("model"));
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let pool = ThreadPool::new(2);
+    let kinds = [DeviceKind::Sim { capacity_bytes: 400 * MIB }, DeviceKind::Sim { capacity_bytes: 400 * MIB }];
+    let devices = DeviceSet::from_kinds(&kinds, 16 * MIB).expect("sims");
+    let sims = devices.devices.clone();
+    let opts = LoadOptions { devices, split: Some(vec![15]), ..Default::default() };
+    let model = Model::from_file_with(file, &opts).expect("model");
+    let cfg = SessionConfig { kv_type: KvType::F16, max_context: 4096, cache_slots: 0, cache_budget_bytes: 0 };
+    let mut session = Session::new(&model, &tok, &pool, &cfg).expect("session").with_parallel(2, &cfg).expect("2");
+    let params =
+        GenerateParams { max_tokens: 150, sampler: SamplerConfig::greedy(), ignore_eos: true, ..Default::default() };
+    let prompts = [tok.encode("Write a long story about a dragon.", false), tok.encode("List the planets.", false)];
+    let mut seq = Sequence::new(&model, KvType::F16, 4096).expect("seq");
+    let alone = generate(&model, &tok, &pool, &mut seq, Request::new(&prompts[0], &params), &mut Quiet).expect("alone");
+
+    let mut begun: Vec<_> = prompts.iter().map(|p| session.begin(p, &params).expect("slot").expect("starts")).collect();
+    let mut obs = [Cancel(false), Cancel(false)];
+    let mut done: Vec<Option<Generation>> = vec![None, None];
+    let mut steps_after_cancel = None;
+    for step in 0.. {
+        assert!(step < 1000, "the streams end");
+        if step == 3 {
+            sims[0].inject(Fault::FailAllocs(1)).expect("fault");
+        }
+        if session.preemptions == 1 && steps_after_cancel.is_none() {
+            // The newest (the second) was preempted: its client leaves.
+            obs[1].0 = true;
+            steps_after_cancel = Some(0);
+        }
+        let live: Vec<usize> = (0..2).filter(|&i| done[i].is_none()).collect();
+        if live.is_empty() {
+            break;
+        }
+        let mut running: Vec<(usize, &mut strata::engine::batch::Stream, &mut dyn Observer)> = Vec::new();
+        for (i, (b, o)) in begun.iter_mut().zip(obs.iter_mut()).enumerate() {
+            if done[i].is_none() {
+                running.push((b.slot, &mut b.stream, o));
+            }
+        }
+        let progress = session.step(&mut running, 512);
+        drop(running);
+        if let Some(n) = steps_after_cancel.as_mut() {
+            *n += 1;
+        }
+        for (i, p) in live.into_iter().zip(progress) {
+            if let Progress::Done(r) = p {
+                let g = r.expect("no stream fails");
+                session.end(begun[i].slot, prompts[i].len(), Some(&g));
+                if i == 1 {
+                    assert_eq!(steps_after_cancel, Some(1), "the cancelled stream ends at the next step");
+                    assert!(done[0].is_none(), "it did not wait for the other stream to end");
+                    assert_eq!(g.stop_reason, StopReason::Cancelled);
+                    assert_eq!(session.busy_slots(), 1);
+                    assert_eq!(session.suspended_slots(), 0);
+                }
+                done[i] = Some(g);
+            }
+        }
+    }
+    assert_eq!(session.preemptions, 1);
+    assert_eq!(done[0].as_ref().expect("first").tokens, alone.tokens, "the other reply is unchanged");
+    assert!(done[1].as_ref().expect("second").tokens.len() < 150, "the cancelled reply stopped early");
+}
