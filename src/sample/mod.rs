@@ -130,6 +130,11 @@ impl Sampler {
 
     /// [`Sampler::sample`], or `None` when no token is eligible.
     pub fn try_sample(&mut self, logits: &[f32], history: &[u32], banned: &[u32]) -> Option<u32> {
+        if self.cfg.is_greedy() && !self.cfg.penalties_on() && banned.is_empty() {
+            // The argmax in one pass over the logits (the candidate list would give the same id: the
+            // highest logit, the lowest id among equals, NaN never).
+            return argmax(logits);
+        }
         let mut cands = self.eligible(logits, history, banned);
         let picked =
             self.filtered(&mut cands).map(
@@ -238,6 +243,17 @@ pub fn residual(p: &[(u32, f64)], q: &[(u32, f64)]) -> Vec<(u32, f64)> {
 /// The probability of `id` in a `(id, probability)` list (0 when absent).
 pub fn prob_in(dist: &[(u32, f64)], id: u32) -> f64 {
     dist.iter().find(|&&(i, _)| i == id).map_or(0.0, |&(_, x)| x)
+}
+
+/// The id of the highest non-NaN logit, the lowest id among equals; None when every logit is NaN.
+fn argmax(logits: &[f32]) -> Option<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &x) in logits.iter().enumerate() {
+        if !x.is_nan() && best.is_none_or(|(_, b)| x > b) {
+            best = Some((i, x));
+        }
+    }
+    best.map(|(i, _)| i as u32)
 }
 
 /// Candidate order: higher logit first, then lower id. Total over non-NaN logits.
@@ -504,6 +520,24 @@ mod tests {
         // A negative temperature is greedy too.
         let mut s = Sampler::new(cfg(-1.0, 40, 0.9, 0.1));
         assert_eq!(s.sample(&[0.0, 2.0, 2.0], &[], &[]), 1);
+    }
+
+    /// Greedy without penalties or bans takes the one-pass argmax: the same id as the candidate list gives
+    /// (reached here with a ban of an id past the vocabulary, which bans nothing), NaN, ties and -inf included.
+    #[test]
+    fn the_greedy_fast_path_picks_what_the_candidate_list_picks() {
+        let mut s = Sampler::new(SamplerConfig::greedy());
+        let mut cases: Vec<Vec<f32>> = (0..20).map(|salt| logits(300, salt)).collect();
+        cases.push(vec![f32::NAN, 1.0, 1.0, f32::NAN]);
+        cases.push(vec![f32::NEG_INFINITY, f32::NEG_INFINITY]);
+        cases.push(vec![-0.0, 0.0, f32::NAN]);
+        cases.push(vec![2.0, f32::INFINITY, 3.0, f32::INFINITY]);
+        for l in &cases {
+            let fast = s.try_sample(l, &[], &[]);
+            let listed = s.try_sample(l, &[], &[u32::MAX]);
+            assert_eq!(fast, listed, "{l:?}");
+        }
+        assert_eq!(s.try_sample(&[f32::NAN, f32::NAN], &[], &[]), None);
     }
 
     #[test]
