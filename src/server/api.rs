@@ -27,8 +27,9 @@ use crate::tokenizer::turns;
 
 use super::error::ApiError;
 use super::openai::{self, ChatRequest, Checked, CompletionRequest, PromptInput};
-use super::worker::{Job, Msg, Ticket, TicketGuard, TokenInfo, REPLY_BACKLOG};
+use super::worker::{finish_reason, Job, Msg, Ticket, TicketGuard, TokenInfo, REPLY_BACKLOG};
 use super::App;
+use crate::engine::StopReason;
 
 /// Reads the body: at most `limit` bytes (413 beyond, checked on Content-Length first) within
 /// `timeout` (408 after).
@@ -63,7 +64,7 @@ pub async fn read_body(
 /// response names the served id (clients send whatever name they were configured with, as llama-server and
 /// LM Studio allow). With `--strict-model`, only the served id, an alias or no name; another is a 404
 /// naming what is served.
-fn check_model(app: &App, asked: &Option<String>) -> Result<String, ApiError> {
+pub(super) fn check_model(app: &App, asked: &Option<String>) -> Result<String, ApiError> {
     let served = &app.model.id;
     match asked.as_deref() {
         Some(m)
@@ -82,7 +83,7 @@ fn check_model(app: &App, asked: &Option<String>) -> Result<String, ApiError> {
 }
 
 /// Refuses a prompt longer than the context, with both numbers.
-fn check_context(app: &App, prompt_len: usize, param: &str) -> Result<(), ApiError> {
+pub(super) fn check_context(app: &App, prompt_len: usize, param: &str) -> Result<(), ApiError> {
     let max = app.model.max_context;
     if prompt_len > max {
         return Err(ApiError {
@@ -100,7 +101,7 @@ fn check_context(app: &App, prompt_len: usize, param: &str) -> Result<(), ApiErr
 }
 
 /// Refuses early (before reading a body) what the queue could not take anyway.
-fn check_admission(app: &App) -> Result<(), ApiError> {
+pub(super) fn check_admission(app: &App) -> Result<(), ApiError> {
     let shared = &app.shared;
     if let Some(why) = shared.unhealthy() {
         return Err(ApiError::unhealthy(why));
@@ -133,7 +134,7 @@ fn enqueue(app: &App, mut job: Job) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
@@ -227,7 +228,7 @@ pub async fn completions(State(app): State<App>, headers: HeaderMap, body: Body)
     respond(&app, r)
 }
 
-fn respond(app: &App, r: Result<Response, ApiError>) -> Response {
+pub(super) fn respond(app: &App, r: Result<Response, ApiError>) -> Response {
     match r {
         Ok(r) => r,
         Err(e) => {
@@ -297,16 +298,8 @@ async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result
     let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch, &app.model.sampling)?;
     let logprobs = req.logprobs.is_some();
     checked.params.logprobs = logprobs;
-    let input = openai::prompt_input(&req.prompt, app.model.tokenizer.n_vocab())?;
+    let prompt = completion_prompt(app, &req.prompt).await?;
     drop(req);
-    let m = app.model.clone();
-    let prompt = match input {
-        PromptInput::Tokens(t) => t,
-        PromptInput::Text(text) => tokio::task::spawn_blocking(move || m.tokenizer.encode_with_bos(&text, true))
-            .await
-            .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?,
-    };
-    check_context(app, prompt.len(), "prompt")?;
     let reply = Reply {
         endpoint: Endpoint::Completion,
         id: request_id("cmpl"),
@@ -320,6 +313,21 @@ async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result
     run(app, prompt, 0, top, reply).await
 }
 
+/// A completion's `prompt` as tokens: a string tokenized (with BOS, special tokens parsed) off the async
+/// threads, or token ids checked against the vocabulary; then checked against the context.
+pub(super) async fn completion_prompt(app: &App, prompt: &Option<openai::Prompt>) -> Result<Vec<u32>, ApiError> {
+    let input = openai::prompt_input(prompt, app.model.tokenizer.n_vocab())?;
+    let m = app.model.clone();
+    let tokens = match input {
+        PromptInput::Tokens(t) => t,
+        PromptInput::Text(text) => tokio::task::spawn_blocking(move || m.tokenizer.encode_with_bos(&text, true))
+            .await
+            .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?,
+    };
+    check_context(app, tokens.len(), "prompt")?;
+    Ok(tokens)
+}
+
 /// Queues the job and answers: one JSON object, or an SSE stream once the engine has produced its first
 /// message (so that a failure before any text is still an HTTP error status).
 /// `kept_reply_tokens`: tokens of the prompt that are earlier replies as they were generated.
@@ -330,33 +338,14 @@ async fn run(
     top_logprobs: usize,
     reply: Reply,
 ) -> Result<Response, ApiError> {
-    let (tx, mut rx) = channel(REPLY_BACKLOG);
     let endpoint = match reply.endpoint {
         Endpoint::Chat => "chat",
         Endpoint::Completion => "completions",
     };
-    let ticket = Ticket::new(app.shared.clone());
-    let job = Job {
-        prompt,
-        kept_reply_tokens,
-        checked: reply.checked.clone(),
-        top_logprobs,
-        tx,
-        queued_at: Instant::now(),
-        time_limit: app.opts.request_timeout,
-        endpoint,
-        ticket: ticket.clone(),
-        opens_think: reply.opens_think,
-    };
-    enqueue(app, job)?;
-    // Dropped with the handler (non-streaming) or the stream: a client that leaves frees its place.
-    let guard = TicketGuard(ticket);
+    let queued = Queued { prompt, kept_reply_tokens, top_logprobs, endpoint, opens_think: reply.opens_think };
+    let (mut rx, guard) = submit(app, queued, reply.checked.clone())?;
     if reply.checked.stream {
-        let first = match rx.recv().await {
-            Some(Msg::Error(e)) => return Err(e),
-            Some(m) => m,
-            None => return Err(ApiError::internal("the engine ended the request without a reply")),
-        };
+        let first = first_message(&mut rx).await?;
         return Ok(stream(reply, first, rx, guard).into_response());
     }
     let _guard = guard;
@@ -364,19 +353,62 @@ async fn run(
     Ok(Json(whole_reply(&reply, choices, &summary)).into_response())
 }
 
+/// What a job is made of besides its checked sampling fields.
+pub(super) struct Queued {
+    pub prompt: Vec<u32>,
+    /// Tokens of the prompt that are earlier replies as they were generated (not retokenized).
+    pub kept_reply_tokens: usize,
+    pub top_logprobs: usize,
+    /// The `/metrics` label of the request.
+    pub endpoint: &'static str,
+    /// Chat replies: whether the prompt opened a `<think>` block; None for completions.
+    pub opens_think: Option<bool>,
+}
+
+/// Puts a job in the engine's queue: its messages come on the receiver. The guard goes with the handler
+/// (or the stream): dropping it takes a job that has not started off the queue, so a client that leaves
+/// frees its place.
+pub(super) fn submit(app: &App, q: Queued, checked: Checked) -> Result<(Receiver<Msg>, TicketGuard), ApiError> {
+    let (tx, rx) = channel(REPLY_BACKLOG);
+    let ticket = Ticket::new(app.shared.clone());
+    let job = Job {
+        prompt: q.prompt,
+        kept_reply_tokens: q.kept_reply_tokens,
+        checked,
+        top_logprobs: q.top_logprobs,
+        tx,
+        queued_at: Instant::now(),
+        time_limit: app.opts.request_timeout,
+        endpoint: q.endpoint,
+        ticket: ticket.clone(),
+        opens_think: q.opens_think,
+    };
+    enqueue(app, job)?;
+    Ok((rx, TicketGuard(ticket)))
+}
+
+/// A streamed job's first message, or its error as the HTTP answer (nothing has been sent yet).
+pub(super) async fn first_message(rx: &mut Receiver<Msg>) -> Result<Msg, ApiError> {
+    match rx.recv().await {
+        Some(Msg::Error(e)) => Err(e),
+        Some(m) => Ok(m),
+        None => Err(ApiError::internal("the engine ended the request without a reply")),
+    }
+}
+
 /// One choice as the engine finished it: why it stopped, its text, and its tokens (with log-probabilities
 /// when asked for).
-type Finished = (&'static str, String, Vec<TokenInfo>);
+pub(super) type Finished = (StopReason, String, Vec<TokenInfo>);
 
 /// Waits for every choice of a job that is not streamed, and its figures.
-async fn collect(rx: &mut Receiver<Msg>, n: usize) -> Result<(Vec<Option<Finished>>, Summary), ApiError> {
+pub(super) async fn collect(rx: &mut Receiver<Msg>, n: usize) -> Result<(Vec<Option<Finished>>, Summary), ApiError> {
     let mut choices: Vec<Option<Finished>> = (0..n).map(|_| None).collect();
     loop {
         match rx.recv().await {
             Some(Msg::Text { .. }) => {}
-            Some(Msg::ChoiceDone { choice, finish_reason, text, tokens }) => {
+            Some(Msg::ChoiceDone { choice, stop_reason, text, tokens }) => {
                 if let Some(c) = choices.get_mut(choice) {
-                    *c = Some((finish_reason, text, tokens));
+                    *c = Some((stop_reason, text, tokens));
                 }
             }
             Some(Msg::Done(s)) => return Ok((choices, *s)),
@@ -392,7 +424,8 @@ fn whole_reply(reply: &Reply, choices: Vec<Option<Finished>>, summary: &Summary)
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
-            let (finish, text, tokens) = c.unwrap_or(("stop", String::new(), Vec::new()));
+            let (stop, text, tokens) = c.unwrap_or((StopReason::Eog, String::new(), Vec::new()));
+            let finish = finish_reason(stop);
             match reply.endpoint {
                 Endpoint::Chat => json!({
                     "index": i,
@@ -542,7 +575,8 @@ impl Chunks {
                 };
                 self.pending.push_back(e);
             }
-            Msg::ChoiceDone { choice, finish_reason, tokens, .. } => {
+            Msg::ChoiceDone { choice, stop_reason, tokens, .. } => {
+                let finish_reason = finish_reason(stop_reason);
                 self.role(choice);
                 // What the splitter held back goes out before the end (an unclosed block's last words).
                 if let Some(splitter) = self.splitters.get_mut(choice).and_then(Option::as_mut) {

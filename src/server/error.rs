@@ -213,6 +213,19 @@ impl ApiError {
         }
     }
 
+    /// 503 of `GET /slots?fail_on_no_slot=1` (llama.cpp's): every slot has a request on it.
+    pub fn no_slot_available(slots: usize) -> ApiError {
+        ApiError {
+            code: Some("no_slot_available"),
+            retry_after_s: Some(1),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable_error",
+                format!("no slot available: all {slots} slots are processing a request (--parallel)"),
+            )
+        }
+    }
+
     pub fn shutting_down() -> ApiError {
         ApiError {
             code: Some("shutting_down"),

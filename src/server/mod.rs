@@ -1,5 +1,5 @@
 //! `strata serve`: an HTTP server (axum on tokio) over one engine. The OpenAI-compatible API is in
-//! [`api`] and [`openai`], the Strata API (health, devices, telemetry, events, cache, model, sim faults,
+//! [`api`] and [`openai`], llama.cpp's native `/completion` and `/slots` in [`native`], the Strata API (health, devices, telemetry, events, cache, model, sim faults,
 //! metrics) in [`status`], the engine thread and its FIFO queue in [`worker`], what they share in
 //! [`state`], errors in OpenAI's shape in [`error`], the web UI at `/` in [`ui`].
 //!
@@ -11,6 +11,7 @@
 pub mod api;
 pub mod error;
 pub mod guard;
+pub mod native;
 pub mod openai;
 pub mod state;
 pub mod status;
@@ -130,6 +131,9 @@ pub fn router(app: App) -> Router {
         .route("/chat/completions", post(api::chat))
         .route("/completions", post(api::completions))
         .route("/models", get(api::models))
+        // llama-server's native endpoints (its `/completions` alias stays the OpenAI path above).
+        .route("/completion", post(native::completion))
+        .route("/slots", get(native::slots))
         .route("/strata/devices", get(status::devices))
         .route("/strata/telemetry", get(status::telemetry))
         .route("/strata/events", get(status::events))

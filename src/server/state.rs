@@ -185,6 +185,9 @@ pub struct Shared {
     /// Sequences the engine runs at once (`--parallel`), and how many are generating now.
     pub slots: AtomicUsize,
     pub slots_busy: AtomicUsize,
+    /// Per slot (index = the session's slot number): whether a request is on it now (`GET /slots`).
+    /// Written by the engine thread with [`Shared::publish_slots`], together with the two counts above.
+    slot_busy: Mutex<Vec<bool>>,
     pub cache: Mutex<CacheView>,
     pub metrics: Metrics,
     /// No new request is taken; queued ones are answered 503.
@@ -225,6 +228,7 @@ impl Shared {
             busy: AtomicBool::new(false),
             slots: AtomicUsize::new(1),
             slots_busy: AtomicUsize::new(0),
+            slot_busy: Mutex::new(vec![false]),
             cache: Mutex::new(CacheView::default()),
             metrics: Metrics::new(),
             shutting_down: AtomicBool::new(false),
@@ -262,6 +266,28 @@ impl Shared {
         *self.health.lock_unpoisoned() = Some(why);
         self.exit_code.store(EXIT_DEVICE_FAULT, Ordering::Release);
         self.begin_shutdown();
+    }
+
+    /// The engine runs `total` slots and a request is on each of `busy` (slot numbers, each below
+    /// `total`): the per-slot flags of `/slots`, the counts of `/health` and `/metrics`, and `busy`.
+    pub fn publish_slots(&self, total: usize, busy: impl IntoIterator<Item = usize>) {
+        let mut flags = self.slot_busy.lock_unpoisoned();
+        flags.clear();
+        flags.resize(total, false);
+        for slot in busy {
+            if let Some(f) = flags.get_mut(slot) {
+                *f = true;
+            }
+        }
+        let n = flags.iter().filter(|&&b| b).count();
+        self.slots.store(total, Ordering::Release);
+        self.slots_busy.store(n, Ordering::Release);
+        self.busy.store(n > 0, Ordering::Release);
+    }
+
+    /// Whether a request is on each slot now, slot 0 first.
+    pub fn slot_flags(&self) -> Vec<bool> {
+        self.slot_busy.lock_unpoisoned().clone()
     }
 
     pub fn begin_shutdown(&self) {

@@ -131,8 +131,19 @@ pub struct TokenInfo {
 /// figures of the whole request; or an error.
 #[derive(Debug)]
 pub enum Msg {
-    Text { choice: usize, text: String, tokens: Vec<TokenInfo> },
-    ChoiceDone { choice: usize, finish_reason: &'static str, text: String, tokens: Vec<TokenInfo> },
+    Text {
+        choice: usize,
+        text: String,
+        tokens: Vec<TokenInfo>,
+    },
+    /// A choice ended: why (OpenAI's `finish_reason` is [`finish_reason`] of it; llama.cpp's native
+    /// `stop_type` tells an end-of-generation token from a stop string), its whole text and its tokens.
+    ChoiceDone {
+        choice: usize,
+        stop_reason: StopReason,
+        text: String,
+        tokens: Vec<TokenInfo>,
+    },
     Done(Box<Summary>),
     Error(ApiError),
 }
@@ -193,7 +204,7 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
     publish_cache(&session, &shared);
     let _ = ready.send(Ok(()));
     drop(ready);
-    shared.slots.store(session.parallel(), Ordering::Release);
+    shared.publish_slots(session.parallel(), []);
     if session.drafter().is_some() {
         run_serial(&mut session, &parts.tokenizer, &shared, &jobs);
     } else {
@@ -244,15 +255,13 @@ fn run_serial(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, job
         if !admit(shared, &job) {
             continue;
         }
-        shared.busy.store(true, Ordering::Release);
-        shared.slots_busy.store(1, Ordering::Release);
+        shared.publish_slots(1, [0]);
         serial += 1;
         let tx = job.tx.clone();
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             serve_job(session, tokenizer, shared, job, serial)
         }));
-        shared.busy.store(false, Ordering::Release);
-        shared.slots_busy.store(0, Ordering::Release);
+        shared.publish_slots(1, []);
         if run.is_err() {
             engine_failed(shared, std::iter::once(&tx));
             break;
@@ -316,8 +325,7 @@ fn run_batched<'a>(
                 Err(_) => return engine_failed(shared, running.iter().map(|r| &r.job.tx)),
             }
         }
-        shared.slots_busy.store(running.len(), Ordering::Release);
-        shared.busy.store(!running.is_empty(), Ordering::Release);
+        shared.publish_slots(session.parallel(), running.iter().map(|r| r.slot));
         if running.is_empty() {
             continue;
         }
@@ -351,8 +359,7 @@ fn run_batched<'a>(
                 Err(_) => return engine_failed(shared, running.iter().map(|r| &r.job.tx)),
             }
         }
-        shared.slots_busy.store(running.len(), Ordering::Release);
-        shared.busy.store(!running.is_empty(), Ordering::Release);
+        shared.publish_slots(session.parallel(), running.iter().map(|r| r.slot));
         if ended {
             publish_cache(session, shared);
         }
@@ -613,10 +620,7 @@ fn record_choice(
     if let Some(t) = tokens_of_text(tokenizer, &g.tokens, &g.text) {
         shared.replies.lock_unpoisoned().remember(&g.text, t);
     }
-    send(
-        &job.tx,
-        Msg::ChoiceDone { choice, finish_reason: finish_reason(g.stop_reason), text: g.text.clone(), tokens },
-    );
+    send(&job.tx, Msg::ChoiceDone { choice, stop_reason: g.stop_reason, text: g.text.clone(), tokens });
     let s = summary.get_or_insert_with(|| first_summary(job, served, serial, queue_ms));
     s.completion_tokens += g.tokens.len();
     if let Some(inside) = job.opens_think {

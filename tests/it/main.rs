@@ -16,6 +16,7 @@ mod gguf;
 mod hardening;
 mod kernels;
 mod model;
+mod native_api;
 mod parallel;
 mod plan_draft;
 mod quantize;
