@@ -178,7 +178,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
     log_ui(ui_dir.as_deref());
     let session =
         SessionConfig { kv_type: a.engine.kv, max_context, cache_slots: a.cache.cache_slots, cache_budget_bytes };
-    let parallel = parallel_of(&a, &loaded.model, spec.is_some())?;
+    let parallel = parallel_of(&a, &loaded.model, max_context, spec.is_some())?;
     tracing::info!("parallel: up to {parallel} requests generate at once (--parallel)");
     let opts = serve_options(&a, access, ui_dir, threads, spec, session, parallel);
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -196,19 +196,52 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
     strata::server::serve(opts, model, announce)
 }
 
-/// How many requests generate at once: `--parallel`, or 4 when every stage runs on the host's memory (the
-/// batched pass is the CPU's) and 1 with GPU stages; 1 with speculative decoding, which `--parallel` above 1
+/// Sequences the CPU default allows at most (more would lengthen every reply on a few cores).
+const CPU_PARALLEL_DEFAULT: usize = 4;
+
+/// How many requests generate at once: `--parallel`; else, when every stage runs on the host's memory (the
+/// batched pass is the CPU's), as many as the host can hold at the full context, up to 4 (the memory plan:
+/// each sequence's KV at `max_context` positions against the host's available memory); 1 with GPU stages
+/// (their pass runs sequences one after another) and with speculative decoding, which `--parallel` above 1
 /// contradicts.
-fn parallel_of(a: &ServeArgs, model: &strata::model::Model, speculative: bool) -> anyhow::Result<usize> {
+fn parallel_of(
+    a: &ServeArgs,
+    model: &strata::model::Model,
+    max_context: usize,
+    speculative: bool,
+) -> anyhow::Result<usize> {
     match (a.parallel, speculative) {
         (Some(n), true) if n > 1 => anyhow::bail!(
             "--parallel {n}: speculative decoding (--spec, --draft-model) runs one request at a time; drop one of the two"
         ),
         (Some(n), _) => Ok(n as usize),
         (None, true) => Ok(1),
-        (None, false) if model.placement.gpu.iter().all(Option::is_none) => Ok(4),
+        (None, false) if model.placement.gpu.iter().all(Option::is_none) => {
+            let p = &model.placement;
+            let per_sequence: u64 = p
+                .stages
+                .iter()
+                .map(|s| s.kv_device_bytes(max_context, p.kv_resident) + s.kv_host_bytes(max_context, p.kv_resident))
+                .sum();
+            let available = p.devices.host.sample_free().unwrap_or(u64::MAX);
+            let n = cpu_parallel(per_sequence, available.saturating_sub(strata::device::HOST_MARGIN_BYTES));
+            if n < CPU_PARALLEL_DEFAULT {
+                tracing::info!(
+                    "parallel: {n} (not {CPU_PARALLEL_DEFAULT}): a sequence's KV at {max_context} positions takes {}, the host has {} available",
+                    strata::device::mib(per_sequence),
+                    strata::device::mib(available)
+                );
+            }
+            Ok(n)
+        }
         (None, false) => Ok(1),
     }
+}
+
+/// Sequences of `per_sequence_bytes` each that `available_bytes` holds, from 1 to `CPU_PARALLEL_DEFAULT`.
+fn cpu_parallel(per_sequence_bytes: u64, available_bytes: u64) -> usize {
+    let fits = available_bytes.checked_div(per_sequence_bytes).unwrap_or(u64::MAX);
+    usize::try_from(fits).unwrap_or(usize::MAX).clamp(1, CPU_PARALLEL_DEFAULT)
 }
 
 /// Who may reach the server: the address it listens on, the API key, the browser origins and the Host names
@@ -420,6 +453,18 @@ fn redacted_args(args: impl Iterator<Item = String>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpu_default_is_what_the_host_holds_at_the_full_context_up_to_four() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(cpu_parallel(180 * MIB, 20_000 * MIB), 4);
+        assert_eq!(cpu_parallel(180 * MIB, 4 * 180 * MIB), 4);
+        assert_eq!(cpu_parallel(180 * MIB, 4 * 180 * MIB - 1), 3);
+        assert_eq!(cpu_parallel(5_000 * MIB, 11_000 * MIB), 2);
+        // Never below one: a lone sequence pages to the host ledger's limits as before.
+        assert_eq!(cpu_parallel(5_000 * MIB, 100 * MIB), 1);
+        assert_eq!(cpu_parallel(0, 0), 4);
+    }
 
     #[test]
     fn hosts_and_keys() {
