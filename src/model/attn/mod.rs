@@ -23,7 +23,8 @@
 //! read the same keys (the heads of a GQA group, or the next token's) take a tile together, two on AVX2 and
 //! three on AVX-512, so each K and V vector is loaded once for them all; each query's operations and their
 //! order are the ones it gets alone. Scratch lives per thread
-//! (`SCRATCH`) and the chunk states in the caller's `PARTIALS`: decoding allocates nothing per token.
+//! (`SCRATCH`), the work items in the caller's `ITEMS` and the chunk states in its `PARTIALS`: a call
+//! allocates only the list of its sequences' layers (`attention_many`'s `parts`, one entry per sequence).
 //!
 //! With int8 KV (q8_0 rows) the scores are integer dot products, as llama.cpp's quantized-KV path: each
 //! query is quantized to q8_0 once per call (`quantize_queries`, the activations' quantizer), the K tile
