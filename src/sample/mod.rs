@@ -12,11 +12,11 @@
 //! Banned ids are removed before the chain starts, so no step can bring them back.
 
 pub mod defaults;
+mod rng;
 
 use std::collections::HashMap;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha20Rng;
+use rng::SamplerRng;
 
 /// How to pick tokens. Each filter has an "off" value; `Default` is llama.cpp's default chain.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,7 +40,8 @@ pub struct SamplerConfig {
     pub presence_penalty: f32,
     /// Subtracted `count` times from the logit of a token seen `count` times in the window; 0 turns it off.
     pub frequency_penalty: f32,
-    /// Seed of the ChaCha20 generator: the same seed, logits and history give the same tokens.
+    /// Seed of the random stream: the same seed, logits and history give the same tokens, and the stream is
+    /// llama.cpp's for that seed (MT19937, see `rng`).
     pub seed: u64,
 }
 
@@ -99,14 +100,14 @@ struct Candidate {
 /// Picks tokens with one configuration and one random stream.
 pub struct Sampler {
     cfg: SamplerConfig,
-    rng: ChaCha20Rng,
+    rng: SamplerRng,
     /// Reused between calls so that sampling does not allocate a vocabulary-sized list per token.
     candidates: Vec<Candidate>,
 }
 
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Sampler {
-        let rng = ChaCha20Rng::seed_from_u64(cfg.seed);
+        let rng = SamplerRng::new(cfg.seed);
         Sampler { cfg, rng, candidates: Vec::new() }
     }
 
@@ -165,17 +166,18 @@ impl Sampler {
 
     /// A uniform number in [0, 1) from the sampler's stream (speculative sampling's acceptance test).
     pub fn uniform(&mut self) -> f64 {
-        self.rng.gen()
+        self.rng.uniform()
     }
 
     /// Draws an id from `dist` (`(id, probability)` pairs summing to 1) with the sampler's stream.
     pub fn draw_from(&mut self, dist: &[(u32, f64)]) -> Option<u32> {
-        let mut u: f64 = self.rng.gen();
+        let u = self.rng.uniform();
+        let mut cum = 0.0;
         for &(id, q) in dist {
-            if u < q {
+            cum += q;
+            if q > 0.0 && cum >= u {
                 return Some(id);
             }
-            u -= q;
         }
         dist.iter().rev().find(|&&(_, q)| q > 0.0).map(|&(id, _)| id)
     }
@@ -336,15 +338,17 @@ fn min_p(cands: &mut Vec<Candidate>, p: f32) {
     cands.truncate(keep);
 }
 
-/// Draws one candidate with probability softmax(logit).
-fn draw(cands: &[Candidate], rng: &mut ChaCha20Rng) -> u32 {
+/// Draws one candidate with probability softmax(logit), as llama.cpp's `dist` does: the first candidate
+/// (best first) at which the running sum of probabilities reaches the uniform number.
+fn draw(cands: &[Candidate], rng: &mut SamplerRng) -> u32 {
     let probs = probabilities(cands);
-    let mut u: f64 = rng.gen();
+    let u = rng.uniform();
+    let mut cum = 0.0;
     for (c, &q) in cands.iter().zip(&probs) {
-        if u < q {
+        cum += q;
+        if q > 0.0 && cum >= u {
             return c.id;
         }
-        u -= q;
     }
     // Rounding left `u` just above the total: the draw landed on the last candidate that can be drawn.
     let last = probs.iter().rposition(|&q| q > 0.0).unwrap_or(0);
@@ -579,6 +583,16 @@ mod tests {
         seen.sort_unstable();
         seen.dedup();
         assert!(seen.len() > 40, "only {} distinct ids", seen.len());
+    }
+
+    /// llama.cpp b11312's `dist` over these logits with `std::mt19937(7)`, run as C++ (the draw loop of
+    /// `llama_sampler_dist_apply`, g++ 12 / libstdc++): the ids it picks, in order.
+    #[test]
+    fn a_seed_draws_what_llama_cpp_draws_for_it() {
+        let mut s = Sampler::new(SamplerConfig { seed: 7, ..cfg(1.0, 0, 1.0, 0.0) });
+        let l = [0.0f32, 0.5f32.ln(), 0.25f32.ln(), 0.25f32.ln()];
+        let got: Vec<u32> = (0..16).map(|_| s.sample(&l, &[], &[])).collect();
+        assert_eq!(got, [0, 0, 3, 0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 1, 1, 1]);
     }
 
     #[test]
