@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{channel, Receiver};
 
@@ -26,6 +26,7 @@ use crate::tokenizer::reasoning::{split_reply, ReasoningSplitter, Split};
 use crate::tokenizer::turns;
 
 use super::error::ApiError;
+use super::fair::{ClientKey, Peer};
 use super::openai::{self, ChatRequest, Checked, CompletionRequest, PromptInput};
 use super::worker::{finish_reason, Job, Msg, Ticket, TicketGuard, TokenInfo, REPLY_BACKLOG};
 use super::App;
@@ -218,13 +219,18 @@ struct Reply {
     opens_think: Option<bool>,
 }
 
-pub async fn chat(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
-    let r = chat_inner(&app, &headers, body).await;
+pub async fn chat(State(app): State<App>, peer: Option<Extension<Peer>>, headers: HeaderMap, body: Body) -> Response {
+    let r = chat_inner(&app, peer.map(|p| p.0), &headers, body).await;
     respond(&app, r)
 }
 
-pub async fn completions(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
-    let r = completions_inner(&app, &headers, body).await;
+pub async fn completions(
+    State(app): State<App>,
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let r = completions_inner(&app, peer.map(|p| p.0), &headers, body).await;
     respond(&app, r)
 }
 
@@ -238,7 +244,7 @@ pub(super) fn respond(app: &App, r: Result<Response, ApiError>) -> Response {
     }
 }
 
-async fn chat_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn chat_inner(app: &App, peer: Option<Peer>, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
     check_admission(app)?;
     // Bodies being read and prepared at once are bounded, so that many clients cannot make the server hold
     // many bodies before the queue refuses them.
@@ -253,6 +259,7 @@ async fn chat_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Respon
     checked.params.logprobs = logprobs;
     let kwargs = req.template_kwargs()?;
     let splits_reasoning = req.splits_reasoning()?;
+    let client = ClientKey::of(req.user.as_deref(), peer);
     drop(req);
     // Earlier replies the engine generated go in as their tokens (taken out now: the engine thread adds
     // to the store while this renders).
@@ -282,10 +289,15 @@ async fn chat_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Respon
         reasoning: splits_reasoning.then_some(prompt.opens_think),
         opens_think: Some(prompt.opens_think),
     };
-    run(app, prompt.tokens, prompt.kept_reply_tokens, top, reply).await
+    run(app, client, prompt.tokens, prompt.kept_reply_tokens, top, reply).await
 }
 
-async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn completions_inner(
+    app: &App,
+    peer: Option<Peer>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     check_admission(app)?;
     // Bodies being read and prepared at once are bounded, so that many clients cannot make the server hold
     // many bodies before the queue refuses them.
@@ -299,6 +311,7 @@ async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result
     let logprobs = req.logprobs.is_some();
     checked.params.logprobs = logprobs;
     let prompt = completion_prompt(app, &req.prompt).await?;
+    let client = ClientKey::of(req.user.as_deref(), peer);
     drop(req);
     let reply = Reply {
         endpoint: Endpoint::Completion,
@@ -310,7 +323,7 @@ async fn completions_inner(app: &App, headers: &HeaderMap, body: Body) -> Result
         reasoning: None,
         opens_think: None,
     };
-    run(app, prompt, 0, top, reply).await
+    run(app, client, prompt, 0, top, reply).await
 }
 
 /// A completion's `prompt` as tokens: a string tokenized (with BOS, special tokens parsed) off the async
@@ -333,6 +346,7 @@ pub(super) async fn completion_prompt(app: &App, prompt: &Option<openai::Prompt>
 /// `kept_reply_tokens`: tokens of the prompt that are earlier replies as they were generated.
 async fn run(
     app: &App,
+    client: ClientKey,
     prompt: Vec<u32>,
     kept_reply_tokens: usize,
     top_logprobs: usize,
@@ -342,7 +356,7 @@ async fn run(
         Endpoint::Chat => "chat",
         Endpoint::Completion => "completions",
     };
-    let queued = Queued { prompt, kept_reply_tokens, top_logprobs, endpoint, opens_think: reply.opens_think };
+    let queued = Queued { prompt, kept_reply_tokens, top_logprobs, endpoint, opens_think: reply.opens_think, client };
     let (mut rx, guard) = submit(app, queued, reply.checked.clone())?;
     if reply.checked.stream {
         let first = first_message(&mut rx).await?;
@@ -363,6 +377,8 @@ pub(super) struct Queued {
     pub endpoint: &'static str,
     /// Chat replies: whether the prompt opened a `<think>` block; None for completions.
     pub opens_think: Option<bool>,
+    /// The lane it waits in.
+    pub client: ClientKey,
 }
 
 /// Puts a job in the engine's queue: its messages come on the receiver. The guard goes with the handler
@@ -382,6 +398,7 @@ pub(super) fn submit(app: &App, q: Queued, checked: Checked) -> Result<(Receiver
         endpoint: q.endpoint,
         ticket: ticket.clone(),
         opens_think: q.opens_think,
+        client: q.client,
     };
     enqueue(app, job)?;
     Ok((rx, TicketGuard(ticket)))

@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod error;
+pub mod fair;
 pub mod guard;
 pub mod native;
 pub mod openai;
@@ -30,6 +31,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use tower::ServiceExt;
 
 use crate::engine::session::SessionConfig;
 use crate::model::Model;
@@ -277,7 +279,7 @@ async fn accept_loop(app: App, on_listening: impl FnOnce(SocketAddr)) -> anyhow:
     let router = router(app);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     while !*shutdown.borrow() {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(c) => c,
                 Err(e) => {
@@ -295,7 +297,14 @@ async fn accept_loop(app: App, on_listening: impl FnOnce(SocketAddr)) -> anyhow:
             tokio::spawn(refuse_connection(stream, max_connections));
             continue;
         };
-        let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+        // The handlers read the peer's address from the request (the queue's lanes, `fair`).
+        let peer = fair::Peer(peer.ip());
+        let svc = hyper_util::service::TowerToHyperService::new(router.clone().map_request(
+            move |mut req: Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(peer);
+                req
+            },
+        ));
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)

@@ -18,7 +18,7 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::Receiver;
@@ -28,6 +28,7 @@ use crate::telemetry::Summary;
 
 use super::api::{self, Queued};
 use super::error::ApiError;
+use super::fair::{ClientKey, Peer};
 use super::openai::{self, Checked, Common, Prompt, Stop};
 use super::worker::{Msg, TicketGuard};
 use super::App;
@@ -153,12 +154,22 @@ impl NativeRequest {
 }
 
 /// `POST /completion`.
-pub async fn completion(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
-    let r = completion_inner(&app, &headers, body).await;
+pub async fn completion(
+    State(app): State<App>,
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let r = completion_inner(&app, peer.map(|p| p.0), &headers, body).await;
     api::respond(&app, r)
 }
 
-async fn completion_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn completion_inner(
+    app: &App,
+    peer: Option<Peer>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     api::check_admission(app)?;
     // Bodies being read and prepared at once are bounded, as on /v1.
     let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
@@ -171,7 +182,10 @@ async fn completion_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<
     let prompt = api::completion_prompt(app, &req.prompt).await?;
     drop(req);
     let answer = Answer { model: app.model.id.clone(), prompt_tokens: prompt.len(), checked: checked.clone() };
-    let queued = Queued { prompt, kept_reply_tokens: 0, top_logprobs: 0, endpoint: "completion", opens_think: None };
+    // llama.cpp's request has no `user` field: the lane is the client's address.
+    let client = ClientKey::of(None, peer);
+    let queued =
+        Queued { prompt, kept_reply_tokens: 0, top_logprobs: 0, endpoint: "completion", opens_think: None, client };
     let (mut rx, guard) = api::submit(app, queued, checked)?;
     if answer.checked.stream {
         let first = api::first_message(&mut rx).await?;

@@ -1,5 +1,5 @@
 //! The engine thread of `strata serve`: one session (its live sequences and the conversation cache) fed by a
-//! FIFO queue of jobs. Up to `--parallel` jobs generate at once, one per slot, their streams advanced
+//! queue of jobs, round-robin between clients (`fair`). Up to `--parallel` jobs generate at once, one per slot, their streams advanced
 //! together by one batched pass per step (continuous batching: a job starts as soon as a slot is free and
 //! leaves when it is done); with speculative decoding, one job at a time. A job's replies go back over its
 //! own channel; when the client goes away the channel closes, and the job ends at its next token (or is
@@ -28,6 +28,7 @@ use crate::tokenizer::turns::tokens_of_text;
 use crate::tokenizer::Tokenizer;
 
 use super::error::ApiError;
+use super::fair::{ClientKey, FairQueue, Laned};
 use super::openai::Checked;
 use super::state::{CacheView, ParkedView, Shared};
 
@@ -53,6 +54,14 @@ pub struct Job {
     /// A chat reply: Some(whether the prompt opened a `<think>` block), for the usage's reasoning tokens;
     /// None for a plain completion (no reasoning counted).
     pub opens_think: Option<bool>,
+    /// The lane it waits in.
+    pub client: ClientKey,
+}
+
+impl Laned for Job {
+    fn client(&self) -> &ClientKey {
+        &self.client
+    }
 }
 
 /// Who takes a queued job first: the engine (it starts) or its client (it left). Whoever wins takes the job
@@ -205,11 +214,12 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
     let _ = ready.send(Ok(()));
     drop(ready);
     shared.publish_slots(session.parallel(), []);
+    let mut queue = FairQueue::new(jobs);
     if session.drafter().is_some() {
-        run_serial(&mut session, &parts.tokenizer, &shared, &jobs);
+        run_serial(&mut session, &parts.tokenizer, &shared, &mut queue);
     } else {
         let budget = parts.model.placement.batch;
-        run_batched(&mut session, &parts.tokenizer, &shared, &jobs, budget);
+        run_batched(&mut session, &parts.tokenizer, &shared, &mut queue, budget);
     }
 }
 
@@ -249,9 +259,9 @@ fn engine_failed<'t>(shared: &Shared, txs: impl Iterator<Item = &'t Sender<Msg>>
 }
 
 /// One job at a time, each on slot 0 (speculative decoding).
-fn run_serial(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, jobs: &Receiver<Job>) {
+fn run_serial(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, queue: &mut FairQueue<Job>) {
     let mut serial = 0u64;
-    while let Ok(job) = jobs.recv() {
+    while let Some(job) = queue.next(true) {
         if !admit(shared, &job) {
             continue;
         }
@@ -294,23 +304,18 @@ fn run_batched<'a>(
     session: &mut Session<'a>,
     tokenizer: &'a Tokenizer,
     shared: &'a Shared,
-    jobs: &Receiver<Job>,
+    queue: &mut FairQueue<Job>,
     budget: usize,
 ) {
     let mut running: Vec<Running<'a>> = Vec::new();
     let mut serial = 0u64;
     loop {
         while running.len() < session.parallel() {
-            let job = if running.is_empty() {
-                match jobs.recv() {
-                    Ok(j) => j,
-                    Err(_) => return,
+            let Some(job) = queue.next(running.is_empty()) else {
+                if running.is_empty() {
+                    return;
                 }
-            } else {
-                match jobs.try_recv() {
-                    Ok(j) => j,
-                    Err(_) => break,
-                }
+                break;
             };
             if !admit(shared, &job) {
                 continue;

@@ -104,3 +104,48 @@ fn parallel_with_speculative_decoding_is_refused_with_a_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--parallel 2") && err.contains("one request at a time"), "{err}");
 }
+
+/// Four requests of one client are queued and running one at a time (`--parallel 1`) when another client
+/// sends one: the order in which the five finish (labels).
+fn finish_order(agent_user: Option<&str>, editor_user: Option<&str>) -> Vec<String> {
+    let s = Arc::new(Server::start(&["-c", "1024", "--parallel", "1"]));
+    let body = |user: Option<&str>| {
+        let mut b = json!({"prompt": "Once upon a time", "max_tokens": 160, "temperature": 0, "ignore_eos": true});
+        if let Some(u) = user {
+            b["user"] = json!(u);
+        }
+        b
+    };
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let send = |label: String, b: Value| {
+        let (s, order) = (s.clone(), order.clone());
+        std::thread::spawn(move || {
+            let r = s.post("/v1/completions", &b);
+            assert_eq!(r.status, 200, "{label}: {}", r.text());
+            order.lock().unwrap().push(label);
+        })
+    };
+    let mut clients: Vec<_> = (0..4).map(|i| send(format!("agent {i}"), body(agent_user))).collect();
+    // All four are in the queue (one of them running) before the other client sends.
+    while s.get("/health").json()["accepted"].as_u64().unwrap_or(0) < 4 {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    clients.push(send("editor".into(), body(editor_user)));
+    for c in clients {
+        c.join().expect("client");
+    }
+    let order = order.lock().unwrap().clone();
+    order
+}
+
+#[test]
+fn a_client_with_many_queued_requests_takes_turns_with_another_client() {
+    let _one = common::one_at_a_time();
+    // Different `user` fields: two lanes. The editor's request starts as soon as the agent's first is done,
+    // not after all four.
+    let order = finish_order(Some("agent"), Some("editor"));
+    assert_eq!(order[1], "editor", "{order:?}");
+    // No `user`: both connect from loopback, one lane, served in the order sent.
+    let order = finish_order(None, None);
+    assert_eq!(order[4], "editor", "{order:?}");
+}
