@@ -48,11 +48,11 @@ pub struct BenchArgs {
     /// Timed repetitions of each test
     #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub reps: u32,
-    /// Print one JSON object instead of a table
     /// The tg tests decode this many sequences at once, each from its own context of the test's depth,
     /// in one batched pass per step (`strata serve --parallel`): reported as `tgN x S`, aggregate tok/s
     #[arg(long = "streams", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub streams: u32,
+    /// Print one JSON object instead of a table
     #[arg(long = "json")]
     pub json: bool,
     /// Also measure memory: each GPU's device and host-to-device bandwidth (and the decode floor they set),

@@ -2,8 +2,9 @@
 //! type, a value out of range or a field the server does not know is a 400 naming the field, in OpenAI's
 //! error JSON. What passes becomes the engine's [`GenerateParams`] and the choices to make.
 //!
-//! Fields are as in the official API reference. Accepted and ignored (they change nothing here): `user`,
-//! `metadata`, `store`, `service_tier`, `parallel_tool_calls`, `best_of` of 1. Refused with a clear error
+//! Fields are as in the official API reference. `user` names the client's lane in the queue (`fair`).
+//! Accepted and ignored (they change nothing here): `metadata`, `store`, `service_tier`,
+//! `parallel_tool_calls`, `best_of` of 1. Refused with a clear error
 //! unless empty: tools and functions, `logit_bias`, a `response_format` other than text. Extra sampling
 //! fields that llama.cpp's server takes: `top_k`, `min_p`, `repeat_penalty`, `repeat_last_n`,
 //! `ignore_eos`.
