@@ -93,6 +93,7 @@ fn generate_params(a: &ChatArgs, sampler: SamplerConfig) -> GenerateParams {
         stop: a.sampling.stop.clone(),
         top_logprobs: 0,
         logprobs: false,
+        post_sampling: false,
         batch: a.engine.batch as usize,
     }
 }

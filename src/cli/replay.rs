@@ -363,6 +363,7 @@ impl Replay<'_> {
             stop: Vec::new(),
             top_logprobs: 0,
             logprobs: false,
+            post_sampling: false,
             batch: self.batch,
         }
     }

@@ -54,6 +54,7 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
         // Only --json prints them; without it they would be computed for nothing.
         top_logprobs: if a.json { a.top_logprobs as usize } else { 0 },
         logprobs: false,
+        post_sampling: false,
         batch: a.engine.batch as usize,
     };
     let stdout = std::io::stdout();

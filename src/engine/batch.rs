@@ -55,7 +55,7 @@ impl<'m> Stream<'m> {
     ) -> Result<Stream<'m>, EngineError> {
         let reused = keep_prefix(seq, prompt)?;
         Ok(Stream {
-            dec: Decoder::new(model, tokenizer, pool, params, reused),
+            dec: Decoder::new(model, tokenizer, pool, params, prompt, reused),
             prompt: prompt.to_vec(),
             read: reused,
             chunk: params.batch.max(1),

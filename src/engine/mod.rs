@@ -60,6 +60,9 @@ pub struct GenerateParams {
     pub top_logprobs: usize,
     /// Record the log-probability of every chosen token (also on when `top_logprobs > 0`).
     pub logprobs: bool,
+    /// The recorded log-probabilities are those of the distribution the sampler draws from (penalties,
+    /// filters and temperature applied: llama.cpp's `post_sampling_probs`), not of the model's softmax.
+    pub post_sampling: bool,
     pub batch: usize,
 }
 
@@ -72,6 +75,7 @@ impl Default for GenerateParams {
             stop: Vec::new(),
             top_logprobs: 0,
             logprobs: false,
+            post_sampling: false,
             batch: DEFAULT_BATCH,
         }
     }
@@ -239,20 +243,55 @@ struct Emitter<'t> {
     stops: StopStrings,
     top_logprobs: usize,
     logprobs: bool,
+    /// With `post_sampling`: the chain the figures come from instead of the softmax.
+    post_sampling: Option<PostSampling>,
     /// Bytes of `out.text` already passed to the observer.
     emitted: usize,
+}
+
+/// The sampler's own distribution for the recorded figures (`GenerateParams::post_sampling`): a second
+/// sampler with the request's configuration (it draws nothing, so the request's random stream is untouched)
+/// and the history its penalties look at.
+struct PostSampling {
+    sampler: Sampler,
+    banned: Vec<u32>,
+    /// The prompt's last `repeat_last_n` tokens: the penalty window before any output.
+    prompt_tail: Vec<u32>,
+}
+
+impl PostSampling {
+    /// `(id, probability)` of every token the chain could draw after `generated`, most likely first.
+    fn distribution(&mut self, logits: &[f32], generated: &[u32]) -> Vec<(u32, f64)> {
+        let window = self.sampler.config().repeat_last_n;
+        let dist = if generated.len() >= window {
+            self.sampler.distribution(logits, &generated[generated.len() - window..], &self.banned)
+        } else {
+            let history: Vec<u32> = self.prompt_tail.iter().chain(generated).copied().collect();
+            self.sampler.distribution(logits, &history, &self.banned)
+        };
+        dist.unwrap_or_default()
+    }
 }
 
 impl Emitter<'_> {
     /// Adds `id`, chosen from `logits`, to the output; the reason to stop there, if any.
     fn push(&mut self, out: &mut Generation, logits: &[f32], id: u32, obs: &mut dyn Observer) -> Option<StopReason> {
-        if self.top_logprobs > 0 {
-            out.top_logprobs.push(log_softmax_top_k(logits, self.top_logprobs));
+        if let Some(post) = &mut self.post_sampling {
+            let dist = post.distribution(logits, &out.tokens);
+            let ln = |p: f64| p.ln() as f32;
+            if self.top_logprobs > 0 {
+                out.top_logprobs.push(dist.iter().take(self.top_logprobs).map(|&(t, p)| (t, ln(p))).collect());
+            }
+            out.token_logprobs.push(ln(crate::sample::prob_in(&dist, id)));
+        } else {
+            if self.top_logprobs > 0 {
+                out.top_logprobs.push(log_softmax_top_k(logits, self.top_logprobs));
+            }
+            if self.logprobs {
+                out.token_logprobs.push(log_prob_of(logits, id));
+            }
         }
         out.tokens.push(id);
-        if self.logprobs {
-            out.token_logprobs.push(log_prob_of(logits, id));
-        }
         if !self.ignore_eos && self.eog.contains(&id) {
             return Some(StopReason::Eog);
         }
@@ -341,7 +380,7 @@ pub fn generate(
     let mut out = Generation::empty(prompt.len(), reused, t0.elapsed().as_secs_f64() * 1e3);
 
     let t1 = Instant::now();
-    let mut dec = Decoder::new(model, tokenizer, pool, params, reused);
+    let mut dec = Decoder::new(model, tokenizer, pool, params, prompt, reused);
     // The token just chosen (not yet in the KV cache) and the logits it was chosen from.
     let mut id = dec.sample(&logits, &seq.tokens)?;
     let mut id_logits = logits;
@@ -442,10 +481,16 @@ impl<'m> Decoder<'m> {
         tokenizer: &'m Tokenizer,
         pool: &'m ThreadPool,
         params: &GenerateParams,
+        prompt: &[u32],
         reused: usize,
     ) -> Decoder<'m> {
         let eog = tokenizer.eog_ids();
         let banned: Vec<u32> = if params.ignore_eos { eog.to_vec() } else { Vec::new() };
+        let post_sampling = params.post_sampling.then(|| PostSampling {
+            sampler: Sampler::new(params.sampler.clone()),
+            banned: banned.clone(),
+            prompt_tail: prompt[prompt.len().saturating_sub(params.sampler.repeat_last_n)..].to_vec(),
+        });
         let emit = Emitter {
             tokenizer,
             eog,
@@ -454,6 +499,7 @@ impl<'m> Decoder<'m> {
             stops: StopStrings::new(params.stop.iter().cloned()),
             top_logprobs: params.top_logprobs,
             logprobs: params.logprobs || params.top_logprobs > 0,
+            post_sampling,
             emitted: 0,
         };
         let sampler = Sampler::new(params.sampler.clone());

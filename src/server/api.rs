@@ -173,7 +173,7 @@ fn chat_logprobs(tokens: &[TokenInfo]) -> Value {
                 "token": lossy(&t.bytes),
                 "logprob": t.logprob,
                 "bytes": t.bytes,
-                "top_logprobs": t.top.iter().map(|(b, lp)| json!({"token": lossy(b), "logprob": lp, "bytes": b}))
+                "top_logprobs": t.top.iter().map(|(_, b, lp)| json!({"token": lossy(b), "logprob": lp, "bytes": b}))
                     .collect::<Vec<_>>(),
             })
         })
@@ -191,7 +191,7 @@ fn completion_logprobs(tokens: &[TokenInfo], offset: &mut usize) -> Value {
         "tokens": tokens.iter().map(|t| lossy(&t.bytes)).collect::<Vec<_>>(),
         "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
         "top_logprobs": tokens.iter().map(|t| {
-            let m: serde_json::Map<String, Value> = t.top.iter().map(|(b, lp)| (lossy(b), json!(lp))).collect();
+            let m: serde_json::Map<String, Value> = t.top.iter().map(|(_, b, lp)| (lossy(b), json!(lp))).collect();
             Value::Object(m)
         }).collect::<Vec<_>>(),
         "text_offset": offsets,

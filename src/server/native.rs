@@ -3,9 +3,11 @@
 //! already does: the same body limits, field checks, queue, engine jobs and errors (OpenAI's JSON shape, a
 //! 400 naming the field); only the request's field names and the answer's shape are llama.cpp's.
 //!
-//! `/completion` takes llama.cpp's names (`n_predict`, `temperature`, `seed`, `stop`, `top_k`, ...); a
-//! field this server cannot honour (`n_probs`, `logit_bias`, `grammar`, `json_schema`, `return_tokens`,
-//! a chosen `id_slot`, ...) is refused by name rather than ignored. `/slots` shows per slot only what is
+//! `/completion` takes llama.cpp's names (`n_predict`, `temperature`, `seed`, `stop`, `top_k`, ...) and
+//! answers as llama.cpp does, with `completion_probabilities` for `n_probs` (the model's log-probabilities,
+//! or with `post_sampling_probs` the probabilities of the distribution the sampler drew from) and the
+//! generated ids in `tokens` for `return_tokens`; a field this server cannot honour (`logit_bias`,
+//! `grammar`, `json_schema`, a chosen `id_slot`, ...) is refused by name rather than ignored. `/slots` shows per slot only what is
 //! safe to show to every key holder: its number, its context, whether it drafts and whether a request is on
 //! it, never a prompt or a reply. `/completions` stays the OpenAI path (as documented), unlike llama-server.
 
@@ -30,7 +32,7 @@ use super::api::{self, Queued};
 use super::error::ApiError;
 use super::fair::{ClientKey, Peer};
 use super::openai::{self, Checked, Common, Prompt, Stop};
-use super::worker::{Msg, TicketGuard};
+use super::worker::{Msg, TicketGuard, TokenInfo};
 use super::App;
 
 /// The body of `POST /completion`, as llama-server reads it (the fields Strata has).
@@ -62,23 +64,28 @@ pub struct NativeRequest {
     pub cache_prompt: Option<bool>,
     /// With one model served, any name is answered by it (as on /v1; `--strict-model` checks it).
     pub model: Option<String>,
-    // Refused unless they ask for nothing (see `refuse_unsupported`).
+    /// The most likely tokens to show beside each generated one (0 to [`MAX_N_PROBS`]).
     pub n_probs: Option<i64>,
+    /// `n_probs` figures from the sampler's distribution (`prob`, `top_probs`) instead of the model's
+    /// (`logprob`, `top_logprobs`).
+    pub post_sampling_probs: Option<bool>,
+    /// The generated token ids in the answer's `tokens`.
+    pub return_tokens: Option<bool>,
+    // Refused unless they ask for nothing (see `refuse_unsupported`).
     pub logit_bias: Option<Value>,
     pub grammar: Option<String>,
     pub json_schema: Option<Value>,
-    pub return_tokens: Option<bool>,
     pub id_slot: Option<i64>,
 }
+
+/// The most `n_probs` a request may ask for.
+pub const MAX_N_PROBS: i64 = 100;
 
 impl NativeRequest {
     /// The fields asked for that Strata does not have: a 400 naming the first, not a silent default.
     fn refuse_unsupported(&self) -> Result<(), ApiError> {
-        if self.n_probs.is_some_and(|n| n != 0) {
-            return Err(ApiError::invalid(
-                "n_probs",
-                "n_probs is not supported on /completion: use /v1/completions with logprobs",
-            ));
+        if let Some(n) = self.n_probs.filter(|n| !(0..=MAX_N_PROBS).contains(n)) {
+            return Err(ApiError::invalid("n_probs", format!("n_probs must be from 0 to {MAX_N_PROBS}, got {n}")));
         }
         let bias_empty = match &self.logit_bias {
             None | Some(Value::Null) => true,
@@ -94,12 +101,6 @@ impl NativeRequest {
         }
         if self.json_schema.as_ref().is_some_and(|s| !s.is_null()) {
             return Err(ApiError::invalid("json_schema", "json_schema (constrained output) is not supported"));
-        }
-        if self.return_tokens == Some(true) {
-            return Err(ApiError::invalid(
-                "return_tokens",
-                "return_tokens is not supported: the answer has no token ids",
-            ));
         }
         if let Some(id) = self.id_slot.filter(|&id| id != -1) {
             return Err(ApiError::invalid(
@@ -178,14 +179,33 @@ async fn completion_inner(
     drop(bytes);
     api::check_model(app, &req.model)?;
     req.refuse_unsupported()?;
-    let checked = openai::check_common(&req.common()?, &req.stop, app.opts.batch, &app.model.sampling)?;
+    let mut checked = openai::check_common(&req.common()?, &req.stop, app.opts.batch, &app.model.sampling)?;
+    let n_probs = req.n_probs.unwrap_or(0) as usize;
+    let return_tokens = req.return_tokens.unwrap_or(false);
+    let post_sampling = n_probs > 0 && req.post_sampling_probs.unwrap_or(false);
+    // Token ids and figures travel with the engine's messages only when log-probabilities are on.
+    checked.params.logprobs = n_probs > 0 || return_tokens;
+    checked.params.post_sampling = post_sampling;
     let prompt = api::completion_prompt(app, &req.prompt).await?;
     drop(req);
-    let answer = Answer { model: app.model.id.clone(), prompt_tokens: prompt.len(), checked: checked.clone() };
+    let answer = Answer {
+        model: app.model.id.clone(),
+        prompt_tokens: prompt.len(),
+        checked: checked.clone(),
+        n_probs,
+        post_sampling,
+        return_tokens,
+    };
     // llama.cpp's request has no `user` field: the lane is the client's address.
     let client = ClientKey::of(None, peer);
-    let queued =
-        Queued { prompt, kept_reply_tokens: 0, top_logprobs: 0, endpoint: "completion", opens_think: None, client };
+    let queued = Queued {
+        prompt,
+        kept_reply_tokens: 0,
+        top_logprobs: n_probs,
+        endpoint: "completion",
+        opens_think: None,
+        client,
+    };
     let (mut rx, guard) = api::submit(app, queued, checked)?;
     if answer.checked.stream {
         let first = api::first_message(&mut rx).await?;
@@ -193,8 +213,10 @@ async fn completion_inner(
     }
     let _guard = guard;
     let (mut choices, summary) = api::collect(&mut rx, 1).await?;
-    let (stop, text, _) = choices.pop().flatten().unwrap_or((StopReason::Eog, String::new(), Vec::new()));
-    Ok(Json(answer.last(&text, stop, &text, &summary)).into_response())
+    let (stop, text, tokens) = choices.pop().flatten().unwrap_or((StopReason::Eog, String::new(), Vec::new()));
+    let mut last = answer.last(&text, stop, &text, &summary);
+    answer.add_tokens(&mut last, &tokens);
+    Ok(Json(last).into_response())
 }
 
 /// What the answer's objects are made from besides the engine's messages.
@@ -202,6 +224,9 @@ struct Answer {
     model: String,
     prompt_tokens: usize,
     checked: Checked,
+    n_probs: usize,
+    post_sampling: bool,
+    return_tokens: bool,
 }
 
 impl Answer {
@@ -228,9 +253,54 @@ impl Answer {
         })
     }
 
-    /// One streamed piece of text.
-    fn piece(&self, text: &str) -> Value {
-        json!({"index": 0, "content": text, "stop": false, "tokens_evaluated": self.prompt_tokens})
+    /// One streamed piece of text, made of `tokens`.
+    fn piece(&self, text: &str, tokens: &[TokenInfo]) -> Value {
+        let mut v = json!({"index": 0, "content": text, "stop": false, "tokens_evaluated": self.prompt_tokens});
+        self.add_tokens(&mut v, tokens);
+        v
+    }
+
+    /// llama.cpp's `tokens` (the ids, with `return_tokens`; otherwise empty) and `completion_probabilities`
+    /// (with `n_probs`) of `tokens`, added to an answer object.
+    fn add_tokens(&self, v: &mut Value, tokens: &[TokenInfo]) {
+        let ids: Vec<u32> = if self.return_tokens { tokens.iter().map(|t| t.id).collect() } else { Vec::new() };
+        v["tokens"] = json!(ids);
+        if self.n_probs > 0 {
+            v["completion_probabilities"] = tokens.iter().map(|t| self.probabilities(t)).collect();
+        }
+    }
+
+    /// One entry of `completion_probabilities`: the token and its most likely alternatives, as
+    /// log-probabilities, or with `post_sampling_probs` as probabilities (those the sampler could not draw
+    /// left out).
+    fn probabilities(&self, t: &TokenInfo) -> Value {
+        let entry = |id: u32, bytes: &[u8]| json!({"id": id, "token": String::from_utf8_lossy(bytes), "bytes": bytes});
+        let mut e = entry(t.id, &t.bytes);
+        if self.post_sampling {
+            e["prob"] = json!(t.logprob.exp());
+            e["top_probs"] = t
+                .top
+                .iter()
+                .filter(|(_, _, lp)| *lp > f32::NEG_INFINITY)
+                .map(|(id, b, lp)| {
+                    let mut x = entry(*id, b);
+                    x["prob"] = json!(lp.exp());
+                    x
+                })
+                .collect();
+        } else {
+            e["logprob"] = json!(t.logprob);
+            e["top_logprobs"] = t
+                .top
+                .iter()
+                .map(|(id, b, lp)| {
+                    let mut x = entry(*id, b);
+                    x["logprob"] = json!(lp);
+                    x
+                })
+                .collect();
+        }
+        e
     }
 
     /// llama.cpp's `generation_settings`: the sampling the request ran with (the seed as drawn).
@@ -311,7 +381,7 @@ fn stream(
             };
             let data = match msg {
                 Some(Msg::Text { text, .. }) if text.is_empty() => continue,
-                Some(Msg::Text { text, .. }) => st.answer.piece(&text),
+                Some(Msg::Text { text, tokens, .. }) => st.answer.piece(&text, &tokens),
                 Some(Msg::ChoiceDone { stop_reason, text, .. }) => {
                     st.ended = Some((stop_reason, text));
                     continue;

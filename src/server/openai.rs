@@ -614,6 +614,7 @@ pub fn check_common(
             stop: stops(stop)?,
             top_logprobs: 0,
             logprobs: false,
+            post_sampling: false,
             batch,
         },
         choices,

@@ -133,7 +133,8 @@ pub struct TokenInfo {
     pub id: u32,
     pub bytes: Vec<u8>,
     pub logprob: f32,
-    pub top: Vec<(Vec<u8>, f32)>,
+    /// The most likely tokens: id, bytes, log-probability.
+    pub top: Vec<(u32, Vec<u8>, f32)>,
 }
 
 /// What the engine sends back for a job, in order: for each choice its text pieces then its end, then the
@@ -344,7 +345,7 @@ fn run_batched<'a>(
             Err(_) => return engine_failed(shared, running.iter().map(|r| &r.job.tx)),
         };
         let mut ended = false;
-        // Back to front, so that removing a job leaves the indices before it as they were.
+        // Taken out back to front, so that removing a job leaves the indices before it as they were.
         let done: Vec<(usize, Result<Generation, EngineError>)> = progress
             .into_iter()
             .enumerate()
@@ -353,15 +354,25 @@ fn run_batched<'a>(
                 Progress::Going | Progress::Starved => None,
             })
             .collect();
-        for (i, result) in done.into_iter().rev() {
-            let r = running.remove(i);
+        let mut finished: Vec<(usize, Running<'a>, Result<Generation, EngineError>)> =
+            done.into_iter().rev().map(|(i, result)| (i, running.remove(i), result)).collect();
+        if !finished.is_empty() {
+            // Their slots show free before their clients hear the end: a client that asks `/slots` right after
+            // its answer sees its slot idle (a job's next choice takes it again below).
+            shared.publish_slots(session.parallel(), running.iter().map(|r| r.slot));
+        }
+        // Front to back (popped from the back-to-front list), so that each job goes back to the index it had.
+        while let Some((i, r, result)) = finished.pop() {
             let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 choice_ended(session, tokenizer, shared, r, result)
             }));
             match next {
                 Ok(Some(r)) => running.insert(i, r),
                 Ok(None) => ended = true,
-                Err(_) => return engine_failed(shared, running.iter().map(|r| &r.job.tx)),
+                Err(_) => {
+                    let waiting = running.iter().map(|r| &r.job.tx).chain(finished.iter().map(|f| &f.1.job.tx));
+                    return engine_failed(shared, waiting);
+                }
             }
         }
         shared.publish_slots(session.parallel(), running.iter().map(|r| r.slot));
@@ -483,7 +494,7 @@ fn token_infos(tokenizer: &Tokenizer, g: &Generation, from: usize) -> Vec<TokenI
             top: g
                 .top_logprobs
                 .get(i)
-                .map(|top| top.iter().map(|&(id, lp)| (tokenizer.token_to_piece(id), lp)).collect())
+                .map(|top| top.iter().map(|&(id, lp)| (id, tokenizer.token_to_piece(id), lp)).collect())
                 .unwrap_or_default(),
         })
         .collect()

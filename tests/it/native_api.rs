@@ -1,6 +1,7 @@
 //! llama.cpp's native endpoints on `strata serve`: `POST /completion` answers what `/v1/completions` answers
 //! (whole and streamed, in llama-server's shape), `GET /slots` shows each `--parallel` slot and which are
-//! processing, bad bodies are a 400 naming the field, and the API key guards both.
+//! processing, `n_probs` and `return_tokens` give llama.cpp's `completion_probabilities` and `tokens`, bad
+//! bodies are a 400 naming the field, and the API key guards both.
 
 use crate::common;
 
@@ -146,11 +147,11 @@ fn bad_completion_bodies_get_a_400_naming_the_field() {
         (json!({"prompt": "x", "temperature": "hot"}), "temperature"),
         (json!({"prompt": "x", "temperature": 9}), "temperature"),
         (json!({"prompt": "x", "seed": -7}), "seed"),
-        (json!({"prompt": "x", "n_probs": 3}), "n_probs"),
+        (json!({"prompt": "x", "n_probs": -1}), "n_probs"),
+        (json!({"prompt": "x", "n_probs": 101}), "n_probs"),
         (json!({"prompt": "x", "logit_bias": [[15, -100]]}), "logit_bias"),
         (json!({"prompt": "x", "grammar": "root ::= \"a\""}), "grammar"),
         (json!({"prompt": "x", "json_schema": {"type": "object"}}), "json_schema"),
-        (json!({"prompt": "x", "return_tokens": true}), "return_tokens"),
         (json!({"prompt": "x", "id_slot": 1}), "id_slot"),
         (json!({"prompt": "x", "colour": 1}), "colour"),
         (json!({"prompt": [4_000_000_000u64]}), "prompt[0]"),
@@ -182,5 +183,93 @@ fn the_api_key_guards_completion_and_slots() {
     let r = s.get_auth("/slots", "sk-native");
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.json().is_array());
+    no_panic(&s);
+}
+
+#[test]
+fn n_probs_and_return_tokens_give_the_figures_and_ids_of_v1_completions() {
+    let _one = common::one_at_a_time();
+    let s = Server::start(&["-c", "512"]);
+    let v1 = s.post("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 5}));
+    assert_eq!(v1.status, 200, "{}", v1.text());
+    let v1 = v1.json();
+    let lp = &v1["choices"][0]["logprobs"];
+
+    let body = json!({"prompt": PROMPT, "n_predict": 6, "temperature": 0, "n_probs": 5, "return_tokens": true});
+    let whole = s.post("/completion", &body).json();
+    let probs = whole["completion_probabilities"].as_array().expect("completion_probabilities");
+    let ids: Vec<u64> = whole["tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(probs.len(), lp["tokens"].as_array().unwrap().len(), "{whole}");
+    assert_eq!(ids.len(), probs.len());
+    for (i, p) in probs.iter().enumerate() {
+        assert_eq!(p["id"].as_u64(), Some(ids[i]), "{p}");
+        assert_eq!(p["token"], lp["tokens"][i], "{p}");
+        assert_eq!(p["logprob"], lp["token_logprobs"][i], "the same figure as /v1: {p}");
+        let top = p["top_logprobs"].as_array().expect("top_logprobs");
+        assert_eq!(top.len(), 5, "{p}");
+        let want = lp["top_logprobs"][i].as_object().unwrap();
+        for t in top {
+            assert_eq!(Some(&t["logprob"]), want.get(t["token"].as_str().unwrap()), "{p} against {want:?}");
+            assert!(t["id"].is_u64() && t["bytes"].is_array(), "{t}");
+        }
+        // Greedy: the token is the most likely one.
+        assert_eq!(top[0]["id"], p["id"], "{p}");
+    }
+    let text: String = probs.iter().map(|p| p["token"].as_str().unwrap()).collect();
+    assert_eq!(whole["content"].as_str().unwrap(), text);
+
+    // Streamed: each piece carries its own tokens' entries and ids, adding up to the whole answer's.
+    let events = native_stream(
+        &s,
+        &json!({"prompt": PROMPT, "n_predict": 6, "temperature": 0, "n_probs": 5,
+        "return_tokens": true, "stream": true}),
+    );
+    let pieces = &events[..events.len() - 1];
+    let streamed: Vec<&Value> = pieces.iter().flat_map(|e| e["completion_probabilities"].as_array().unwrap()).collect();
+    let streamed_ids: Vec<u64> =
+        pieces.iter().flat_map(|e| e["tokens"].as_array().unwrap()).map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(streamed, probs.iter().collect::<Vec<_>>());
+    assert_eq!(streamed_ids, ids);
+
+    // Without return_tokens, `tokens` is empty (as llama-server answers).
+    let plain = s.post("/completion", &json!({"prompt": PROMPT, "n_predict": 2, "temperature": 0})).json();
+    assert_eq!(plain["tokens"], json!([]), "{plain}");
+    assert!(plain.get("completion_probabilities").is_none(), "{plain}");
+    no_panic(&s);
+}
+
+#[test]
+fn post_sampling_probs_are_the_distribution_the_sampler_draws_from() {
+    let _one = common::one_at_a_time();
+    let s = Server::start(&["-c", "512"]);
+    // top_k 3 at temperature 1: at most three candidates, their probabilities renormalized to sum to 1.
+    let body = json!({"prompt": PROMPT, "n_predict": 4, "temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0.0,
+        "seed": 5, "n_probs": 10, "post_sampling_probs": true});
+    let whole = s.post("/completion", &body).json();
+    let probs = whole["completion_probabilities"].as_array().expect("completion_probabilities");
+    assert!(!probs.is_empty(), "{whole}");
+    for p in probs {
+        let top = p["top_probs"].as_array().expect("top_probs");
+        assert!((1..=3).contains(&top.len()), "top_k 3 leaves at most 3: {p}");
+        let sum: f64 = top.iter().map(|t| t["prob"].as_f64().unwrap()).sum();
+        assert!((sum - 1.0).abs() < 1e-4, "the kept candidates sum to 1: {sum} in {p}");
+        let chosen = top.iter().find(|t| t["id"] == p["id"]).expect("the drawn token is a candidate");
+        assert_eq!(chosen["prob"], p["prob"], "{p}");
+        assert!(p.get("logprob").is_none() && p.get("top_logprobs").is_none(), "{p}");
+    }
+    // The figures are the sampler's, not the model's: the model's top-3 probabilities sum to less than 1.
+    let raw = s.post("/completion", &json!({"prompt": PROMPT, "n_predict": 1, "temperature": 0, "n_probs": 3})).json();
+    let model_sum: f64 = raw["completion_probabilities"][0]["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["logprob"].as_f64().unwrap().exp())
+        .sum();
+    assert!(model_sum < 0.999, "{raw}");
+    // Asking for the figures does not change the draw: the same seed gives the same text without them.
+    let mut bare = body.clone();
+    bare.as_object_mut().unwrap().remove("n_probs");
+    bare.as_object_mut().unwrap().remove("post_sampling_probs");
+    assert_eq!(s.post("/completion", &bare).json()["content"], whole["content"]);
     no_panic(&s);
 }

@@ -79,7 +79,6 @@ SKIPPED_TESTS = {
     "test_ctx_shift.py::test_ctx_shift_disabled_long_prompt": TRUNCATED,
     # test_completion.py: the OpenAI-client cases and the native cases Strata answers run; these need what
     # Strata's /completion does not have.
-    "test_completion.py::test_completion": NATIVE_TOKENS,
     "test_completion.py::test_completion_stream": NATIVE_TOKENS + " (and generation_settings' adaptive_*)",
     "test_completion.py::test_completion_prompt_cache": NATIVE_TOKENS + " (and --kv-unified)",
     "test_completion.py::test_completion_unified": "--kv-unified (one context shared by all slots): not in Strata",
@@ -87,9 +86,6 @@ SKIPPED_TESTS = {
     "test_completion.py::test_json_prompt_mtm_error_when_not_supported": "a JSON object prompt (multimodal prompts): not in Strata",
     "test_completion.py::test_completion_with_tokens_input": "llama.cpp's /tokenize endpoint and several prompts per request",
     "test_completion.py::test_completion_response_fields": "response_fields (a chosen subset of the answer): not in Strata",
-    "test_completion.py::test_n_probs": "n_probs on /completion (Strata: logprobs on /v1/completions)",
-    "test_completion.py::test_n_probs_stream": "n_probs on /completion (Strata: logprobs on /v1/completions)",
-    "test_completion.py::test_n_probs_post_sampling": "n_probs on /completion (Strata: logprobs on /v1/completions)",
     "test_completion.py::test_n_probs_post_backend_sampling": "n_probs and backend sampling: not in Strata",
     "test_completion.py::test_logit_bias": "llama.cpp's /tokenize endpoint, and logit_bias (refused by Strata)",
     "test_completion.py::test_completion_stream_vs_non_stream": "llama-server's --seed (a default seed for requests that send none): strata serve draws a fresh one per request",
