@@ -13,6 +13,7 @@ use clap::Args;
 use strata::engine::session::SessionConfig;
 use strata::engine::spec::SpecSetup;
 use strata::plan::facts::ModelFacts;
+use strata::plan::parallel::{self, DefaultParallel, CPU_PARALLEL_DEFAULT, MAX_PARALLEL, SPECULATIVE_ONE_AT_A_TIME};
 use strata::plan::settings::{EngineLocation, EngineSettings, Speculative};
 use strata::sample::defaults::SamplingDefaults;
 use strata::server::guard::HostPolicy;
@@ -59,7 +60,7 @@ pub struct ServeArgs {
     /// Requests generating at once, each on its own sequence, decoded together in one batched pass per
     /// step (continuous batching); more wait in the queue. Default: 4 when every layer runs on the CPU (or
     /// sim devices), else 1. Speculative decoding (--spec, --draft-model) runs one at a time
-    #[arg(long = "parallel", visible_alias = "np", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    #[arg(long = "parallel", visible_alias = "np", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=MAX_PARALLEL as i64))]
     pub parallel: Option<u32>,
     /// Allow browser pages of this origin (repeatable; localhost: any origin on a loopback name or
     /// address; '*' for any). Without it, a request that carries a foreign Origin is refused with 403 (the
@@ -196,13 +197,9 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
     strata::server::serve(opts, model, announce)
 }
 
-/// Sequences the CPU default allows at most (more would lengthen every reply on a few cores).
-const CPU_PARALLEL_DEFAULT: usize = 4;
-
-/// How many requests generate at once: `--parallel`; else, when every stage runs on the host's memory (the
-/// batched pass is the CPU's), as many as the host can hold at the full context, up to 4 (the memory plan:
-/// each sequence's KV at `max_context` positions against the host's available memory); 1 with GPU stages
-/// (their pass runs sequences one after another) and with speculative decoding, which `--parallel` above 1
+/// How many requests generate at once: `--parallel`, else what the server picks for this placement
+/// (`strata::plan::parallel`: as many as the host holds at the full context, up to 4, when every stage runs
+/// on the host's memory; 1 with GPU stages or speculative decoding), which `--parallel` above 1
 /// contradicts.
 fn parallel_of(
     a: &ServeArgs,
@@ -212,36 +209,24 @@ fn parallel_of(
 ) -> anyhow::Result<usize> {
     match (a.parallel, speculative) {
         (Some(n), true) if n > 1 => anyhow::bail!(
-            "--parallel {n}: speculative decoding (--spec, --draft-model) runs one request at a time; drop one of the two"
+            "--parallel {n} with --spec or --draft-model: {SPECULATIVE_ONE_AT_A_TIME}; drop one of the two"
         ),
         (Some(n), _) => Ok(n as usize),
-        (None, true) => Ok(1),
-        (None, false) if model.placement.gpu.iter().all(Option::is_none) => {
+        (None, _) => {
             let p = &model.placement;
-            let per_sequence: u64 = p
-                .stages
-                .iter()
-                .map(|s| s.kv_device_bytes(max_context, p.kv_resident) + s.kv_host_bytes(max_context, p.kv_resident))
-                .sum();
-            let available = p.devices.host.sample_free().unwrap_or(u64::MAX);
-            let n = cpu_parallel(per_sequence, available.saturating_sub(strata::device::HOST_MARGIN_BYTES));
-            if n < CPU_PARALLEL_DEFAULT {
-                tracing::info!(
-                    "parallel: {n} (not {CPU_PARALLEL_DEFAULT}): a sequence's KV at {max_context} positions takes {}, the host has {} available",
-                    strata::device::mib(per_sequence),
-                    strata::device::mib(available)
-                );
+            let d = parallel::default_parallel(&p.stages, max_context, p.kv_resident, &p.devices.host, speculative);
+            if let DefaultParallel::Host { sequences, per_sequence_bytes, available_bytes } = d {
+                if sequences < CPU_PARALLEL_DEFAULT {
+                    tracing::info!(
+                        "parallel: {sequences} (not {CPU_PARALLEL_DEFAULT}): a sequence's KV at {max_context} positions takes {}, the host has {} available",
+                        strata::device::mib(per_sequence_bytes),
+                        strata::device::mib(available_bytes)
+                    );
+                }
             }
-            Ok(n)
+            Ok(d.sequences())
         }
-        (None, false) => Ok(1),
     }
-}
-
-/// Sequences of `per_sequence_bytes` each that `available_bytes` holds, from 1 to `CPU_PARALLEL_DEFAULT`.
-fn cpu_parallel(per_sequence_bytes: u64, available_bytes: u64) -> usize {
-    let fits = available_bytes.checked_div(per_sequence_bytes).unwrap_or(u64::MAX);
-    usize::try_from(fits).unwrap_or(usize::MAX).clamp(1, CPU_PARALLEL_DEFAULT)
 }
 
 /// Who may reach the server: the address it listens on, the API key, the browser origins and the Host names
@@ -453,18 +438,6 @@ fn redacted_args(args: impl Iterator<Item = String>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_cpu_default_is_what_the_host_holds_at_the_full_context_up_to_four() {
-        const MIB: u64 = 1 << 20;
-        assert_eq!(cpu_parallel(180 * MIB, 20_000 * MIB), 4);
-        assert_eq!(cpu_parallel(180 * MIB, 4 * 180 * MIB), 4);
-        assert_eq!(cpu_parallel(180 * MIB, 4 * 180 * MIB - 1), 3);
-        assert_eq!(cpu_parallel(5_000 * MIB, 11_000 * MIB), 2);
-        // Never below one: a lone sequence pages to the host ledger's limits as before.
-        assert_eq!(cpu_parallel(5_000 * MIB, 100 * MIB), 1);
-        assert_eq!(cpu_parallel(0, 0), 4);
-    }
 
     #[test]
     fn hosts_and_keys() {

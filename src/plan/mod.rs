@@ -13,6 +13,7 @@
 
 pub mod draft;
 pub mod facts;
+pub mod parallel;
 pub mod settings;
 
 use std::sync::Arc;
