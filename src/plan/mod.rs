@@ -122,6 +122,8 @@ pub struct DraftPlan {
 #[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Plan {
     pub tokens: usize,
+    /// Live sequences of `tokens` positions each that every KV figure counts (`--parallel`).
+    pub sequences: usize,
     pub max_context: usize,
     pub kv: KvType,
     /// Per-layer resident window on the devices (None: all positions).
@@ -166,7 +168,7 @@ pub fn plan_with_draft(
     sequences: usize,
     draft: Option<&DraftInput>,
 ) -> Result<Plan, PlanError> {
-    let sequences = sequences.max(1) as u64;
+    let sequences = sequences.max(1);
     let (cfg, stages) = Model::plan(file, opts)?;
     let max_context = opts.max_context.unwrap_or(cfg.n_ctx_train);
     let tokens = tokens.unwrap_or(max_context);
@@ -174,13 +176,13 @@ pub fn plan_with_draft(
         return Err(PlanError::TokensBeyondContext { tokens, max_context });
     }
     let resident = opts.kv_resident;
-    let mut rows: Vec<PlanRow> = stages.iter().map(|s| row(s, tokens, resident, sequences)).collect();
+    let mut rows: Vec<PlanRow> = stages.iter().map(|s| row(s, tokens, resident, sequences as u64)).collect();
     let mut draft_plan = match draft {
         None => None,
         Some(d) => {
             let dopts = LoadOptions { devices: d.devices.clone(), split: None, ..opts.clone() };
             let (dcfg, dstages) = Model::plan(&d.file, &dopts).map_err(PlanError::Draft)?;
-            let drows = dstages.iter().map(|s| row(s, tokens, resident, sequences)).collect();
+            let drows = dstages.iter().map(|s| row(s, tokens, resident, sequences as u64)).collect();
             Some(DraftPlan { layers: dcfg.n_layer, rows: drows })
         }
     };
@@ -203,6 +205,7 @@ pub fn plan_with_draft(
     };
     Ok(Plan {
         tokens,
+        sequences,
         max_context,
         kv: opts.kv_type,
         kv_resident: resident,

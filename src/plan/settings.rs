@@ -1,7 +1,9 @@
 //! The engine's settings as the desktop app and the web UI edit them: one typed value for the flags of
-//! `strata serve` (devices, split, KV, context, reserve, conversation cache, threads, speculative decoding)
+//! `strata serve` (devices, split, KV, context, reserve, conversation cache, threads, requests at once,
+//! speculative decoding)
 //! plus where the engine runs (local, or a remote OpenAI-compatible endpoint). Validation names the field
-//! at fault, so a form can show the message beside it; `serve_flags` is the command line that applies them.
+//! at fault, so a form can show the message beside it; `serve_flags` is the command line that applies them,
+//! and `plan` counts the sequences the server will run at once.
 //! A remote endpoint's API key is never a plain value of these settings once kept: [`RemoteKey`] says only
 //! whether one is kept (the desktop app holds the key in a file of its own), and an `http://` endpoint is
 //! refused unless it is loopback or the user allowed it (`allow_insecure`).
@@ -12,10 +14,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceSet;
 use crate::gguf::GgufFile;
-use crate::model::{KvType, LoadOptions, ModelError, DEFAULT_BATCH};
+use crate::model::{KvType, LoadOptions, Model, ModelError, DEFAULT_BATCH};
 use crate::split::{self, SplitError};
 
 use super::draft::{self, DraftInput, DraftVocabError};
+use super::parallel::{self, MAX_PARALLEL, SPECULATIVE_ONE_AT_A_TIME};
 use super::{Plan, PlanError};
 
 const MIB: u64 = 1 << 20;
@@ -177,6 +180,12 @@ pub struct EngineSettings {
     #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub cache_mib: u64,
     pub threads: Option<u16>,
+    /// `--parallel`: requests generating at once, 1 to [`MAX_PARALLEL`], each with its own KV. None: the
+    /// server's default, which [`plan`](EngineSettings::plan) counts as the server would pick it now
+    /// (`plan::parallel`: on the CPU as many as the host holds at the full context, up to 4; 1 with a GPU
+    /// stage or speculative decoding). Settings stored before it existed read as None.
+    #[serde(default)]
+    pub parallel: Option<u32>,
     pub engine: EngineLocation,
     /// Speculative decoding (settings stored before it existed read as off).
     #[serde(default)]
@@ -205,6 +214,7 @@ impl Default for EngineSettings {
             cache_slots: 4,
             cache_mib: 4096,
             threads: None,
+            parallel: None,
             engine: EngineLocation::Local,
             speculative: Speculative::Off,
             draft_max: default_draft_max(),
@@ -267,6 +277,22 @@ impl EngineSettings {
         if let Some(t) = self.threads {
             if !(1..=1024).contains(&t) {
                 return Err(FieldError::new("threads", "between 1 and 1024 threads, or empty for one per core"));
+            }
+        }
+        if let Some(n) = self.parallel {
+            if !(1..=MAX_PARALLEL).contains(&n) {
+                return Err(FieldError::new(
+                    "parallel",
+                    format!("{n} is not between 1 and {MAX_PARALLEL} requests at once (empty: the server's default)"),
+                ));
+            }
+            if n > 1 && self.speculative != Speculative::Off {
+                return Err(FieldError::new(
+                    "parallel",
+                    format!(
+                        "{n} requests at once: {SPECULATIVE_ONE_AT_A_TIME}; set 1, or turn speculative decoding off"
+                    ),
+                ));
             }
         }
         if let Some(p) = &self.model_path {
@@ -367,8 +393,9 @@ impl EngineSettings {
         })
     }
 
-    /// The plan of `file` under these settings at their context (with the draft model beside it, when
-    /// drafts come from one), or the field at fault: a split that does not match the devices or the model's
+    /// The plan of `file` under these settings at their context for the sequences the server will run at
+    /// once ([`sequences`](EngineSettings::sequences)), with the draft model beside it when drafts come
+    /// from one, or the field at fault: a split that does not match the devices or the model's
     /// layers, a KV type the model cannot use, a reserve above a device's memory, a draft model that cannot
     /// be read or whose vocabulary is not the model's. A plan that does not fit is not an error: its `fits`
     /// is false and its `problem` says which device is short and by how much.
@@ -386,7 +413,8 @@ impl EngineSettings {
                 Some(DraftInput { file: d, devices })
             }
         };
-        super::plan_with_draft(file, &opts, None, 1, draft.as_ref()).map_err(|e| match e {
+        let sequences = self.sequences(file, &opts)?;
+        super::plan_with_draft(file, &opts, None, sequences, draft.as_ref()).map_err(|e| match e {
             PlanError::Model(m) => model_field_error(m),
             e @ PlanError::TokensBeyondContext { .. } => FieldError::new("max_context", e.to_string()),
             PlanError::Draft(m) => {
@@ -398,6 +426,20 @@ impl EngineSettings {
                 FieldError::new(field, format!("the draft model: {m}"))
             }
         })
+    }
+
+    /// The sequences `strata serve` runs at once under these settings: `parallel`, else the number it would
+    /// pick for `file` placed on `opts` (the host's memory sampled now; the server samples it at start, after
+    /// loading, and logs the number it picks).
+    pub fn sequences(&self, file: &Arc<GgufFile>, opts: &LoadOptions) -> Result<usize, FieldError> {
+        if let Some(n) = self.parallel {
+            return Ok(n as usize);
+        }
+        let (cfg, stages) = Model::plan(file, opts).map_err(model_field_error)?;
+        let max_context = opts.max_context.unwrap_or(cfg.n_ctx_train);
+        let speculative = self.speculative != Speculative::Off;
+        Ok(parallel::default_parallel(&stages, max_context, opts.kv_resident, &opts.devices.host, speculative)
+            .sequences())
     }
 
     /// The flags of `strata serve` that apply these settings (the model and the engine location aside).
@@ -418,6 +460,9 @@ impl EngineSettings {
         f.extend(["--conversation-cache-mib".into(), self.cache_mib.to_string()]);
         if let Some(t) = self.threads {
             f.extend(["--threads".into(), t.to_string()]);
+        }
+        if let Some(n) = self.parallel {
+            f.extend(["--parallel".into(), n.to_string()]);
         }
         match &self.speculative {
             Speculative::Off => return f,
@@ -503,6 +548,9 @@ mod tests {
             (EngineSettings { devices: "sim:200".into(), vram_reserve_mib: 200, ..ok.clone() }, "vram_reserve_mib"),
             (EngineSettings { cache_slots: MAX_CACHE_SLOTS + 1, ..ok.clone() }, "cache_slots"),
             (EngineSettings { threads: Some(0), ..ok.clone() }, "threads"),
+            (EngineSettings { parallel: Some(0), ..ok.clone() }, "parallel"),
+            (EngineSettings { parallel: Some(MAX_PARALLEL + 1), ..ok.clone() }, "parallel"),
+            (EngineSettings { speculative: Speculative::Ngram, parallel: Some(2), ..ok.clone() }, "parallel"),
             (EngineSettings { speculative: Speculative::Ngram, draft_max: 0, ..ok.clone() }, "draft_max"),
             (EngineSettings { speculative: Speculative::Ngram, draft_max: 257, ..ok.clone() }, "draft_max"),
             (EngineSettings { speculative: Speculative::Ngram, draft_min: 17, ..ok.clone() }, "draft_min"),
@@ -669,6 +717,7 @@ mod tests {
             ..EngineSettings::default()
         };
         let f = s.serve_flags().join(" ");
+        assert!(!f.contains("--parallel"), "None is the server's default: {f}");
         assert_eq!(
             f,
             "--devices sim:200,sim:400 --layer-split 15 --kv int8 --max-context 4096 --vram-reserve-mib 0 \
@@ -681,5 +730,69 @@ mod tests {
         let json = serde_json::to_value(&f32_kv).unwrap();
         assert_eq!(json["kv"], "f32");
         assert_eq!(serde_json::from_value::<EngineSettings>(json).unwrap(), f32_kv);
+    }
+
+    // Requests at once (`--parallel`): checked, passed on as a flag, and counted in every KV figure.
+
+    /// The tiny synthetic llama (2 layers, 4 KV heads of 32), from memory.
+    fn tiny_model() -> Arc<GgufFile> {
+        let bytes = crate::model::synthetic::SyntheticSpec::default().to_gguf();
+        Arc::new(GgufFile::from_bytes(bytes).expect("the synthetic model reads"))
+    }
+
+    fn kv_bytes(p: &Plan) -> u64 {
+        p.rows.iter().map(|r| r.kv_device_bytes + r.kv_host_bytes).sum()
+    }
+
+    fn on_sims(parallel: Option<u32>) -> EngineSettings {
+        EngineSettings { devices: "sim:200,sim:400".into(), max_context: Some(1024), parallel, ..Default::default() }
+    }
+
+    #[test]
+    fn the_plan_counts_the_requests_run_at_once() {
+        let file = tiny_model();
+        let one = on_sims(Some(1)).plan(&file).expect("plan");
+        let three = on_sims(Some(3)).plan(&file).expect("plan");
+        assert!(kv_bytes(&one) > 0);
+        assert_eq!(kv_bytes(&three), 3 * kv_bytes(&one));
+        assert_eq!((one.sequences, three.sequences), (1, 3));
+        for (r1, r3) in one.rows.iter().zip(&three.rows) {
+            assert_eq!(r3.kv_device_bytes, 3 * r1.kv_device_bytes, "{}", r3.device);
+            assert_eq!(r3.total_bytes - r3.kv_device_bytes, r1.total_bytes - r1.kv_device_bytes, "the load is shared");
+        }
+        // None on CPU-computed (sim) devices: the server's default, as many as the host holds up to 4 (the
+        // tiny model's KV at 1024 positions is 1 MiB a sequence: any host holds 4).
+        let default = on_sims(None).plan(&file).expect("plan");
+        assert_eq!(default.sequences, parallel::CPU_PARALLEL_DEFAULT);
+        assert_eq!(kv_bytes(&default), parallel::CPU_PARALLEL_DEFAULT as u64 * kv_bytes(&one));
+        // With speculative decoding or a GPU stage (emu computes through the CUDA backend) the server runs 1.
+        let ngram = EngineSettings { speculative: Speculative::Ngram, ..on_sims(None) };
+        assert_eq!(ngram.plan(&file).expect("plan").sequences, 1);
+        let gpu = EngineSettings { devices: "emu:256".into(), ..on_sims(None) };
+        assert_eq!(gpu.plan(&file).expect("plan").sequences, 1);
+    }
+
+    #[test]
+    fn requests_at_once_are_checked_and_passed_on_as_a_flag() {
+        let e = on_sims(Some(0)).check().unwrap_err();
+        assert_eq!(e.field, "parallel");
+        assert!(e.message.contains('0') && e.message.contains("between 1 and 256"), "{e}");
+        let e = on_sims(Some(300)).check().unwrap_err();
+        assert!(e.message.starts_with("300 ") && e.message.contains("between 1 and 256"), "{e}");
+        // Speculative decoding runs one at a time, as the CLI says; 1 (or the default) goes with it.
+        let draft = Speculative::Draft { model_path: "d.gguf".into() };
+        for speculative in [Speculative::Ngram, draft.clone()] {
+            let e = EngineSettings { speculative, ..on_sims(Some(2)) }.check().unwrap_err();
+            assert_eq!(e.field, "parallel");
+            assert!(e.message.contains(SPECULATIVE_ONE_AT_A_TIME), "{e}");
+        }
+        assert_eq!(EngineSettings { speculative: draft, ..on_sims(Some(1)) }.check(), Ok(()));
+        assert_eq!(on_sims(Some(256)).check(), Ok(()));
+        let f = on_sims(Some(3)).serve_flags().join(" ");
+        assert!(f.contains(" --parallel 3"), "{f}");
+        // Stored and read back as a number; settings stored before it read as None.
+        let json = serde_json::to_value(on_sims(Some(3))).unwrap();
+        assert_eq!(json["parallel"], 3);
+        assert_eq!(serde_json::from_value::<EngineSettings>(json).unwrap().parallel, Some(3));
     }
 }

@@ -1,6 +1,6 @@
 //! `strata serve --parallel`: requests generating at once (continuous batching) get the replies each gets
 //! alone, streamed or not, with their log-probabilities bit for bit; `/health` and `/metrics` show the
-//! slots in use.
+//! slots in use; `/strata/settings` says how many and `/strata/plan` counts their KV.
 
 use crate::common;
 
@@ -148,4 +148,49 @@ fn a_client_with_many_queued_requests_takes_turns_with_another_client() {
     // No `user`: both connect from loopback, one lane, served in the order sent.
     let order = finish_order(None, None);
     assert_eq!(order[4], "editor", "{order:?}");
+}
+
+/// The KV bytes a `/strata/plan` reply counts, every stage on the device and on the host.
+fn planned_kv_bytes(reply: &Value) -> u64 {
+    let rows = reply["plan"]["rows"].as_array().expect("rows");
+    rows.iter().map(|r| r["kv_device_bytes"].as_u64().unwrap() + r["kv_host_bytes"].as_u64().unwrap()).sum()
+}
+
+#[test]
+fn the_settings_say_the_requests_at_once_and_their_plan_counts_them() {
+    let s = Server::start(&["-c", "1024", "--parallel", "3"]);
+    let settings = s.get("/strata/settings").json();
+    assert_eq!(settings["parallel"], 3, "{settings}");
+    let plan_at = |parallel: Value| {
+        let mut body = settings.clone();
+        body["parallel"] = parallel;
+        let r = s.post("/strata/plan", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let (one, two) = (plan_at(json!(1)), plan_at(json!(2)));
+    assert!(planned_kv_bytes(&one) > 0, "{one}");
+    assert_eq!(planned_kv_bytes(&two), 2 * planned_kv_bytes(&one), "{two}");
+    assert_eq!((one["plan"]["sequences"].as_u64(), two["plan"]["sequences"].as_u64()), (Some(1), Some(2)));
+    let flags: Vec<&str> = two["flags"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(flags.windows(2).any(|w| w == ["--parallel", "2"]), "{flags:?}");
+    // As the server was started: its own figure.
+    assert_eq!(planned_kv_bytes(&plan_at(json!(3))), 3 * planned_kv_bytes(&one));
+    // Refused naming the field: out of range, or above 1 with speculative decoding.
+    let mut bad = settings.clone();
+    bad["parallel"] = json!(0);
+    let e = s.post("/strata/plan", &bad).expect_error(400);
+    assert_eq!(e["param"], "parallel", "{e}");
+    bad["parallel"] = json!(2);
+    bad["speculative"] = json!({"kind": "ngram"});
+    let e = s.post("/strata/plan", &bad).expect_error(400);
+    assert_eq!(e["param"], "parallel", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("one request at a time"), "{e}");
+    drop(s);
+    // Without --parallel the settings say the number the server picked: on the CPU up to 4, with
+    // speculative decoding 1.
+    let picked = Server::start(&["-c", "1024"]).get("/strata/settings").json()["parallel"].as_u64();
+    assert!(picked.is_some_and(|n| (1..=4).contains(&n)), "{picked:?}");
+    let spec = Server::start(&["-c", "1024", "--spec", "ngram"]).get("/strata/settings").json();
+    assert_eq!(spec["parallel"], 1, "{spec}");
 }

@@ -150,6 +150,8 @@ fn invalid_settings_are_refused_naming_the_field() {
         (json!({"devices": "sim:200,sim:400", "vram_reserve_mib": 300}), "vram_reserve_mib"),
         (json!({"layer_split": "ten"}), "layer_split"),
         (json!({"threads": 0}), "threads"),
+        (json!({"parallel": 0}), "parallel"),
+        (json!({"speculative": ngram, "parallel": 2}), "parallel"),
         (json!({"kv_resident": 0}), "kv_resident"),
         (json!({"engine": {"kind": "remote", "url": "gpu-box:8000", "api_key": "", "model": ""}}), "engine.url"),
         (json!({"engine": {"kind": "remote", "url": "http://gpu-box:8000", "api_key": "", "model": ""}}), "engine.url"),

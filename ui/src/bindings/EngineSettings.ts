@@ -18,7 +18,14 @@ devices: string,
 /**
  * `--layer-split`: empty (by free memory), `15`, `10,20`.
  */
-layer_split: string, kv: KvChoice, kv_resident: number | null, max_context: number | null, vram_reserve_mib: number, cache_slots: number, cache_mib: number, threads: number | null, engine: EngineLocation, 
+layer_split: string, kv: KvChoice, kv_resident: number | null, max_context: number | null, vram_reserve_mib: number, cache_slots: number, cache_mib: number, threads: number | null, 
+/**
+ * `--parallel`: requests generating at once, 1 to [`MAX_PARALLEL`], each with its own KV. None: the
+ * server's default, which [`plan`](EngineSettings::plan) counts as the server would pick it now
+ * (`plan::parallel`: on the CPU as many as the host holds at the full context, up to 4; 1 with a GPU
+ * stage or speculative decoding). Settings stored before it existed read as None.
+ */
+parallel: number | null, engine: EngineLocation, 
 /**
  * Speculative decoding (settings stored before it existed read as off).
  */

@@ -7,7 +7,11 @@ import type { PlanRow } from "./PlanRow";
 /**
  * A model on a set of devices at a number of positions (with its draft model, when there is one).
  */
-export type Plan = { tokens: number, max_context: number, kv: KvChoice, 
+export type Plan = { tokens: number, 
+/**
+ * Live sequences of `tokens` positions each that every KV figure counts (`--parallel`).
+ */
+sequences: number, max_context: number, kv: KvChoice, 
 /**
  * Per-layer resident window on the devices (None: all positions).
  */
