@@ -38,6 +38,7 @@ const SETTINGS = {
   cache_slots: 4,
   cache_mib: 4096,
   threads: null,
+  parallel: null,
   engine: { kind: "local" },
   speculative: { kind: "off" },
   draft_max: 16,
@@ -56,7 +57,7 @@ function planFor(s) {
   const rows = [row(0, "sim:200", [0, split], 200 * MIB, split * 6 * MIB), row(1, "sim:400", [split, 30], 400 * MIB, (30 - split) * 6 * MIB)];
   const fits = rows.every((r) => r.fits);
   return {
-    plan: { tokens: 4096, max_context: 4096, kv: s.kv, rows, fits, problem: fits ? null : "the split leaves a device under its reserve" },
+    plan: { tokens: 4096, sequences: s.parallel ?? 4, max_context: 4096, kv: s.kv, rows, fits, problem: fits ? null : "the split leaves a device under its reserve" },
     flags: ["--devices", s.devices, "--layer-split", s.layer_split, "--kv", s.kv, "--vram-reserve-mib", String(s.vram_reserve_mib)],
   };
 }

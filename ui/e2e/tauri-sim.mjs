@@ -14,7 +14,7 @@ export const TAURI_SIM = String.raw`
       min_p: { value: 0.05, source: "default" }, repeat_penalty: { value: 1, source: "default" }, repeat_last_n: { value: 64, source: "default" },
       preset: "SmolLM2 (model card)" } });
   const settings = { model_path: null, devices: "cuda:0,cuda:1", layer_split: "15", kv: "f16", kv_resident: null, max_context: 4096,
-    vram_reserve_mib: 512, cache_slots: 4, cache_mib: 4096, threads: null, engine: { kind: "local" },
+    vram_reserve_mib: 512, cache_slots: 4, cache_mib: 4096, threads: null, parallel: null, engine: { kind: "local" },
     speculative: { kind: "off" }, draft_max: 16, draft_min: 1, draft_devices: [] };
   const row = (index, device, free, total) => ({ device, index, host: false, layers: index ? [15, 30] : [0, 15], weights_bytes: total * 0.8,
     kv_bytes_per_token: 23040, kv_device_bytes: total * 0.15, kv_host_bytes: 0, scratch_bytes: total * 0.05, staging_bytes: 0,
@@ -43,7 +43,7 @@ export const TAURI_SIM = String.raw`
         return facts(args.path);
       case "plan": {
         const big = (args.settings.model_path || "").includes("big");
-        return { plan: { tokens: 4096, max_context: 4096, kv: "f16", rows: [row(0, "cuda:0", 8000 * MIB, 3000 * MIB), row(1, "cuda:1", 4000 * MIB, big ? 6000 * MIB : 3000 * MIB)],
+        return { plan: { tokens: 4096, sequences: 1, max_context: 4096, kv: "f16", rows: [row(0, "cuda:0", 8000 * MIB, 3000 * MIB), row(1, "cuda:1", 4000 * MIB, big ? 6000 * MIB : 3000 * MIB)],
           fits: !big, problem: big ? "layers 15-30 need 2.5 GiB more on cuda:1" : null }, flags: [] };
       }
       case "load_model": {

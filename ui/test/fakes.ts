@@ -31,6 +31,7 @@ export function settings(over: Partial<EngineSettings> = {}): EngineSettings {
     cache_slots: 4,
     cache_mib: 4096,
     threads: null,
+    parallel: null,
     engine: { kind: "local" },
     speculative: { kind: "off" },
     draft_max: 16,
@@ -120,6 +121,7 @@ export function deviceOf(r: PlanRow, over: Partial<PlanDevice> = {}): PlanDevice
 export function plan(rows: PlanRow[], over: Partial<Plan> = {}): Plan {
   return {
     tokens: 4096,
+    sequences: 1,
     max_context: 4096,
     kv: "f16",
     kv_resident: null,

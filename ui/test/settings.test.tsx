@@ -3,7 +3,8 @@
 // 400's error.param (browser, through the real HTTP transport); the plan bars follow the values,
 // re-planned after a pause; Apply saves; a browser shows the flags to restart strata serve with. The
 // speculative decoding card shows the fields of the kind chosen, sends them, and shows their errors at
-// them; a device holding the model and its draft has one bar with the draft's share marked.
+// them; a device holding the model and its draft has one bar with the draft's share marked. Requests at
+// once are planned as typed (empty: the server's default), the bars and the count following.
 import { fireEvent, render, screen, waitFor } from "@testing-library/preact";
 import { describe, expect, it, vi } from "vitest";
 import { HttpTransport } from "../src/transport/http";
@@ -308,6 +309,52 @@ describe("SettingsView", () => {
     await waitFor(() => expectErrorAt("draft_model_path", "Choose the draft model's GGUF file"));
     await new Promise((r) => setTimeout(r, 30));
     expect(t.plan).toHaveBeenCalledTimes(1);
+  });
+
+  it("plans the requests at once typed (empty: the server's default), the bars following, errors at the field", async () => {
+    const t = new FakeTransport();
+    // As the backend: each request at once adds its KV; the default here is 4; more than 1 with drafting is refused.
+    t.plan.mockImplementation(async (s) => {
+      if (s.parallel !== null && s.parallel > 1 && s.speculative.kind !== "off") {
+        throw { code: "invalid", field: "parallel", message: `${s.parallel} requests at once: speculative decoding runs one request at a time; set 1, or turn speculative decoding off` };
+      }
+      if (s.parallel === 0) throw { code: "invalid", field: "parallel", message: "0 is not between 1 and 256 requests at once (empty: the server's default)" };
+      const sequences = s.parallel ?? 4;
+      const kv = 20 * MIB * sequences;
+      return { plan: plan([row({ kv_device_bytes: kv, total_bytes: 50 * MIB + kv, free_bytes: 200 * MIB })], { sequences }), flags: [] };
+    });
+    render(<SettingsView transport={t} planDelayMs={5} />);
+    await waitFor(() => expect(screen.getByTestId("plan-sequences").textContent).toBe("KV for 4 requests at once"));
+    expect(input("parallel").value).toBe("");
+    expect(screen.getByLabelText("Requests at once")).toBe(input("parallel"));
+    const used = () => screen.getByTestId("plan-bar").getAttribute("data-used-pct");
+    expect(used()).toBe("65.0");
+    // Set: planned with it, the bar follows.
+    fireEvent.input(input("parallel"), { target: { value: "1" } });
+    await waitFor(() => expect(screen.getByTestId("plan-sequences").textContent).toBe("KV for 1 request at once"));
+    expect(used()).toBe("35.0");
+    expect(t.plan.mock.calls.at(-1)![0].parallel).toBe(1);
+    // Not a number: marked before asking the backend; the backend's refusals are shown at the field too.
+    fireEvent.input(input("parallel"), { target: { value: "a few" } });
+    await waitFor(() => expectErrorAt("parallel", "Requests at once must be a whole number (0 or more)"));
+    fireEvent.input(input("parallel"), { target: { value: "0" } });
+    await waitFor(() => expectErrorAt("parallel", "0 is not between 1 and 256 requests at once (empty: the server's default)"));
+    fireEvent.input(input("parallel"), { target: { value: "2" } });
+    fireEvent.change(select("speculative_kind"), { target: { value: "ngram" } });
+    await waitFor(() =>
+      expectErrorAt("parallel", "2 requests at once: speculative decoding runs one request at a time; set 1, or turn speculative decoding off"),
+    );
+    fireEvent.change(select("speculative_kind"), { target: { value: "off" } });
+    await waitFor(() => expect(screen.getByTestId("plan-sequences").textContent).toBe("KV for 2 requests at once"));
+    expect(input("parallel").getAttribute("aria-invalid")).toBe("false");
+    // Cleared: the server's default again, and sent as null when applied.
+    fireEvent.input(input("parallel"), { target: { value: "" } });
+    await waitFor(() => expect(screen.getByTestId("plan-sequences").textContent).toBe("KV for 4 requests at once"));
+    expect(t.plan.mock.calls.at(-1)![0].parallel).toBeNull();
+    fireEvent.input(input("parallel"), { target: { value: "3" } });
+    fireEvent.click(screen.getByRole("button", { name: "Apply" }));
+    await waitFor(() => expect(t.saveSettings).toHaveBeenCalled());
+    expect(t.saveSettings.mock.calls[0]![0]).toEqual({ ...settings(), parallel: 3 });
   });
 
   it("draws one bar for a device holding the model and its draft, the draft's share marked", async () => {

@@ -104,6 +104,20 @@ describe("settings form", () => {
     if (!r.ok) expect(Object.keys(r.errors).sort()).toEqual(["threads", "vram_reserve_mib"]);
   });
 
+  it("reads requests at once as a number, empty as the server's default", () => {
+    const three = formFromSettings(settings({ parallel: 3 }));
+    expect(three.parallel).toBe("3");
+    expect(settingsFromForm(three)).toEqual({ ok: true, settings: settings({ parallel: 3 }) });
+    expect(formFromSettings(settings()).parallel).toBe("");
+    expect(settingsFromForm({ ...three, parallel: " " })).toEqual({ ok: true, settings: settings({ parallel: null }) });
+    const bad = settingsFromForm({ ...three, parallel: "two" });
+    expect(bad).toEqual({ ok: false, errors: { parallel: "Requests at once must be a whole number (0 or more)" } });
+    expect(fieldOf("parallel")).toBe("parallel");
+    // A server from before the field sends none: the default.
+    const { parallel: _, ...old } = settings();
+    expect(formFromSettings(old as ReturnType<typeof settings>).parallel).toBe("");
+  });
+
   it("round-trips the drafting settings, devices as a list", () => {
     const s = settings({ speculative: { kind: "draft", model_path: "/m/d.gguf" }, draft_max: 8, draft_min: 2, draft_devices: [1, 0] });
     const f = formFromSettings(s);

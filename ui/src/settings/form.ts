@@ -23,6 +23,8 @@ export interface SettingsForm {
   cache_slots: string;
   cache_mib: string;
   threads: string;
+  /** Requests generating at once (`--parallel`); empty: the server's default. */
+  parallel: string;
   engine_kind: "local" | "remote";
   engine_url: string;
   /** A new key typed in the form; empty: the kept one (if any) stays. */
@@ -63,6 +65,8 @@ export function formFromSettings(s: EngineSettings): SettingsForm {
     cache_slots: String(s.cache_slots),
     cache_mib: String(s.cache_mib),
     threads: opt(s.threads),
+    // (Settings from a server before the field existed have none: the default.)
+    parallel: opt(s.parallel ?? null),
     engine_kind: s.engine.kind,
     engine_url: s.engine.kind === "remote" ? s.engine.url : "",
     // (A backend never sends a key; a new one still on its way in is the form's typed key.)
@@ -199,6 +203,7 @@ export function settingsFromForm(f: SettingsForm): Parsed {
     cache_slots: whole(f.cache_slots, "cache_slots", errors, "Cache slots"),
     cache_mib: whole(f.cache_mib, "cache_mib", errors, "Cache MiB"),
     threads: optionalWhole(f.threads, "threads", errors, "Threads"),
+    parallel: optionalWhole(f.parallel, "parallel", errors, "Requests at once"),
     engine:
       f.engine_kind === "local"
         ? { kind: "local" }
@@ -231,6 +236,7 @@ const SERVER_FIELDS: Record<string, FieldName> = {
   cache_slots: "cache_slots",
   cache_mib: "cache_mib",
   threads: "threads",
+  parallel: "parallel",
   engine: "engine",
   "engine.url": "engine_url",
   "engine.api_key": "engine_api_key",

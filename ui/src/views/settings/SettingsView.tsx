@@ -2,7 +2,9 @@
 // show what the load would take per device, and applied with save_settings in the desktop app. A browser
 // cannot restart `strata serve`: there the settings are checked with POST /strata/plan and the flags to
 // restart it with are shown. Errors are shown at the field they name. Speculative decoding has its own
-// card: where drafts come from (off, n-gram lookup, a draft model and its devices) and how many. A remote
+// card: where drafts come from (off, n-gram lookup, a draft model and its devices) and how many. Requests
+// at once (`--parallel`) multiply the KV: the bars count the number the plan says (the server's default
+// when the field is empty). A remote
 // endpoint's key is shown masked (RemoteKeyField); a typed key is never sent to be planned.
 import { useEffect, useRef, useState } from "preact/hooks";
 import type { PlanReply } from "../../bindings";
@@ -36,6 +38,11 @@ export function restartCommand(flags: readonly string[], modelPath: string | nul
 /** A command line argument quoted for a POSIX shell when it needs it. */
 export function shellQuote(arg: string): string {
   return /^[A-Za-z0-9_@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replace(/'/g, `'\\''`)}'`;
+}
+
+/** What the plan's KV figures count, e.g. "KV for 4 requests at once". */
+export function sequencesText(sequences: number): string {
+  return `KV for ${sequences} ${sequences === 1 ? "request" : "requests"} at once`;
 }
 
 const SPECULATIVE_OPTIONS: readonly { value: SpeculativeKind; label: string }[] = [
@@ -207,6 +214,11 @@ export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps
         />
         <div class="plan-preview" aria-live="polite">
           {plan ? <PlanBars plan={plan.plan} /> : <p class="muted">{planning ? "Planning…" : "No plan yet."}</p>}
+          {plan && typeof plan.plan.sequences === "number" && (
+            <p class="hint" data-testid="plan-sequences">
+              {sequencesText(plan.plan.sequences)}
+            </p>
+          )}
           {plan && !plan.plan.fits && plan.plan.problem && <p class="error">{plan.plan.problem}</p>}
         </div>
       </fieldset>
@@ -253,7 +265,16 @@ export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps
         />
       </fieldset>
       <fieldset class="card">
-        <legend>Conversation cache and threads</legend>
+        <legend>Requests, conversation cache and threads</legend>
+        <Field
+          name="parallel"
+          label="Requests at once"
+          inputMode="numeric"
+          value={form.parallel}
+          onInput={(v) => set({ parallel: v })}
+          error={errors.parallel}
+          hint="Each with its own KV, 1 to 256 (1 with speculative decoding). Empty: the server's default (up to 4 on the CPU, 1 on a GPU)."
+        />
         <Field
           name="cache_slots"
           label="Cache slots"
