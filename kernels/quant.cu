@@ -134,6 +134,44 @@ __device__ __forceinline__ void matvec(const u8 *w, const float *x, float *y, in
     }
 }
 
+// Tokens one warp of `matvec_many` takes.
+#define MATVEC_MANY 8
+
+// `matvec` for several tokens, each exactly as `matvec` computes it alone (the same lanes, chunks, order and
+// warp sum), so a decoded token gets the same bits whatever tokens of other sequences share its launch: one
+// warp per row, the row's chunks dequantized once for up to MATVEC_MANY tokens. Grid
+// (ceil(rows / warps per block), ceil(tokens / MATVEC_MANY)).
+template <int T>
+__device__ __forceinline__ void matvec_many(const u8 *w, const float *x, float *y, int rows, int cols,
+                                            long long row_bytes, int tokens, int accumulate) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows) {
+        return; // the whole warp leaves together
+    }
+    const int t0 = blockIdx.y * MATVEC_MANY;
+    const int nt = tokens - t0 < MATVEC_MANY ? tokens - t0 : MATVEC_MANY;
+    const u8 *wr = w + row * row_bytes;
+    float acc[MATVEC_MANY], v[32];
+    for (int t = 0; t < MATVEC_MANY; t++) acc[t] = 0.0f;
+    for (int c = lane; c < cols / 32; c += 32) {
+        dequant32<T>(wr, c, v);
+        for (int t = 0; t < nt; t++) {
+            const float *xc = x + (long long)(t0 + t) * cols + c * 32;
+            float s = 0.0f;
+            for (int j = 0; j < 32; j++) s += v[j] * xc[j];
+            acc[t] += s;
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        float a = warp_sum(acc[t]);
+        if (lane == 0) {
+            long long at = (long long)(t0 + t) * rows + row;
+            y[at] = accumulate ? y[at] + a : a;
+        }
+    }
+}
+
 #define GEMM_TILE 32
 
 // Tiles of 32 rows x 32 tokens per block of 256 threads, each thread 2 x 2 outputs; the weights of a tile
@@ -190,6 +228,10 @@ __device__ __forceinline__ void rows(const u8 *w, const int *ids, float *out, in
     extern "C" __global__ void matvec_##NAME(const u8 *w, const float *x, float *y, int rows_, int cols,           \
                                              long long row_bytes, int accumulate) {                               \
         matvec<T>(w, x, y, rows_, cols, row_bytes, accumulate);                                                   \
+    }                                                                                                             \
+    extern "C" __global__ void matvec_many_##NAME(const u8 *w, const float *x, float *y, int rows_, int cols,      \
+                                                  long long row_bytes, int tokens, int accumulate) {               \
+        matvec_many<T>(w, x, y, rows_, cols, row_bytes, tokens, accumulate);                                       \
     }                                                                                                             \
     extern "C" __global__ void gemm_##NAME(const u8 *w, const float *x, float *y, int rows_, int cols,             \
                                            long long row_bytes, int tokens, int accumulate) {                     \

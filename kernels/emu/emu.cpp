@@ -297,7 +297,7 @@ struct Entry {
     Entry {                                                                                                        \
         #k, [](void **a) { call(&::k, a); }, []() { return signature(&::k); }                                     \
     }
-#define QUANT_ENTRIES(T) ENTRY(matvec_##T), ENTRY(gemm_##T), ENTRY(rows_##T)
+#define QUANT_ENTRIES(T) ENTRY(matvec_##T), ENTRY(matvec_many_##T), ENTRY(gemm_##T), ENTRY(rows_##T)
 
 static const Entry TABLE[] = {
     ENTRY(rms_norm_f32),    ENTRY(rms_norm_add_f32), ENTRY(add_bias_f32),   ENTRY(swiglu_f32),

@@ -58,8 +58,10 @@ pub struct ServeArgs {
     pub queue: u32,
 
     /// Requests generating at once, each on its own sequence, decoded together in one batched pass per
-    /// step (continuous batching); more wait in the queue. Default: 4 when every layer runs on the CPU (or
-    /// sim devices), else 1. Speculative decoding (--spec, --draft-model) runs one at a time
+    /// step (continuous batching, on GPU stages too); more wait in the queue. Default: as many as the host
+    /// holds at the full context, up to 4, when every layer runs on the CPU (or sim devices); 1 with a GPU
+    /// stage (each sequence's KV takes device memory). Speculative decoding (--spec, --draft-model) runs one
+    /// at a time
     #[arg(long = "parallel", visible_alias = "np", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=MAX_PARALLEL as i64))]
     pub parallel: Option<u32>,
     /// Allow browser pages of this origin (repeatable; localhost: any origin on a loopback name or

@@ -82,10 +82,10 @@ struct Span<'a> {
 /// One sequence's rows of a batch that holds several: rows `start..start + t_count` of the batch go to
 /// positions `pos0..` of `kv`.
 pub(super) struct Segment<'k> {
-    kv: &'k mut KvCache,
-    start: usize,
-    t_count: usize,
-    pos0: usize,
+    pub(super) kv: &'k mut KvCache,
+    pub(super) start: usize,
+    pub(super) t_count: usize,
+    pub(super) pos0: usize,
 }
 
 /// One sequence's part of a [`Model::forward_many`] call: its tokens, appended to `kv`, and the indices
@@ -148,13 +148,14 @@ impl Model {
     /// nothing and holds no new page, and the others go on without it.
     ///
     /// Each sequence's logits are the same bits as [`Model::forward`] on it alone: every step but attention
-    /// treats a row alone, whatever rows stand beside it (see `ops`), and attention runs per sequence.
-    /// Inputs on a placement with GPU stages, or more tokens than the stages' scratch was sized for, run one
-    /// after another (the same results).
+    /// treats a row alone, whatever rows stand beside it (see `ops`), and attention runs per sequence. GPU
+    /// stages take each sequence's rows as its own pass would (`GpuStage::run_layers_many`: a decoded token
+    /// by the one-token kernel, a prompt chunk by the batch kernel over its own rows), so there too a
+    /// sequence's bits do not depend on the others (on the GPU they depend on its chunking, as alone).
+    /// More tokens than the stages' scratch was sized for run one input after another (the same results).
     pub fn forward_many(&self, pool: &ThreadPool, inputs: &mut [SeqInput]) -> Vec<Result<Logits, ModelError>> {
         let total: usize = inputs.iter().map(|i| i.tokens.len()).sum();
-        let on_gpu = self.placement.gpu.iter().any(Option::is_some);
-        if inputs.len() <= 1 || on_gpu || total > self.placement.batch {
+        if inputs.len() <= 1 || total > self.placement.batch {
             return inputs.iter_mut().map(|i| self.forward(pool, i.kv, i.tokens, i.want)).collect();
         }
         let n_vocab = self.cfg.n_vocab;
@@ -207,8 +208,15 @@ impl Model {
                 return results.into_iter().flatten().collect();
             }
         };
-        let mut x = self.embed_host(&tokens);
-        let mut s = Scratch::new(&self.cfg, &at);
+        // The wanted rows of each live input: (first, count) in `want`.
+        let want_parts: Vec<(usize, usize)> = live
+            .iter()
+            .scan(0, |first, &n| {
+                let count = inputs[n].want.len();
+                *first += count;
+                Some((*first - count, count))
+            })
+            .collect();
         let mut segs: Vec<Segment> = Vec::with_capacity(live.len());
         let mut start = 0;
         for (n, i) in inputs.iter_mut().enumerate() {
@@ -218,25 +226,88 @@ impl Model {
                 start += t_count;
             }
         }
-        for (si, stage) in self.placement.stages.iter().enumerate() {
-            if si > 0 {
-                x = copy_to(&stage.device, x);
+        let passed = self.run_stages_many(pool, &mut segs, span, &want_parts, &tokens, &at);
+        let (x, mut s, gpu_logits) = match passed {
+            Ok(p) => p,
+            Err(e) => {
+                // A device failed: no sequence keeps what this pass appended (as alone: nothing appended,
+                // the pages it took freed).
+                for seg in &mut segs {
+                    seg.kv.release_unused();
+                }
+                drop(segs);
+                for &n in &live {
+                    results[n] = Some(Err(e.clone().into()));
+                }
+                return results.into_iter().flatten().collect();
             }
-            for l in stage.layers.clone() {
-                self.layer(pool, &mut segs, l, &mut x, &mut s);
-            }
-        }
+        };
         for seg in &mut segs {
             seg.kv.set_len(seg.pos0 + seg.t_count);
         }
         drop(segs);
-        let data = self.cpu_head(pool, span, &x, &mut Some(s));
+        let data = match gpu_logits {
+            Some(data) => data,
+            None => self.cpu_head(pool, span, &x, &mut s),
+        };
         let mut rows = data.chunks_exact(n_vocab);
         for &n in &live {
             let data: Vec<f32> = rows.by_ref().take(inputs[n].want.len()).flatten().copied().collect();
             results[n] = Some(Ok(Logits { n_vocab, data }));
         }
         results.into_iter().flatten().collect()
+    }
+
+    /// [`Model::forward_many`]'s stages over its rows (`tokens`, at positions `at`), every sequence's rows
+    /// together: the hidden state `x` after the last stage (on the host) with the CPU stages' scratch, or the
+    /// logits of the wanted rows when the last stage is a GPU (its head ran there).
+    #[allow(clippy::type_complexity)]
+    fn run_stages_many(
+        &self,
+        pool: &ThreadPool,
+        segs: &mut [Segment],
+        span: Span<'_>,
+        want_parts: &[(usize, usize)],
+        tokens: &[u32],
+        at: &[(usize, Option<&[f32]>)],
+    ) -> Result<(Vec<f32>, Option<Scratch>, Option<Vec<f32>>), DeviceError> {
+        let placement = &self.placement;
+        let d = self.cfg.n_embd;
+        // Rows gathered on the GPU are scaled there (`GpuStage::embed`), the host's by `embed_host`.
+        let first_gathers = placement.gpu[0].as_ref().filter(|g| g.holds_embeddings());
+        let mut x = match first_gathers {
+            Some(g) => {
+                g.embed(tokens, d)?;
+                Vec::new()
+            }
+            None => self.embed_host(tokens),
+        };
+        let mut s: Option<Scratch> = None;
+        let mut gpu_logits = None;
+        for (si, stage) in placement.stages.iter().enumerate() {
+            if let Some(g) = &placement.gpu[si] {
+                match si.checked_sub(1).and_then(|p| placement.gpu[p].as_ref()) {
+                    Some(p) => g.receive_x(p, span.t_count, d)?,
+                    None if si == 0 && first_gathers.is_some() => {}
+                    None => g.upload_x(&x)?,
+                }
+                g.run_layers_many(&self.cfg, segs)?;
+                if si + 1 == placement.stages.len() {
+                    gpu_logits = Some(g.head(&self.cfg, span.want, want_parts)?);
+                } else if !placement.gpu.get(si + 1).is_some_and(Option::is_some) {
+                    x = g.download_x(span.t_count, d)?;
+                }
+                continue;
+            }
+            if si > 0 {
+                x = copy_to(&stage.device, x);
+            }
+            for l in stage.layers.clone() {
+                let scratch = s.get_or_insert_with(|| Scratch::new(&self.cfg, at));
+                self.layer(pool, segs, l, &mut x, scratch);
+            }
+        }
+        Ok((x, s, gpu_logits))
     }
 
     /// One batch of at most `placement.batch` tokens: checks it, takes its KV pages and extra scratch,
@@ -379,7 +450,7 @@ impl Model {
         }
         g.run_layers(cfg, kv, span.t_count, span.pos0)?;
         if si + 1 == placement.stages.len() {
-            return Ok(Some(g.head(cfg, span.want)?));
+            return Ok(Some(g.head(cfg, span.want, &[(0, span.want.len())])?));
         }
         let next_on_gpu = placement.gpu.get(si + 1).is_some_and(Option::is_some);
         if !next_on_gpu {

@@ -26,6 +26,7 @@ use crate::quant::GgmlType;
 
 use super::config::{ModelConfig, RopeKind};
 use super::family::{Family, FfnAct, SwaLayers};
+use super::forward::Segment;
 use super::kv::{KvCache, KvType};
 use super::weights::{FactorSet, QTensor, RopeFactors, Weights};
 
@@ -36,6 +37,7 @@ struct GpuMatrix {
     cols: usize,
     row_bytes: usize,
     matvec: &'static str,
+    matvec_many: &'static str,
     gemm: &'static str,
 }
 
@@ -229,6 +231,7 @@ impl GpuStage {
                 cols: m.cols,
                 row_bytes: m.row_bytes,
                 matvec: kernel("matvec", m.ty)?,
+                matvec_many: kernel("matvec_many", m.ty)?,
                 gemm: kernel("gemm", m.ty)?,
             })
         };
@@ -311,16 +314,8 @@ impl GpuStage {
         unsafe { launch(&*self.gpu, kernel, dims, args) }.map_err(|e| self.err(e))
     }
 
-    /// `y (t, m.rows) = x (t, m.cols) . W^T`.
-    fn matmul(&self, m: &GpuMatrix, x: u64, y: u64, t: usize) -> Result<(), DeviceError> {
-        self.product(m, x, y, t, false)
-    }
-
-    /// `y += x . W^T` (a projection added to the residual stream).
-    fn matmul_add(&self, m: &GpuMatrix, x: u64, y: u64, t: usize) -> Result<(), DeviceError> {
-        self.product(m, x, y, t, true)
-    }
-
+    /// `y (t, m.rows) = x (t, m.cols) . W^T`, or added to `y` (a projection into the residual stream): one
+    /// token by `matvec`, more by `gemm`.
     fn product(&self, m: &GpuMatrix, x: u64, y: u64, t: usize, accumulate: bool) -> Result<(), DeviceError> {
         let mut args = vec![
             Arg::Ptr(ptr(&m.mem)),
@@ -340,6 +335,58 @@ impl GpuStage {
             let dims = Dims { grid: [m.rows.div_ceil(32) as u32, t.div_ceil(32) as u32, 1], block: [256, 1, 1] };
             self.run(m.gemm, dims, &args)
         }
+    }
+
+    /// [`GpuStage::product`] over the rows of several sequences, `parts` (start row, rows) in order, each
+    /// part's rows taken as a product of that sequence alone takes them: a decoded token (one row) by
+    /// `matvec` (consecutive ones in one `matvec_many` launch, the same bits per token), a prompt chunk by
+    /// `gemm` over its own rows. So every row gets the bits it gets alone.
+    fn products(
+        &self,
+        m: &GpuMatrix,
+        x: u64,
+        y: u64,
+        parts: &[(usize, usize)],
+        accumulate: bool,
+    ) -> Result<(), DeviceError> {
+        if let [(0, t)] = parts {
+            return self.product(m, x, y, *t, accumulate);
+        }
+        let (x_row, y_row) = ((m.cols * 4) as u64, (m.rows * 4) as u64);
+        let mut i = 0;
+        while i < parts.len() {
+            let (start, t) = parts[i];
+            let (xs, ys) = (x + start as u64 * x_row, y + start as u64 * y_row);
+            if t == 1 {
+                // Consecutive one-row parts are consecutive rows.
+                let run = parts[i..].iter().take_while(|p| p.1 == 1).count();
+                if run == 1 {
+                    self.product(m, xs, ys, 1, accumulate)?;
+                } else {
+                    let args = [
+                        Arg::Ptr(ptr(&m.mem)),
+                        Arg::Ptr(xs),
+                        Arg::Ptr(ys),
+                        Arg::I32(m.rows as i32),
+                        Arg::I32(m.cols as i32),
+                        Arg::I64(m.row_bytes as i64),
+                        Arg::I32(run as i32),
+                        Arg::I32(i32::from(accumulate)),
+                    ];
+                    // Eight rows (warps) per block, eight tokens per warp (MATVEC_MANY).
+                    let dims =
+                        Dims { grid: [m.rows.div_ceil(8) as u32, run.div_ceil(8) as u32, 1], block: [256, 1, 1] };
+                    self.run(m.matvec_many, dims, &args)?;
+                }
+                i += run;
+            } else {
+                if t > 0 {
+                    self.product(m, xs, ys, t, accumulate)?;
+                }
+                i += 1;
+            }
+        }
+        Ok(())
     }
 
     /// `out = rms_norm(x) * w` over `rows` rows of `n` values (`x` may be `out`).
@@ -470,12 +517,24 @@ impl GpuStage {
 
     /// The stage's layers over the `t` tokens in `x` at positions `pos0..`, writing their K and V into `kv`.
     pub fn run_layers(&self, cfg: &ModelConfig, kv: &mut KvCache, t: usize, pos0: usize) -> Result<(), DeviceError> {
+        self.run_layers_many(cfg, &mut [Segment { kv, start: 0, t_count: t, pos0 }])
+    }
+
+    /// This stage's layers over rows of several sequences at once (`Model::forward_many`): every step but
+    /// attention runs over all the rows; RoPE, the KV store and attention run per sequence, on its rows
+    /// (`start..start + t_count` of the scratch) and its own cache. Each row's results are the bits it gets
+    /// alone: the kernels treat a row alone, whatever rows stand beside it.
+    pub(super) fn run_layers_many(&self, cfg: &ModelConfig, segs: &mut [Segment]) -> Result<(), DeviceError> {
+        let t: usize = segs.iter().map(|s| s.t_count).sum();
         debug_assert!(t <= self.batch);
+        let Some(kv_ty) = segs.first().map(|s| s.kv.ty) else {
+            return Ok(());
+        };
         let s = &self.scratch;
         let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
         let (x, xn, q, k, v, att, gate, up) =
             (ptr(&s.x), ptr(&s.xn), ptr(&s.q), ptr(&s.k), ptr(&s.v), ptr(&s.att), ptr(&s.gate), ptr(&s.up));
-        let int8 = match kv.ty {
+        let int8 = match kv_ty {
             KvType::F16 => false,
             KvType::Int8 => true,
             KvType::F32 => unreachable!("f32 KV is refused on GPU stages (Model::new_kv)"),
@@ -485,7 +544,8 @@ impl GpuStage {
             let why = format!("int8 KV needs heads of a multiple of 32 values (this model's: {})", cfg.head_dim);
             return Err(DeviceError::Unavailable { device: self.device.name(), why });
         }
-        let factors = self.rope_factors.for_context(kv.max_tokens, cfg.rope_orig_ctx);
+        let factors: Vec<u64> =
+            segs.iter().map(|s| self.rope_factors.for_context(s.kv.max_tokens, cfg.rope_orig_ctx)).collect();
         let glu = match cfg.family.ffn_act {
             FfnAct::Silu => "swiglu_f32",
             FfnAct::GeluTanh => "geglu_f32",
@@ -493,13 +553,16 @@ impl GpuStage {
         let hd = cfg.head_dim;
         let (store, attend) =
             if int8 { ("kv_store_q8_0", "attention_q8_0") } else { ("kv_store_f16", "attention_f16") };
-        let store_dims = Dims::over(2 * t * if int8 { kv_dim / 32 } else { kv_dim }, 128);
+        let store_values = if int8 { kv_dim / 32 } else { kv_dim };
+        // Byte offsets of a row in q / att (q_dim f32s) and in k / v (kv_dim f32s).
+        let (q_row, kv_row) = ((q_dim * 4) as u64, (kv_dim * 4) as u64);
+        let parts: Vec<(usize, usize)> = segs.iter().map(|s| (s.start, s.t_count)).collect();
         for (l, w) in self.layers.clone().zip(&self.weights) {
             // Attention block.
             self.rms_norm(x, &w.attn_norm, xn, t, d, cfg.rms_eps)?;
-            self.matmul(&w.wq, xn, q, t)?;
-            self.matmul(&w.wk, xn, k, t)?;
-            self.matmul(&w.wv, xn, v, t)?;
+            self.products(&w.wq, xn, q, &parts, false)?;
+            self.products(&w.wk, xn, k, &parts, false)?;
+            self.products(&w.wv, xn, v, &parts, false)?;
             self.add_bias(q, &w.bq, q_dim, t)?;
             self.add_bias(k, &w.bk, kv_dim, t)?;
             self.add_bias(v, &w.bv, kv_dim, t)?;
@@ -509,40 +572,44 @@ impl GpuStage {
             if let Some(n) = &w.k_norm {
                 self.rms_norm(k, n, k, t * cfg.n_head_kv, hd, cfg.rms_eps)?;
             }
-            self.rope(cfg, l, factors, q, k, t, pos0)?;
-            let (k_table, v_table) = kv.gpu_tables(l)?;
-            let args = [
-                Arg::Ptr(k),
-                Arg::Ptr(v),
-                Arg::Ptr(k_table),
-                Arg::Ptr(v_table),
-                Arg::I32(t as i32),
-                Arg::I32(pos0 as i32),
-                Arg::I32(kv_dim as i32),
-            ];
-            self.run(store, store_dims, &args)?;
-            let args = [
-                Arg::Ptr(q),
-                Arg::Ptr(att),
-                Arg::Ptr(k_table),
-                Arg::Ptr(v_table),
-                Arg::I32(pos0 as i32),
-                Arg::I32(cfg.n_head as i32),
-                Arg::I32(cfg.n_head_kv as i32),
-                Arg::I32(hd as i32),
-                Arg::F32(cfg.attn_scale),
-                Arg::I32(cfg.window(l).unwrap_or(0) as i32),
-                Arg::F32(cfg.attn_softcap.unwrap_or(0.0)),
-            ];
-            self.run(attend, Dims::linear((t * cfg.n_head) as u32, 128), &args)?;
-            self.project_into_residual(&w.wo, &w.attn_post_norm, att, cfg, t)?;
+            for (seg, &factors) in segs.iter_mut().zip(&factors) {
+                let (start, ts, pos0) = (seg.start as u64, seg.t_count, seg.pos0);
+                let (q, k, v, att) = (q + start * q_row, k + start * kv_row, v + start * kv_row, att + start * q_row);
+                self.rope(cfg, l, factors, q, k, ts, pos0)?;
+                let (k_table, v_table) = seg.kv.gpu_tables(l)?;
+                let args = [
+                    Arg::Ptr(k),
+                    Arg::Ptr(v),
+                    Arg::Ptr(k_table),
+                    Arg::Ptr(v_table),
+                    Arg::I32(ts as i32),
+                    Arg::I32(pos0 as i32),
+                    Arg::I32(kv_dim as i32),
+                ];
+                self.run(store, Dims::over(2 * ts * store_values, 128), &args)?;
+                let args = [
+                    Arg::Ptr(q),
+                    Arg::Ptr(att),
+                    Arg::Ptr(k_table),
+                    Arg::Ptr(v_table),
+                    Arg::I32(pos0 as i32),
+                    Arg::I32(cfg.n_head as i32),
+                    Arg::I32(cfg.n_head_kv as i32),
+                    Arg::I32(hd as i32),
+                    Arg::F32(cfg.attn_scale),
+                    Arg::I32(cfg.window(l).unwrap_or(0) as i32),
+                    Arg::F32(cfg.attn_softcap.unwrap_or(0.0)),
+                ];
+                self.run(attend, Dims::linear((ts * cfg.n_head) as u32, 128), &args)?;
+            }
+            self.project_into_residual(&w.wo, &w.attn_post_norm, att, cfg, &parts)?;
 
             // Feed-forward block (SwiGLU or GeGLU).
             self.rms_norm(x, &w.ffn_norm, xn, t, d, cfg.rms_eps)?;
-            self.matmul(&w.w_gate, xn, gate, t)?;
-            self.matmul(&w.w_up, xn, up, t)?;
+            self.products(&w.w_gate, xn, gate, &parts, false)?;
+            self.products(&w.w_up, xn, up, &parts, false)?;
             self.run(glu, Dims::over(t * ff, 256), &[Arg::Ptr(gate), Arg::Ptr(up), Arg::I32((t * ff) as i32)])?;
-            self.project_into_residual(&w.w_down, &w.ffn_post_norm, gate, cfg, t)?;
+            self.project_into_residual(&w.w_down, &w.ffn_post_norm, gate, cfg, &parts)?;
         }
         Ok(())
     }
@@ -555,20 +622,23 @@ impl GpuStage {
         post_norm: &Option<Allocation>,
         input: u64,
         cfg: &ModelConfig,
-        t: usize,
+        parts: &[(usize, usize)],
     ) -> Result<(), DeviceError> {
         let (x, xn) = (ptr(&self.scratch.x), ptr(&self.scratch.xn));
+        let t = parts.iter().map(|p| p.1).sum();
         match post_norm {
             Some(n) => {
-                self.matmul(m, input, xn, t)?;
+                self.products(m, input, xn, parts, false)?;
                 self.rms_norm_add(xn, n, x, t, cfg.n_embd, cfg.rms_eps)
             }
-            None => self.matmul_add(m, input, x, t),
+            None => self.products(m, input, x, parts, true),
         }
     }
 
-    /// Logits of the batch rows `want` (the last stage only): (want.len(), n_vocab), on the host.
-    pub fn head(&self, cfg: &ModelConfig, want: &[usize]) -> Result<Vec<f32>, DeviceError> {
+    /// Logits of the batch rows `want` (the last stage only): (want.len(), n_vocab), on the host. `parts`
+    /// groups the wanted rows by sequence ((first, count) in `want`; one part for one sequence), each group's
+    /// product taken as that sequence's alone ([`GpuStage::products`]).
+    pub fn head(&self, cfg: &ModelConfig, want: &[usize], parts: &[(usize, usize)]) -> Result<Vec<f32>, DeviceError> {
         let head = self.head.as_ref().expect("the head is on the last stage");
         let (d, n_vocab, n_out) = (cfg.n_embd, cfg.n_vocab, want.len());
         if n_out == 0 {
@@ -600,7 +670,7 @@ impl GpuStage {
             self.run("gather_rows_f32", Dims::linear(chunk.len() as u32, 256), &args)?;
         }
         self.rms_norm(hn, &head.norm, hn, n_out, d, cfg.rms_eps)?;
-        self.matmul(&head.output, hn, logits, n_out)?;
+        self.products(&head.output, hn, logits, parts, false)?;
         if let Some(c) = cfg.final_softcap {
             self.softcap(logits, c, n_out * n_vocab)?;
         }

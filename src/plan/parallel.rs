@@ -20,7 +20,9 @@ pub const SPECULATIVE_ONE_AT_A_TIME: &str = "speculative decoding runs one reque
 pub enum DefaultParallel {
     /// Speculative decoding: one request at a time.
     Speculative,
-    /// A stage runs on a GPU, whose pass runs sequences one after another: one.
+    /// A stage runs on a GPU: one. `--parallel N` batches the sequences there too (one pass, the products
+    /// over all rows), but every sequence's KV takes device memory that the reserve and the conversation
+    /// cache's restores share, so more than one is the user's choice, not a default.
     GpuStages,
     /// Every stage computes on the CPU (host or sim devices): as many sequences of `per_sequence_bytes`
     /// (KV at the full context) as the host's `available_bytes` less its margin hold, 1 to

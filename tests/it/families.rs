@@ -68,7 +68,11 @@ fn every_family_gives_llama_cpps_greedy_tokens_and_log_probs() {
 /// Logits of every position of `tokens` read in batches of `batch` into a cache sized `ctx`, the cache
 /// first filled from `start` (a restored snapshot) when given.
 fn logits(model: &Model, pool: &ThreadPool, tokens: &[u32], batch: usize, ctx: usize) -> Vec<u32> {
-    let mut kv = model.new_kv(KvType::F32, ctx).expect("kv");
+    logits_kv(model, pool, tokens, batch, ctx, KvType::F32)
+}
+
+fn logits_kv(model: &Model, pool: &ThreadPool, tokens: &[u32], batch: usize, ctx: usize, ty: KvType) -> Vec<u32> {
+    let mut kv = model.new_kv(ty, ctx).expect("kv");
     let mut out = Vec::new();
     for chunk in tokens.chunks(batch) {
         let want: Vec<usize> = (0..chunk.len()).collect();
@@ -122,7 +126,18 @@ fn every_family_is_bit_identical_across_batches_threads_splits_and_restores() {
 /// sizes follow `sizes` (prompt chunks of one beside single tokens of another), and leaves when it is read.
 /// Every position's logits of each sequence, as bits.
 fn read_together(model: &Model, pool: &ThreadPool, seqs: &[Vec<u32>], sizes: &[usize], ctx: usize) -> Vec<Vec<u32>> {
-    let mut kvs: Vec<_> = seqs.iter().map(|_| model.new_kv(KvType::F32, ctx).expect("kv")).collect();
+    read_together_kv(model, pool, seqs, sizes, ctx, KvType::F32)
+}
+
+fn read_together_kv(
+    model: &Model,
+    pool: &ThreadPool,
+    seqs: &[Vec<u32>],
+    sizes: &[usize],
+    ctx: usize,
+    ty: KvType,
+) -> Vec<Vec<u32>> {
+    let mut kvs: Vec<_> = seqs.iter().map(|_| model.new_kv(ty, ctx).expect("kv")).collect();
     let mut got = vec![Vec::new(); seqs.len()];
     let mut at = vec![0; seqs.len()];
     for step in 0.. {
@@ -181,6 +196,49 @@ fn sequences_read_together_give_each_the_logits_it_has_alone() {
             let split = Model::load_with(&families::file(&format!("{stem}.gguf")), &opts).expect("split loads");
             let together = read_together(&split, &pool, &seqs, &[5, 1, 1, 9, 1, 2, 17, 1], ctx);
             assert!(together == alone, "{stem}: sequences read together on a split differ from alone");
+        }
+    }
+}
+
+/// The same promise through the CUDA backend (on its CPU emulator, which runs the kernels' PTX): on one
+/// GPU, and split between the CPU and a GPU, sequences read together in one pass (their matrix products over
+/// all rows at once, RoPE, the KV store and attention per sequence) give each the logits it has alone.
+#[test]
+fn sequences_read_together_on_an_emulated_gpu_give_each_the_logits_it_has_alone() {
+    let pool = ThreadPool::new(2);
+    for stem in ["llama3", "gemma3"] {
+        let r = reference(stem);
+        let mut base = ids(&r["prompt"]);
+        base.extend(ids(&r["greedy"]));
+        let path = families::file(&format!("{stem}.gguf"));
+        for (kinds, split) in [
+            (vec![DeviceKind::Emu { capacity_bytes: 64 << 20 }], None),
+            (vec![DeviceKind::Cpu, DeviceKind::Emu { capacity_bytes: 64 << 20 }], Some(vec![1])),
+        ] {
+            let devices = DeviceSet::from_kinds(&kinds, 0).expect("devices");
+            let opts = LoadOptions { devices, split, ..Default::default() };
+            let model = Model::load_with(&path, &opts).expect("loads on the emulated GPU");
+            assert!(model.placement.gpu.iter().any(Option::is_some), "{stem}: a GPU stage");
+            let (ctx, v) = (256, model.cfg.n_vocab as u32);
+            let seqs: Vec<Vec<u32>> = vec![
+                base.clone(),
+                base.iter().rev().copied().collect(),
+                base.iter().map(|&t| (t * 7 + 3) % v).chain(base[..4].iter().copied()).collect(),
+            ];
+            // Each alone in the chunks it takes together (the GPU's kernels give a row the same bits
+            // whatever rows stand beside it, but not whatever chunk its prompt was read in).
+            let sizes = [5, 1, 1, 9, 1, 2];
+            let alone: Vec<Vec<u32>> = (0..seqs.len())
+                .map(|i| {
+                    let only: Vec<Vec<u32>> =
+                        (0..seqs.len()).map(|j| if j == i { seqs[i].clone() } else { Vec::new() }).collect();
+                    read_together_kv(&model, &pool, &only, &sizes, ctx, KvType::F16).swap_remove(i)
+                })
+                .collect();
+            let together = read_together_kv(&model, &pool, &seqs, &sizes, ctx, KvType::F16);
+            for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
+                assert!(t == a, "{stem} on {kinds:?}: sequence {i} read together differs from alone");
+            }
         }
     }
 }

@@ -43,13 +43,14 @@ macro_rules! quant_entries {
     ($($t:ident),*) => {
         [$([
             Entry { name: concat!("matvec_", stringify!($t)), file: "quant", params: "pppiili" },
+            Entry { name: concat!("matvec_many_", stringify!($t)), file: "quant", params: "pppiilii" },
             Entry { name: concat!("gemm_", stringify!($t)), file: "quant", params: "pppiilii" },
             Entry { name: concat!("rows_", stringify!($t)), file: "quant", params: "pppil" },
         ]),*]
     };
 }
 
-const QUANT: [[Entry; 3]; 11] = quant_entries!(f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K);
+const QUANT: [[Entry; 4]; 11] = quant_entries!(f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K);
 
 const OTHERS: [Entry; 14] = [
     Entry { name: "rms_norm_f32", file: "norm", params: "pppif" },
@@ -78,8 +79,9 @@ pub fn entry(name: &str) -> Option<Entry> {
     entries().find(|e| e.name == name)
 }
 
-/// Whether the GPU has kernels for weights of type `ty` (products and row lookups: `matvec_T`, `gemm_T`,
-/// `rows_T`). A model with other weights on a GPU stage is refused at load, naming the type.
+/// Whether the GPU has kernels for weights of type `ty` (products and row lookups: `matvec_T`,
+/// `matvec_many_T`, `gemm_T`, `rows_T`). A model with other weights on a GPU stage is refused at load,
+/// naming the type.
 pub fn has_weight_kernels(ty: crate::quant::GgmlType) -> bool {
-    ["matvec", "gemm", "rows"].iter().all(|p| entry(&format!("{p}_{}", ty.name())).is_some())
+    ["matvec", "matvec_many", "gemm", "rows"].iter().all(|p| entry(&format!("{p}_{}", ty.name())).is_some())
 }
