@@ -558,3 +558,62 @@ fn max_abs(rows: &[Vec<f32>]) -> f64 {
 fn max_diff64(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f64, f64::max)
 }
+
+/// Sequences decoded together on GPU stages (`Model::forward_many`: one pass, the products over every row,
+/// the decoded tokens in one `matvec_many` launch) give each sequence the logits it has alone, read in the
+/// same chunks: on one GPU, over two, and with pages on the host.
+#[test]
+fn sequences_read_together_on_the_gpu_give_each_the_bits_it_has_alone() {
+    use strata::model::SeqInput;
+    let file = four_layers();
+    let pool = ThreadPool::new(2);
+    for (kinds, split, resident) in [
+        (vec![emu(256)], None, None),
+        (vec![emu(128), emu(128)], Some(vec![2]), None),
+        (vec![emu(256)], None, Some(64)),
+    ] {
+        let model = load(&file, devices(&kinds, 0), split, resident);
+        let v = model.cfg.n_vocab as u32;
+        let seqs: Vec<Vec<u32>> = (0..4u32)
+            .map(|i| common::tokens(90 + 20 * i as usize, 90, 3 + i).iter().map(|&t| t % v).collect())
+            .collect();
+        // Step s: sequence i (joined at step i) takes a chunk of sizes[(s + i) % 5] tokens, or what is left.
+        let sizes = [1usize, 7, 1, 1, 33];
+        let read = |which: &[usize]| -> Vec<Vec<u32>> {
+            let mut kvs: Vec<_> = seqs.iter().map(|_| Sequence::new(&model, KvType::F16, 4096).expect("seq")).collect();
+            let mut at = vec![0usize; seqs.len()];
+            let mut got = vec![Vec::new(); seqs.len()];
+            for step in 0..400 {
+                let takes: Vec<(usize, usize)> = which
+                    .iter()
+                    .filter(|&&i| i <= step && at[i] < seqs[i].len())
+                    .map(|&i| (i, sizes[(step + i) % sizes.len()].min(seqs[i].len() - at[i])))
+                    .collect();
+                if takes.is_empty() && which.iter().all(|&i| at[i] == seqs[i].len()) {
+                    break;
+                }
+                let wants: Vec<Vec<usize>> = takes.iter().map(|&(_, n)| vec![n - 1]).collect();
+                let mut inputs: Vec<SeqInput> = Vec::new();
+                for (kv, i) in kvs
+                    .iter_mut()
+                    .enumerate()
+                    .filter_map(|(i, s)| takes.iter().any(|t| t.0 == i).then_some((&mut s.kv, i)))
+                {
+                    let k = takes.iter().position(|t| t.0 == i).expect("taken");
+                    inputs.push(SeqInput { kv, tokens: &seqs[i][at[i]..at[i] + takes[k].1], want: &wants[k] });
+                }
+                for (r, &(i, n)) in model.forward_many(&pool, &mut inputs).into_iter().zip(&takes) {
+                    got[i].extend(r.expect("forward_many").data.iter().map(|x| x.to_bits()));
+                    at[i] += n;
+                }
+            }
+            got
+        };
+        let together = read(&[0, 1, 2, 3]);
+        for i in 0..seqs.len() {
+            let alone = read(&[i]);
+            assert!(together[i] == alone[i], "{kinds:?}: sequence {i} read together differs from alone");
+            assert!(!alone[i].is_empty());
+        }
+    }
+}
