@@ -345,7 +345,6 @@ fn run_batched<'a>(
             Err(_) => return engine_failed(shared, running.iter().map(|r| &r.job.tx)),
         };
         let mut ended = false;
-        // Taken out back to front, so that removing a job leaves the indices before it as they were.
         let done: Vec<(usize, Result<Generation, EngineError>)> = progress
             .into_iter()
             .enumerate()
@@ -354,32 +353,47 @@ fn run_batched<'a>(
                 Progress::Going | Progress::Starved => None,
             })
             .collect();
-        let mut finished: Vec<(usize, Running<'a>, Result<Generation, EngineError>)> =
-            done.into_iter().rev().map(|(i, result)| (i, running.remove(i), result)).collect();
-        if !finished.is_empty() {
+        if !done.is_empty() {
             // Their slots show free before their clients hear the end: a client that asks `/slots` right after
-            // its answer sees its slot idle (a job's next choice takes it again below).
-            shared.publish_slots(session.parallel(), running.iter().map(|r| r.slot));
+            // its answer sees its slot idle (a job's next choice takes its slot again below).
+            let going = running.iter().enumerate().filter(|(i, _)| !done.iter().any(|d| d.0 == *i));
+            shared.publish_slots(session.parallel(), going.map(|(_, r)| r.slot));
         }
-        // Front to back (popped from the back-to-front list), so that each job goes back to the index it had.
-        while let Some((i, r, result)) = finished.pop() {
-            let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let settled = settle(&mut running, done, |r, result| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 choice_ended(session, tokenizer, shared, r, result)
-            }));
-            match next {
-                Ok(Some(r)) => running.insert(i, r),
-                Ok(None) => ended = true,
-                Err(_) => {
-                    let waiting = running.iter().map(|r| &r.job.tx).chain(finished.iter().map(|f| &f.1.job.tx));
-                    return engine_failed(shared, waiting);
-                }
-            }
+            }))
+            .map_err(|_| ())
+        });
+        match settled {
+            Ok(n) => ended |= n > 0,
+            Err(()) => return engine_failed(shared, running.iter().map(|r| &r.job.tx)),
         }
         shared.publish_slots(session.parallel(), running.iter().map(|r| r.slot));
         if ended {
             publish_cache(session, shared);
         }
     }
+}
+
+/// Hands each finished entry of `running` (`done`: its index and result, indices ascending) to `next`,
+/// which gives it back (its next choice goes on) or not (it ended); back to front, so that taking one out
+/// and putting it back leaves the indices before it as they were, whichever of them end. The number that
+/// ended; `Err` as soon as `next` fails (the entries not yet handled stay in `running`).
+fn settle<T, R>(
+    running: &mut Vec<T>,
+    done: Vec<(usize, R)>,
+    mut next: impl FnMut(T, R) -> Result<Option<T>, ()>,
+) -> Result<usize, ()> {
+    let mut ended = 0;
+    for (i, result) in done.into_iter().rev() {
+        let r = running.remove(i);
+        match next(r, result)? {
+            Some(r) => running.insert(i, r),
+            None => ended += 1,
+        }
+    }
+    Ok(ended)
 }
 
 /// Starts `job`'s first choice on a free slot; None when the job was answered instead (an error).
@@ -748,4 +762,35 @@ fn publish_cache(session: &Session, shared: &Shared) {
     };
     view.slots_used = view.parked.len();
     *shared.cache.lock_unpoisoned() = view;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::settle;
+
+    /// Two jobs finish a choice in the same step: the first ends, the second goes on to its next choice
+    /// (`n` 2). Each keeps its place, and nothing is put back past the end of the list.
+    #[test]
+    fn jobs_ending_and_going_on_in_one_step_keep_their_places() {
+        for ends in [[true, false], [false, true], [true, true], [false, false]] {
+            let mut running = vec!["a", "b", "c"];
+            let done = vec![(0, ends[0]), (2, ends[1])];
+            let ended = settle(&mut running, done, |r, end| Ok(if end { None } else { Some(r) })).unwrap();
+            let want: Vec<&str> = [("a", ends[0]), ("b", false), ("c", ends[1])]
+                .into_iter()
+                .filter(|&(_, end)| !end)
+                .map(|(r, _)| r)
+                .collect();
+            assert_eq!(running, want, "{ends:?}");
+            assert_eq!(ended, ends.iter().filter(|&&e| e).count());
+        }
+        // The case that once panicked: the only two jobs finish together, the first ends.
+        let mut running = vec!["a", "b"];
+        settle(&mut running, vec![(0, true), (1, false)], |r, end| Ok(if end { None } else { Some(r) })).unwrap();
+        assert_eq!(running, ["b"]);
+        // A failure stops at once; what was not handled stays.
+        let mut running = vec!["a", "b"];
+        assert!(settle(&mut running, vec![(0, false), (1, false)], |_, _| Err::<Option<&str>, ()>(())).is_err());
+        assert_eq!(running, ["a"]);
+    }
 }
