@@ -70,8 +70,10 @@ impl<J: Laned> FairQueue<J> {
         FairQueue { rx, lanes: Vec::new(), last_start: HashMap::new(), starts: 0, closed: false }
     }
 
-    /// The next job to start: waits for one when `wait` and none is queued. None: nothing is queued (and
-    /// `wait` is false), or the channel is closed and every lane is empty.
+    /// The next job to take off the queue: waits for one when `wait` and none is queued. None: nothing is
+    /// queued (and `wait` is false), or the channel is closed and every lane is empty. Its client's turn is
+    /// counted by [`FairQueue::started`] once it really starts: a job dropped instead (its client left)
+    /// costs the lane nothing.
     pub fn next(&mut self, wait: bool) -> Option<J> {
         self.drain();
         if self.lanes.is_empty() && wait && !self.closed {
@@ -84,16 +86,21 @@ impl<J: Laned> FairQueue<J> {
         let last = |k: &ClientKey| self.last_start.get(k).copied().unwrap_or(0);
         let (i, _) = self.lanes.iter().enumerate().min_by_key(|(i, (k, _))| (last(k), *i))?;
         let job = self.lanes[i].1.pop_front();
-        self.starts += 1;
-        self.last_start.insert(self.lanes[i].0.clone(), self.starts);
         if self.lanes[i].1.is_empty() {
             self.lanes.remove(i);
         }
+        job
+    }
+
+    /// `client`'s job taken by [`FairQueue::next`] has started: the lane goes behind those served less
+    /// recently.
+    pub fn started(&mut self, client: &ClientKey) {
+        self.starts += 1;
+        self.last_start.insert(client.clone(), self.starts);
         if self.last_start.len() > REMEMBERED {
             let lanes = &self.lanes;
-            self.last_start.retain(|k, _| lanes.iter().any(|(l, _)| l == k));
+            self.last_start.retain(|k, _| k == client || lanes.iter().any(|(l, _)| l == k));
         }
-        job
     }
 
     /// Jobs queued in lanes (not counting those still in the channel).
@@ -140,16 +147,20 @@ mod tests {
     }
 
     fn order(q: &mut FairQueue<J>) -> Vec<(String, u32)> {
-        std::iter::from_fn(|| q.next(false))
-            .map(|J(k, n)| {
-                let name = match k {
-                    ClientKey::User(u) => u,
-                    ClientKey::Addr(a) => a.to_string(),
-                    ClientKey::Unknown => "?".into(),
-                };
-                (name, n)
-            })
-            .collect()
+        std::iter::from_fn(|| {
+            let j = q.next(false)?;
+            q.started(&j.0);
+            Some(j)
+        })
+        .map(|J(k, n)| {
+            let name = match k {
+                ClientKey::User(u) => u,
+                ClientKey::Addr(a) => a.to_string(),
+                ClientKey::Unknown => "?".into(),
+            };
+            (name, n)
+        })
+        .collect()
     }
 
     #[test]
@@ -187,7 +198,9 @@ mod tests {
             tx.send(J(user("agent"), n)).unwrap();
         }
         // The engine starts one job, then the editor's request comes.
-        assert_eq!(q.next(false).map(|j| j.1), Some(0));
+        let first = q.next(false).expect("a job");
+        q.started(&first.0);
+        assert_eq!(first.1, 0);
         tx.send(J(user("editor"), 0)).unwrap();
         let got = order(&mut q);
         assert_eq!(got[0], ("editor".to_string(), 0), "{got:?}");
@@ -206,5 +219,20 @@ mod tests {
         assert_eq!(q.next(true).map(|j| j.1), Some(9));
         t.join().unwrap();
         assert!(q.next(true).is_none(), "the sender is gone: no job will come");
+    }
+
+    #[test]
+    fn a_job_dropped_before_it_starts_costs_its_lane_nothing() {
+        let (tx, rx) = channel();
+        let mut q = FairQueue::new(rx);
+        for n in 0..2 {
+            tx.send(J(user("agent"), n)).unwrap();
+            tx.send(J(user("editor"), n)).unwrap();
+        }
+        // The agent's first job is taken but its client left: dropped, not started.
+        assert_eq!(q.next(false).map(|j| (j.0, j.1)), Some((user("agent"), 0)));
+        // The agent's lane still has the first turn.
+        let got = order(&mut q);
+        assert_eq!(got[0], ("agent".to_string(), 1), "{got:?}");
     }
 }

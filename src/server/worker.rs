@@ -266,6 +266,7 @@ fn run_serial(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, que
         if !admit(shared, &job) {
             continue;
         }
+        queue.started(&job.client);
         shared.publish_slots(1, [0]);
         serial += 1;
         let tx = job.tx.clone();
@@ -321,6 +322,7 @@ fn run_batched<'a>(
             if !admit(shared, &job) {
                 continue;
             }
+            queue.started(&job.client);
             serial += 1;
             let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 start_job(session, tokenizer, shared, job, serial)
