@@ -182,7 +182,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         SessionConfig { kv_type: a.engine.kv, max_context, cache_slots: a.cache.cache_slots, cache_budget_bytes };
     let parallel = parallel_of(&a, &loaded.model, max_context, spec.is_some())?;
     tracing::info!("parallel: up to {parallel} requests generate at once (--parallel)");
-    let settings = settings_of(&a, &loaded.path, parallel);
+    let settings = settings_of(&a, &loaded.path);
     let opts = serve_options(&a, access, ui_dir, threads, spec, session, parallel);
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let model = ServedModel {
@@ -390,9 +390,10 @@ fn model_info(
     Ok(info)
 }
 
-/// The settings view of the flags the server started with, `parallel` the requests it runs at once
-/// (`--parallel`, or the number it picked).
-fn settings_of(a: &ServeArgs, path: &std::path::Path, parallel: usize) -> EngineSettings {
+/// The settings view of the flags the server started with, each as given (`parallel` None without
+/// `--parallel`: the server's default, whose number `/health`'s slots and the plan's `sequences` say), so
+/// that settings saved from it keep the defaults defaults.
+fn settings_of(a: &ServeArgs, path: &std::path::Path) -> EngineSettings {
     let p = &a.engine.placement;
     let spec = &a.engine.spec;
     EngineSettings {
@@ -406,7 +407,7 @@ fn settings_of(a: &ServeArgs, path: &std::path::Path, parallel: usize) -> Engine
         cache_slots: u32::try_from(a.cache.cache_slots).unwrap_or(u32::MAX),
         cache_mib: a.cache.cache_mib,
         threads: a.engine.threads,
-        parallel: Some(u32::try_from(parallel).unwrap_or(u32::MAX)),
+        parallel: a.parallel,
         engine: EngineLocation::Local,
         speculative: match (&spec.draft_model, spec.spec) {
             (Some(p), _) => Speculative::Draft { model_path: p.display().to_string() },

@@ -187,10 +187,17 @@ fn the_settings_say_the_requests_at_once_and_their_plan_counts_them() {
     assert_eq!(e["param"], "parallel", "{e}");
     assert!(e["message"].as_str().unwrap().contains("one request at a time"), "{e}");
     drop(s);
-    // Without --parallel the settings say the number the server picked: on the CPU up to 4, with
-    // speculative decoding 1.
-    let picked = Server::start(&["-c", "1024"]).get("/strata/settings").json()["parallel"].as_u64();
-    assert!(picked.is_some_and(|n| (1..=4).contains(&n)), "{picked:?}");
-    let spec = Server::start(&["-c", "1024", "--spec", "ngram"]).get("/strata/settings").json();
-    assert_eq!(spec["parallel"], 1, "{spec}");
+    // Without --parallel the settings leave it empty (saved back, they keep the default a default) and
+    // their plan counts the number the server picked: its slots, on the CPU up to 4; 1 with speculative
+    // decoding.
+    for (args, want) in [(&["-c", "1024"][..], None), (&["-c", "1024", "--spec", "ngram"][..], Some(1))] {
+        let s = Server::start(args);
+        let settings = s.get("/strata/settings").json();
+        assert!(settings["parallel"].is_null(), "{settings}");
+        let slots = s.get("/health").json()["slots"]["total"].as_u64().expect("slots");
+        assert!((1..=4).contains(&slots) && want.is_none_or(|w| w == slots), "{args:?}: {slots} slots");
+        let r = s.post("/strata/plan", &settings);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["plan"]["sequences"].as_u64(), Some(slots), "{args:?}");
+    }
 }
