@@ -317,14 +317,7 @@ impl GpuStage {
     /// `y (t, m.rows) = x (t, m.cols) . W^T`, or added to `y` (a projection into the residual stream): one
     /// token by `matvec`, more by `gemm`.
     fn product(&self, m: &GpuMatrix, x: u64, y: u64, t: usize, accumulate: bool) -> Result<(), DeviceError> {
-        let mut args = vec![
-            Arg::Ptr(ptr(&m.mem)),
-            Arg::Ptr(x),
-            Arg::Ptr(y),
-            Arg::I32(m.rows as i32),
-            Arg::I32(m.cols as i32),
-            Arg::I64(m.row_bytes as i64),
-        ];
+        let mut args = matrix_args(m, x, y);
         if t == 1 {
             args.push(Arg::I32(i32::from(accumulate)));
             // Eight rows (warps) per block.
@@ -363,16 +356,8 @@ impl GpuStage {
                 if run == 1 {
                     self.product(m, xs, ys, 1, accumulate)?;
                 } else {
-                    let args = [
-                        Arg::Ptr(ptr(&m.mem)),
-                        Arg::Ptr(xs),
-                        Arg::Ptr(ys),
-                        Arg::I32(m.rows as i32),
-                        Arg::I32(m.cols as i32),
-                        Arg::I64(m.row_bytes as i64),
-                        Arg::I32(run as i32),
-                        Arg::I32(i32::from(accumulate)),
-                    ];
+                    let mut args = matrix_args(m, xs, ys);
+                    args.extend([Arg::I32(run as i32), Arg::I32(i32::from(accumulate))]);
                     // Eight rows (warps) per block, eight tokens per warp (MATVEC_MANY).
                     let dims =
                         Dims { grid: [m.rows.div_ceil(8) as u32, run.div_ceil(8) as u32, 1], block: [256, 1, 1] };
@@ -679,6 +664,18 @@ impl GpuStage {
         unsafe { self.gpu.dtoh(bytemuck::cast_slice_mut(&mut out), logits) }.map_err(|e| self.err(e))?;
         Ok(out)
     }
+}
+
+/// The arguments every product kernel starts with: the weights, `x`, `y` and the matrix's shape.
+fn matrix_args(m: &GpuMatrix, x: u64, y: u64) -> Vec<Arg> {
+    vec![
+        Arg::Ptr(ptr(&m.mem)),
+        Arg::Ptr(x),
+        Arg::Ptr(y),
+        Arg::I32(m.rows as i32),
+        Arg::I32(m.cols as i32),
+        Arg::I64(m.row_bytes as i64),
+    ]
 }
 
 fn ptr(a: &Allocation) -> u64 {
