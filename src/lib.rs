@@ -2,12 +2,13 @@
 //!
 //! Module map (see docs/ARCHITECTURE.md): `gguf` reads model files, `quant` holds the block formats and
 //! their arithmetic, `tokenizer` turns text into tokens and back (and renders chat templates), `model`
-//! holds the architecture and the forward pass, `sample` picks tokens, `engine` runs requests.
+//! holds the architecture and the forward pass, `sample` picks tokens, `grammar` keeps them inside a JSON schema or grammar, `engine` runs requests.
 
 pub mod cache;
 pub mod device;
 pub mod engine;
 pub mod gguf;
+pub mod grammar;
 pub mod model;
 pub mod plan;
 pub mod quant;
@@ -18,3 +19,4 @@ pub mod sync;
 pub mod telemetry;
 pub mod threadpool;
 pub mod tokenizer;
+pub mod tools;

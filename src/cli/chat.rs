@@ -95,6 +95,7 @@ fn generate_params(a: &ChatArgs, sampler: SamplerConfig) -> GenerateParams {
         logprobs: false,
         post_sampling: false,
         batch: a.engine.batch as usize,
+        grammar: None,
     }
 }
 

@@ -365,6 +365,7 @@ impl Replay<'_> {
             logprobs: false,
             post_sampling: false,
             batch: self.batch,
+            grammar: None,
         }
     }
 

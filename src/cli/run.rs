@@ -1,12 +1,14 @@
 //! `strata run`: one raw prompt, one continuation, as text or as one JSON object.
 
 use std::io::Write;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
 
 use strata::device::{DeviceSet, Purpose};
 use strata::engine::{generate, GenerateParams, Request, Sequence, StopReason, TextOnly};
+use strata::grammar::{GrammarSpec, Grammars};
 use strata::sample::defaults::SamplingDefaults;
 
 use super::{load, load_spec, tokenize_prompt, EngineArgs, ModelArgs, SamplingArgs};
@@ -30,10 +32,41 @@ pub struct RunArgs {
     /// With --json: the K most likely tokens and their log-probabilities at every step
     #[arg(long = "top-logprobs", value_name = "K", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
     pub top_logprobs: u16,
+    /// The output follows this GBNF grammar (llama.cpp's format: a `root` rule)
+    #[arg(long = "grammar", value_name = "GBNF", conflicts_with_all = ["grammar_file", "json_schema"])]
+    pub grammar: Option<String>,
+    /// The output follows the GBNF grammar in this file
+    #[arg(long = "grammar-file", value_name = "PATH", conflicts_with = "json_schema")]
+    pub grammar_file: Option<std::path::PathBuf>,
+    /// The output is JSON valid under this schema (`{}`: any JSON value)
+    #[arg(short = 'j', long = "json-schema", value_name = "SCHEMA")]
+    pub json_schema: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+impl RunArgs {
+    /// The grammar the flags ask for, if any.
+    fn grammar_spec(&self) -> anyhow::Result<Option<GrammarSpec>> {
+        if let Some(g) = &self.grammar {
+            return Ok(Some(GrammarSpec::Gbnf(g.clone())));
+        }
+        if let Some(path) = &self.grammar_file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--grammar-file {}: cannot read it", path.display()))?;
+            return Ok(Some(GrammarSpec::Gbnf(text)));
+        }
+        match &self.json_schema {
+            None => Ok(None),
+            Some(s) => {
+                let v: serde_json::Value = serde_json::from_str(s).context("--json-schema is not JSON")?;
+                anyhow::ensure!(v.is_object(), "--json-schema must be a JSON object (a schema), got {s}");
+                Ok(Some(GrammarSpec::JsonSchema(v)))
+            }
+        }
+    }
 }
 
 pub fn main(a: RunArgs) -> anyhow::Result<()> {
@@ -46,6 +79,11 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
     let mut seq = Sequence::new(&loaded.model, a.engine.kv, context)?;
     let spec = load_spec(&a.engine, &loaded)?;
     let mut drafter = spec.as_ref().map(|s| s.drafter(a.engine.kv, context, loaded.model.cfg.n_vocab)).transpose()?;
+    let tokenizer = Arc::new(loaded.tokenizer);
+    let grammar = match a.grammar_spec()? {
+        Some(spec) => Some(Grammars::new(tokenizer.clone()).compile(&spec).context("the output grammar")?),
+        None => None,
+    };
     let params = GenerateParams {
         max_tokens: a.n_predict as usize,
         sampler,
@@ -56,6 +94,7 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
         logprobs: false,
         post_sampling: false,
         batch: a.engine.batch as usize,
+        grammar,
     };
     let stdout = std::io::stdout();
     let json = a.json;
@@ -67,7 +106,7 @@ pub fn main(a: RunArgs) -> anyhow::Result<()> {
         }
     });
     let req = Request::new(&prompt, &params).drafting(drafter.as_mut());
-    let g = generate(&loaded.model, &loaded.tokenizer, &pool, &mut seq, req, &mut show).context("generation failed")?;
+    let g = generate(&loaded.model, &tokenizer, &pool, &mut seq, req, &mut show).context("generation failed")?;
     if json {
         let obj = serde_json::json!({
             "text": g.text,

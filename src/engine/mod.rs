@@ -9,6 +9,7 @@ pub mod spec;
 
 use std::time::Instant;
 
+use crate::grammar::{Constraint, GrammarError};
 use crate::model::{KvCache, KvType, Logits, Model, ModelError};
 use crate::sample::{
     log_prob_of, log_softmax_top_k, prob_in, residual, Sampler, SamplerConfig, StopCheck, StopStrings,
@@ -64,6 +65,9 @@ pub struct GenerateParams {
     /// filters and temperature applied: llama.cpp's `post_sampling_probs`), not of the model's softmax.
     pub post_sampling: bool,
     pub batch: usize,
+    /// The grammar the output must follow (a JSON schema, GBNF, ...), in its state before the first token.
+    /// Speculative decoding is off for such a request: every token goes through the mask.
+    pub grammar: Option<Constraint>,
 }
 
 impl Default for GenerateParams {
@@ -77,6 +81,7 @@ impl Default for GenerateParams {
             logprobs: false,
             post_sampling: false,
             batch: DEFAULT_BATCH,
+            grammar: None,
         }
     }
 }
@@ -179,6 +184,8 @@ pub enum EngineError {
     Model(#[from] ModelError),
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error("{0}")]
+    Grammar(#[from] GrammarError),
     #[error("no token can be sampled: every logit is banned or not a number (broken weights?)")]
     NoToken,
     #[error("the request was cancelled")]
@@ -372,6 +379,9 @@ pub fn generate(
     obs: &mut dyn Observer,
 ) -> Result<Generation, EngineError> {
     let Request { prompt, params, mut drafter } = req;
+    if params.grammar.is_some() {
+        drafter = None;
+    }
     let t0 = Instant::now();
     let (logits, reused) = prefill_until(model, pool, seq, prompt, params.batch, &mut || obs.cancelled())?;
     if let Some(d) = drafter.as_deref_mut() {
@@ -470,6 +480,9 @@ struct Decoder<'m> {
     sampler: Sampler,
     /// Tokens never sampled (end-of-generation ones under `ignore_eos`).
     banned: Vec<u32>,
+    /// The request's grammar, advanced by every token sampled, and the masked copy of the logits.
+    grammar: Option<Constraint>,
+    masked: Vec<f32>,
     /// Prompt tokens the sequence held before: a failed pass rewinds to them.
     reused: usize,
     emit: Emitter<'m>,
@@ -503,16 +516,39 @@ impl<'m> Decoder<'m> {
             emitted: 0,
         };
         let sampler = Sampler::new(params.sampler.clone());
-        Decoder { model, pool, max_tokens: params.max_tokens, sampler, banned, reused, emit }
+        Decoder {
+            model,
+            pool,
+            max_tokens: params.max_tokens,
+            sampler,
+            banned,
+            grammar: params.grammar.clone(),
+            masked: Vec::new(),
+            reused,
+            emit,
+        }
     }
 
+    /// The next token after `logits`; with a grammar, among the tokens it allows (the grammar then
+    /// advances past it).
     fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, EngineError> {
-        self.sampler.try_sample(logits, history, &self.banned).ok_or(EngineError::NoToken)
+        let Some(g) = &mut self.grammar else {
+            return self.sampler.try_sample(logits, history, &self.banned).ok_or(EngineError::NoToken);
+        };
+        self.masked.clear();
+        self.masked.extend_from_slice(logits);
+        g.mask(&mut self.masked)?;
+        let id = self.sampler.try_sample(&self.masked, history, &self.banned).ok_or(EngineError::NoToken)?;
+        g.commit(id)?;
+        Ok(id)
     }
 
     /// Why decoding stops before the next pass, if it does: `max_tokens`, a full context, or the caller.
     fn limit(&self, out: &Generation, seq: &Sequence, obs: &mut dyn Observer) -> Option<StopReason> {
-        if out.tokens.len() >= self.max_tokens {
+        if self.grammar.as_ref().is_some_and(Constraint::finished) {
+            // The grammar is complete: only an end-of-generation token could follow.
+            Some(StopReason::Eog)
+        } else if out.tokens.len() >= self.max_tokens {
             Some(StopReason::Length)
         } else if seq.kv.len() >= seq.kv.max_tokens {
             Some(StopReason::Context)

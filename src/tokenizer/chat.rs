@@ -68,11 +68,27 @@ pub struct ChatMessage {
     /// before the last question itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// An assistant turn's function calls, as templates read them: `{id, type, function: {name,
+    /// arguments}}` with the arguments as an object (absent when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    /// A tool result's call id and function name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into(), reasoning_content: None }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            reasoning_content: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
     }
 
     /// The message with an earlier reply's reasoning.
@@ -539,7 +555,9 @@ mod tests {
             ChatTemplate::new("{{ messages[0]|tojson }}|{{ {'a': [1, 2.5, none, 'x\"y']}|tojson(indent=2) }}", "", "")
                 .expect("compiles");
         let out = t.render(&msgs(&[("user", "é\n")]), false).expect("renders");
-        assert_eq!(out, "{\"content\": \"é\\n\", \"role\": \"user\"}|{\n  \"a\": [\n    1,\n    2.5,\n    null,\n    \"x\\\"y\"\n  ]\n}");
+        // Keys in the order the map was built, as Python's json.dumps (HF's tojson) and llama.cpp's ordered JSON
+        // write them.
+        assert_eq!(out, "{\"role\": \"user\", \"content\": \"é\\n\"}|{\n  \"a\": [\n    1,\n    2.5,\n    null,\n    \"x\\\"y\"\n  ]\n}");
     }
 
     #[test]
