@@ -20,10 +20,12 @@ use axum::{Extension, Json};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{channel, Receiver};
 
+use crate::grammar::{Constraint, GrammarSpec};
 use crate::sync::LockUnpoisoned;
 use crate::telemetry::Summary;
 use crate::tokenizer::reasoning::{split_reply, ReasoningSplitter, Split};
 use crate::tokenizer::turns;
+use crate::tools::{self, Tool, ToolCall, ToolChoice, ToolFormat, ToolSplitter};
 
 use super::error::ApiError;
 use super::fair::{ClientKey, Peer};
@@ -139,7 +141,7 @@ pub(super) fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-fn request_id(prefix: &str) -> String {
+pub(super) fn request_id(prefix: &str) -> String {
     use std::sync::atomic::AtomicU64;
     static N: AtomicU64 = AtomicU64::new(1);
     let n = N.fetch_add(1, Ordering::Relaxed);
@@ -205,18 +207,20 @@ enum Endpoint {
 }
 
 /// What a response is built from.
-struct Reply {
+pub(super) struct Reply {
     endpoint: Endpoint,
     id: String,
     created: u64,
-    model: String,
-    checked: Checked,
+    pub model: String,
+    pub checked: Checked,
     logprobs: bool,
     /// Chat replies whose `<think>` block comes back apart: Some(whether the prompt opened the block).
-    reasoning: Option<bool>,
+    pub reasoning: Option<bool>,
     /// Chat replies: Some(whether the prompt opened a `<think>` block), whatever `reasoning_format` says, for
     /// the usage's `reasoning_tokens`.
     opens_think: Option<bool>,
+    /// Chat replies to a request that offered tools: the format calls are read in.
+    pub tools: Option<ToolFormat>,
 }
 
 pub async fn chat(State(app): State<App>, peer: Option<Extension<Peer>>, headers: HeaderMap, body: Body) -> Response {
@@ -252,13 +256,45 @@ async fn chat_inner(app: &App, peer: Option<Peer>, headers: &HeaderMap, body: Bo
     let bytes = read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: ChatRequest = openai::parse(&bytes)?;
     drop(bytes);
+    let (queued, reply) = prepare_chat(app, peer, req).await?;
+    run_queued(app, queued, reply).await
+}
+
+/// A chat request checked, rendered and tokenized: the job to queue and how to answer (the Chat shape; the
+/// Responses API takes the same and answers in its own).
+pub(super) async fn prepare_chat(app: &App, peer: Option<Peer>, req: ChatRequest) -> Result<(Queued, Reply), ApiError> {
     let model = check_model(app, &req.model)?;
-    let messages = req.chat_messages()?;
+    let mut messages = req.chat_messages()?;
     let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch, &app.model.sampling)?;
     let (logprobs, top) = req.top_logprobs()?;
     checked.params.logprobs = logprobs;
-    let kwargs = req.template_kwargs()?;
+    let mut kwargs = req.template_kwargs()?;
     let splits_reasoning = req.splits_reasoning()?;
+    let tool_req = req.tool_request()?;
+    let (tool_format, knows_tools) = ToolFormat::of_template(app.model.template.source());
+    tools::prepare_messages(&mut messages, tool_req.as_ref().map(|t| t.tools.as_slice()), knows_tools);
+    let mut grammar = req.grammar_spec()?;
+    if let Some(t) = &tool_req {
+        if knows_tools {
+            kwargs.insert("tools".into(), Value::Array(t.tools.iter().map(Tool::to_openai).collect()));
+        }
+        let only = match &t.choice {
+            ToolChoice::Required => Some(None),
+            ToolChoice::Named(name) => Some(Some(name.as_str())),
+            ToolChoice::Auto | ToolChoice::None => None,
+        };
+        if let Some(only) = only {
+            if let Some((_, field)) = grammar {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("{field}: a reply that must call a tool (tool_choice) cannot also follow {field}"),
+                ));
+            }
+            let lark = tools::calls_grammar(tool_format, &t.tools, only, t.parallel, &app.model.tokenizer);
+            grammar = Some((GrammarSpec::Lark(lark), "tools"));
+        }
+    }
+    checked.params.grammar = compile_grammar(app, grammar).await?;
     let client = ClientKey::of(req.user.as_deref(), peer);
     drop(req);
     // Earlier replies the engine generated go in as their tokens (taken out now: the engine thread adds
@@ -288,8 +324,17 @@ async fn chat_inner(app: &App, peer: Option<Peer>, headers: &HeaderMap, body: Bo
         logprobs,
         reasoning: splits_reasoning.then_some(prompt.opens_think),
         opens_think: Some(prompt.opens_think),
+        tools: tool_req.map(|_| tool_format),
     };
-    run(app, client, prompt.tokens, prompt.kept_reply_tokens, top, reply).await
+    let queued = Queued {
+        prompt: prompt.tokens,
+        kept_reply_tokens: prompt.kept_reply_tokens,
+        top_logprobs: top,
+        endpoint: "chat",
+        opens_think: reply.opens_think,
+        client,
+    };
+    Ok((queued, reply))
 }
 
 async fn completions_inner(
@@ -322,8 +367,24 @@ async fn completions_inner(
         logprobs,
         reasoning: None,
         opens_think: None,
+        tools: None,
     };
     run(app, client, prompt, 0, top, reply).await
+}
+
+/// The constraint of a request's grammar, compiled off the async threads (the first one also builds the
+/// vocabulary's trie); a grammar the engine refuses is a 400 naming the field it came from.
+pub(super) async fn compile_grammar(
+    app: &App,
+    spec: Option<(GrammarSpec, &'static str)>,
+) -> Result<Option<Constraint>, ApiError> {
+    let Some((spec, field)) = spec else { return Ok(None) };
+    let m = app.model.clone();
+    tokio::task::spawn_blocking(move || m.grammars.compile(&spec))
+        .await
+        .map_err(|e| ApiError::internal(format!("compiling the grammar failed: {e}")))?
+        .map(Some)
+        .map_err(|e| ApiError::invalid(field, format!("{field}: {e}")))
 }
 
 /// A completion's `prompt` as tokens: a string tokenized (with BOS, special tokens parsed) off the async
@@ -357,6 +418,10 @@ async fn run(
         Endpoint::Completion => "completions",
     };
     let queued = Queued { prompt, kept_reply_tokens, top_logprobs, endpoint, opens_think: reply.opens_think, client };
+    run_queued(app, queued, reply).await
+}
+
+async fn run_queued(app: &App, queued: Queued, reply: Reply) -> Result<Response, ApiError> {
     let (mut rx, guard) = submit(app, queued, reply.checked.clone())?;
     if reply.checked.stream {
         let first = first_message(&mut rx).await?;
@@ -368,7 +433,7 @@ async fn run(
 }
 
 /// What a job is made of besides its checked sampling fields.
-pub(super) struct Queued {
+pub struct Queued {
     pub prompt: Vec<u32>,
     /// Tokens of the prompt that are earlier replies as they were generated (not retokenized).
     pub kept_reply_tokens: usize,
@@ -442,14 +507,27 @@ fn whole_reply(reply: &Reply, choices: Vec<Option<Finished>>, summary: &Summary)
         .enumerate()
         .map(|(i, c)| {
             let (stop, text, tokens) = c.unwrap_or((StopReason::Eog, String::new(), Vec::new()));
-            let finish = finish_reason(stop);
+            let mut finish = finish_reason(stop);
             match reply.endpoint {
-                Endpoint::Chat => json!({
-                    "index": i,
-                    "message": chat_message_json(&text, reply.reasoning),
-                    "logprobs": if reply.logprobs { chat_logprobs(&tokens) } else { Value::Null },
-                    "finish_reason": finish,
-                }),
+                Endpoint::Chat => {
+                    let mut message = chat_message_json(&text, reply.reasoning);
+                    if let Some(format) = reply.tools {
+                        let content = message["content"].as_str().unwrap_or_default().to_owned();
+                        let (content, calls) = tools::parse_reply(format, &content);
+                        if !calls.is_empty() {
+                            message["content"] = if content.is_empty() { Value::Null } else { Value::String(content) };
+                            message["tool_calls"] =
+                                calls.iter().map(|c| tool_call_json(&reply.id, i, c, None)).collect();
+                            finish = "tool_calls";
+                        }
+                    }
+                    json!({
+                        "index": i,
+                        "message": message,
+                        "logprobs": if reply.logprobs { chat_logprobs(&tokens) } else { Value::Null },
+                        "finish_reason": finish,
+                    })
+                }
                 Endpoint::Completion => json!({
                     "index": i,
                     "text": text,
@@ -473,6 +551,19 @@ fn whole_reply(reply: &Reply, choices: Vec<Option<Finished>>, summary: &Summary)
         "usage": usage_json(summary),
         "strata": strata_json(summary),
     })
+}
+
+/// One call as OpenAI gives it: an id unique in the reply (the reply's id, the choice, the call's place),
+/// the function's name and its arguments as JSON text; streamed (`index`: Some), with the call's index.
+fn tool_call_json(reply_id: &str, choice: usize, call: &ToolCall, index: Option<usize>) -> Value {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let id = format!("call_{}_{choice}_{n}", reply_id.rsplit('-').next().unwrap_or(reply_id));
+    let mut v = json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}});
+    if let Some(i) = index {
+        v["index"] = json!(i);
+    }
+    v
 }
 
 /// A whole chat reply's message: the text as content, or its reasoning apart (`reasoning`: see [`Reply`]),
@@ -515,12 +606,38 @@ struct Chunks {
     offsets: Vec<usize>,
     /// Each choice's reasoning splitter (chat replies whose reasoning comes back apart).
     splitters: Vec<Option<ReasoningSplitter>>,
+    /// Each choice's tool-call splitter (chat replies to a request that offered tools), and the calls it
+    /// has sent.
+    tool_splitters: Vec<Option<ToolSplitter>>,
+    tool_calls_sent: Vec<usize>,
     /// Tokens of text a splitter holds back (a tag's start), sent with the text when it goes out.
     held_tokens: Vec<Vec<TokenInfo>>,
     done: bool,
 }
 
 impl Chunks {
+    /// Puts what a tool splitter gave into a delta: its content in place of the delta's, its calls as
+    /// `tool_calls` (numbered in the order they came).
+    fn tool_delta(&mut self, choice: usize, delta: &mut Value, t: tools::ToolText) {
+        let Some(d) = delta.as_object_mut() else { return };
+        if t.content.is_empty() {
+            d.remove("content");
+        } else {
+            d.insert("content".into(), Value::String(t.content));
+        }
+        if !t.calls.is_empty() {
+            let first = self.tool_calls_sent[choice];
+            self.tool_calls_sent[choice] += t.calls.len();
+            let calls: Vec<Value> = t
+                .calls
+                .iter()
+                .enumerate()
+                .map(|(k, c)| tool_call_json(&self.reply.id, choice, c, Some(first + k)))
+                .collect();
+            d.insert("tool_calls".into(), Value::Array(calls));
+        }
+    }
+
     fn chunk(&self, choice: Value) -> Event {
         self.chunk_with(vec![choice], None)
     }
@@ -560,15 +677,24 @@ impl Chunks {
             Msg::Text { choice, text, mut tokens } => {
                 self.role(choice);
                 let mut delta = json!({"content": text});
+                let mut holds = false;
                 if let Some(splitter) = self.splitters.get_mut(choice).and_then(Option::as_mut) {
-                    let split = splitter.push(&text);
+                    delta = split_delta(splitter.push(&text));
+                    holds = true;
+                }
+                if let Some(ts) = self.tool_splitters.get_mut(choice).and_then(Option::as_mut) {
+                    let content = delta.get("content").and_then(Value::as_str).unwrap_or_default().to_owned();
+                    let t = ts.push(&content);
+                    self.tool_delta(choice, &mut delta, t);
+                    holds = true;
+                }
+                if holds {
                     let held = &mut self.held_tokens[choice];
                     held.append(&mut tokens);
-                    if split.is_empty() {
+                    if delta.as_object().is_some_and(|d| d.is_empty()) {
                         return;
                     }
                     tokens = std::mem::take(held);
-                    delta = split_delta(split);
                 }
                 if let Some(c) = self.sent_tokens.get_mut(choice) {
                     *c += tokens.len();
@@ -593,22 +719,35 @@ impl Chunks {
                 self.pending.push_back(e);
             }
             Msg::ChoiceDone { choice, stop_reason, tokens, .. } => {
-                let finish_reason = finish_reason(stop_reason);
+                let mut finish_reason = finish_reason(stop_reason);
                 self.role(choice);
-                // What the splitter held back goes out before the end (an unclosed block's last words).
+                // What the splitters held back goes out before the end (an unclosed block's last words, a
+                // call that ended with the reply).
+                let mut last = Value::Object(serde_json::Map::new());
                 if let Some(splitter) = self.splitters.get_mut(choice).and_then(Option::as_mut) {
-                    let split = splitter.finish();
-                    if !split.is_empty() {
-                        let held = std::mem::take(&mut self.held_tokens[choice]);
-                        self.sent_tokens[choice] += held.len();
-                        let e = self.chunk(json!({
-                            "index": choice,
-                            "delta": split_delta(split),
-                            "logprobs": if self.reply.logprobs { chat_logprobs(&held) } else { Value::Null },
-                            "finish_reason": null,
-                        }));
-                        self.pending.push_back(e);
+                    last = split_delta(splitter.finish());
+                }
+                if let Some(ts) = self.tool_splitters.get_mut(choice).and_then(Option::as_mut) {
+                    let content = last.get("content").and_then(Value::as_str).unwrap_or_default().to_owned();
+                    let mut t = ts.push(&content);
+                    let end = ts.finish();
+                    t.content.push_str(&end.content);
+                    t.calls.extend(end.calls);
+                    self.tool_delta(choice, &mut last, t);
+                    if self.tool_calls_sent[choice] > 0 {
+                        finish_reason = "tool_calls";
                     }
+                }
+                if last.as_object().is_some_and(|d| !d.is_empty()) {
+                    let held = std::mem::take(&mut self.held_tokens[choice]);
+                    self.sent_tokens[choice] += held.len();
+                    let e = self.chunk(json!({
+                        "index": choice,
+                        "delta": last,
+                        "logprobs": if self.reply.logprobs { chat_logprobs(&held) } else { Value::Null },
+                        "finish_reason": null,
+                    }));
+                    self.pending.push_back(e);
                 }
                 // Tokens whose text was held back (a stop string's start) or never shown come last.
                 let sent = self.sent_tokens.get(choice).copied().unwrap_or(0);
@@ -653,6 +792,44 @@ impl Chunks {
     }
 }
 
+/// What an API makes of the engine's messages while a reply streams (the Responses and Anthropic event
+/// shapes): events queued per message, and whether the stream has ended.
+pub(super) trait EventSource: Send + 'static {
+    /// Turns one engine message into events; `Msg::Error` and `Msg::Done` end the stream.
+    fn on(&mut self, msg: Msg);
+    fn pending(&mut self) -> &mut VecDeque<Event>;
+    fn done(&self) -> bool;
+}
+
+/// The SSE stream of `ev`'s events, fed by the engine's messages (the first one already received).
+pub(super) fn event_stream<E: EventSource>(
+    ev: E,
+    first: Msg,
+    rx: Receiver<Msg>,
+    guard: TicketGuard,
+) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
+    let state = (ev, Some(first), rx, guard);
+    let s = futures_util::stream::unfold(state, |(mut ev, mut first, mut rx, guard)| async move {
+        loop {
+            if let Some(e) = ev.pending().pop_front() {
+                return Some((Ok(e), (ev, first, rx, guard)));
+            }
+            if ev.done() {
+                return None;
+            }
+            let msg = match first.take() {
+                Some(m) => Some(m),
+                None => rx.recv().await,
+            };
+            match msg {
+                Some(m) => ev.on(m),
+                None => ev.on(Msg::Error(ApiError::internal("the engine ended the request without finishing it"))),
+            }
+        }
+    });
+    Sse::new(s).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
 fn stream(
     reply: Reply,
     first: Msg,
@@ -661,6 +838,7 @@ fn stream(
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let n = reply.checked.choices;
     let splitters = (0..n).map(|_| reply.reasoning.map(ReasoningSplitter::new)).collect();
+    let tool_splitters = (0..n).map(|_| reply.tools.map(ToolSplitter::new)).collect();
     let state = Chunks {
         reply,
         rx,
@@ -671,6 +849,8 @@ fn stream(
         role_sent: vec![false; n],
         offsets: vec![0; n],
         splitters,
+        tool_splitters,
+        tool_calls_sent: vec![0; n],
         held_tokens: vec![Vec::new(); n],
         done: false,
     };

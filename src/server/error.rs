@@ -62,7 +62,7 @@ impl ApiError {
             ..ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "authentication_error",
-                "missing or incorrect API key: send it as 'Authorization: Bearer KEY' (the server was started with --api-key)",
+                "missing or incorrect API key: send it as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY' (the server was started with --api-key)",
             )
         }
     }

@@ -8,12 +8,14 @@
 //! requests are answered 503, the request in flight finishes (a second signal ends it at its next token),
 //! the event streams end, and the process exits 0 (75 after a sticky GPU fault).
 
+pub mod anthropic;
 pub mod api;
 pub mod error;
 pub mod fair;
 pub mod guard;
 pub mod native;
 pub mod openai;
+pub mod responses;
 pub mod state;
 pub mod status;
 pub mod ui;
@@ -61,6 +63,8 @@ pub struct ServedModel {
     pub settings: crate::plan::settings::EngineSettings,
     /// What a request gets for the sampling fields it does not send.
     pub sampling: crate::sample::defaults::SamplingDefaults,
+    /// The grammar engine over the model's vocabulary (`response_format`, `grammar`, `json_schema`).
+    pub grammars: crate::grammar::Grammars,
 }
 
 /// How the server runs.
@@ -126,12 +130,16 @@ pub fn router(app: App) -> Router {
     let protected = Router::new()
         .route("/v1/chat/completions", post(api::chat))
         .route("/v1/completions", post(api::completions))
+        .route("/v1/responses", post(responses::responses))
+        .route("/v1/messages", post(anthropic::messages_endpoint))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(api::models))
         .route("/v1/models/{id}", get(api::model))
         // The same without /v1, as llama-server serves them: clients configured with a base URL that has no
         // /v1 work too.
         .route("/chat/completions", post(api::chat))
         .route("/completions", post(api::completions))
+        .route("/responses", post(responses::responses))
         .route("/models", get(api::models))
         // llama-server's native endpoints (its `/completions` alias stays the OpenAI path above).
         .route("/completion", post(native::completion))
@@ -179,7 +187,7 @@ pub fn router(app: App) -> Router {
         let cors = tower_http::cors::CorsLayer::new()
             .allow_origin(allow)
             .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, header::HeaderName::from_static("x-api-key")])
             .max_age(Duration::from_secs(600));
         r = r.layer(cors);
     }
@@ -203,6 +211,8 @@ async fn require_key(State(app): State<App>, req: Request, next: Next) -> Respon
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            // Anthropic's clients send the key as X-Api-Key.
+            .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()))
             .map(str::trim);
         if !given.is_some_and(|g| same_key(g.as_bytes(), key.as_bytes())) {
             app.shared.metrics.reject("unauthorized");

@@ -6,14 +6,17 @@
 //! `/completion` takes llama.cpp's names (`n_predict`, `temperature`, `seed`, `stop`, `top_k`, ...) and
 //! answers as llama.cpp does, with `completion_probabilities` for `n_probs` (the model's log-probabilities,
 //! or with `post_sampling_probs` the probabilities of the distribution the sampler drew from) and the
-//! generated ids in `tokens` for `return_tokens`; a field this server cannot honour (`logit_bias`,
-//! `grammar`, `json_schema`, a chosen `id_slot`, ...) is refused by name rather than ignored. `/slots` shows per slot only what is
+//! generated ids in `tokens` for `return_tokens`, and `grammar` (GBNF) or `json_schema` for the output to
+//! follow; a field this server cannot honour (`logit_bias`, a chosen `id_slot`, ...) is refused by name
+//! rather than ignored. `/slots` shows per slot only what is
 //! safe to show to every key holder: its number, its context, whether it drafts and whether a request is on
 //! it, never a prompt or a reply. `/completions` stays the OpenAI path (as documented), unlike llama-server.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
+
+use crate::grammar::GrammarSpec;
 
 use axum::body::Body;
 use axum::extract::{Query, State};
@@ -82,6 +85,22 @@ pub struct NativeRequest {
 pub const MAX_N_PROBS: i64 = 100;
 
 impl NativeRequest {
+    /// The grammar the output must follow: `grammar` (GBNF) or `json_schema`, not both.
+    fn grammar_spec(&self) -> Result<Option<(GrammarSpec, &'static str)>, ApiError> {
+        let grammar = self.grammar.as_ref().filter(|g| !g.trim().is_empty());
+        let schema = self.json_schema.as_ref().filter(|s| !s.is_null());
+        match (grammar, schema) {
+            (Some(_), Some(_)) => {
+                Err(ApiError::invalid("json_schema", "json_schema: send grammar or json_schema, not both"))
+            }
+            (Some(g), None) => Ok(Some((GrammarSpec::Gbnf(g.clone()), "grammar"))),
+            (None, Some(s)) => {
+                Ok(Some((GrammarSpec::JsonSchema(openai::schema_object("json_schema", s)?), "json_schema")))
+            }
+            (None, None) => Ok(None),
+        }
+    }
+
     /// The fields asked for that Strata does not have: a 400 naming the first, not a silent default.
     fn refuse_unsupported(&self) -> Result<(), ApiError> {
         if let Some(n) = self.n_probs.filter(|n| !(0..=MAX_N_PROBS).contains(n)) {
@@ -95,12 +114,6 @@ impl NativeRequest {
         };
         if !bias_empty {
             return Err(ApiError::invalid("logit_bias", "logit_bias is not supported"));
-        }
-        if self.grammar.as_deref().is_some_and(|g| !g.is_empty()) {
-            return Err(ApiError::invalid("grammar", "grammar (constrained output) is not supported"));
-        }
-        if self.json_schema.as_ref().is_some_and(|s| !s.is_null()) {
-            return Err(ApiError::invalid("json_schema", "json_schema (constrained output) is not supported"));
         }
         if let Some(id) = self.id_slot.filter(|&id| id != -1) {
             return Err(ApiError::invalid(
@@ -180,6 +193,7 @@ async fn completion_inner(
     api::check_model(app, &req.model)?;
     req.refuse_unsupported()?;
     let mut checked = openai::check_common(&req.common()?, &req.stop, app.opts.batch, &app.model.sampling)?;
+    checked.params.grammar = super::api::compile_grammar(app, req.grammar_spec()?).await?;
     let n_probs = req.n_probs.unwrap_or(0) as usize;
     let return_tokens = req.return_tokens.unwrap_or(false);
     let post_sampling = n_probs > 0 && req.post_sampling_probs.unwrap_or(false);

@@ -4,9 +4,10 @@
 //!
 //! Fields are as in the official API reference. `user` names the client's lane in the queue (`fair`).
 //! Accepted and ignored (they change nothing here): `metadata`, `store`, `service_tier`,
-//! `parallel_tool_calls`, `best_of` of 1. Refused with a clear error
-//! unless empty: tools and functions, `logit_bias`, a `response_format` other than text. Extra sampling
-//! fields that llama.cpp's server takes: `top_k`, `min_p`, `repeat_penalty`, `repeat_last_n`,
+//! `parallel_tool_calls`, `best_of` of 1. Refused with a clear error unless empty: tools and functions,
+//! `logit_bias`. `response_format` (`json_object`, with llama.cpp's `schema` too, and `json_schema`) and
+//! llama.cpp's `grammar` (GBNF) and `json_schema` keep the reply inside a grammar (`crate::grammar`). Extra
+//! sampling fields that llama.cpp's server takes: `top_k`, `min_p`, `repeat_penalty`, `repeat_last_n`,
 //! `ignore_eos`.
 //!
 //! Reasoning models, as llama.cpp's server takes them: `chat_template_kwargs` (an object whose keys become
@@ -22,9 +23,11 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::Deserialize;
 
 use crate::engine::GenerateParams;
+use crate::grammar::GrammarSpec;
 use crate::sample::defaults::SamplingDefaults;
 use crate::sample::SamplerConfig;
 use crate::tokenizer::{ChatMessage, TemplateKwargs, RESERVED_TEMPLATE_NAMES};
+use crate::tools::{Tool, ToolChoice};
 
 use super::error::ApiError;
 
@@ -84,7 +87,20 @@ pub struct StreamOptions {
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
-    pub json_schema: Option<IgnoredAny>,
+    /// `json_schema`: `{name, description, schema, strict}` (OpenAI).
+    pub json_schema: Option<JsonSchemaFormat>,
+    /// `json_object` with a schema (llama.cpp's extension).
+    pub schema: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub schema: Option<serde_json::Value>,
+    /// The output always follows the schema here, strict or not.
+    pub strict: Option<bool>,
 }
 
 /// A message's content: a string or a list of parts.
@@ -112,12 +128,58 @@ pub struct Part {
 pub struct Message {
     pub role: String,
     pub content: Option<Content>,
-    pub name: Option<IgnoredAny>,
+    pub name: Option<String>,
     pub refusal: Option<IgnoredAny>,
-    pub tool_calls: Option<Vec<IgnoredAny>>,
-    pub tool_call_id: Option<IgnoredAny>,
+    pub tool_calls: Option<Vec<MessageToolCall>>,
+    pub tool_call_id: Option<String>,
     /// An earlier reply's reasoning, as this server (and llama.cpp's) sent it.
     pub reasoning_content: Option<String>,
+}
+
+/// A function the request offers (`tools[i]`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolParam {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: Option<FunctionParam>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionParam {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Option<serde_json::Value>,
+    /// Calls always follow the schema when they are constrained (tool_choice required or named).
+    pub strict: Option<bool>,
+}
+
+/// An earlier assistant turn's call (`messages[i].tool_calls[j]`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageToolCall {
+    pub id: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub function: CalledFunction,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CalledFunction {
+    pub name: String,
+    /// JSON text, as OpenAI sends it (an object is taken too).
+    pub arguments: serde_json::Value,
+}
+
+/// The tools of a chat request, checked.
+#[derive(Clone, Debug)]
+pub struct ToolRequest {
+    pub tools: Vec<Tool>,
+    pub choice: ToolChoice,
+    /// Several calls in one reply (`parallel_tool_calls`, default true).
+    pub parallel: bool,
 }
 
 /// The sampling and length fields both endpoints share, read from either request.
@@ -167,7 +229,7 @@ pub struct ChatRequest {
     pub ignore_eos: Option<bool>,
     pub logit_bias: Option<HashMap<String, f64>>,
     pub response_format: Option<ResponseFormat>,
-    pub tools: Option<Vec<IgnoredAny>>,
+    pub tools: Option<Vec<ToolParam>>,
     pub tool_choice: Option<serde_json::Value>,
     pub functions: Option<Vec<IgnoredAny>>,
     pub function_call: Option<serde_json::Value>,
@@ -187,6 +249,9 @@ pub struct ChatRequest {
     pub chat_template_kwargs: Option<TemplateKwargs>,
     pub enable_thinking: Option<bool>,
     pub reasoning_format: Option<String>,
+    /// llama.cpp's extensions: a GBNF grammar, or a JSON schema, the reply must follow.
+    pub grammar: Option<String>,
+    pub json_schema: Option<serde_json::Value>,
 }
 
 /// `prompt` of a completion: a string, a token list, or a list of one of either.
@@ -256,22 +321,14 @@ impl ChatRequest {
 
     /// The messages as the chat template takes them, after checking roles and content.
     pub fn chat_messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) || self.functions.as_ref().is_some_and(|f| !f.is_empty())
-        {
-            return Err(ApiError::invalid("tools", "tool and function calls are not supported by this server"));
+        if self.functions.as_ref().is_some_and(|f| !f.is_empty()) {
+            return Err(ApiError::invalid("functions", "functions (the old API) is not supported: send tools"));
         }
-        for (field, v) in [("tool_choice", &self.tool_choice), ("function_call", &self.function_call)] {
-            if v.as_ref().is_some_and(|v| !(v.is_null() || v == "none")) {
-                return Err(ApiError::invalid(field, format!("{field}: tool and function calls are not supported")));
-            }
-        }
-        if let Some(f) = &self.response_format {
-            if f.kind != "text" {
-                return Err(ApiError::invalid(
-                    "response_format.type",
-                    format!("response_format.type {:?} is not supported: only \"text\"", f.kind),
-                ));
-            }
+        if self.function_call.as_ref().is_some_and(|v| !(v.is_null() || v == "none")) {
+            return Err(ApiError::invalid(
+                "function_call",
+                "function_call (the old API) is not supported: send tool_choice",
+            ));
         }
         let Some(messages) = &self.messages else {
             return Err(ApiError::invalid("messages", "messages is required: a list of {role, content}"));
@@ -280,6 +337,146 @@ impl ChatRequest {
             return Err(ApiError::invalid("messages", "messages is empty: send at least one message"));
         }
         messages.iter().enumerate().map(|(i, m)| chat_message(i, m)).collect()
+    }
+
+    /// The offered tools and what the reply may do with them; None without tools (or with `tool_choice`
+    /// none: the reply is text and the prompt offers nothing).
+    pub fn tool_request(&self) -> Result<Option<ToolRequest>, ApiError> {
+        let params = self.tools.as_deref().unwrap_or_default();
+        let mut tools: Vec<Tool> = Vec::with_capacity(params.len());
+        for (i, t) in params.iter().enumerate() {
+            if t.kind != "function" {
+                return Err(ApiError::invalid(
+                    format!("tools[{i}].type"),
+                    format!("tools[{i}].type {:?} is not supported: only \"function\"", truncate(&t.kind, 64)),
+                ));
+            }
+            let Some(f) = &t.function else {
+                let field = format!("tools[{i}].function");
+                return Err(ApiError::invalid(field.clone(), format!("{field} is required: {{name, parameters}}")));
+            };
+            let name_ok = (1..=64).contains(&f.name.len())
+                && f.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+            if !name_ok {
+                let field = format!("tools[{i}].function.name");
+                return Err(ApiError::invalid(
+                    field.clone(),
+                    format!("{field} {:?}: 1 to 64 of a-z, A-Z, 0-9, _, - and .", truncate(&f.name, 80)),
+                ));
+            }
+            if tools.iter().any(|o| o.name == f.name) {
+                let field = format!("tools[{i}].function.name");
+                return Err(ApiError::invalid(field.clone(), format!("{field}: {:?} is offered twice", f.name)));
+            }
+            let parameters = match &f.parameters {
+                None => serde_json::json!({"type": "object", "properties": {}}),
+                Some(p) => schema_object(&format!("tools[{i}].function.parameters"), p)?,
+            };
+            tools.push(Tool { name: f.name.clone(), description: f.description.clone(), parameters });
+        }
+        let choice = match &self.tool_choice {
+            None | Some(serde_json::Value::Null) => ToolChoice::Auto,
+            Some(serde_json::Value::String(s)) => match s.as_str() {
+                "auto" => ToolChoice::Auto,
+                "none" => ToolChoice::None,
+                "required" => ToolChoice::Required,
+                other => {
+                    return Err(ApiError::invalid(
+                        "tool_choice",
+                        format!(
+                            "tool_choice {:?} is not one of \"auto\", \"none\", \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
+                            truncate(other, 64)
+                        ),
+                    ))
+                }
+            },
+            Some(v) => match v.pointer("/function/name").and_then(|n| n.as_str()) {
+                Some(name) if v.get("type").and_then(|t| t.as_str()) == Some("function") => {
+                    ToolChoice::Named(name.to_owned())
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        "tool_choice",
+                        "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    ))
+                }
+            },
+        };
+        if let ToolChoice::Named(name) = &choice {
+            if !tools.iter().any(|t| &t.name == name) {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("tool_choice names {:?}, which tools does not offer", truncate(name, 64)),
+                ));
+            }
+        }
+        if tools.is_empty() {
+            return match choice {
+                ToolChoice::Required | ToolChoice::Named(_) => {
+                    Err(ApiError::invalid("tool_choice", "tool_choice asks for a call but tools is empty"))
+                }
+                _ => Ok(None),
+            };
+        }
+        if choice == ToolChoice::None {
+            return Ok(None);
+        }
+        Ok(Some(ToolRequest { tools, choice, parallel: self.parallel_tool_calls.unwrap_or(true) }))
+    }
+
+    /// What the reply must follow: `response_format` (`json_object`, `json_schema`), or llama.cpp's
+    /// `grammar` / `json_schema`; at most one of them. None for plain text.
+    pub fn grammar_spec(&self) -> Result<Option<(GrammarSpec, &'static str)>, ApiError> {
+        let from_format = match &self.response_format {
+            None => None,
+            Some(f) => match f.kind.as_str() {
+                "text" => None,
+                "json_object" => Some(match &f.schema {
+                    None => (GrammarSpec::JsonObject, "response_format"),
+                    Some(s) => {
+                        (GrammarSpec::JsonSchema(schema_object("response_format.schema", s)?), "response_format.schema")
+                    }
+                }),
+                "json_schema" => {
+                    let Some(js) = &f.json_schema else {
+                        return Err(ApiError::invalid(
+                            "response_format.json_schema",
+                            "response_format.json_schema is required with type \"json_schema\": {\"name\", \"schema\"}",
+                        ));
+                    };
+                    let schema = match &js.schema {
+                        Some(s) => schema_object("response_format.json_schema.schema", s)?,
+                        // No schema: any JSON value.
+                        None => serde_json::json!({}),
+                    };
+                    Some((GrammarSpec::JsonSchema(schema), "response_format.json_schema.schema"))
+                }
+                other => {
+                    return Err(ApiError::invalid(
+                        "response_format.type",
+                        format!(
+                        "response_format.type {:?} is not supported: use \"text\", \"json_object\" or \"json_schema\"",
+                        truncate(other, 64)
+                    ),
+                    ))
+                }
+            },
+        };
+        let grammar =
+            self.grammar.as_ref().filter(|g| !g.trim().is_empty()).map(|g| (GrammarSpec::Gbnf(g.clone()), "grammar"));
+        let schema = match &self.json_schema {
+            None | Some(serde_json::Value::Null) => None,
+            Some(s) => Some((GrammarSpec::JsonSchema(schema_object("json_schema", s)?), "json_schema")),
+        };
+        let mut given = [from_format, grammar, schema].into_iter().flatten();
+        let first = given.next();
+        if let Some((_, second)) = given.next() {
+            return Err(ApiError::invalid(
+                second,
+                format!("{second}: send one of response_format, grammar and json_schema"),
+            ));
+        }
+        Ok(first)
     }
 
     /// The chat template's extra variables: `chat_template_kwargs`, with `enable_thinking` and
@@ -343,10 +540,11 @@ fn chat_message(i: usize, m: &Message) -> Result<ChatMessage, ApiError> {
         "system" | "developer" => "system",
         "user" => "user",
         "assistant" => "assistant",
-        "tool" | "function" => {
+        "tool" => "tool",
+        "function" => {
             return Err(ApiError::invalid(
                 format!("messages[{i}].role"),
-                format!("messages[{i}].role: {:?} messages are not supported (no tool calls)", m.role),
+                format!("messages[{i}].role: \"function\" messages (the old API) are not supported: send \"tool\""),
             ))
         }
         other => {
@@ -394,6 +592,40 @@ fn chat_message(i: usize, m: &Message) -> Result<ChatMessage, ApiError> {
         }
     };
     let mut message = ChatMessage::new(role, content);
+    if role == "tool" {
+        let Some(id) = &m.tool_call_id else {
+            let field = format!("messages[{i}].tool_call_id");
+            return Err(ApiError::invalid(field.clone(), format!("{field} is required for a tool message")));
+        };
+        message.tool_call_id = Some(id.clone());
+    }
+    if let Some(name) = &m.name {
+        message.name = Some(name.clone());
+    }
+    if let Some(calls) = &m.tool_calls {
+        if role != "assistant" {
+            let field = format!("messages[{i}].tool_calls");
+            return Err(ApiError::invalid(field.clone(), format!("{field}: only an assistant message makes calls")));
+        }
+        for (j, c) in calls.iter().enumerate() {
+            // Templates read the arguments as an object; OpenAI sends them as JSON text.
+            let arguments = match &c.function.arguments {
+                serde_json::Value::String(text) => match serde_json::from_str::<serde_json::Value>(text) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let field = format!("messages[{i}].tool_calls[{j}].function.arguments");
+                        return Err(ApiError::invalid(field.clone(), format!("{field} is not JSON: {e}")));
+                    }
+                },
+                other => other.clone(),
+            };
+            message.tool_calls.push(serde_json::json!({
+                "id": c.id.clone().unwrap_or_else(|| format!("call_{i}_{j}")),
+                "type": c.kind.clone().unwrap_or_else(|| "function".into()),
+                "function": {"name": c.function.name, "arguments": arguments},
+            }));
+        }
+    }
     match (&m.reasoning_content, role) {
         (None, _) => {}
         (Some(r), "assistant") => message.reasoning_content = Some(r.clone()),
@@ -616,11 +848,24 @@ pub fn check_common(
             logprobs: false,
             post_sampling: false,
             batch,
+            grammar: None,
         },
         choices,
         stream,
         include_usage: c.include_usage.unwrap_or(false),
     })
+}
+
+/// A JSON schema as a request field gives it: an object (or `true`, any value).
+pub fn schema_object(field: &str, v: &serde_json::Value) -> Result<serde_json::Value, ApiError> {
+    match v {
+        serde_json::Value::Object(_) => Ok(v.clone()),
+        serde_json::Value::Bool(true) => Ok(serde_json::json!({})),
+        other => Err(ApiError::invalid(
+            field,
+            format!("{field} must be a JSON schema (an object), got {}", truncate(&other.to_string(), 64)),
+        )),
+    }
 }
 
 /// At most `n` characters of `s`, for echoing client text in an error.
