@@ -67,6 +67,125 @@ streamed = "".join(c.choices[0].text for c in
                                              stream=True) if c.choices)
 check(streamed == comp.choices[0].text, "streamed completion")
 
+# Structured output: the client's own parse() with a pydantic model (a strict json_schema), sampled with ten
+# seeds: every reply parses into the model. (Its strings and list are bounded: unbounded, a 135M model at
+# temperature 0.8 repeats itself inside a list until max_tokens in about half the seeds; the output is then
+# cut, finish_reason "length".)
+from typing import Annotated, List, Literal
+
+import pydantic
+
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=40)
+    country: str = pydantic.Field(max_length=40)
+    population_millions: float
+    landmarks: List[Annotated[str, pydantic.Field(max_length=60)]] = pydantic.Field(max_length=3)
+    continent: Literal["Europe", "Asia", "Africa", "America", "Oceania"]
+
+
+city_messages = [{"role": "user", "content": "Describe a large city as JSON."}]
+valid = 0
+for seed in range(10):
+    parsed = client.chat.completions.parse(model=model, messages=city_messages, response_format=City, temperature=0.8,
+                                           seed=seed, max_tokens=400)
+    choice = parsed.choices[0]
+    if choice.finish_reason == "stop" and isinstance(choice.message.parsed, City):
+        valid += 1
+check(valid == 10, f"json_schema strict: {valid}/10 replies parse into the model")
+obj = client.chat.completions.create(model=model, messages=city_messages, response_format={"type": "json_object"},
+                                     temperature=0, max_tokens=300)
+import json as _json
+check(isinstance(_json.loads(obj.choices[0].message.content), dict), "json_object gives an object")
+
+# Tool calls. tool_choice "required", sampled with ten seeds: every reply is calls, each to an offered function
+# with arguments valid under its schema.
+tools = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 40},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Adds two integers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                       "required": ["a", "b"], "additionalProperties": False}}},
+]
+
+
+def valid_call(call):
+    args = _json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        return (set(args) == {"city", "unit"} and isinstance(args["city"], str) and len(args["city"]) <= 40
+                and args["unit"] in ("celsius", "fahrenheit"))
+    if call.function.name == "add":
+        return set(args) == {"a", "b"} and all(isinstance(args[k], int) for k in "ab")
+    return False
+
+
+ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+good = 0
+for seed in range(10):
+    r = client.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice="required",
+                                       temperature=0.8, seed=seed, max_tokens=200, parallel_tool_calls=False)
+    c = r.choices[0]
+    calls = c.message.tool_calls or []
+    if c.finish_reason == "tool_calls" and len(calls) == 1 and valid_call(calls[0]) and calls[0].id:
+        good += 1
+check(good == 10, f"tool_choice required: {good}/10 schema-valid calls")
+named = client.chat.completions.create(model=model, messages=ask, tools=tools, temperature=0, max_tokens=200,
+                                       tool_choice={"type": "function", "function": {"name": "add"}})
+call = named.choices[0].message.tool_calls[0]
+check(call.function.name == "add" and valid_call(call), f"a named function: {call}")
+# Streamed: the deltas the client accumulates give the same call as the whole reply.
+whole_call = client.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice="required",
+                                            temperature=0, max_tokens=200, parallel_tool_calls=False)
+parts = {}
+finish = None
+for chunk in client.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice="required",
+                                            temperature=0, max_tokens=200, parallel_tool_calls=False, stream=True):
+    for ch in chunk.choices:
+        for d in ch.delta.tool_calls or []:
+            p = parts.setdefault(d.index, {"name": "", "arguments": ""})
+            p["name"] += (d.function.name or "") if d.function else ""
+            p["arguments"] += (d.function.arguments or "") if d.function else ""
+        finish = ch.finish_reason or finish
+w = whole_call.choices[0].message.tool_calls[0].function
+check(finish == "tool_calls" and parts == {0: {"name": w.name, "arguments": w.arguments}}, f"streamed call {parts}")
+# The result goes back through the template, and the reply is text.
+follow = client.chat.completions.create(model=model, temperature=0, max_tokens=30, tools=tools, messages=ask + [
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": w.name, "arguments": w.arguments}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees and sunny"}])
+check(follow.choices[0].message.content and not follow.choices[0].message.tool_calls, "a reply after the result")
+
+# The Responses API: text whole and streamed (the same greedy text), a required function call, a JSON schema.
+resp = client.responses.create(model=model, input=[{"role": "system", "content": "You are brief."},
+                                                   {"role": "user", "content": "Name two planets."}],
+                               max_output_tokens=20, temperature=0)
+check(resp.id.startswith("resp_") and resp.output[0].id.startswith("msg_") and resp.output_text, "a response")
+check(resp.output_text == text, f"the Responses text is the chat text: {resp.output_text!r} vs {text!r}")
+events, streamed_text = [], ""
+for e in client.responses.create(model=model, input=[{"role": "system", "content": "You are brief."},
+                                                     {"role": "user", "content": "Name two planets."}],
+                                 max_output_tokens=20, temperature=0, stream=True):
+    events.append(e.type)
+    if e.type == "response.output_text.delta":
+        streamed_text += e.delta
+check(events[0] == "response.created" and events[-1] in ("response.completed", "response.incomplete"), events)
+check(streamed_text == resp.output_text, f"streamed response {streamed_text!r}")
+flat_tools = [dict(type="function", **t["function"]) for t in tools]
+fc = client.responses.create(model=model, input="What is the weather in Paris?", tools=flat_tools,
+                             tool_choice="required", parallel_tool_calls=False, max_output_tokens=200)
+calls = [o for o in fc.output if o.type == "function_call"]
+check(len(calls) == 1 and calls[0].call_id and valid_call(calls[0] if hasattr(calls[0], "function") else
+      type("C", (), {"function": calls[0]})()), f"a Responses function call: {fc.output}")
+js = client.responses.create(model=model, input="Describe a large city as JSON.", max_output_tokens=400,
+                             text={"format": {"type": "json_schema", "name": "city", "strict": True,
+                                              "schema": City.model_json_schema()}})
+check(isinstance(City.model_validate_json(js.output_text), City), "a Responses json_schema reply")
+
 # Errors arrive as the client's own exception types.
 try:
     openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()

@@ -150,8 +150,10 @@ fn bad_completion_bodies_get_a_400_naming_the_field() {
         (json!({"prompt": "x", "n_probs": -1}), "n_probs"),
         (json!({"prompt": "x", "n_probs": 101}), "n_probs"),
         (json!({"prompt": "x", "logit_bias": [[15, -100]]}), "logit_bias"),
-        (json!({"prompt": "x", "grammar": "root ::= \"a\""}), "grammar"),
-        (json!({"prompt": "x", "json_schema": {"type": "object"}}), "json_schema"),
+        (json!({"prompt": "x", "grammar": "root ::= item"}), "grammar"),
+        (json!({"prompt": "x", "json_schema": {"type": "hiccup"}}), "json_schema"),
+        (json!({"prompt": "x", "json_schema": 5}), "json_schema"),
+        (json!({"prompt": "x", "grammar": "root ::= \"a\"", "json_schema": {}}), "json_schema"),
         (json!({"prompt": "x", "id_slot": 1}), "id_slot"),
         (json!({"prompt": "x", "colour": 1}), "colour"),
         (json!({"prompt": [4_000_000_000u64]}), "prompt[0]"),
@@ -162,6 +164,11 @@ fn bad_completion_bodies_get_a_400_naming_the_field() {
         assert_eq!(e["param"], field, "{body}: {e}");
         assert!(e["message"].as_str().unwrap().contains(field.trim_end_matches("[0]")), "{body}: {e}");
     }
+    // A grammar is followed: the output is its language exactly.
+    let r = s.post("/completion", &json!({"prompt": "x", "n_predict": 10, "grammar": "root ::= \"ab\"{2} [0-9]"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let content = r.json()["content"].as_str().unwrap().to_owned();
+    assert!(content.len() == 5 && content.starts_with("abab"), "{content:?}");
     // What llama.cpp's tests send routinely and is harmless is taken: cache_prompt, id_slot -1, seed -1.
     let ok = json!({"prompt": "x", "n_predict": 1, "cache_prompt": true, "id_slot": -1, "seed": -1, "n_probs": 0});
     assert_eq!(s.post("/completion", &ok).status, 200);

@@ -388,30 +388,41 @@ fn streamed_and_whole_replies_agree_and_choices_logprobs_and_completions_work() 
     no_panic(&s);
 }
 
-#[test]
-fn the_official_openai_python_client_works_against_the_server() {
+/// Runs `tests/SCRIPT` (an official client, from .cache/pylib) against a server started with a key, the
+/// server's URL as `base`; the script prints "N checks passed".
+fn official_client_passes(script: &str, package: &str, base: &str) {
     let _one = common::one_at_a_time();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let pylib = root.join(".cache/pylib");
     let s = Server::start(&["-c", "1024", "--api-key", "sk-local"]);
     let out = Command::new("python3")
-        .arg(root.join("tests/openai_client.py"))
-        .arg(format!("http://127.0.0.1:{}/v1", s.port))
+        .arg(root.join("tests").join(script))
+        .arg(format!("http://127.0.0.1:{}{base}", s.port))
         .arg("sk-local")
         .env("PYTHONPATH", &pylib)
         .output()
         .expect("python3 runs");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !err.contains("No module named 'openai'"),
-        "the openai package is not in {}: run scripts/setup",
+        !err.contains(&format!("No module named '{package}'")),
+        "the {package} package is not in {}: run scripts/setup",
         pylib.display()
     );
-    assert!(out.status.success(), "the openai client failed: {err}\nserver: {}", s.stderr());
+    assert!(out.status.success(), "the {package} client failed: {err}\nserver: {}", s.stderr());
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("checks passed"), "{said}");
     eprintln!("{}", said.trim());
     no_panic(&s);
+}
+
+#[test]
+fn the_official_anthropic_python_client_works_against_the_server() {
+    official_client_passes("anthropic_client.py", "anthropic", "");
+}
+
+#[test]
+fn the_official_openai_python_client_works_against_the_server() {
+    official_client_passes("openai_client.py", "openai", "/v1");
 }
 
 #[test]

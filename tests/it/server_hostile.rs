@@ -74,7 +74,7 @@ fn hostile_requests_get_the_right_status_and_error_json_and_the_server_stays_up(
         (json!({"messages": [{"content": "hi"}]}), "messages[0]"),
         (json!({"messages": [{"role": 5, "content": "hi"}]}), "messages[0].role"),
         (json!({"messages": [{"role": "wizard", "content": "hi"}]}), "messages[0].role"),
-        (json!({"messages": [{"role": "tool", "content": "hi"}]}), "messages[0].role"),
+        (json!({"messages": [{"role": "function", "content": "hi"}]}), "messages[0].role"),
         (json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content"),
         (json!({"messages": [{"role": "user"}]}), "messages[0].content"),
         (
@@ -116,9 +116,49 @@ fn hostile_requests_get_the_right_status_and_error_json_and_the_server_stays_up(
         (json!({"messages": msgs, "top_k": -2}), "top_k"),
         (json!({"messages": msgs, "min_p": 7}), "min_p"),
         (json!({"messages": msgs, "repeat_penalty": 0}), "repeat_penalty"),
-        (json!({"messages": msgs, "tools": [{"type": "function"}]}), "tools"),
+        (json!({"messages": msgs, "tools": [{"type": "function"}]}), "tools[0].function"),
+        (json!({"messages": msgs, "tools": [{"type": "retrieval"}]}), "tools[0].type"),
+        (
+            json!({"messages": msgs, "tools": [{"type": "function", "function": {"name": "a b"}}]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]}),
+            "tools[1].function.name",
+        ),
+        (
+            json!({"messages": msgs, "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}),
+            "tools[0].function.parameters",
+        ),
+        (
+            json!({"messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "always"}),
+            "tool_choice",
+        ),
+        (json!({"messages": msgs, "tool_choice": "required"}), "tool_choice"),
+        (
+            json!({"messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required", "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (json!({"messages": [{"role": "tool", "content": "18C"}]}), "messages[0].tool_call_id"),
+        (
+            json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}),
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (json!({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}), "messages[0].tool_calls"),
+        (json!({"messages": msgs, "functions": [{"name": "f"}]}), "functions"),
         (json!({"messages": msgs, "logit_bias": {"50256": -100}}), "logit_bias"),
-        (json!({"messages": msgs, "response_format": {"type": "json_object"}}), "response_format.type"),
+        (json!({"messages": msgs, "response_format": {"type": "sound"}}), "response_format.type"),
+        (json!({"messages": msgs, "response_format": {"type": "json_schema"}}), "response_format.json_schema"),
+        (
+            json!({"messages": msgs, "response_format": {"type": "json_object", "schema": {"type": "hiccup"}}}),
+            "response_format.schema",
+        ),
+        (json!({"messages": msgs, "grammar": "root ::= (", "response_format": {"type": "text"}}), "grammar"),
+        (json!({"messages": msgs, "grammar": "root ::= \"a\"", "json_schema": {}}), "json_schema"),
         (json!({"messages": [{"role": "user", "content": "word ".repeat(400)}]}), "messages"),
     ];
     for (body, param) in &field_cases {
