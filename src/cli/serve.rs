@@ -185,9 +185,11 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
     let settings = settings_of(&a, &loaded.path);
     let opts = serve_options(&a, access, ui_dir, threads, spec, session, parallel);
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let tokenizer = Arc::new(loaded.tokenizer);
     let model = ServedModel {
         model: Arc::new(loaded.model),
-        tokenizer: Arc::new(loaded.tokenizer),
+        grammars: strata::grammar::Grammars::new(tokenizer.clone()),
+        tokenizer,
         template,
         id,
         max_context,
