@@ -570,11 +570,16 @@ def check_two_at_once(driver):
         By.XPATH, "//*[@id='panel-chat']//button[contains(@class,'conversation-item')][starts-with(normalize-space(), 'Gamma')]"
     )
     item.click()
+    # The heading and the messages are read in separate calls: wait until the messages shown are no longer the
+    # second conversation's (if the first conversation held the second's reply, this times out and fails below).
+    r_text = (r or {}).get("text")
     g = wait_for(
         "the first conversation's stored reply",
-        lambda: (lambda x: x if x and x["figures"] and (current_conversation(driver) or [""])[0].startswith("Gamma") else None)(
-            last_reply(driver)
-        ),
+        lambda: (
+            lambda x: x
+            if x and x["figures"] and x["text"] != r_text and (current_conversation(driver) or [""])[0].startswith("Gamma")
+            else None
+        )(last_reply(driver)),
         10,
     )
     ok(
