@@ -186,6 +186,25 @@ js = client.responses.create(model=model, input="Describe a large city as JSON."
                                               "schema": City.model_json_schema()}})
 check(isinstance(City.model_validate_json(js.output_text), City), "a Responses json_schema reply")
 
+# Embeddings: one unit vector per input, in order (the client asks for base64 and decodes it); the same text
+# gives the same vector, as float or base64, alone or beside others.
+texts = ["The cat sat on the mat.", "A kitten rested on the rug.", "Quarterly revenue rose by 4%."]
+emb = client.embeddings.create(model=model, input=texts)
+vecs = [d.embedding for d in emb.data]
+check([d.index for d in emb.data] == [0, 1, 2] and len({len(v) for v in vecs}) == 1 and len(vecs[0]) > 100,
+      f"embeddings: one vector per input ({[len(v) for v in vecs]})")
+check(all(abs(sum(x * x for x in v) - 1) < 1e-4 for v in vecs), "embeddings are normalized")
+check(emb.usage.prompt_tokens > 3 and emb.usage.total_tokens == emb.usage.prompt_tokens, emb.usage)
+alone = client.embeddings.create(model=model, input=texts[2], encoding_format="float").data[0].embedding
+check(alone == vecs[2], "an input's vector does not depend on the inputs beside it, nor on its encoding")
+dot = lambda a, b: sum(x * y for x, y in zip(a, b))
+check(dot(vecs[0], vecs[1]) > dot(vecs[0], vecs[2]), "related texts are nearer than unrelated ones")
+try:
+    client.embeddings.create(model=model, input=[])
+    check(False, "an empty input list was accepted")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and e.param == "input", e)
+
 # Errors arrive as the client's own exception types.
 try:
     openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()

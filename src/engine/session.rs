@@ -408,6 +408,22 @@ impl<'a> Session<'a> {
         prompt_tokens
     }
 
+    /// The embedding of each of `inputs` ([`Model::embed`]), each read into one throwaway cache beside the
+    /// live sequences (which keep their state) and freed after it. `stop` is asked before each input: true
+    /// ends the work with `Cancelled` (its client went away).
+    pub fn embed(&mut self, inputs: &[Vec<u32>], mut stop: impl FnMut() -> bool) -> Result<Vec<Vec<f32>>, EngineError> {
+        let max_tokens = self.slots[0].seq.kv.max_tokens;
+        let mut kv = self.model.new_kv(self.identity.kv_type, max_tokens)?;
+        let mut out = Vec::with_capacity(inputs.len());
+        for tokens in inputs {
+            if stop() {
+                return Err(EngineError::Cancelled);
+            }
+            out.push(self.model.embed(self.pool, &mut kv, tokens)?);
+        }
+        Ok(out)
+    }
+
     /// KV bytes held by idle slots other than the most recently used one: conversations kept live beside
     /// the newest, which count against the conversation cache's budget (see `trim_idle`).
     pub fn idle_live_bytes(&self) -> u64 {

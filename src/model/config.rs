@@ -63,6 +63,43 @@ pub struct ModelConfig {
     pub attn_softcap: Option<f32>,
     /// Logits become `c * tanh(logit / c)` (gemma2).
     pub final_softcap: Option<f32>,
+    /// How an embedding is made of a sequence's hidden states (`{arch}.pooling_type`; mean when absent).
+    pub pooling: Pooling,
+}
+
+/// How one embedding vector is made of a sequence's output-normed hidden states, as the file's
+/// `{arch}.pooling_type` says (llama.cpp's numbering: 0 none, 1 mean, 2 cls, 3 last, 4 rank).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean of every position's state (also for "none" and an absent key: one vector per input).
+    Mean,
+    /// The first position's (the BOS or CLS token).
+    Cls,
+    /// The last position's (decoder embedding models such as Qwen3-Embedding).
+    Last,
+    /// A reranker's score head, or a number Strata does not know: no embedding is made.
+    Unsupported(u64),
+}
+
+impl Pooling {
+    pub fn of_key(value: Option<u64>) -> Pooling {
+        match value {
+            None | Some(0) | Some(1) => Pooling::Mean,
+            Some(2) => Pooling::Cls,
+            Some(3) => Pooling::Last,
+            Some(n) => Pooling::Unsupported(n),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+            Pooling::Unsupported(4) => "rank",
+            Pooling::Unsupported(_) => "unknown",
+        }
+    }
 }
 
 impl ModelConfig {
@@ -105,6 +142,7 @@ impl ModelConfig {
         };
         let attn_softcap = keys.softcap("attn_logit_softcapping", family.attn_softcap)?;
         let final_softcap = keys.softcap("final_logit_softcapping", family.final_softcap)?;
+        let pooling = Pooling::of_key(file.get(&keys.key("pooling_type")).and_then(GgufValue::as_u64));
         let cfg = ModelConfig {
             arch,
             family,
@@ -129,6 +167,7 @@ impl ModelConfig {
             attn_scale,
             attn_softcap,
             final_softcap,
+            pooling,
         };
         cfg.check_heads()?;
         check_blocks(file, n_layer, &cfg.key("block_count"))?;

@@ -71,6 +71,14 @@ impl Scratch {
     }
 }
 
+/// What a pass gives back for its wanted rows: the logits, or the hidden state after the output norm
+/// (`n_embd` values a row, what embeddings are pooled from).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Head {
+    Logits,
+    Hidden,
+}
+
 /// Where a batch sits: its size, its first position in the sequence, and the rows whose logits are wanted.
 #[derive(Clone, Copy)]
 struct Span<'a> {
@@ -117,21 +125,36 @@ impl Model {
         tokens: &[u32],
         want: &[usize],
     ) -> Result<Logits, ModelError> {
+        let data = self.forward_rows(pool, kv, tokens, want, Head::Logits)?;
+        Ok(Logits { n_vocab: self.cfg.n_vocab, data })
+    }
+
+    /// [`Model::forward`] giving `head`'s rows of the wanted positions: (n_out, n_vocab) logits or
+    /// (n_out, n_embd) hidden states.
+    pub(super) fn forward_rows(
+        &self,
+        pool: &ThreadPool,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        want: &[usize],
+        head: Head,
+    ) -> Result<Vec<f32>, ModelError> {
         if let Some(&bad) = want.iter().find(|&&t| t >= tokens.len()) {
             return Err(ModelError::Inconsistent(format!("logits wanted at {bad} of a {}-token batch", tokens.len())));
         }
         let batch = self.placement.batch;
         if tokens.len() <= batch {
-            return self.forward_batch(pool, kv, tokens, want);
+            return self.forward_batch(pool, kv, tokens, want, head);
         }
         let pos0 = kv.len();
-        let mut data = Vec::with_capacity(want.len() * self.cfg.n_vocab);
+        let width = if head == Head::Logits { self.cfg.n_vocab } else { self.cfg.n_embd };
+        let mut data = Vec::with_capacity(want.len() * width);
         for (i, piece) in tokens.chunks(batch).enumerate() {
             let start = i * batch;
             let piece_want: Vec<usize> =
                 want.iter().filter(|&&t| t >= start && t < start + piece.len()).map(|t| t - start).collect();
-            match self.forward_batch(pool, kv, piece, &piece_want) {
-                Ok(l) => data.extend_from_slice(&l.data),
+            match self.forward_batch(pool, kv, piece, &piece_want, head) {
+                Ok(rows) => data.extend_from_slice(&rows),
                 Err(e) => {
                     kv.truncate(pos0);
                     kv.release_unused();
@@ -139,7 +162,7 @@ impl Model {
                 }
             }
         }
-        Ok(Logits { n_vocab: self.cfg.n_vocab, data })
+        Ok(data)
     }
 
     /// Appends each input's tokens to its own sequence, all in one pass (continuous batching: several
@@ -311,19 +334,20 @@ impl Model {
     }
 
     /// One batch of at most `placement.batch` tokens: checks it, takes its KV pages and extra scratch,
-    /// runs the stages and the output head. On error nothing is appended and the pages it took are freed.
+    /// runs the stages and `head` over the wanted rows. On error nothing is appended and the pages it took
+    /// are freed.
     fn forward_batch(
         &self,
         pool: &ThreadPool,
         kv: &mut KvCache,
         tokens: &[u32],
         want: &[usize],
-    ) -> Result<Logits, ModelError> {
-        let n_vocab = self.cfg.n_vocab;
+        head: Head,
+    ) -> Result<Vec<f32>, ModelError> {
         let span = Span { t_count: tokens.len(), pos0: kv.len(), want };
         self.check_batch(kv, tokens)?;
         if span.t_count == 0 {
-            return Ok(Logits { n_vocab, data: Vec::new() });
+            return Ok(Vec::new());
         }
         let placement = &self.placement;
         placement.devices.on_progress(span.pos0);
@@ -336,13 +360,15 @@ impl Model {
         // Rows gathered on the GPU are scaled there (`GpuStage::embed`), the host's by `embed_host`.
         let (mut x, embedded_on_gpu) = self.embed_tokens(kv, tokens)?;
         let mut s: Option<Scratch> = None;
-        let gpu_logits = self.run_stages(pool, kv, span, embedded_on_gpu, &mut x, &mut s)?;
+        let gpu_logits = self.run_stages(pool, kv, span, embedded_on_gpu, head, &mut x, &mut s)?;
         kv.set_len(span.pos0 + span.t_count);
         if let Some(data) = gpu_logits {
-            return Ok(Logits { n_vocab, data });
+            return Ok(data);
         }
-        let data = self.cpu_head(pool, span, &x, &mut s);
-        Ok(Logits { n_vocab, data })
+        Ok(match head {
+            Head::Logits => self.cpu_head(pool, span, &x, &mut s),
+            Head::Hidden => self.output_norm_rows(span, &x),
+        })
     }
 
     /// Refuses a batch that would overflow the cache, or that holds a token outside the vocabulary.
@@ -394,13 +420,16 @@ impl Model {
 
     /// Runs every stage over the batch in order, the hidden state `x` crossing from stage to stage; CPU
     /// stages share the scratch `s`, made at the first. Returns the logits when the last stage is on a GPU
-    /// (its head ran there); on a GPU's failure the pages past the filled positions are freed.
+    /// and `head` asks for them (its head ran there; for hidden states the GPU leaves `x` on the host); on
+    /// a GPU's failure the pages past the filled positions are freed.
+    #[allow(clippy::too_many_arguments)]
     fn run_stages(
         &self,
         pool: &ThreadPool,
         kv: &mut KvCache,
         span: Span<'_>,
         embedded_on_gpu: bool,
+        head: Head,
         x: &mut Vec<f32>,
         s: &mut Option<Scratch>,
     ) -> Result<Option<Vec<f32>>, ModelError> {
@@ -409,7 +438,7 @@ impl Model {
         let mut gpu_logits = None;
         for (si, stage) in placement.stages.iter().enumerate() {
             if let Some(g) = &placement.gpu[si] {
-                match self.run_gpu_stage(si, g, kv, span, embedded_on_gpu, x) {
+                match self.run_gpu_stage(si, g, kv, span, embedded_on_gpu, head, x) {
                     Ok(logits) => gpu_logits = logits,
                     Err(e) => {
                         kv.release_unused();
@@ -432,7 +461,9 @@ impl Model {
 
     /// GPU stage `si` over the batch: the hidden state arrives (from the previous GPU stage device to
     /// device; from the host, embeddings or a CPU stage, up), its layers run, and it returns the logits
-    /// (last stage) or leaves `x` on the host for a CPU stage next.
+    /// (last stage, `Head::Logits`) or leaves `x` on the host (for a CPU stage next, or the host's output
+    /// norm of hidden states).
+    #[allow(clippy::too_many_arguments)]
     fn run_gpu_stage(
         &self,
         si: usize,
@@ -440,6 +471,7 @@ impl Model {
         kv: &mut KvCache,
         span: Span<'_>,
         embedded_on_gpu: bool,
+        head: Head,
         x: &mut Vec<f32>,
     ) -> Result<Option<Vec<f32>>, DeviceError> {
         let (cfg, placement, d) = (&self.cfg, &self.placement, self.cfg.n_embd);
@@ -449,8 +481,13 @@ impl Model {
             None => g.upload_x(x)?,
         }
         g.run_layers(cfg, kv, span.t_count, span.pos0)?;
-        if si + 1 == placement.stages.len() {
+        let last = si + 1 == placement.stages.len();
+        if last && head == Head::Logits {
             return Ok(Some(g.head(cfg, span.want, &[(0, span.want.len())])?));
+        }
+        if last {
+            *x = g.download_x(span.t_count, d)?;
+            return Ok(None);
         }
         let next_on_gpu = placement.gpu.get(si + 1).is_some_and(Option::is_some);
         if !next_on_gpu {
@@ -463,12 +500,8 @@ impl Model {
     /// projection, (n_out, n_vocab).
     fn cpu_head(&self, pool: &ThreadPool, span: Span<'_>, x: &[f32], s: &mut Option<Scratch>) -> Vec<f32> {
         let (cfg, w) = (&self.cfg, &self.weights);
-        let (d, want) = (cfg.n_embd, span.want);
-        let n_out = want.len();
-        let mut hn = vec![0f32; n_out * d];
-        for (i, &t) in want.iter().enumerate() {
-            ops::rms_norm(&x[t * d..(t + 1) * d], &w.output_norm, cfg.rms_eps, &mut hn[i * d..(i + 1) * d]);
-        }
+        let (d, n_out) = (cfg.n_embd, span.want.len());
+        let hn = self.output_norm_rows(span, x);
         let mut data = vec![0f32; n_out * cfg.n_vocab];
         if n_out > 0 {
             let _t = profile::time(Part::Output);
@@ -480,6 +513,16 @@ impl Model {
             ops::softcap(&mut data, c);
         }
         data
+    }
+
+    /// The final norm of the wanted rows of the hidden state `x`: (n_out, n_embd).
+    fn output_norm_rows(&self, span: Span<'_>, x: &[f32]) -> Vec<f32> {
+        let (cfg, d) = (&self.cfg, self.cfg.n_embd);
+        let mut hn = vec![0f32; span.want.len() * d];
+        for (i, &t) in span.want.iter().enumerate() {
+            ops::rms_norm(&x[t * d..(t + 1) * d], &self.weights.output_norm, cfg.rms_eps, &mut hn[i * d..(i + 1) * d]);
+        }
+        hn
     }
 
     /// The CPU stages' scratch for a batch, its rope tables for this sequence's context.

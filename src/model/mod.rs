@@ -8,6 +8,7 @@
 pub mod acts;
 pub mod attn;
 pub mod config;
+mod embed;
 pub mod family;
 mod forward;
 pub mod gpu;
@@ -27,7 +28,7 @@ use crate::gguf::{GgufError, GgufFile};
 use crate::quant::GgmlType;
 use crate::split::SplitError;
 
-pub use config::{Arch, ModelConfig, RopeKind, RopeParams};
+pub use config::{Arch, ModelConfig, Pooling, RopeKind, RopeParams};
 pub use family::{Family, FfnAct};
 pub use forward::{Logits, SeqInput};
 pub use kv::{KvCache, KvType};
@@ -66,6 +67,8 @@ pub enum ModelError {
          f16 or int8 KV)"
     )]
     KvOnGpu { kv: KvType, device: String },
+    #[error("no embedding: {0}")]
+    NoEmbedding(String),
     #[error(transparent)]
     Split(#[from] SplitError),
     #[error(transparent)]

@@ -432,6 +432,7 @@ impl Events {
                 self.push("message_stop", json!({}));
                 self.done = true;
             }
+            Msg::Embeddings(..) => self.handle(Msg::Error(Msg::not_generated())),
             Msg::Error(e) => {
                 self.push("error", json!({"error": {"type": "api_error", "message": e.message}}));
                 self.done = true;

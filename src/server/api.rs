@@ -30,7 +30,7 @@ use crate::tools::{self, Tool, ToolCall, ToolChoice, ToolFormat, ToolSplitter};
 use super::error::ApiError;
 use super::fair::{ClientKey, Peer};
 use super::openai::{self, ChatRequest, Checked, CompletionRequest, PromptInput};
-use super::worker::{finish_reason, Job, Msg, Ticket, TicketGuard, TokenInfo, REPLY_BACKLOG};
+use super::worker::{finish_reason, Job, Msg, Task, Ticket, TicketGuard, TokenInfo, REPLY_BACKLOG};
 use super::App;
 use crate::engine::StopReason;
 
@@ -450,9 +450,20 @@ pub struct Queued {
 /// (or the stream): dropping it takes a job that has not started off the queue, so a client that leaves
 /// frees its place.
 pub(super) fn submit(app: &App, q: Queued, checked: Checked) -> Result<(Receiver<Msg>, TicketGuard), ApiError> {
+    submit_task(app, Task::Generate, q, checked)
+}
+
+/// [`submit`] of any task (an embedding job's prompt is empty and its `checked` unused).
+pub(super) fn submit_task(
+    app: &App,
+    task: Task,
+    q: Queued,
+    checked: Checked,
+) -> Result<(Receiver<Msg>, TicketGuard), ApiError> {
     let (tx, rx) = channel(REPLY_BACKLOG);
     let ticket = Ticket::new(app.shared.clone());
     let job = Job {
+        task,
         prompt: q.prompt,
         kept_reply_tokens: q.kept_reply_tokens,
         checked,
@@ -495,6 +506,7 @@ pub(super) async fn collect(rx: &mut Receiver<Msg>, n: usize) -> Result<(Vec<Opt
             }
             Some(Msg::Done(s)) => return Ok((choices, *s)),
             Some(Msg::Error(e)) => return Err(e),
+            Some(Msg::Embeddings(..)) => return Err(Msg::not_generated()),
             None => return Err(ApiError::internal("the engine ended the request without a reply")),
         }
     }
@@ -784,6 +796,7 @@ impl Chunks {
                 self.pending.push_back(Event::default().data("[DONE]"));
                 self.done = true;
             }
+            Msg::Embeddings(..) => self.on(Msg::Error(Msg::not_generated())),
             Msg::Error(e) => {
                 self.pending.push_back(Event::default().data(e.body().to_string()));
                 self.done = true;

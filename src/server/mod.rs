@@ -10,6 +10,7 @@
 
 pub mod anthropic;
 pub mod api;
+pub mod embeddings;
 pub mod error;
 pub mod fair;
 pub mod guard;
@@ -131,6 +132,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/chat/completions", post(api::chat))
         .route("/v1/completions", post(api::completions))
         .route("/v1/responses", post(responses::responses))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/messages", post(anthropic::messages_endpoint))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(api::models))
@@ -140,6 +142,7 @@ pub fn router(app: App) -> Router {
         .route("/chat/completions", post(api::chat))
         .route("/completions", post(api::completions))
         .route("/responses", post(responses::responses))
+        .route("/embeddings", post(embeddings::embeddings))
         .route("/models", get(api::models))
         // llama-server's native endpoints (its `/completions` alias stays the OpenAI path above).
         .route("/completion", post(native::completion))

@@ -409,6 +409,10 @@ fn stream(
                     st.done = true;
                     e.body()
                 }
+                Some(Msg::Embeddings(..)) => {
+                    st.done = true;
+                    Msg::not_generated().body()
+                }
                 None => {
                     st.done = true;
                     ApiError::internal("the engine ended the request without finishing it").body()

@@ -498,6 +498,7 @@ impl Events {
                 self.push(kind, json!({"response": r}));
                 self.done = true;
             }
+            Msg::Embeddings(..) => self.handle(Msg::Error(Msg::not_generated())),
             Msg::Error(e) => {
                 let r = self.head.response("failed", None, std::mem::take(&mut self.output), None);
                 let mut r = r;

@@ -37,8 +37,18 @@ use super::state::{CacheView, ParkedView, Shared};
 pub const REPLY_BACKLOG: usize = 256;
 pub const STALL_LIMIT: Duration = Duration::from_secs(30);
 
+/// What a job asks of the engine.
+pub enum Task {
+    /// Generate after the job's prompt, as its `checked` fields say.
+    Generate,
+    /// One embedding per input (`Session::embed`), answered by one [`Msg::Embeddings`]; the job's prompt
+    /// is empty.
+    Embed(Vec<Vec<u32>>),
+}
+
 /// One request for the engine.
 pub struct Job {
+    pub task: Task,
     pub prompt: Vec<u32>,
     /// Tokens of the prompt that are earlier replies as they were generated (not retokenized).
     pub kept_reply_tokens: usize,
@@ -155,7 +165,16 @@ pub enum Msg {
         tokens: Vec<TokenInfo>,
     },
     Done(Box<Summary>),
+    /// An embedding job's vectors, one per input in order, with its figures.
+    Embeddings(Vec<Vec<f32>>, Box<Summary>),
     Error(ApiError),
+}
+
+impl Msg {
+    /// The error a generating request's reader makes of a message only an embedding job gets.
+    pub fn not_generated() -> ApiError {
+        ApiError::internal("the engine answered a generation with embeddings")
+    }
 }
 
 /// OpenAI's finish_reason for an engine stop.
@@ -270,8 +289,9 @@ fn run_serial(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, que
         shared.publish_slots(1, [0]);
         serial += 1;
         let tx = job.tx.clone();
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            serve_job(session, tokenizer, shared, job, serial)
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job.task {
+            Task::Embed(_) => serve_embed(session, shared, job, serial),
+            Task::Generate => serve_job(session, tokenizer, shared, job, serial),
         }));
         shared.publish_slots(1, []);
         if run.is_err() {
@@ -324,8 +344,13 @@ fn run_batched<'a>(
             }
             queue.started(&job.client);
             serial += 1;
-            let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                start_job(session, tokenizer, shared, job, serial)
+            // An embedding job runs whole here, between two steps of the streams generating.
+            let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job.task {
+                Task::Embed(_) => {
+                    serve_embed(session, shared, job, serial);
+                    None
+                }
+                Task::Generate => start_job(session, tokenizer, shared, job, serial),
             }));
             match started {
                 Ok(Some(r)) => running.push(r),
@@ -556,11 +581,47 @@ fn engine_error(e: &EngineError) -> ApiError {
             "unhealthy: {d}; the server exits with status 75 so that its supervisor restarts it"
         )),
         EngineError::Model(ModelError::Device(d)) => ApiError::out_of_memory(format!("the request failed: {d}")),
+        EngineError::Model(ModelError::NoEmbedding(why)) => ApiError::invalid("input", format!("input: {why}")),
         EngineError::Model(ModelError::ContextOverflow { needed, max }) => ApiError {
             code: Some("context_length_exceeded"),
             ..ApiError::invalid("messages", format!("the prompt needs {needed} positions but the context holds {max}"))
         },
         other => ApiError::internal(format!("the request failed: {other}")),
+    }
+}
+
+/// Answers an embedding job: its inputs read one after another into a throwaway cache (the live
+/// sequences keep their state), ended early when its client goes away.
+fn serve_embed(session: &mut Session, shared: &Shared, job: Job, serial: u64) {
+    let Task::Embed(inputs) = &job.task else { return };
+    let queue_ms = job.queued_at.elapsed().as_secs_f64() * 1e3;
+    let t0 = Instant::now();
+    let tx = job.tx.clone();
+    let limit = job.time_limit.map(|l| job.queued_at + l);
+    let embedded = session.embed(inputs, || tx.is_closed() || limit.is_some_and(|l| Instant::now() >= l));
+    match embedded {
+        Ok(vectors) => {
+            let tokens: usize = inputs.iter().map(Vec::len).sum();
+            let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let s = Summary {
+                job: serial,
+                prompt_tokens: tokens,
+                read: tokens,
+                prompt_ms,
+                prompt_tok_s: tokens as f64 / (prompt_ms / 1e3).max(1e-9),
+                queue_ms,
+                ..Summary::default()
+            };
+            shared.metrics.record(job.endpoint, &s);
+            send(&job.tx, Msg::Embeddings(vectors, Box::new(s)));
+        }
+        Err(EngineError::Cancelled) if !tx.is_closed() => {
+            let secs = job.time_limit.map_or(0, |l| l.as_secs());
+            shared.metrics.reject("request_timeout");
+            send(&job.tx, Msg::Error(ApiError::request_timeout(secs)));
+        }
+        Err(EngineError::Cancelled) => end_cancelled(shared, &job),
+        Err(e) => fail_job(shared, &job, &e),
     }
 }
 

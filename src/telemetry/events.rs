@@ -17,7 +17,7 @@ pub struct DeviceSample {
 }
 
 /// The figures of one served request: the `strata` object of a server reply and the `request_done` event.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Summary {
     /// The engine's serial number of the request (1, 2, ...): the order it was served in.

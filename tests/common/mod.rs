@@ -94,22 +94,36 @@ pub fn reference_last_logits(model: &strata::model::Model, toks: &[u32]) -> Vec<
     reference_logits_from(model, toks, toks.len() - 1).pop().expect("a non-empty prompt")
 }
 
+/// Tensor `name` of the model's file dequantized: (values, rows, cols).
+fn dequantized(file: &strata::gguf::GgufFile, name: &str) -> (Vec<f64>, usize, usize) {
+    let t = file.tensor(name).unwrap_or_else(|| panic!("{name}"));
+    let cols = t.dims[0] as usize;
+    let rows = t.n_rows() as usize;
+    let mut f = vec![0f32; cols * rows];
+    strata::quant::dequantize_row(t.ty, file.tensor_data(t), &mut f);
+    (f.into_iter().map(f64::from).collect(), rows, cols)
+}
+
+fn matvec(m: &(Vec<f64>, usize, usize), x: &[f64]) -> Vec<f64> {
+    (0..m.1).map(|r| (0..m.2).map(|i| m.0[r * m.2 + i] * x[i]).sum()).collect()
+}
+
 /// The float64 logits of positions `first..` of `toks` (every position is computed: attention needs them).
 fn reference_logits_from(model: &strata::model::Model, toks: &[u32], first: usize) -> Vec<Vec<f64>> {
+    let file = &model.file;
+    let untied_head = file.tensor("output.weight").map(|_| dequantized(file, "output.weight"));
+    let head = untied_head.unwrap_or_else(|| dequantized(file, "token_embd.weight"));
+    reference_hidden(model, toks)[first..].iter().map(|h| matvec(&head, h)).collect()
+}
+
+#[allow(dead_code)]
+/// The float64 hidden state of every position of `toks` after the output norm: (t_count, n_embd), what the
+/// head reads and embeddings are pooled from.
+pub fn reference_hidden(model: &strata::model::Model, toks: &[u32]) -> Vec<Vec<f64>> {
     let c = &model.cfg;
     let file = &model.file;
-    let mat = |name: &str| -> (Vec<f64>, usize, usize) {
-        let t = file.tensor(name).unwrap_or_else(|| panic!("{name}"));
-        let cols = t.dims[0] as usize;
-        let rows = t.n_rows() as usize;
-        let mut f = vec![0f32; cols * rows];
-        strata::quant::dequantize_row(t.ty, file.tensor_data(t), &mut f);
-        (f.into_iter().map(f64::from).collect(), rows, cols)
-    };
+    let mat = |name: &str| dequantized(file, name);
     let vecf = |name: &str| mat(name).0;
-    let matvec = |m: &(Vec<f64>, usize, usize), x: &[f64]| -> Vec<f64> {
-        (0..m.1).map(|r| (0..m.2).map(|i| m.0[r * m.2 + i] * x[i]).sum()).collect()
-    };
     let rms = |x: &[f64], w: &[f64]| -> Vec<f64> {
         let s = (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + c.rms_eps as f64).sqrt();
         x.iter().zip(w).map(|(a, b)| a / s * b).collect()
@@ -128,8 +142,6 @@ fn reference_logits_from(model: &strata::model::Model, toks: &[u32], first: usiz
         }
     };
     let emb = mat("token_embd.weight");
-    let untied_head = file.tensor("output.weight").map(|_| mat("output.weight"));
-    let head = untied_head.as_ref().unwrap_or(&emb);
     let hd = c.head_dim;
     let mut xs: Vec<Vec<f64>> =
         toks.iter().map(|&t| emb.0[t as usize * c.n_embd..(t as usize + 1) * c.n_embd].to_vec()).collect();
@@ -198,7 +210,7 @@ fn reference_logits_from(model: &strata::model::Model, toks: &[u32], first: usiz
         }
     }
     let on = vecf("output_norm.weight");
-    xs[first..].iter().map(|x| matvec(head, &rms(x, &on))).collect()
+    xs.iter().map(|x| rms(x, &on)).collect()
 }
 
 /// The prompt tokens of llama.cpp's greedy.json reference runs.

@@ -10,6 +10,7 @@ mod batch;
 mod cache_props;
 mod cli;
 mod cuda;
+mod embed;
 mod engine;
 mod families;
 mod gguf;

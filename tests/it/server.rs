@@ -647,3 +647,58 @@ fn reuse_figures_are_hidden_on_a_network_address_unless_asked_for() {
     assert!(c > 0 && c == reused, "{c} {reused}");
     assert_eq!(elsewhere(&s), (reused, reused));
 }
+
+#[test]
+fn embeddings_give_one_unit_vector_per_input_and_refuse_bad_inputs_by_name() {
+    let _one = common::one_at_a_time();
+    let s = Server::start(&["-c", "64"]);
+    let r = s.post("/v1/embeddings", &json!({"input": ["a red apple", "a green pear", "a red apple"]}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let data = v["data"].as_array().expect("data");
+    assert_eq!(data.len(), 3, "{v}");
+    let vec_of = |d: &Value| -> Vec<f64> {
+        d["embedding"].as_array().expect("floats").iter().map(|x| x.as_f64().unwrap()).collect()
+    };
+    for (i, d) in data.iter().enumerate() {
+        assert_eq!(d["index"], i as u64);
+        assert_eq!(d["object"], "embedding");
+        let e = vec_of(d);
+        assert_eq!(e.len(), 576, "n_embd of the default model");
+        assert!((e.iter().map(|x| x * x).sum::<f64>() - 1.0).abs() < 1e-4);
+    }
+    assert_eq!(vec_of(&data[0]), vec_of(&data[2]), "the same text, the same vector");
+    assert_ne!(vec_of(&data[0]), vec_of(&data[1]));
+    assert_eq!(v["usage"]["prompt_tokens"], v["usage"]["total_tokens"]);
+    assert!(u(&v["usage"]["prompt_tokens"]) >= 9, "{}", v["usage"]);
+    // Token ids: lists of them, or one list.
+    let ids = s.post("/v1/embeddings", &json!({"input": [[1, 2, 3], [4, 5]]})).json();
+    assert_eq!(ids["data"].as_array().map(Vec::len), Some(2), "{ids}");
+    assert_eq!(u(&ids["usage"]["prompt_tokens"]), 5);
+    let one = s.post("/v1/embeddings", &json!({"input": [1, 2, 3]})).json();
+    assert_eq!(one["data"][0]["embedding"], ids["data"][0]["embedding"]);
+    // base64: the same floats' little-endian bytes; the path without /v1 too.
+    let b = s.post("/embeddings", &json!({"input": "a red apple", "encoding_format": "base64"})).json();
+    let text = b["data"][0]["embedding"].as_str().expect("a base64 string").to_owned();
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(text).expect("base64");
+    let floats: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let printed: Vec<f32> = vec_of(&data[0]).iter().map(|&x| x as f32).collect();
+    assert_eq!(floats, printed, "base64 and JSON give the same f32s");
+    for (body, param) in [
+        (json!({"input": []}), "input"),
+        (json!({"input": ""}), "input[0]"),
+        (json!({"input": [[1, 2], [1, 99999999]]}), "input[1][1]"),
+        (json!({"input": "x", "encoding_format": "hex"}), "encoding_format"),
+        (json!({"input": "x", "dimensions": 8}), "dimensions"),
+        (json!({"input": vec!["x"; 2049]}), "input"),
+        (json!({"inputs": "x"}), "inputs"),
+    ] {
+        let e = s.post("/v1/embeddings", &body).expect_error(400);
+        assert_eq!(e["param"], param, "{body}: {e}");
+    }
+    let long = s.post("/v1/embeddings", &json!({"input": ["ok", "word ".repeat(100)]})).expect_error(400);
+    assert_eq!(long["code"], "context_length_exceeded", "{long}");
+    assert_eq!(long["param"], "input[1]", "{long}");
+    no_panic(&s);
+}
