@@ -272,7 +272,7 @@ pub(super) async fn prepare_chat(app: &App, peer: Option<Peer>, req: ChatRequest
     let splits_reasoning = req.splits_reasoning()?;
     let tool_req = req.tool_request()?;
     let (tool_format, knows_tools) = ToolFormat::of_template(app.model.template.source());
-    tools::prepare_messages(&mut messages, tool_req.as_ref().map(|t| t.tools.as_slice()), knows_tools);
+    tools::prepare_messages(&mut messages, tool_req.as_ref().map(|t| t.tools.as_slice()), tool_format, knows_tools);
     let mut grammar = req.grammar_spec()?;
     if let Some(t) = &tool_req {
         if knows_tools {

@@ -106,7 +106,13 @@ pub struct ChatTemplate {
     origin: String,
     bos_token: String,
     eos_token: String,
+    /// Whether the template renders a system message (Gemma 2's raises on one, some drop it): when not, a
+    /// system message's text goes at the start of the next user message instead, as llama.cpp does.
+    system_role: bool,
 }
+
+/// The probe's system text: a template that keeps it renders the system role.
+const SYSTEM_PROBE: &str = "<<strata system probe>>";
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -127,13 +133,23 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_filter("indent", indent);
         env.add_template_owned("chat", source.to_owned())?;
-        Ok(ChatTemplate {
+        let mut t = ChatTemplate {
             env,
             source: source.to_owned(),
             origin: "the chat template".to_owned(),
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
-        })
+            system_role: true,
+        };
+        let probe = [ChatMessage::new("system", SYSTEM_PROBE), ChatMessage::new("user", "Hi")];
+        t.system_role =
+            t.render_as_is(&probe, false, &TemplateKwargs::new()).is_ok_and(|text| text.contains(SYSTEM_PROBE));
+        Ok(t)
+    }
+
+    /// Whether the template renders system messages itself (see [`ChatTemplate::render_with`]).
+    pub fn renders_system_role(&self) -> bool {
+        self.system_role
     }
 
     /// The template of a GGUF file (`tokenizer.chat_template`, ChatML when absent), with the texts of its
@@ -178,8 +194,22 @@ impl ChatTemplate {
     }
 
     /// [`ChatTemplate::render`] with extra variables: each of `kwargs` is a variable of the render, except
-    /// the render's own names ([`RESERVED_TEMPLATE_NAMES`]), which keep their values.
+    /// the render's own names ([`RESERVED_TEMPLATE_NAMES`]), which keep their values. A template without a
+    /// system role gets each system message's text at the start of the next user message (joined by a
+    /// newline; one left at the end becomes a user message), as llama.cpp's templates polyfill it.
     pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        kwargs: &TemplateKwargs,
+    ) -> Result<String, TokenizerError> {
+        if self.system_role || !messages.iter().any(|m| m.role == "system") {
+            return self.render_as_is(messages, add_generation_prompt, kwargs);
+        }
+        self.render_as_is(&without_system_role(messages), add_generation_prompt, kwargs)
+    }
+
+    fn render_as_is(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
@@ -233,6 +263,31 @@ impl ChatTemplate {
         }
         Ok(text)
     }
+}
+
+/// `messages` with each system message's text moved to the start of the next user message.
+fn without_system_role(messages: &[ChatMessage]) -> Vec<ChatMessage> {
+    let mut out = Vec::with_capacity(messages.len());
+    let mut pending = String::new();
+    for m in messages {
+        if m.role == "system" {
+            if !pending.is_empty() {
+                pending.push('\n');
+            }
+            pending.push_str(&m.content);
+            continue;
+        }
+        let mut m = m.clone();
+        if m.role == "user" && !pending.is_empty() {
+            let text = std::mem::take(&mut pending);
+            m.content = if m.content.is_empty() { text } else { format!("{text}\n{}", m.content) };
+        }
+        out.push(m);
+    }
+    if !pending.is_empty() {
+        out.push(ChatMessage::new("user", pending));
+    }
+    out
 }
 
 /// The render's output, refusing bytes past `cap_bytes` (the render then stops with a write error).
@@ -527,14 +582,36 @@ mod tests {
     }
 
     #[test]
-    fn raise_exception_becomes_typed_error() {
+    fn a_template_without_a_system_role_gets_the_system_text_in_the_next_user_message() {
+        // Gemma 2's rule: a system message raises.
         let src =
             "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}\
+{% endif %}<{{ m.role }}>{{ m.content }}\n{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").expect("compiles");
+        assert!(!t.renders_system_role());
+        let text =
+            t.render(&msgs(&[("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello"), ("user", "Bye")]), false);
+        assert_eq!(text.expect("renders"), "<user>Be brief.\nHi\n<assistant>Hello\n<user>Bye\n");
+        let alone = t.render(&msgs(&[("system", "A"), ("system", "B")]), false).expect("renders");
+        assert_eq!(alone, "<user>A\nB\n");
+        // ChatML keeps its system turn.
+        let chatml = ChatTemplate::new(CHATML_TEMPLATE, "", "").expect("compiles");
+        assert!(chatml.renders_system_role());
+        assert!(chatml
+            .render(&msgs(&[("system", "S"), ("user", "U")]), false)
+            .unwrap()
+            .starts_with("<|im_start|>system\nS"));
+    }
+
+    #[test]
+    fn raise_exception_becomes_typed_error() {
+        let src =
+            "{% for m in messages %}{% if m.role == 'assistant' %}{{ raise_exception('Assistant turns not supported') }}\
 {% endif %}{{ m.content }}{% endfor %}";
         let t = ChatTemplate::new(src, "", "").expect("compiles");
-        match t.render(&msgs(&[("system", "x")]), false) {
+        match t.render(&msgs(&[("assistant", "x")]), false) {
             Err(TokenizerError::TemplateRaised { message }) => {
-                assert_eq!(message, "System role not supported")
+                assert_eq!(message, "Assistant turns not supported")
             }
             other => panic!("expected TemplateRaised, got {other:?}"),
         }

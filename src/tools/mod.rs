@@ -139,9 +139,27 @@ pub fn result_text(content: &str) -> String {
 /// Makes a conversation with tool turns renderable by a template that knows no tools (`knows_tools`
 /// false): the offered tools described in the system message, earlier calls written as the assistant's
 /// text, results as user turns (consecutive results in one). A template that knows tools renders them itself
-/// and gets the messages as they are.
-pub fn prepare_messages(messages: &mut Vec<ChatMessage>, offered: Option<&[Tool]>, knows_tools: bool) {
+/// and gets the messages as they are, except that Mistral's (`format`) get call ids it accepts
+/// ([`mistral_id`]).
+pub fn prepare_messages(
+    messages: &mut Vec<ChatMessage>,
+    offered: Option<&[Tool]>,
+    format: ToolFormat,
+    knows_tools: bool,
+) {
     if knows_tools {
+        if format == ToolFormat::Mistral {
+            for m in messages.iter_mut() {
+                for c in m.tool_calls.iter_mut() {
+                    if let Some(id) = c.get("id").and_then(Value::as_str).map(mistral_id) {
+                        c["id"] = Value::String(id);
+                    }
+                }
+                if let Some(id) = &m.tool_call_id {
+                    m.tool_call_id = Some(mistral_id(id));
+                }
+            }
+        }
         return;
     }
     let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len() + 1);
@@ -173,6 +191,27 @@ pub fn prepare_messages(messages: &mut Vec<ChatMessage>, offered: Option<&[Tool]
         }
     }
     *messages = out;
+}
+
+/// A tool-call id as Mistral's templates take it: exactly 9 ASCII letters and digits (they raise on any
+/// other). One already so stays; any other becomes 9 such characters of its FNV-1a hash, the same every
+/// turn, so that a call and its result keep matching ids and the prompt's prefix stays the same.
+pub fn mistral_id(id: &str) -> String {
+    if id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return id.to_owned();
+    }
+    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (0..9)
+        .map(|_| {
+            let c = ALPHABET[(h % 62) as usize] as char;
+            h /= 62;
+            c
+        })
+        .collect()
 }
 
 /// The JSON schema of one call's object: the name fixed, the arguments as the tool's schema says.

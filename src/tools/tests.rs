@@ -99,3 +99,27 @@ fn earlier_calls_are_written_back_in_the_format() {
     }]);
     assert!(p.contains("<tools>") && p.contains("\"does f\"") && p.contains("<tool_call>"), "{p}");
 }
+
+#[test]
+fn mistral_templates_get_call_ids_of_nine_letters_and_digits_that_still_match() {
+    assert_eq!(mistral_id("a1B2c3D4e"), "a1B2c3D4e", "an id Mistral takes stays");
+    let (a, b) = (mistral_id("call_abc_0_1"), mistral_id("call_abc_0_2"));
+    assert!(a.len() == 9 && a.bytes().all(|c| c.is_ascii_alphanumeric()), "{a}");
+    assert_ne!(a, b);
+    assert_eq!(a, mistral_id("call_abc_0_1"), "the same every turn");
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls
+        .push(json!({"id": "toolu_01XYZ", "type": "function", "function": {"name": "f", "arguments": "{}"}}));
+    let mut result = ChatMessage::new("tool", "ok");
+    result.tool_call_id = Some("toolu_01XYZ".into());
+    let mut messages = vec![ChatMessage::new("user", "go"), call, result];
+    prepare_messages(&mut messages, None, ToolFormat::Mistral, true);
+    let id = messages[1].tool_calls[0]["id"].as_str().expect("id").to_owned();
+    assert_eq!(id, mistral_id("toolu_01XYZ"));
+    assert_eq!(messages[2].tool_call_id.as_deref(), Some(id.as_str()), "the result keeps matching its call");
+    // Other formats keep the ids as sent.
+    let mut hermes = messages.clone();
+    hermes[1].tool_calls[0]["id"] = json!("toolu_01XYZ");
+    prepare_messages(&mut hermes, None, ToolFormat::Hermes, true);
+    assert_eq!(hermes[1].tool_calls[0]["id"], "toolu_01XYZ");
+}

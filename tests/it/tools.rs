@@ -37,7 +37,7 @@ fn qwen3_renders_tools_calls_and_results_itself() {
     result.tool_call_id = Some("c1".into());
     let mut messages = vec![ChatMessage::new("user", "Weather in Oslo?"), call, result];
     // A template that knows tools gets the messages as they are.
-    prepare_messages(&mut messages, Some(&[weather()]), true);
+    prepare_messages(&mut messages, Some(&[weather()]), ToolFormat::Hermes, true);
     assert_eq!(messages.len(), 3);
     let kwargs = json!({"tools": [weather().to_openai()]}).as_object().unwrap().clone();
     let text = t.render_with(&messages, true, &kwargs).unwrap();
@@ -62,7 +62,7 @@ fn a_template_without_tools_reads_them_in_the_system_message_and_results_as_user
     let mut r2 = ChatMessage::new("tool", "wind");
     r2.tool_call_id = Some("c2".into());
     let mut messages = vec![ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Oslo?"), call, r1, r2];
-    prepare_messages(&mut messages, Some(&[weather()]), false);
+    prepare_messages(&mut messages, Some(&[weather()]), ToolFormat::Hermes, false);
     let roles: Vec<&str> = messages.iter().map(|m| m.role.as_str()).collect();
     assert_eq!(roles, ["system", "user", "assistant", "user"]);
     assert!(messages[0].content.starts_with("Be brief.\n\n") && messages[0].content.contains("get_weather"));
