@@ -322,9 +322,10 @@ pub enum Piece {
 }
 
 /// The body of a streamed `POST /v1/chat/completions`: only the sampling fields that are set, so the
-/// engine applies the model's defaults to the others (never a null, which a strict server refuses). Messages
-/// go as role and content: an earlier reply's reasoning stays in the app (chat templates leave it out of
-/// earlier turns, and not every endpoint takes `reasoning_content`).
+/// engine applies the model's defaults to the others (never a null, which a strict server refuses), and
+/// `response_format: {"type": "json_object"}` when JSON mode is on. Messages go as role and content: an
+/// earlier reply's reasoning stays in the app (chat templates leave it out of earlier turns, and not every
+/// endpoint takes `reasoning_content`).
 pub fn chat_body(model: &str, messages: &[ChatMessage], params: &ChatParams) -> Value {
     let messages: Vec<Value> = messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect();
     let mut body = json!({
@@ -346,6 +347,9 @@ pub fn chat_body(model: &str, messages: &[ChatMessage], params: &ChatParams) -> 
         if let Some(v) = value {
             body[name] = v;
         }
+    }
+    if params.json_mode == Some(true) {
+        body["response_format"] = json!({"type": "json_object"});
     }
     body
 }
@@ -390,9 +394,15 @@ mod tests {
     fn the_chat_body_carries_the_set_sampling_fields_only() {
         let messages = [ChatMessage { role: crate::types::ChatRole::User, content: "hi".into(), reasoning: None }];
         let none = chat_body("m", &messages, &ChatParams::default());
-        for field in ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed"] {
+        for field in
+            ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed", "response_format"]
+        {
             assert!(none.get(field).is_none(), "{field} is sent unset: {none}");
         }
+        let off = chat_body("m", &messages, &ChatParams { json_mode: Some(false), ..Default::default() });
+        assert!(off.get("response_format").is_none(), "JSON mode off sends response_format: {off}");
+        let on = chat_body("m", &messages, &ChatParams { json_mode: Some(true), ..Default::default() });
+        assert_eq!(on["response_format"], json!({"type": "json_object"}));
         let all = ChatParams {
             temperature: Some(0.2),
             top_k: Some(0),
@@ -401,6 +411,7 @@ mod tests {
             repeat_penalty: Some(1.1),
             max_tokens: Some(2048),
             seed: Some(7),
+            json_mode: None,
         };
         let body = chat_body("m", &messages, &all);
         assert_eq!(

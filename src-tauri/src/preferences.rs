@@ -27,7 +27,8 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> CommandError
     CommandError { code: ErrorCode::Invalid, field: Some(field.into()), message: message.into() }
 }
 
-/// Checks one reply's sampling values; the error names the field (`temperature`, `top_p`, ...).
+/// Checks one reply's sampling values; the error names the field (`temperature`, `top_p`, ...). JSON mode
+/// (`json_mode`) is a switch: any value is valid.
 pub fn check_params(p: &ChatParams) -> CmdResult<()> {
     if p.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
         return Err(invalid("temperature", "between 0 and 2"));
@@ -155,6 +156,21 @@ mod tests {
         }
         // Nothing refused was kept.
         assert_eq!(prefs.get().unwrap(), p);
+        // JSON mode is kept per model like the sampling values.
+        let json = with(ChatParams { json_mode: Some(true), ..Default::default() });
+        prefs.save(&json).unwrap();
+        assert_eq!(prefs.get().unwrap().params_by_model["/models/b.gguf"].json_mode, Some(true));
+        // A file saved before JSON mode existed still loads, with it off.
+        std::fs::write(
+            prefs.path(),
+            br#"{"reply_limit_tokens": 300, "params_by_model": {"/models/a.gguf": {"temperature": 0.5,
+                "top_k": null, "top_p": null, "min_p": null, "repeat_penalty": null, "max_tokens": null,
+                "seed": null}}}"#,
+        )
+        .unwrap();
+        let old = prefs.get().unwrap();
+        assert_eq!(old.params_by_model["/models/a.gguf"], ChatParams { temperature: Some(0.5), ..Default::default() });
+        prefs.save(&p).unwrap();
         // A file that is not what was written is an error that says so, not silently the defaults.
         std::fs::write(prefs.path(), b"{\"reply_limit_tokens\": ").unwrap();
         let e = prefs.get().unwrap_err();

@@ -50,6 +50,10 @@ pub struct ChatParams {
     pub max_tokens: Option<u32>,
     #[ts(type = "number | null")]
     pub seed: Option<u64>,
+    /// Some(true): the reply is a JSON object (sent as `response_format: {"type": "json_object"}`, which
+    /// the engine enforces); None or false: off. Absent from preferences saved before it existed.
+    #[serde(default)]
+    pub json_mode: Option<bool>,
 }
 
 /// What the user keeps for chats across launches: the reply limit and, per model, the sampling values

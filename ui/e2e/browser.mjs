@@ -1,8 +1,10 @@
 // A browser check of the built UI (dist/) against the mock `strata serve` (mock-server.mjs), in the
 // system's Chromium through playwright-core (no browser download): at 800x600 in the light and the dark
-// theme it enters the API key, streams a chat reply (checking that model output ran no script), hovers a
-// marker on the live device chart, gets a field error in Settings, and checks nothing overflows the
-// window. Screenshots go to $SHOTS (default /tmp/strata-ui-shots). Run: npm run e2e
+// theme it enters the API key, streams a chat reply (checking that model output ran no script), switches
+// JSON mode on in the Parameters panel (the next request carries response_format) and gets a reply that
+// calls a tool (shown folded as "Tool call: get_weather", its arguments inside), hovers a marker on the
+// live device chart, gets a field error in Settings, and checks nothing overflows the window. Screenshots
+// go to $SHOTS (default /tmp/strata-ui-shots). Run: npm run e2e
 import { mkdir } from "node:fs/promises";
 import { chromium } from "playwright-core";
 import { startMockServer } from "./mock-server.mjs";
@@ -17,7 +19,7 @@ function check(name, ok, detail = "") {
 }
 
 await mkdir(SHOTS, { recursive: true });
-const { server, url } = await startMockServer({ apiKey: KEY });
+const { server, url, chatBodies } = await startMockServer({ apiKey: KEY });
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
   args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
@@ -58,6 +60,42 @@ try {
     const figs = await page.getByTestId("figures").last().innerText();
     check(`${scheme}: figures shown`, /120\.5 tok\/s/.test(figs) && /restored checkpoint/.test(figs), figs.replace(/\n/g, " | "));
     await page.screenshot({ path: `${SHOTS}/${scheme}-chat.png` });
+
+    // JSON mode: off until switched on, then sent as response_format; a reply's tool call folded.
+    check(`${scheme}: JSON mode off sends no response_format`, chatBodies.length > 0 && !("response_format" in chatBodies[chatBodies.length - 1]));
+    await page.locator("details.params summary").click();
+    const jsonSwitch = page.getByRole("switch", { name: "JSON mode" });
+    await jsonSwitch.check();
+    const hint = await page.locator("#param-json-mode-hint").innerText();
+    check(`${scheme}: the JSON mode switch is on, with its hint`, (await jsonSwitch.isChecked()) && hint === "Replies are a JSON object", hint);
+    const paramsOver = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    check(`${scheme}: the Parameters panel with the switch has no horizontal overflow`, paramsOver <= 0, `${paramsOver}px`);
+    // The panel scrolls within its part of the window at 800x600: the switch and its hint brought into view.
+    await page.locator("#param-json-mode-hint").scrollIntoViewIfNeeded();
+    await page.getByTestId("params").screenshot({ path: `${SHOTS}/${scheme}-params-json-mode.png` });
+    await page.screenshot({ path: `${SHOTS}/${scheme}-chat-params-json-mode.png` });
+    const sentBefore = chatBodies.length;
+    const figuresBefore = await page.getByTestId("figures").count();
+    await input.fill("What's the weather in Paris?");
+    await input.press("Enter");
+    await page.waitForFunction((n) => document.querySelectorAll('[data-testid="figures"]').length > n, figuresBefore, { timeout: 10_000 });
+    const sent = chatBodies[sentBefore];
+    check(`${scheme}: JSON mode on sends response_format json_object`, JSON.stringify(sent?.response_format) === '{"type":"json_object"}', JSON.stringify(sent?.response_format));
+    await page.locator("details.params summary").click();
+    const call = page.getByTestId("tool-call").last();
+    const summary = await call.getByTestId("tool-call-summary").innerText();
+    const closed = (await call.getAttribute("open")) === null && !(await call.getByTestId("tool-call-args").isVisible());
+    check(`${scheme}: the reply's tool call is folded as "Tool call: get_weather"`, summary === "Tool call: get_weather" && closed, summary);
+    const replyText = await page.getByTestId("message-assistant").last().innerText();
+    check(`${scheme}: no tool-call markup shown`, !replyText.includes("<tool_call>") && replyText.includes("Let me look that up."), replyText.replace(/\n/g, " | "));
+    await call.getByTestId("tool-call-summary").click();
+    const args = call.getByTestId("tool-call-args");
+    const argsText = (await args.isVisible()) ? await args.innerText() : "";
+    check(`${scheme}: opened, the tool call shows its arguments as JSON`, argsText.includes('"city": "Paris"') && argsText.includes('"unit": "celsius"'), argsText);
+    const chatOver = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    check(`${scheme}: the opened tool call has no horizontal overflow`, chatOver <= 0, `${chatOver}px`);
+    await call.scrollIntoViewIfNeeded();
+    await page.screenshot({ path: `${SHOTS}/${scheme}-chat-toolcall.png` });
 
     await page.getByRole("tab", { name: "Devices" }).click();
     await page.locator(".chart canvas").first().waitFor();
@@ -176,6 +214,14 @@ try {
     check("tauri: the chat with the Parameters panel open has no horizontal overflow at 800x600", over <= 0, `${over}px`);
     await page.screenshot({ path: `${SHOTS}/tauri-chat-parameters.png` });
     await page.screenshot({ path: `${SHOTS}/tauri-chat.png` });
+    // JSON mode reaches the app's backend in chat_send's params (engine.rs sends it as response_format).
+    await page.getByRole("switch", { name: "JSON mode" }).check();
+    await page.getByTestId("chat-input").fill("again");
+    await page.getByTestId("chat-input").press("Enter");
+    await page.waitForFunction(() => window.__simSent.length === 2);
+    const sentOn = await page.evaluate(() => window.__simSent[1]);
+    check("tauri: with JSON mode on, chat_send gets json_mode true", sentOn?.json_mode === true, JSON.stringify(sentOn));
+    await page.getByTestId("figures").nth(1).waitFor();
 
     await page.getByRole("tab", { name: "Devices" }).click();
     await page.locator('[data-testid="marker"][data-kind="engine_restarted"]').waitFor();

@@ -1,7 +1,9 @@
 // A stand-in for `strata serve` for browser checks of the built UI: serves ../dist at / and fakes the
 // OpenAI and Strata endpoints (/health, /v1/models, /v1/chat/completions streamed, /strata/model, devices,
 // telemetry, events over SSE, cache, settings, plan). With an API key (startMockServer({apiKey})) the /v1
-// and /strata paths need `Authorization: Bearer KEY`, as the real server does.
+// and /strata paths need `Authorization: Bearer KEY`, as the real server does. A chat whose last message
+// asks about the weather gets TOOL_REPLY (a Hermes/Qwen <tool_call>), any other EVIL_REPLY; the bodies of
+// the chat requests are kept in `chatBodies`, in order, for the checks to read.
 import { createServer } from "node:http";
 import { readFile } from "node:fs/promises";
 import { extname, join, normalize } from "node:path";
@@ -15,6 +17,12 @@ export const EVIL_REPLY =
   "Here is **bold** and code:\n\n```python\ndef f(x):\n    return x * 2  # double\n```\n\n" +
   'Evil: <img src=x onerror="window.__pwned=1"> <script>window.__pwned=2</script> ' +
   "[click me](javascript:window.__pwned=3) and [a site](https://example.com).";
+
+/** A reply that calls a tool, as a Qwen or Hermes model told about tools writes it. */
+export const TOOL_REPLY =
+  "Let me look that up.\n\n<tool_call>\n" +
+  JSON.stringify({ name: "get_weather", arguments: { city: "Paris", unit: "celsius", days: [1, 2] } }) +
+  "\n</tool_call>";
 
 /** The default model's effective sampling, as strata serve reports it in /strata/model. */
 export const SAMPLING = {
@@ -78,6 +86,7 @@ async function body(req) {
 }
 
 export function startMockServer({ apiKey = null, port = 0 } = {}) {
+  const chatBodies = [];
   const start = Date.now();
   const now = () => Date.now() - start + 60_000; // the engine has run for a minute already
   const free = (d, t) => (d === 0 ? 120 + 40 * Math.sin(t / 4000) : 300 + 60 * Math.cos(t / 5000)) * MIB;
@@ -141,8 +150,10 @@ export function startMockServer({ apiKey = null, port = 0 } = {}) {
       }
       if (p === "/v1/chat/completions" && req.method === "POST") {
         const b = await body(req);
+        chatBodies.push(b);
         res.writeHead(200, { "Content-Type": "text/event-stream" });
-        const pieces = EVIL_REPLY.match(/[\s\S]{1,7}/g);
+        const asked = String(b.messages?.[b.messages.length - 1]?.content ?? "");
+        const pieces = (/weather/i.test(asked) ? TOOL_REPLY : EVIL_REPLY).match(/[\s\S]{1,7}/g);
         const chunk = (delta, finish = null) => `data: ${JSON.stringify({ object: "chat.completion.chunk", model: b.model, choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }], usage: null })}\n\n`;
         res.write(chunk({ role: "assistant", content: "" }));
         for (const piece of pieces) {
@@ -164,7 +175,7 @@ export function startMockServer({ apiKey = null, port = 0 } = {}) {
       if (!res.headersSent) apiError(res, 404, String(e));
     }
   });
-  return new Promise((resolve) => server.listen(port, "127.0.0.1", () => resolve({ server, url: `http://127.0.0.1:${server.address().port}` })));
+  return new Promise((resolve) => server.listen(port, "127.0.0.1", () => resolve({ server, url: `http://127.0.0.1:${server.address().port}`, chatBodies })));
 }
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {

@@ -17,6 +17,8 @@
 //   7. two conversations stream at once: a reply streams in one while the user sends in a second; the list
 //      marks both as replying (screenshot chat-two-streaming), /health shows both slots busy when the
 //      server has two, and each reply ends, not empty, in its own conversation.
+//   8. the Parameters panel's JSON-mode switch sends `response_format: {"type": "json_object"}` and the
+//      server's reply is a JSON object (it starts with `{`); screenshot chat-json-mode.
 // Prints one line per check (`ok - ...` / `not ok - ...`) and `e2e browser: N passed, M failed`; exits 1 on
 // any failure.
 //   node ui/e2e/serve.mjs http://127.0.0.1:PORT
@@ -519,6 +521,27 @@ try {
     check("7 two at once: the other conversation holds its own message and one reply", gammaReplies === 1 && gammaUsers.length === 1 && gammaUsers[0].startsWith("Gamma"), JSON.stringify({ gammaReplies, gammaUsers }));
     check("7 two at once: the replies differ (neither is the other's)", gamma !== delta, "");
     await shot("chat-two-done");
+  });
+
+  // 8. JSON mode: the switch asks for a JSON object, and the real server constrains the reply to one.
+  await group("8 JSON mode", async () => {
+    await tab("Chat").click();
+    const details = chatPanel.locator("details.params");
+    if ((await details.getAttribute("open")) === null) await details.locator("summary").click();
+    await chatPanel.getByLabel("Max tokens", { exact: true }).fill("64");
+    const jsonSwitch = chatPanel.getByRole("switch", { name: "JSON mode" });
+    await jsonSwitch.check();
+    await chatPanel.getByRole("button", { name: "New conversation", exact: true }).click();
+    await chatPanel.getByText("Say something to start.").waitFor();
+    const request = page.waitForRequest((r) => r.url().endsWith("/v1/chat/completions") && r.method() === "POST");
+    const reply = await sendAndWait("Epsilon: give the capital of France as a JSON object with a key 'capital'.");
+    const format = (await request).postDataJSON()?.response_format;
+    check("8 JSON mode: the request asks for response_format json_object", JSON.stringify(format) === '{"type":"json_object"}', JSON.stringify(format));
+    const text = reply.text.trim();
+    check("8 JSON mode: the reply is a JSON object, with no error", reply.error === null && text.startsWith("{"), JSON.stringify(text.slice(0, 80)));
+    await chatPanel.locator("#param-json-mode-hint").scrollIntoViewIfNeeded();
+    await shot("chat-json-mode");
+    await jsonSwitch.uncheck();
   });
 
   check("no page errors or console errors", pageErrors.length === 0, pageErrors.slice(0, 5).join(" / "));

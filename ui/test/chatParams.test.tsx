@@ -99,6 +99,34 @@ describe("Parameters panel", () => {
     await waitFor(() => expect(field("Temperature").value).toBe("0.7"));
   });
 
+  it("switches JSON mode on for a reply, keeps it for this model, and off again", async () => {
+    const t = transport();
+    const { rerender } = await show(t, SMOL);
+    const sw = () => screen.getByRole("switch", { name: "JSON mode" }) as HTMLInputElement;
+    expect(sw().checked).toBe(false);
+    expect(sw().getAttribute("aria-describedby")).toBe("param-json-mode-hint");
+    expect(screen.getByText("Replies are a JSON object")).toBeTruthy();
+    fireEvent.click(sw());
+    expect(sw().checked).toBe(true);
+    expect(screen.getByTestId("params-status").textContent).toBe("Not saved: for this session.");
+    await send("one");
+    await waitFor(() => expect(t.chatSend).toHaveBeenCalledTimes(1));
+    expect(t.chatSend.mock.calls[0]![2]).toEqual({ ...NO_PARAMS, max_tokens: 2048, json_mode: true });
+    await act(async () => t.sendChunk({ kind: "done", finish_reason: "stop", figures: null }));
+    fireEvent.click(screen.getByRole("button", { name: "Save for this model" }));
+    await waitFor(() => expect(t.savePreferences).toHaveBeenCalledTimes(1));
+    expect(t.savePreferences.mock.calls[0]![0].params_by_model).toEqual({ [SMOL.path]: { ...NO_PARAMS, json_mode: true } });
+    // Another model: off; back: on again.
+    rerender(<ChatView transport={t} model={OTHER} />);
+    await waitFor(() => expect(sw().checked).toBe(false));
+    rerender(<ChatView transport={t} model={SMOL} />);
+    await waitFor(() => expect(sw().checked).toBe(true));
+    fireEvent.click(sw());
+    await send("two");
+    await waitFor(() => expect(t.chatSend).toHaveBeenCalledTimes(2));
+    expect(t.chatSend.mock.calls[1]![2].json_mode).toBeNull();
+  });
+
   it("Reset clears the fields and what was saved for this model", async () => {
     const t = transport();
     t.prefs = preferences({

@@ -123,6 +123,17 @@ describe("HttpTransport chat", () => {
     }
   });
 
+  it("asks for a JSON object reply (response_format) only when JSON mode is on", async () => {
+    const bodies: Record<string, unknown>[] = [];
+    setup((url, init) => models(url) ?? (bodies.push(JSON.parse(String(init.body))), streamed([chatSse()])));
+    const conv = await transport.createConversation("t");
+    for (const json_mode of [true, false, null]) {
+      await transport.chatSend(conv.id, [{ role: "user", content: "Hi" }], { ...NO_PARAMS, json_mode }, () => {});
+    }
+    expect(bodies.map((b) => b.response_format)).toEqual([{ type: "json_object" }, undefined, undefined]);
+    expect(bodies.map((b) => "json_mode" in b)).toEqual([false, false, false]);
+  });
+
   it("reports an error line in the middle of the stream", async () => {
     setup((url) =>
       models(url) ??

@@ -4,6 +4,8 @@
 import { describe, expect, it } from "vitest";
 import {
   effectiveOf,
+  isEmptyParams,
+  jsonModeOn,
   NO_PARAMS,
   paramErrors,
   preferencesError,
@@ -12,12 +14,14 @@ import {
   sourceLabel,
   strataDefaultSampling,
   toPreferences,
+  sameParams,
   toSampling,
+  withJsonMode,
   withoutSaved,
   withSaved,
 } from "../src/chat/params";
 import { LocalPreferences, PREFERENCES_STORAGE } from "../src/transport/http/preferences";
-import { toModelFacts } from "../src/transport/http/openai";
+import { chatRequestBody, toModelFacts } from "../src/transport/http/openai";
 import { TransportError } from "../src/transport/types";
 import { preferences, sampling } from "./fakes";
 
@@ -48,7 +52,7 @@ describe("request params", () => {
 
   it("refuses values out of the backends' ranges, naming the field", () => {
     expect(paramErrors({ ...NO_PARAMS, temperature: 2, top_p: 0, min_p: 1, repeat_penalty: 100, top_k: 0, max_tokens: 1 })).toEqual({});
-    const e = paramErrors({ temperature: 2.5, top_k: 1.5, top_p: -0.1, min_p: 1.1, repeat_penalty: 0, max_tokens: 0, seed: Number.NaN });
+    const e = paramErrors({ temperature: 2.5, top_k: 1.5, top_p: -0.1, min_p: 1.1, repeat_penalty: 0, max_tokens: 0, seed: Number.NaN, json_mode: null });
     expect(e).toEqual({
       temperature: "Temperature must be between 0 and 2",
       top_k: "Top k must be a whole number",
@@ -58,6 +62,41 @@ describe("request params", () => {
       max_tokens: "Max tokens must be at least 1",
       seed: "Seed must be a number",
     });
+  });
+});
+
+describe("JSON mode", () => {
+  it("is off unless set to true, and off is the same as never set", () => {
+    expect(jsonModeOn(NO_PARAMS)).toBe(false);
+    expect(jsonModeOn({ ...NO_PARAMS, json_mode: false })).toBe(false);
+    const on = withJsonMode(NO_PARAMS, true);
+    expect(on.json_mode).toBe(true);
+    expect(withJsonMode(on, false).json_mode).toBeNull();
+    expect(isEmptyParams(on)).toBe(false);
+    expect(isEmptyParams({ ...NO_PARAMS, json_mode: false })).toBe(true);
+    expect(sameParams(on, NO_PARAMS)).toBe(false);
+  });
+
+  it("puts response_format in the request body only when on", () => {
+    const msgs = [{ role: "user" as const, content: "x" }];
+    expect(chatRequestBody("m", msgs, withJsonMode(NO_PARAMS, true)).response_format).toEqual({ type: "json_object" });
+    for (const json_mode of [false, null]) {
+      const body = chatRequestBody("m", msgs, { ...NO_PARAMS, json_mode });
+      expect(body).not.toHaveProperty("response_format");
+      expect(body).not.toHaveProperty("json_mode");
+    }
+  });
+
+  it("is saved per model, read back, and missing from older stored preferences means off", () => {
+    const p = withSaved(preferences(), "/a.gguf", withJsonMode(NO_PARAMS, true));
+    expect(savedParams(p, "/a.gguf")).toEqual({ ...NO_PARAMS, json_mode: true });
+    expect(toPreferences(JSON.parse(JSON.stringify(p)))).toEqual(p);
+    localStorage.clear();
+    new LocalPreferences(localStorage).save(p);
+    expect(new LocalPreferences(localStorage).get()).toEqual(p);
+    const older = { reply_limit_tokens: 9, params_by_model: { "/m": { ...NO_PARAMS, json_mode: undefined, seed: 1 } } };
+    expect(toPreferences(JSON.parse(JSON.stringify(older)))?.params_by_model["/m"]).toEqual({ ...NO_PARAMS, seed: 1 });
+    expect(toPreferences({ reply_limit_tokens: 9, params_by_model: { "/m": { json_mode: "yes" } } })).toBeNull();
   });
 });
 

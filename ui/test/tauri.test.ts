@@ -123,7 +123,7 @@ describe("TauriTransport", () => {
     });
     const chunks: ChatChunk[] = [];
     const messages = [{ role: "user" as const, content: "Hi" }];
-    const params = { temperature: 0.7, top_k: 20, top_p: null, min_p: 0.1, repeat_penalty: null, max_tokens: 64, seed: null };
+    const params = { temperature: 0.7, top_k: 20, top_p: null, min_p: 0.1, repeat_penalty: null, max_tokens: 64, seed: null, json_mode: true };
     await new TauriTransport().chatSend("c9", messages, params, (c) => chunks.push(c));
     expect(calls.map((c) => c.cmd)).toEqual(["conversation_get", "chat_send"]);
     const send = calls[1]!;

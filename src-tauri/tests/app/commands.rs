@@ -274,10 +274,16 @@ fn chat_preferences_are_kept_across_launches_and_checked() {
     let a = app(dir.path());
     let fresh = call(&a, "get_preferences", json!({})).expect("get_preferences");
     assert_eq!(fresh, json!({"reply_limit_tokens": 2048, "params_by_model": {}}));
+    // Values as an older page sends them, without JSON mode: taken, with it off.
     let params = json!({"temperature": 0.7, "top_k": 20, "top_p": null, "min_p": 0.1, "repeat_penalty": 1.1,
                         "max_tokens": null, "seed": null});
-    let prefs = json!({"reply_limit_tokens": 300, "params_by_model": {"/models/a.gguf": params}});
-    assert_eq!(call(&a, "save_preferences", json!({"preferences": prefs})).expect("save_preferences"), prefs);
+    let json_mode = json!({"temperature": null, "top_k": null, "top_p": null, "min_p": null, "repeat_penalty": null,
+                           "max_tokens": null, "seed": null, "json_mode": true});
+    let sent =
+        json!({"reply_limit_tokens": 300, "params_by_model": {"/models/a.gguf": params, "/models/b.gguf": json_mode}});
+    let mut prefs = sent.clone();
+    prefs["params_by_model"]["/models/a.gguf"]["json_mode"] = Value::Null;
+    assert_eq!(call(&a, "save_preferences", json!({"preferences": sent})).expect("save_preferences"), prefs);
     for (bad, field) in [
         (json!({"reply_limit_tokens": 0, "params_by_model": {}}), "reply_limit_tokens"),
         (
@@ -369,7 +375,7 @@ fn a_chat_stores_the_user_message_and_title_before_the_reply_streams() {
     assert_eq!(c["title"], "");
     let id = c["id"].as_str().unwrap().to_owned();
     let params = json!({"temperature": null, "top_k": 5, "top_p": null, "min_p": 0.05, "repeat_penalty": null,
-                        "max_tokens": 2048, "seed": null});
+                        "max_tokens": 2048, "seed": null, "json_mode": true});
     // The title is the one the page sent (ui/src/chat/conversation.ts), not one made from the message.
     let sent = call(
         &a,
@@ -393,9 +399,11 @@ fn a_chat_stores_the_user_message_and_title_before_the_reply_streams() {
     assert_eq!(roles, [("user", true), ("assistant", false)]);
     // Only the set sampling fields went to the engine.
     assert_eq!((&body["top_k"], &body["min_p"], &body["max_tokens"]), (&json!(5), &json!(0.05), &json!(2048)));
-    for unset in ["temperature", "top_p", "repeat_penalty", "seed"] {
+    for unset in ["temperature", "top_p", "repeat_penalty", "seed", "json_mode"] {
         assert!(body.get(unset).is_none(), "{unset} was sent: {body}");
     }
+    // JSON mode on asks the engine for a JSON object.
+    assert_eq!(body["response_format"], json!({"type": "json_object"}), "{body}");
     let list = call(&a, "conversations_list", json!({})).unwrap();
     assert_eq!((&list[0]["title"], &list[0]["messages"]), (&json!("Trip: Lisbon, Porto"), &json!(2)));
     let conv = call(&a, "conversation_get", json!({"id": id})).unwrap();

@@ -29,4 +29,9 @@ repeat_penalty: number | null,
 /**
  * At least 1.
  */
-max_tokens: number | null, seed: number | null, };
+max_tokens: number | null, seed: number | null, 
+/**
+ * Some(true): the reply is a JSON object (sent as `response_format: {"type": "json_object"}`, which
+ * the engine enforces); None or false: off. Absent from preferences saved before it existed.
+ */
+json_mode: boolean | null, };

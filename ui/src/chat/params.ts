@@ -1,10 +1,11 @@
 // The Parameters panel's logic: the fields of ChatParams with their ranges, what a field the user left
-// empty gets (the model's SamplingDefaults) and where that comes from, the params a reply is sent with (the
-// reply limit as max_tokens when Max tokens is empty), and the values kept per model in ChatPreferences.
-// Pure: no transport, no view.
+// empty gets (the model's SamplingDefaults) and where that comes from, the JSON-mode switch, the params a
+// reply is sent with (the reply limit as max_tokens when Max tokens is empty), and the values kept per model
+// in ChatPreferences. Pure: no transport, no view.
 import type { ChatParams, ChatPreferences, SamplingDefaults, SamplingSource, Sourced } from "../bindings";
 
-export type ParamKey = keyof ChatParams;
+/** The numeric fields (every field of ChatParams but the JSON-mode switch). */
+export type ParamKey = Exclude<keyof ChatParams, "json_mode">;
 /** The fields whose default the model's SamplingDefaults gives. */
 export type SampledKey = "temperature" | "top_k" | "top_p" | "min_p" | "repeat_penalty";
 
@@ -43,7 +44,18 @@ export const NO_PARAMS: ChatParams = {
   repeat_penalty: null,
   max_tokens: null,
   seed: null,
+  json_mode: null,
 };
+
+/** Whether JSON mode is on (null and false are both off). */
+export function jsonModeOn(p: ChatParams): boolean {
+  return p.json_mode === true;
+}
+
+/** `p` with JSON mode switched on or off (off is stored as null, as a field left empty). */
+export function withJsonMode(p: ChatParams, on: boolean): ChatParams {
+  return { ...p, json_mode: on ? true : null };
+}
 
 /** The reply limit of a fresh install (the Rust side's DEFAULT_REPLY_LIMIT_TOKENS). */
 export const DEFAULT_REPLY_LIMIT_TOKENS = 2048;
@@ -133,7 +145,7 @@ export function requestParams(p: ChatParams, replyLimitTokens: number): ChatPara
 }
 
 export function sameParams(a: ChatParams, b: ChatParams): boolean {
-  return PARAM_FIELDS.every((f) => a[f.key] === b[f.key]);
+  return PARAM_FIELDS.every((f) => a[f.key] === b[f.key]) && jsonModeOn(a) === jsonModeOn(b);
 }
 
 export function isEmptyParams(p: ChatParams): boolean {
@@ -180,7 +192,8 @@ function isNumberOrNull(v: unknown): v is number | null {
 export function isChatParams(v: unknown): v is ChatParams {
   if (typeof v !== "object" || v === null) return false;
   const o = v as Record<string, unknown>;
-  return PARAM_FIELDS.every((f) => isNumberOrNull(o[f.key]));
+  const jsonMode = o.json_mode;
+  return PARAM_FIELDS.every((f) => isNumberOrNull(o[f.key])) && (jsonMode === null || typeof jsonMode === "boolean");
 }
 
 /** Preferences read back from storage, or null when they are not that shape. */

@@ -3,14 +3,15 @@
 // error), /health into EngineStatus, and
 // /strata/model into ModelFacts. Pure except `streamChat`, which reads one response body.
 import type { ChatChunk, ChatMessage, ChatParams, EngineStatus, ModelFacts, Summary } from "../../bindings";
-import { PARAM_FIELDS, strataDefaultSampling, toSampling } from "../../chat/params";
+import { jsonModeOn, PARAM_FIELDS, strataDefaultSampling, toSampling } from "../../chat/params";
 import { streamError } from "./client";
 import { readSse } from "./sse";
 
 /**
  * The body of POST /v1/chat/completions for a streamed reply. Each parameter that is set is sent under its
  * own name (the OpenAI fields, and llama.cpp's top_k, min_p, repeat_penalty); a null one is left out, never
- * sent as null, so the server applies the model's default.
+ * sent as null, so the server applies the model's default. JSON mode on asks for
+ * `response_format: {"type": "json_object"}` (the server constrains the reply to a JSON object).
  */
 export function chatRequestBody(model: string | null, messages: ChatMessage[], params: ChatParams): Record<string, unknown> {
   const body: Record<string, unknown> = {
@@ -23,6 +24,7 @@ export function chatRequestBody(model: string | null, messages: ChatMessage[], p
     const v = params[f.key];
     if (v !== null && v !== undefined) body[f.key] = v;
   }
+  if (jsonModeOn(params)) body.response_format = { type: "json_object" };
   return body;
 }
 

@@ -1,11 +1,14 @@
 // One message of the conversation: the user's text as typed, the assistant's as sanitized Markdown (above it,
-// its reasoning folded in a "Thinking" disclosure, when the model thought before answering), and under a reply
-// its figures, a note (engine restarted, stopped) and its error, if any.
+// its reasoning folded in a "Thinking" disclosure, when the model thought before answering), tool calls in a
+// reply and tool results in a user's message folded in place (ToolCalls.tsx), and under a reply its figures,
+// a note (engine restarted, stopped) and its error, if any.
 import { useEffect, useMemo, useRef, useState } from "preact/hooks";
 import type { StoredMessage } from "../../bindings";
 import { replyFigures } from "../../chat/figures";
 import { renderMarkdown } from "../../chat/markdown";
 import type { ReplyStatus } from "../../chat/reply";
+import { replySegments, userSegments } from "../../chat/toolcalls";
+import { ToolCall, ToolResult } from "./ToolCalls";
 
 export interface MessageExtras {
   status?: ReplyStatus;
@@ -37,9 +40,9 @@ function useThrottledText(text: string, streaming: boolean): string {
   return throttle ? shown : text;
 }
 
-export function Markdown({ text, streaming = false }: { text: string; streaming?: boolean }) {
-  const current = useThrottledText(text, streaming);
-  const html = useMemo(() => renderMarkdown(current), [current]);
+/** `text` as sanitized Markdown, rendered on every change (ReplyBody throttles a long streaming reply). */
+export function Markdown({ text }: { text: string }) {
+  const html = useMemo(() => renderMarkdown(text), [text]);
   // Links are inert (no href); a click on anything inside must not navigate the app either.
   return (
     <div
@@ -69,6 +72,44 @@ export function Reasoning({ text, thinking }: { text: string; thinking: boolean 
   );
 }
 
+/**
+ * A reply's text: Markdown, with each tool call folded in its place (an unclosed one too, while it streams).
+ * A long reply is split and rendered at most every THROTTLE_MS while it streams.
+ */
+function ReplyBody({ text, streaming }: { text: string; streaming: boolean }) {
+  const current = useThrottledText(text, streaming);
+  const segments = useMemo(() => replySegments(current, streaming), [current, streaming]);
+  return (
+    <>
+      {segments.map((s, i) =>
+        s.kind === "call" ? (
+          <ToolCall key={i} call={s} streaming={streaming} />
+        ) : s.kind === "text" ? (
+          <Markdown key={i} text={s.text} />
+        ) : null,
+      )}
+    </>
+  );
+}
+
+/** A user's text as typed, with each pasted `<tool_response>` folded in its place. */
+function UserBody({ text }: { text: string }) {
+  const segments = useMemo(() => userSegments(text), [text]);
+  return (
+    <>
+      {segments.map((s, i) =>
+        s.kind === "result" ? (
+          <ToolResult key={i} content={s.content} />
+        ) : s.kind === "text" ? (
+          <div key={i} class="message-text">
+            {s.text}
+          </div>
+        ) : null,
+      )}
+    </>
+  );
+}
+
 export function MessageItem({ message, extras }: { message: StoredMessage; extras?: MessageExtras }) {
   const streaming = extras?.status === "streaming";
   const roleLabel = message.role === "user" ? "You" : message.role === "assistant" ? "Assistant" : "System";
@@ -79,7 +120,9 @@ export function MessageItem({ message, extras }: { message: StoredMessage; extra
         <Reasoning text={message.reasoning} thinking={streaming && message.content === ""} />
       )}
       {message.role === "assistant" ? (
-        <Markdown text={message.content} streaming={streaming} />
+        <ReplyBody text={message.content} streaming={streaming} />
+      ) : message.role === "user" ? (
+        <UserBody text={message.content} />
       ) : (
         <div class="message-text">{message.content}</div>
       )}

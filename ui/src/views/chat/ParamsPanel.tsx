@@ -1,10 +1,19 @@
 // The Parameters panel under the message box: one field per sampling parameter, each left empty showing
 // as its placeholder the value the model gets for it and, beside it, where that value comes from (the
 // model file, its family's preset, Strata's default); the reply limit (max_tokens when Max tokens is
-// empty); and Save for this model / Reset, which keep or clear the values for the current model.
+// empty); the JSON-mode switch; and Save for this model / Reset, which keep or clear the values for the
+// current model.
 import { useEffect, useState } from "preact/hooks";
 import type { ChatParams, SamplingDefaults } from "../../bindings";
-import { effectiveOf, PARAM_FIELDS, paramErrors, replyLimitError, type ParamField } from "../../chat/params";
+import {
+  effectiveOf,
+  jsonModeOn,
+  PARAM_FIELDS,
+  paramErrors,
+  replyLimitError,
+  withJsonMode,
+  type ParamField,
+} from "../../chat/params";
 import { NumberInput } from "./NumberInput";
 
 export interface ParamsPanelProps {
@@ -102,6 +111,30 @@ function ReplyLimit({ tokens, onTokens }: { tokens: number; onTokens: (n: number
   );
 }
 
+/** JSON mode: a switch, kept per model with the sampling values. */
+function JsonModeSwitch({ on, onSwitch }: { on: boolean; onSwitch: (on: boolean) => void }) {
+  return (
+    <div class="param param-switch">
+      <label for="param-json-mode">
+        <input
+          id="param-json-mode"
+          type="checkbox"
+          role="switch"
+          checked={on}
+          aria-checked={on}
+          aria-describedby="param-json-mode-hint"
+          data-testid="param-json-mode"
+          onChange={(e) => onSwitch((e.currentTarget as HTMLInputElement).checked)}
+        />
+        JSON mode
+      </label>
+      <span id="param-json-mode-hint" class="param-source">
+        Replies are a JSON object
+      </span>
+    </div>
+  );
+}
+
 function statusOf(p: ParamsPanelProps): string {
   if (!p.modelName) return "No model loaded: these values apply to this session.";
   if (p.saved && !p.dirty) return `Saved for ${p.modelName}.`;
@@ -133,6 +166,7 @@ export function ParamsPanel(p: ParamsPanelProps) {
             );
           })}
           <ReplyLimit tokens={p.replyLimitTokens} onTokens={p.onReplyLimit} />
+          <JsonModeSwitch on={jsonModeOn(p.params)} onSwitch={(on) => p.onParams(withJsonMode(p.params, on))} />
         </div>
         <div class="params-footer">
           <button type="button" onClick={p.onSave} disabled={!p.modelName || !p.dirty || !valid}>
