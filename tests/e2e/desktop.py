@@ -399,13 +399,16 @@ def check_params(driver):
         temp == "0.2" and src == "SmolLM2 (model card)",
         "the Parameters panel shows the model's temperature 0.2 from SmolLM2 (model card) (%r, %r)" % (temp, src),
     )
-    fields = driver.find_elements(By.CSS_SELECTOR, "#panel-chat details.params .params-grid input")
+    fields = driver.find_elements(By.CSS_SELECTOR, "#panel-chat details.params .params-grid input:not([role=switch])")
+    switch = driver.find_elements(By.CSS_SELECTOR, "#panel-chat details.params .params-grid input[role=switch]")
     buttons = [b.text for b in driver.find_elements(By.CSS_SELECTOR, "#panel-chat .params-footer button")]
     limit = param_input(driver, "Max tokens").get_attribute("placeholder")
+    json_mode = switch[0].find_element(By.XPATH, "./ancestor::label").text if switch else None
     ok(
-        len(fields) == 8 and buttons == ["Save for this model", "Reset"] and limit == "2048",
-        "the Parameters panel has its 7 fields, the reply limit (%s) and %s" % (limit, buttons),
-        "%d inputs" % len(fields),
+        len(fields) == 8 and len(switch) == 1 and buttons == ["Save for this model", "Reset"] and limit == "2048",
+        "the Parameters panel has its 7 fields, the reply limit (%s), the JSON-mode switch (%r, %s) and %s"
+        % (limit, json_mode, "on" if switch and switch[0].is_selected() else "off", buttons),
+        "%d inputs, %d switches" % (len(fields), len(switch)),
     )
 
 
