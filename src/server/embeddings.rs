@@ -174,7 +174,7 @@ async fn input_tokens(app: &App, input: Option<Prompt>) -> Result<Vec<Vec<u32>>,
             Err(ids) if ids.is_empty() => {
                 return Err(ApiError::invalid(field.clone(), format!("{field} is an empty token list")))
             }
-            Err(ids) => out.push(checked_ids(&field, &ids, n_vocab)?),
+            Err(ids) => out.push(openai::token_ids(&field, &ids, n_vocab)?),
         }
     }
     if !to_encode.is_empty() {
@@ -201,22 +201,4 @@ async fn input_tokens(app: &App, input: Option<Prompt>) -> Result<Vec<Vec<u32>>,
         api::check_context(app, ids.len(), &format!("input[{i}]"))?;
     }
     Ok(out)
-}
-
-/// Token ids of an input checked against the vocabulary.
-fn checked_ids(field: &str, ids: &[i64], n_vocab: usize) -> Result<Vec<u32>, ApiError> {
-    ids.iter()
-        .enumerate()
-        .map(|(j, &t)| {
-            u32::try_from(t).ok().filter(|&t| (t as usize) < n_vocab).ok_or_else(|| {
-                ApiError::invalid(
-                    format!("{field}[{j}]"),
-                    format!(
-                        "{field}[{j}]: token {t} is not in the vocabulary (ids 0 to {})",
-                        n_vocab.saturating_sub(1)
-                    ),
-                )
-            })
-        })
-        .collect()
 }

@@ -697,20 +697,7 @@ pub fn prompt_input(p: &Option<Prompt>, n_vocab: usize) -> Result<PromptInput, A
         if list.is_empty() {
             return Err(ApiError::invalid("prompt", "prompt is an empty token list"));
         }
-        list.iter()
-            .enumerate()
-            .map(|(i, &t)| {
-                u32::try_from(t).ok().filter(|&t| (t as usize) < n_vocab).ok_or_else(|| {
-                    ApiError::invalid(
-                        format!("prompt[{i}]"),
-                        format!(
-                            "prompt[{i}]: token {t} is not in the vocabulary (ids 0 to {})",
-                            n_vocab.saturating_sub(1)
-                        ),
-                    )
-                })
-            })
-            .collect()
+        token_ids("prompt", list, n_vocab)
     };
     let one = |n: usize| {
         ApiError::invalid("prompt", format!("prompt lists {n} prompts: this server takes one prompt per request"))
@@ -725,6 +712,24 @@ pub fn prompt_input(p: &Option<Prompt>, n_vocab: usize) -> Result<PromptInput, A
         Some(Prompt::TokenLists(lists)) if lists.len() == 1 => Ok(PromptInput::Tokens(tokens(&lists[0])?)),
         Some(Prompt::TokenLists(lists)) => Err(one(lists.len())),
     }
+}
+
+/// Token ids sent as `field` checked against the vocabulary: a bad one is a 400 naming `field[j]`.
+pub fn token_ids(field: &str, ids: &[i64], n_vocab: usize) -> Result<Vec<u32>, ApiError> {
+    ids.iter()
+        .enumerate()
+        .map(|(j, &t)| {
+            u32::try_from(t).ok().filter(|&t| (t as usize) < n_vocab).ok_or_else(|| {
+                ApiError::invalid(
+                    format!("{field}[{j}]"),
+                    format!(
+                        "{field}[{j}]: token {t} is not in the vocabulary (ids 0 to {})",
+                        n_vocab.saturating_sub(1)
+                    ),
+                )
+            })
+        })
+        .collect()
 }
 
 /// Stop strings: at most four, none empty.
