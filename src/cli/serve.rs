@@ -12,6 +12,7 @@ use clap::Args;
 
 use strata::engine::session::SessionConfig;
 use strata::engine::spec::SpecSetup;
+use strata::model::Pooling;
 use strata::plan::facts::ModelFacts;
 use strata::plan::parallel::{self, DefaultParallel, CPU_PARALLEL_DEFAULT, MAX_PARALLEL, SPECULATIVE_ONE_AT_A_TIME};
 use strata::plan::settings::{EngineLocation, EngineSettings, Speculative};
@@ -101,6 +102,14 @@ pub struct ServeArgs {
     /// Shut down when stdin closes (for a supervisor: the server ends with it, even if it is killed)
     #[arg(long = "exit-with-stdin")]
     pub exit_with_stdin: bool,
+    /// A Jinja chat template file to render conversations with instead of the model's own
+    /// (tokenizer.chat_template), for a model whose template is missing or broken
+    #[arg(long = "chat-template-file", value_name = "FILE")]
+    pub chat_template_file: Option<PathBuf>,
+    /// How embeddings pool a sequence's hidden states: mean, cls, last, or none (every token's vector,
+    /// unnormalized, answered at /embeddings only) [default: the model's pooling_type, mean when absent]
+    #[arg(long = "pooling", value_name = "POOLING", value_parser = parse_pooling)]
+    pub pooling: Option<Pooling>,
     /// Serve the built web UI in DIR at / instead of the one built into the binary (for UI development)
     #[arg(long = "ui-dir", value_name = "DIR")]
     pub ui_dir: Option<PathBuf>,
@@ -167,9 +176,13 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
     let cache_budget_bytes = a.cache.budget_bytes()?;
     raise_fd_limit();
 
-    let loaded = load(&a.model, &a.engine)?;
+    let mut loaded = load(&a.model, &a.engine)?;
     let spec = super::load_spec(&a.engine, &loaded)?;
-    let template = ChatTemplate::from_gguf(&loaded.model.file).context("cannot read the chat template")?;
+    let template = chat_template(&a, &loaded.model.file)?;
+    if let Some(p) = a.pooling {
+        tracing::info!("embeddings pool {} (--pooling; the model says {})", p.name(), loaded.model.cfg.pooling.name());
+        loaded.model.cfg.pooling = p;
+    }
     let max_context = a.engine.context(&loaded.model);
     let id = model_id(&loaded.path);
     let info = model_info(&loaded, &id, &a, max_context)?;
@@ -199,6 +212,24 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         sampling,
     };
     strata::server::serve(opts, model, announce)
+}
+
+/// The model's chat template, or the one `--chat-template-file` names.
+fn chat_template(a: &ServeArgs, file: &strata::gguf::GgufFile) -> anyhow::Result<ChatTemplate> {
+    let Some(path) = &a.chat_template_file else {
+        return ChatTemplate::from_gguf(file).context("cannot read the chat template");
+    };
+    let source = super::input::read_text_capped(path, 1 << 20, "--chat-template-file")?;
+    let origin = format!("the chat template file {}", path.display());
+    let t = ChatTemplate::for_gguf(file, &source, &origin)
+        .with_context(|| format!("--chat-template-file {}: cannot use it", path.display()))?;
+    tracing::info!("chat template: {origin} (--chat-template-file), not the model's own");
+    Ok(t)
+}
+
+/// `--pooling`.
+fn parse_pooling(s: &str) -> Result<Pooling, String> {
+    Pooling::of_name(s).ok_or_else(|| format!("{s:?} is not a pooling: none, mean, cls or last"))
 }
 
 /// How many requests generate at once: `--parallel`, else what the server picks for this placement

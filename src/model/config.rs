@@ -71,8 +71,11 @@ pub struct ModelConfig {
 /// `{arch}.pooling_type` says (llama.cpp's numbering: 0 none, 1 mean, 2 cls, 3 last, 4 rank).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pooling {
-    /// The mean of every position's state (also for "none" and an absent key: one vector per input).
+    /// The mean of every position's state (also for "none" in a file and an absent key: one vector per input).
     Mean,
+    /// Every position's state as it is, not normalized: one vector per token (only when asked for, with
+    /// `strata serve --pooling none`; a file's "none" reads as mean).
+    None,
     /// The first position's (the BOS or CLS token).
     Cls,
     /// The last position's (decoder embedding models such as Qwen3-Embedding).
@@ -82,6 +85,17 @@ pub enum Pooling {
 }
 
 impl Pooling {
+    /// A pooling named on the command line (`none`, `mean`, `cls`, `last`), as llama.cpp's `--pooling` names them.
+    pub fn of_name(name: &str) -> Option<Pooling> {
+        match name {
+            "none" => Some(Pooling::None),
+            "mean" => Some(Pooling::Mean),
+            "cls" => Some(Pooling::Cls),
+            "last" => Some(Pooling::Last),
+            _ => None,
+        }
+    }
+
     pub fn of_key(value: Option<u64>) -> Pooling {
         match value {
             None | Some(0) | Some(1) => Pooling::Mean,
@@ -94,6 +108,7 @@ impl Pooling {
     pub fn name(self) -> &'static str {
         match self {
             Pooling::Mean => "mean",
+            Pooling::None => "none",
             Pooling::Cls => "cls",
             Pooling::Last => "last",
             Pooling::Unsupported(4) => "rank",

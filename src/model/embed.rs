@@ -1,5 +1,6 @@
 //! Embeddings: one vector per input, pooled from the output-normed hidden states of a pass over it as the
-//! model's `pooling_type` says (mean by default), L2-normalized, as llama.cpp's server makes them.
+//! model's `pooling_type` says (mean by default), L2-normalized, as llama.cpp's server makes them; with
+//! pooling "none", every token's state as it is.
 //!
 //! The pass is [`Model::forward`]'s, run over a throwaway KV cache the caller gives (empty): the same
 //! stages and the same batch-invariant products, so an input's vector does not depend on how it was
@@ -14,7 +15,8 @@ use super::{Model, ModelError};
 
 impl Model {
     /// The embedding of `tokens` (n_embd values, unit length unless every pooled state is zero), read into
-    /// `kv`, which must be empty and is left empty (its pages freed).
+    /// `kv`, which must be empty and is left empty (its pages freed). With [`Pooling::None`]: every token's
+    /// output-normed state, not normalized, one after another (`tokens.len() * n_embd` values).
     pub fn embed(&self, pool: &ThreadPool, kv: &mut KvCache, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
         let d = self.cfg.n_embd;
         if tokens.is_empty() {
@@ -24,7 +26,7 @@ impl Model {
             return Err(ModelError::Inconsistent(format!("an embedding's cache must be empty, it holds {}", kv.len())));
         }
         let want: Vec<usize> = match self.cfg.pooling {
-            Pooling::Mean => (0..tokens.len()).collect(),
+            Pooling::Mean | Pooling::None => (0..tokens.len()).collect(),
             Pooling::Cls => vec![0],
             Pooling::Last => vec![tokens.len() - 1],
             p @ Pooling::Unsupported(n) => {
@@ -39,6 +41,9 @@ impl Model {
         kv.truncate(0);
         kv.release_unused();
         let rows = rows?;
+        if self.cfg.pooling == Pooling::None {
+            return Ok(rows);
+        }
         let mut v = vec![0f32; d];
         for row in rows.chunks_exact(d) {
             v.iter_mut().zip(row).for_each(|(a, b)| *a += b);

@@ -142,7 +142,7 @@ pub fn router(app: App) -> Router {
         .route("/chat/completions", post(api::chat))
         .route("/completions", post(api::completions))
         .route("/responses", post(responses::responses))
-        .route("/embeddings", post(embeddings::embeddings))
+        .route("/embeddings", post(embeddings::embeddings_bare))
         .route("/models", get(api::models))
         // llama-server's native endpoints (its `/completions` alias stays the OpenAI path above).
         .route("/completion", post(native::completion))

@@ -163,6 +163,12 @@ impl ChatTemplate {
                 "the model's chat template (tokenizer.chat_template)",
             ),
         };
+        ChatTemplate::for_gguf(file, source, origin)
+    }
+
+    /// `source` in place of the file's own template (`strata serve --chat-template-file`), with the texts of
+    /// the file's BOS and EOS tokens; `origin` names it in errors.
+    pub fn for_gguf(file: &GgufFile, source: &str, origin: &str) -> Result<ChatTemplate, TokenizerError> {
         let token_text = |id_key: &str| -> &str {
             let id = file.get(id_key).and_then(GgufValue::as_u64);
             let tokens = file.get("tokenizer.ggml.tokens").and_then(GgufValue::as_array);

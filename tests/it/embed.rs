@@ -21,7 +21,7 @@ fn reference(model: &Model, tokens: &[u32], pooling: Pooling) -> Vec<f64> {
         Pooling::Mean => rows.iter().collect(),
         Pooling::Cls => vec![&rows[0]],
         Pooling::Last => vec![rows.last().expect("tokens")],
-        Pooling::Unsupported(_) => unreachable!(),
+        Pooling::None | Pooling::Unsupported(_) => unreachable!("no single vector"),
     };
     let mut v = vec![0f64; model.cfg.n_embd];
     for r in &picked {
@@ -66,6 +66,24 @@ fn each_pooling_matches_the_reference_pass_and_gives_a_unit_vector() {
     }
     // The three poolings are three different vectors (a pooling that ignored its kind would repeat one).
     assert!(seen[0] != seen[1] && seen[1] != seen[2] && seen[0] != seen[2]);
+    // None: every token's state as it is, each close to its float64 reference row, not normalized.
+    model.cfg.pooling = Pooling::None;
+    let mut kv = model.new_kv(KvType::F16, 256).expect("kv");
+    let rows = model.embed(&pool, &mut kv, &tokens).expect("embeds");
+    let d = model.cfg.n_embd;
+    assert_eq!(rows.len(), tokens.len() * d, "one vector per token");
+    let want = common::reference_hidden(&model, &tokens);
+    // Per token the int8 activations' error is not averaged away as in the mean: a looser bound than above.
+    let mut worst = 1f64;
+    for (i, (row, r)) in rows.chunks_exact(d).zip(&want).enumerate() {
+        let c = cosine(row, r);
+        worst = worst.min(c);
+        assert!(c > 0.995, "token {i}: cosine to the reference {c}");
+        let norm = row.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        let want_norm = r.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!((norm / want_norm - 1.0).abs() < 1e-2, "token {i}: norm {norm}, the reference's {want_norm}");
+    }
+    eprintln!("None: the worst token's cosine to the float64 reference {worst:.6}");
 }
 
 #[test]

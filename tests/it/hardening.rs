@@ -195,6 +195,17 @@ fn a_template_that_writes_without_end_fails_fast_naming_the_template() {
 }
 
 #[test]
+fn a_broken_or_missing_chat_template_file_is_refused_naming_the_file() {
+    let bad = write("broken.jinja", b"{% for m in messages %}{{ m.content ");
+    let r = strata(&["serve", "--port", "0", "--chat-template-file", path_str(&bad)]);
+    assert_clean_failure(&r, "broken.jinja");
+    let r = strata(&["serve", "--port", "0", "--chat-template-file", "/nonexistent/t.jinja"]);
+    assert_clean_failure(&r, "/nonexistent/t.jinja");
+    let r = strata(&["serve", "--port", "0", "--pooling", "rank"]);
+    assert!(r.code == Some(2) && r.stderr.contains("none, mean, cls or last"), "{}", r.stderr);
+}
+
+#[test]
 fn a_template_that_loops_without_end_fails_fast_naming_the_template() {
     let src = "{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}{% endfor %}\
                {% endfor %}{% endfor %}";

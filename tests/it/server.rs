@@ -700,5 +700,107 @@ fn embeddings_give_one_unit_vector_per_input_and_refuse_bad_inputs_by_name() {
     let long = s.post("/v1/embeddings", &json!({"input": ["ok", "word ".repeat(100)]})).expect_error(400);
     assert_eq!(long["code"], "context_length_exceeded", "{long}");
     assert_eq!(long["param"], "input[1]", "{long}");
+    assert!(long["message"].as_str().is_some_and(|m| m.contains("too large")), "{long}");
+    // llama.cpp's forms: an object with prompt_string or text parts is the text; a list that mixes ids and
+    // strings is one input, the text tokenized in place.
+    let forms = s.post(
+        "/v1/embeddings",
+        &json!({"input": [
+            {"prompt_string": "a red apple"},
+            {"content": [{"type": "text", "text": "a red "}, {"type": "text", "text": "apple"}]},
+            "a green pear",
+        ]}),
+    );
+    let forms = forms.json();
+    assert_eq!(forms["data"][0]["embedding"], data[0]["embedding"], "prompt_string is the text");
+    assert_eq!(forms["data"][1]["embedding"], data[0]["embedding"], "text parts are the text joined");
+    assert_eq!(forms["data"][2]["embedding"], data[1]["embedding"]);
+    let text_tokens = u(&s.post("/v1/embeddings", &json!({"input": "a red apple"})).json()["usage"]["prompt_tokens"]);
+    let mixed = s.post("/v1/embeddings", &json!({"input": [1, 2, "a red apple", 3]})).json();
+    assert_eq!(mixed["data"].as_array().map(Vec::len), Some(1), "ids and strings mixed are one input: {mixed}");
+    assert_eq!(u(&mixed["usage"]["prompt_tokens"]), text_tokens + 3, "{mixed}");
+    for (body, param) in [
+        (json!({"input": {"content": "a string"}}), "input"),
+        (json!({"input": {"content": [{"type": "unknown"}]}}), "input.content[0]"),
+        (
+            json!({"input": {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}}),
+            "input.content[0]",
+        ),
+        (json!({"input": [1, true]}), "input[0]"),
+        (json!({"input": ["ok", [1, "x", null]]}), "input[1][2]"),
+        (json!({"input": {"prompt_string": 7}}), "input.prompt_string"),
+    ] {
+        let e = s.post("/v1/embeddings", &body).expect_error(400);
+        assert_eq!(e["param"], param, "{body}: {e}");
+    }
     no_panic(&s);
+}
+
+#[test]
+fn pooling_none_gives_every_token_s_vector_whose_mean_and_last_are_the_pooled_ones() {
+    let _one = common::one_at_a_time();
+    let text = "a red apple on the table";
+    let floats =
+        |v: &Value| -> Vec<f64> { v.as_array().expect("floats").iter().map(|x| x.as_f64().unwrap()).collect() };
+    let unit = |v: Vec<f64>| -> Vec<f64> {
+        let n = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        v.iter().map(|x| x / n).collect()
+    };
+    let close = |a: &[f64], b: &[f64]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5);
+    let s = Server::start(&["-c", "64", "--pooling", "none"]);
+    let e = s.post("/v1/embeddings", &json!({"input": text})).expect_error(400);
+    assert!(e["message"].as_str().is_some_and(|m| m.contains("/embeddings")), "{e}");
+    let r = s.post("/embeddings", &json!({"input": [text, "pear"]}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let list = v.as_array().expect("llama.cpp's form: a list, one entry per input");
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[1]["index"], 1);
+    let rows: Vec<Vec<f64>> = list[0]["embedding"].as_array().expect("a vector per token").iter().map(floats).collect();
+    assert!(rows.len() >= 5, "one vector per token: {}", rows.len());
+    assert!(rows.iter().all(|r| r.len() == 576));
+    assert!(rows.iter().all(|r| (r.iter().map(|x| x * x).sum::<f64>() - 1.0).abs() > 1e-3), "not normalized");
+    no_panic(&s);
+    drop(s);
+    let mean: Vec<f64> = (0..576).map(|i| rows.iter().map(|r| r[i]).sum::<f64>() / rows.len() as f64).collect();
+    let s = Server::start(&["-c", "64"]);
+    let pooled = floats(&s.post("/v1/embeddings", &json!({"input": text})).json()["data"][0]["embedding"]);
+    assert!(close(&unit(mean), &pooled), "the mean of the token vectors, normalized, is the default (mean) embedding");
+    drop(s);
+    let s = Server::start(&["-c", "64", "--pooling", "last"]);
+    let last = floats(&s.post("/v1/embeddings", &json!({"input": text})).json()["data"][0]["embedding"]);
+    assert!(close(&unit(rows[rows.len() - 1].clone()), &last), "--pooling last: the last token's vector");
+    assert!(!close(&last, &pooled));
+}
+
+#[test]
+fn a_chat_template_file_renders_the_conversation_instead_of_the_model_s_own() {
+    let _one = common::one_at_a_time();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("plain.jinja");
+    std::fs::write(&path, "{% for m in messages %}{{ m['content'] }}{% endfor %}").expect("write");
+    let s = Server::start(&["-c", "128", "--chat-template-file", path.to_str().unwrap()]);
+    let prompt = "The capital of France is";
+    let chat = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 6, "temperature": 0}),
+        )
+        .json();
+    let plain = s.post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 6, "temperature": 0})).json();
+    assert_eq!(chat["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"], "{chat} {plain}");
+    assert_eq!(
+        chat["choices"][0]["message"]["content"], plain["choices"][0]["text"],
+        "the same prompt, the same reply"
+    );
+    drop(s);
+    // The model's own template wraps the text in its turn markers: more tokens.
+    let s = Server::start(&["-c", "128"]);
+    let own = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 1, "temperature": 0}),
+        )
+        .json();
+    assert!(u(&own["usage"]["prompt_tokens"]) > u(&plain["usage"]["prompt_tokens"]), "{own}");
 }

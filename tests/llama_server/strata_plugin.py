@@ -24,7 +24,6 @@ import pytest
 # Whole files left out: the feature is not in Strata.
 SKIPPED_FILES = OrderedDict([
     ("test_compat_gcp.py", "Google Vertex AI (AIP_MODE) compatibility: not in Strata"),
-    ("test_embedding.py", "embeddings (/v1/embeddings, --embedding): not in Strata"),
     ("test_ignore_eos.py", "llama.cpp's native /completion endpoint's generation_settings.logit_bias"),
     ("test_infill.py", "fill-in-the-middle (/infill): not in Strata"),
     ("test_kv_keep_only_active.py", "llama.cpp slot/KV management over the native /completion endpoint"),
@@ -40,7 +39,6 @@ SKIPPED_FILES = OrderedDict([
     ("test_stream.py", "resumable streams (/v1/stream) in router mode: not in Strata"),
     ("test_template.py", "chat template files and /apply-template: not in Strata"),
     ("test_tokenize.py", "/tokenize and /detokenize endpoints: not in Strata"),
-    ("test_tool_call.py", "tool calls: not in Strata"),
     ("test_tools_builtin.py", "built-in tools (--tools): not in Strata"),
     ("test_vision_api.py", "multimodal input: not in Strata"),
 ])
@@ -55,8 +53,8 @@ SKIPPED_TESTS = {
     "test_basic.py::test_load_split_model": "a split GGUF from Hugging Face (the shim serves the local default model)",
     "test_basic.py::test_no_ui": "--no-ui (strata serve cannot turn its web UI off)",
     "test_chat_completion.py::test_chat_template": "--chat-template override and the __verbose debug prompt",
-    "test_chat_completion.py::test_chat_template_assistant_prefill": "--chat-template-file and the __verbose debug prompt",
-    "test_chat_completion.py::test_chat_template_continue_final_message_vllm_compat": "--chat-template-file and the __verbose debug prompt",
+    "test_chat_completion.py::test_chat_template_assistant_prefill": "llama.cpp's __verbose debug prompt",
+    "test_chat_completion.py::test_chat_template_continue_final_message_vllm_compat": "llama.cpp's __verbose debug prompt",
     "test_chat_completion.py::test_chat_template_continue_final_message_mutual_exclusion": "--chat-template override (add_generation_prompt/continue_final_message)",
     "test_chat_completion.py::test_apply_chat_template": "llama.cpp's /apply-template endpoint",
     "test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry": "llama-server's timings_per_token and return_progress events (prompt_progress, timings)",
@@ -64,9 +62,8 @@ SKIPPED_TESTS = {
     "test_compat_anthropic.py::test_anthropic_tool_result_with_image": "multimodal input (strata answers an image block 400 naming it; llama.cpp 500)",
     "test_compat_anthropic.py::test_anthropic_vision_format_accepted": "multimodal input (strata answers an image block 400 naming it; llama.cpp 500)",
     "test_compat_anthropic.py::test_anthropic_vision_base64_with_multimodal_model": "multimodal input, and a download from the network",
+    "test_compat_anthropic.py::test_anthropic_thinking_history_in_template": "llama.cpp's /apply-template endpoint",
     "test_compat_anthropic.py::test_anthropic_empty_messages": "an empty conversation: strata answers 400 naming messages, llama.cpp 200",
-    "test_compat_anthropic.py::test_anthropic_thinking_history_in_count_tokens": "--chat-template-file: strata uses the model's own chat template",
-    "test_compat_anthropic.py::test_anthropic_thinking_history_in_template": "--chat-template-file: strata uses the model's own chat template",
     "test_chat_completion.py::test_logit_bias": "llama.cpp's /tokenize endpoint, and logit_bias (refused by Strata)",
     "test_chat_completion.py::test_chat_completions_token_count": "llama.cpp's /chat/completions/input_tokens endpoint",
     "test_chat_completion.py::test_verbose_debug": "llama.cpp's __verbose debug output",
