@@ -495,6 +495,12 @@ fn every_family_on_gpu_stages_follows_the_cpu_and_llama_cpp() {
         let exact: Vec<f64> =
             r["f64"]["logprobs_last"].as_array().expect("f64").iter().map(|x| x.as_f64().expect("f")).collect();
         let cpu = load(&file, DeviceSet::cpu(), None, None);
+        if let Some(m) = cpu.cfg.moe {
+            // The CUDA backend runs no mixture of experts yet: a GPU stage refuses the file (tested in
+            // tests/it/families.rs); its experts are the CPU's.
+            report.push(format!("{ref_stem}: {} experts, CPU only (no GPU stage runs experts yet)", m.n_expert));
+            continue;
+        }
         let (cpu_rows, cpu_tokens) = family_run(&cpu, KvType::F16, &prompt, want.len(), ctx);
         assert_eq!(cpu_tokens, want, "{ref_stem}: the cpu's greedy tokens (f16 KV)");
         let cpu_f64 = max_diff64(&common::families::log_softmax(&cpu_rows[prompt.len() - 1]), &exact);

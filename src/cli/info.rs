@@ -102,6 +102,16 @@ pub fn main(a: InfoArgs) -> anyhow::Result<()> {
                 cfg.n_vocab, cfg.rope_kind, cfg.rope_base, cfg.n_ctx_train
             );
             println!("family: {} ({})", cfg.family.name, cfg.family.features);
+            if let Some(m) = cfg.moe {
+                println!(
+                    "experts: {} per layer, {} used per token, {} rows each (a softmax router, the picked weights \
+                     {}), on the CPU",
+                    m.n_expert,
+                    m.n_used,
+                    m.n_ff_exp,
+                    if m.norm_weights { "renormalized" } else { "as they are" }
+                );
+            }
             if let Some(w) = cfg.swa_window {
                 let swa = cfg.swa_layers.iter().filter(|&&s| s).count();
                 println!(
@@ -114,8 +124,7 @@ pub fn main(a: InfoArgs) -> anyhow::Result<()> {
             // Scratch of one prompt batch of 512 tokens: the widest activations plus one logits row.
             let batch = 512usize;
             // (In f64: figures for a context of billions must not overflow.)
-            let widths = (4 * cfg.n_embd + 3 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.n_ff) as f64;
-            let scratch = batch as f64 * widths * 4.0 + cfg.n_vocab as f64 * 4.0;
+            let scratch = strata::model::placement::scratch_bytes(&cfg, batch, 1, true) as f64;
             println!("memory at context {ctx}:");
             // A sliding-window layer holds its window and a margin, in whole pages (`KvCache`).
             let kept = cfg.swa_window.map_or(ctx, |w| {

@@ -65,6 +65,29 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     /// How an embedding is made of a sequence's hidden states (`{arch}.pooling_type`; mean when absent).
     pub pooling: Pooling,
+    /// A mixture of experts in place of every layer's FFN (qwen3moe; llama files with `expert_count`, as
+    /// Mixtral's are); None for a dense FFN.
+    pub moe: Option<MoeConfig>,
+}
+
+/// Largest expert count read from a file (the largest models ship 512): past it, a corrupt count.
+pub const MAX_EXPERTS: usize = 4096;
+
+/// How a layer's mixture of experts routes: a router matrix scores the `n_expert` experts per token, a
+/// softmax turns the scores into probabilities, the `n_used` most probable experts (ties: the lower index
+/// first) run on the token, and their outputs are summed weighted by their probabilities, renormalized
+/// over the picked ones when `norm_weights`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// Rows of each expert's gate and up matrices (`expert_feed_forward_length`; llama's experts:
+    /// `feed_forward_length`).
+    pub n_ff_exp: usize,
+    /// The picked experts' probabilities are divided by their sum (qwen3moe and Mixtral do).
+    pub norm_weights: bool,
+    /// Multiplies the weights after the normalization (`expert_weights_scale`; 1 when absent or 0).
+    pub weights_scale: f32,
 }
 
 /// How one embedding vector is made of a sequence's output-normed hidden states, as the file's
@@ -158,6 +181,7 @@ impl ModelConfig {
         let attn_softcap = keys.softcap("attn_logit_softcapping", family.attn_softcap)?;
         let final_softcap = keys.softcap("final_logit_softcapping", family.final_softcap)?;
         let pooling = Pooling::of_key(file.get(&keys.key("pooling_type")).and_then(GgufValue::as_u64));
+        let moe = keys.experts(family, n_ff)?;
         let cfg = ModelConfig {
             arch,
             family,
@@ -183,12 +207,18 @@ impl ModelConfig {
             attn_softcap,
             final_softcap,
             pooling,
+            moe,
         };
         cfg.check_heads()?;
         check_blocks(file, n_layer, &cfg.key("block_count"))?;
         cfg.check_first_block(file)?;
         cfg.check_embedding(file, n_tokens.is_some())?;
         Ok(cfg)
+    }
+
+    /// Rows of the widest gate/up product a layer runs: the dense FFN's, or an expert's.
+    pub fn ffn_rows(&self) -> usize {
+        self.moe.map_or(self.n_ff, |m| m.n_ff_exp.max(self.n_ff))
     }
 
     /// Width of the K (and V) rows of one layer: `n_head_kv * head_dim`.
@@ -250,6 +280,22 @@ impl ModelConfig {
         let up_rows = if self.family.fused_gate_up { 2 * n_ff } else { n_ff };
         let qkv = format!("{heads} and {kv_heads} (q, k and v fused)");
         let qkv_rows = (n_head + 2 * n_head_kv).saturating_mul(head_dim);
+        if let Some(m) = self.moe {
+            let exp = format!("{} experts of {} rows", m.n_expert, m.n_ff_exp);
+            for (name, dims) in [
+                ("blk.0.ffn_gate_inp.weight", vec![n_embd as u64, m.n_expert as u64]),
+                ("blk.0.ffn_up_exps.weight", vec![n_embd as u64, m.n_ff_exp as u64, m.n_expert as u64]),
+                ("blk.0.ffn_down_exps.weight", vec![m.n_ff_exp as u64, n_embd as u64, m.n_expert as u64]),
+            ] {
+                let Some(t) = file.tensor(name) else { continue };
+                if t.dims != dims {
+                    return Err(ModelError::Inconsistent(format!(
+                        "{name} has shape {:?}, but the hyper-parameters ({exp}) make it {dims:?}",
+                        t.dims
+                    )));
+                }
+            }
+        }
         for (name, cols, rows, what) in [
             ("blk.0.attn_q.weight", n_embd, n_head.saturating_mul(head_dim), &heads),
             ("blk.0.attn_k.weight", n_embd, n_head_kv.saturating_mul(head_dim), &kv_heads),
@@ -355,6 +401,57 @@ impl Keys<'_> {
         } else {
             Ok(None)
         }
+    }
+
+    /// The mixture of experts the file describes: `expert_count` experts (absent or 0: a dense FFN; a family
+    /// without experts refuses a count), `expert_used_count` of them per token, each with
+    /// `expert_feed_forward_length` rows (llama: `feed_forward_length`; qwen3moe without the key:
+    /// `feed_forward_length / expert_used_count`, as llama.cpp reads it).
+    fn experts(&self, family: &Family, n_ff: usize) -> Result<Option<MoeConfig>, ModelError> {
+        let count_key = self.key("expert_count");
+        let n_expert = match self.file.get(&count_key) {
+            None => 0,
+            Some(v) if !v.is_integer() => return Err(wrong_type(&count_key, v, "an unsigned integer")),
+            Some(v) => v
+                .as_u64()
+                .and_then(|x| usize::try_from(x).ok())
+                .filter(|&x| x <= MAX_EXPERTS)
+                .ok_or_else(|| ModelError::BadValue { key: count_key.clone(), value: v.display_short() })?,
+        };
+        if n_expert == 0 {
+            if family.experts == family::Experts::Always {
+                return Err(ModelError::MissingKey(count_key));
+            }
+            return Ok(None);
+        }
+        if family.experts == family::Experts::Never {
+            return Err(ModelError::Inconsistent(format!(
+                "{count_key} is {n_expert}: Strata runs mixtures of experts for {} only, not {}",
+                family::names_with_experts(),
+                family.name
+            )));
+        }
+        let n_used = self.req_u("expert_used_count")?;
+        if n_used > n_expert {
+            return Err(ModelError::Inconsistent(format!(
+                "{} is {n_used}, more than the {n_expert} experts ({count_key})",
+                self.key("expert_used_count")
+            )));
+        }
+        let n_ff_exp = match self.opt_u("expert_feed_forward_length")? {
+            Some(n) => n,
+            None if family.experts == family::Experts::Always => n_ff / n_used,
+            None => n_ff,
+        };
+        if n_ff_exp == 0 {
+            return Err(ModelError::Inconsistent(format!(
+                "an expert of {n_ff} / {n_used} rows is empty: the file needs {}",
+                self.key("expert_feed_forward_length")
+            )));
+        }
+        let scale = self.opt_f0("expert_weights_scale")?;
+        let weights_scale = if scale == 0.0 { 1.0 } else { scale };
+        Ok(Some(MoeConfig { n_expert, n_used, n_ff_exp, norm_weights: true, weights_scale }))
     }
 
     /// An optional positive, finite number; `default` when absent.

@@ -15,6 +15,7 @@ pub enum Arch {
     Mistral,
     Qwen2,
     Qwen3,
+    Qwen3Moe,
     Gemma2,
     Gemma3,
     Phi3,
@@ -27,6 +28,17 @@ pub enum FfnAct {
     Silu,
     /// GELU with the tanh approximation (GeGLU), as Gemma's `gelu_pytorch_tanh`.
     GeluTanh,
+}
+
+/// Whether a family's FFN may be a mixture of experts (`config::MoeConfig`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Experts {
+    /// Dense only: a file with `expert_count` is refused.
+    Never,
+    /// Dense, or experts when the file has `expert_count` (llama: Mixtral).
+    WhenCounted,
+    /// Always experts (qwen3moe).
+    Always,
 }
 
 /// Which layers attend through a sliding window, when the file sets a window.
@@ -60,6 +72,7 @@ pub struct Family {
     /// gate and up are one matrix (`ffn_up` with `2 * n_ff` rows, gate first).
     pub fused_gate_up: bool,
     pub swa: SwaLayers,
+    pub experts: Experts,
     /// Default attention soft-cap (`attn_logit_softcapping`): scores become `c * tanh(s / c)`.
     pub attn_softcap: Option<f32>,
     /// Default final soft-cap (`final_logit_softcapping`) on the logits.
@@ -76,7 +89,7 @@ pub struct Family {
 
 /// Every family, by `general.architecture`.
 pub static FAMILIES: &[Family] = &[
-    Family { features: "SwiGLU, RoPE", ..LLAMA },
+    Family { experts: Experts::WhenCounted, features: "SwiGLU, RoPE, mixture of experts (Mixtral)", ..LLAMA },
     Family { arch: Arch::Mistral, name: "mistral", features: "SwiGLU, RoPE", ..LLAMA },
     Family {
         arch: Arch::Qwen2,
@@ -91,6 +104,15 @@ pub static FAMILIES: &[Family] = &[
         rope_kind: RopeKind::Neox,
         qk_norm: true,
         features: "SwiGLU, NeoX RoPE, q/k head norms, thinking template",
+        ..LLAMA
+    },
+    Family {
+        arch: Arch::Qwen3Moe,
+        name: "qwen3moe",
+        rope_kind: RopeKind::Neox,
+        qk_norm: true,
+        experts: Experts::Always,
+        features: "mixture of experts (softmax router, top-k renormalized), NeoX RoPE, q/k head norms",
         ..LLAMA
     },
     Family {
@@ -144,6 +166,7 @@ const LLAMA: Family = Family {
     fused_qkv: false,
     fused_gate_up: false,
     swa: SwaLayers::None,
+    experts: Experts::Never,
     attn_softcap: None,
     final_softcap: None,
     swa_rope_base: None,
@@ -154,6 +177,11 @@ const LLAMA: Family = Family {
 /// The family of `general.architecture` = `name`.
 pub fn by_name(name: &str) -> Option<&'static Family> {
     FAMILIES.iter().find(|f| f.name == name)
+}
+
+/// The architectures whose FFN may be a mixture of experts, for error messages.
+pub fn names_with_experts() -> String {
+    FAMILIES.iter().filter(|f| f.experts != Experts::Never).map(|f| f.name).collect::<Vec<_>>().join(", ")
 }
 
 /// The architectures Strata runs, for error messages: "llama, mistral, ...".

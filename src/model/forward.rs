@@ -14,8 +14,10 @@ use super::acts::QuantActs;
 use super::attn::{self, AttnOpts};
 use super::gpu::GpuStage;
 use super::kv::KvCache;
+use super::moe::{self, MoeScratch};
 use super::ops::{self, AttnShape, MatJob};
 use super::profile::{self, Part};
+use super::weights::Ffn;
 use super::{Model, ModelConfig, ModelError};
 
 /// Logits of the requested positions of a batch: `rows` rows of `n_vocab` values.
@@ -41,6 +43,8 @@ struct Scratch {
     gate: Vec<f32>, // (t_count, n_ff)
     up: Vec<f32>,   // (t_count, n_ff)
     act: QuantActs,
+    /// A mixture of experts' buffers (empty for a dense model).
+    moe: MoeScratch,
     ropes: Vec<Vec<(f32, f32)>>,     // (t_count, rope_dims / 2): the global layers'
     ropes_swa: Vec<Vec<(f32, f32)>>, // (t_count, rope_dims / 2): the sliding-window layers', when they differ
 }
@@ -51,7 +55,9 @@ impl Scratch {
     /// context).
     fn new(cfg: &ModelConfig, at: &[(usize, Option<&[f32]>)]) -> Scratch {
         let t_count = at.len();
-        let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let (d, q_dim, kv_dim) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim());
+        // A mixture of experts keeps its gate and up rows in `moe`.
+        let ff = if cfg.moe.is_some() { 0 } else { cfg.n_ff };
         let table =
             |rope| at.iter().map(|&(pos, factors)| ops::rope_table(pos, cfg.rope_dims, rope, factors)).collect();
         let swa_differs = cfg.swa_layers.iter().any(|&s| s) && cfg.rope_swa != cfg.rope;
@@ -65,6 +71,7 @@ impl Scratch {
             gate: vec![0f32; t_count * ff],
             up: vec![0f32; t_count * ff],
             act: QuantActs::default(),
+            moe: MoeScratch::default(),
             ropes: table(&cfg.rope),
             ropes_swa: if swa_differs { table(&cfg.rope_swa) } else { Vec::new() },
         }
@@ -604,34 +611,50 @@ impl Model {
         s.act.quantize(pool, lw.wo.ty, &s.att, q_dim);
         ops::matmul(pool, &[MatJob { w: &lw.wo, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
         drop(products);
-        ops::prefetch_products(pool, &[&lw.w_gate, &lw.w_up], t_count);
+        if let Some((gate, up, _)) = lw.ffn.dense() {
+            ops::prefetch_products(pool, &[gate, up], t_count);
+        }
         if let Some(w) = &lw.attn_post_norm {
             ops::rms_norm_rows_in_place(pool, &mut s.proj[..t_count * d], w, cfg.rms_eps, d);
         }
         ops::add_par(pool, x, &s.proj);
 
-        // Feed-forward block (gated: SwiGLU or GeGLU).
+        // Feed-forward block (gated: SwiGLU or GeGLU), or a mixture of such blocks.
         ops::rms_norm_rows(pool, x, &lw.ffn_norm, cfg.rms_eps, d, &mut s.xn[..t_count * d]);
         let products = profile::time(Part::FfnProducts);
-        s.act.quantize(pool, lw.w_gate.ty, &s.xn, d);
-        if lw.w_up.ty == lw.w_gate.ty {
-            ops::matmul(
+        match &lw.ffn {
+            Ffn::Dense { gate, up, down } => {
+                s.act.quantize(pool, gate.ty, &s.xn, d);
+                if up.ty == gate.ty {
+                    ops::matmul(
+                        pool,
+                        &[
+                            MatJob { w: gate, bias: None, out: SharedMut::new(&mut s.gate) },
+                            MatJob { w: up, bias: None, out: SharedMut::new(&mut s.up) },
+                        ],
+                        &s.act,
+                    );
+                } else {
+                    ops::matmul(pool, &[MatJob { w: gate, bias: None, out: SharedMut::new(&mut s.gate) }], &s.act);
+                    s.act.quantize(pool, up.ty, &s.xn, d);
+                    ops::matmul(pool, &[MatJob { w: up, bias: None, out: SharedMut::new(&mut s.up) }], &s.act);
+                }
+                ops::prefetch_products(pool, &[down], t_count);
+                ops::glu_par(pool, &mut s.gate, &s.up, cfg.family.ffn_act);
+                s.act.quantize(pool, down.ty, &s.gate, ff);
+                ops::matmul(pool, &[MatJob { w: down, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
+            }
+            Ffn::Moe(e) => moe::forward(
                 pool,
-                &[
-                    MatJob { w: &lw.w_gate, bias: None, out: SharedMut::new(&mut s.gate) },
-                    MatJob { w: &lw.w_up, bias: None, out: SharedMut::new(&mut s.up) },
-                ],
-                &s.act,
-            );
-        } else {
-            ops::matmul(pool, &[MatJob { w: &lw.w_gate, bias: None, out: SharedMut::new(&mut s.gate) }], &s.act);
-            s.act.quantize(pool, lw.w_up.ty, &s.xn, d);
-            ops::matmul(pool, &[MatJob { w: &lw.w_up, bias: None, out: SharedMut::new(&mut s.up) }], &s.act);
+                e,
+                cfg.family.ffn_act,
+                &s.xn[..t_count * d],
+                d,
+                &mut s.act,
+                &mut s.moe,
+                &mut s.proj[..t_count * d],
+            ),
         }
-        ops::prefetch_products(pool, &[&lw.w_down], t_count);
-        ops::glu_par(pool, &mut s.gate, &s.up, cfg.family.ffn_act);
-        s.act.quantize(pool, lw.w_down.ty, &s.gate, ff);
-        ops::matmul(pool, &[MatJob { w: &lw.w_down, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
         drop(products);
         // The next products: the next layer's attention, or the output head after the last layer.
         match self.weights.layers.get(l + 1) {

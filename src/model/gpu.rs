@@ -167,6 +167,7 @@ pub fn supported(cfg: &ModelConfig) -> Result<(), String> {
         fused_qkv: _,               // split into row views at load: separate matrices here
         fused_gate_up: _,           // the same
         swa,                        // below
+        experts: _,                 // cfg.moe below
         attn_softcap: _,            // the attention kernels' softcap
         final_softcap: _,           // softcap_f32 in the head
         swa_rope_base: _,           // each layer's RopeParams
@@ -178,6 +179,13 @@ pub fn supported(cfg: &ModelConfig) -> Result<(), String> {
     }
     match swa {
         SwaLayers::None | SwaLayers::Pattern(_) => {}
+    }
+    if let Some(m) = cfg.moe {
+        return Err(format!(
+            "{name}: the CUDA backend runs no mixture of experts yet ({} experts per layer): run this model's \
+             layers on the CPU",
+            m.n_expert
+        ));
     }
     if cfg.head_dim > 256 || !cfg.head_dim.is_multiple_of(2) {
         return Err(format!(
@@ -237,6 +245,11 @@ impl GpuStage {
         };
         let mut gpu_layers = Vec::with_capacity(layers.len());
         for l in &weights.layers[layers.clone()] {
+            // `supported` refuses a mixture of experts before a stage is made.
+            let (gate, up, down) = l.ffn.dense().ok_or_else(|| DeviceError::Unavailable {
+                device: "cuda".into(),
+                why: "the CUDA backend runs no mixture of experts yet".into(),
+            })?;
             gpu_layers.push(GpuLayer {
                 attn_norm: vector(&l.attn_norm)?,
                 q_norm: optional(&l.q_norm)?,
@@ -251,9 +264,9 @@ impl GpuStage {
                 bv: l.bv.as_deref().map(vector).transpose()?,
                 wo: matrix(&l.wo)?,
                 ffn_norm: vector(&l.ffn_norm)?,
-                w_gate: matrix(&l.w_gate)?,
-                w_up: matrix(&l.w_up)?,
-                w_down: matrix(&l.w_down)?,
+                w_gate: matrix(gate)?,
+                w_up: matrix(up)?,
+                w_down: matrix(down)?,
             });
         }
         let f = &weights.rope_factors;

@@ -13,6 +13,7 @@ pub mod family;
 mod forward;
 pub mod gpu;
 pub mod kv;
+pub mod moe;
 pub mod ops;
 pub mod placement;
 pub mod profile;
@@ -235,12 +236,27 @@ impl Model {
         self.file.tensors.iter().map(|t| t.n_bytes).sum()
     }
 
-    /// Weight bytes one decoded token reads: every layer's matrices and the output head (the embedding
+    /// Weight bytes one decoded token reads: every layer's matrices (of a mixture of experts, the router
+    /// and the share of the experts a token runs, `n_used / n_expert`) and the output head (the embedding
     /// table only when it is the head), in the layout the products read.
     pub fn decode_read_bytes(&self) -> u64 {
         let w = &self.weights;
         let m = |q: &weights::QTensor| q.packed().map_or(q.data().len() as u64, |p| p.bytes() as u64);
-        let layers: u64 = w.layers.iter().map(|l| l.matrices().map(m).iter().sum::<u64>()).sum();
+        let layers: u64 = w
+            .layers
+            .iter()
+            .map(|l| {
+                let attn = [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().map(m).sum::<u64>();
+                let ffn = match &l.ffn {
+                    weights::Ffn::Dense { .. } => l.ffn.matrices().into_iter().map(m).sum::<u64>(),
+                    weights::Ffn::Moe(e) => {
+                        let experts = e.gate.iter().chain(&e.up).chain(&e.down).map(m).sum::<u64>();
+                        m(&e.router) + experts * e.cfg.n_used as u64 / e.cfg.n_expert as u64
+                    }
+                };
+                attn + ffn
+            })
+            .sum();
         layers + m(&w.output)
     }
 

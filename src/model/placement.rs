@@ -73,8 +73,14 @@ pub fn kv_pages(tokens: usize, kv_resident: Option<usize>) -> (usize, usize) {
 /// Scratch bytes of a forward pass of `t_count` tokens on a stage: the activations of one layer at a time
 /// (`n_out` output rows on the last stage).
 pub fn scratch_bytes(cfg: &ModelConfig, t_count: usize, n_out: usize, last: bool) -> u64 {
-    let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
-    let f32s_per_token = 3 * d + 2 * q + 2 * kv + 2 * ff + cfg.rope_dims;
+    let (d, q, kv) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim());
+    // A mixture of experts: the router's scores and picks, an expert's rows in and out, its gate and up,
+    // and every pick's weighted output (`moe::MoeScratch`), in place of the dense FFN's gate and up.
+    let (ff, moe) = match cfg.moe {
+        Some(m) => (m.n_ff_exp, m.n_expert + 2 * m.n_used + 2 * d + 2 * m.n_ff_exp + m.n_used * d),
+        None => (cfg.n_ff, 2 * cfg.n_ff),
+    };
+    let f32s_per_token = 3 * d + 2 * q + 2 * kv + moe + cfg.rope_dims;
     let quantized_per_token = d.max(q).max(ff) * 9 / 8 + 64;
     let mut bytes = t_count * (f32s_per_token * 4 + quantized_per_token);
     if last {

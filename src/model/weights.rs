@@ -10,7 +10,7 @@ use crate::quant::packed::PackedMatrix;
 use crate::quant::{self, GgmlType};
 use crate::sync::LockUnpoisoned;
 
-use super::config::ModelConfig;
+use super::config::{ModelConfig, MoeConfig};
 use super::ModelError;
 
 /// A matrix in its on-disk block format: `rows` rows of `cols` values, each row `row_bytes` bytes.
@@ -151,20 +151,74 @@ pub struct LayerWeights {
     pub bv: Option<Vec<f32>>, // (kv_dim)
     pub wo: QTensor,         // (n_embd, q_dim)
     pub ffn_norm: Vec<f32>,  // (n_embd)
-    pub w_gate: QTensor,     // (n_ff, n_embd)
-    pub w_up: QTensor,       // (n_ff, n_embd)
-    pub w_down: QTensor,     // (n_embd, n_ff)
+    pub ffn: Ffn,
+}
+
+/// A layer's feed-forward block: one gated FFN, or a mixture of experts.
+#[allow(clippy::large_enum_variant)] // one per layer: the bytes do not matter, the direct fields read well
+pub enum Ffn {
+    Dense {
+        gate: QTensor, // (n_ff, n_embd)
+        up: QTensor,   // (n_ff, n_embd)
+        down: QTensor, // (n_embd, n_ff)
+    },
+    Moe(Experts),
+}
+
+/// A mixture of experts' matrices (`config::MoeConfig` says how it routes). Each expert's matrix is a view
+/// of its slab of the file's 3-d tensor (`ffn_gate_exps` etc., experts outermost), not a copy.
+pub struct Experts {
+    pub cfg: MoeConfig,
+    pub router: QTensor,    // (n_expert, n_embd): `ffn_gate_inp`
+    pub gate: Vec<QTensor>, // n_expert x (n_ff_exp, n_embd)
+    pub up: Vec<QTensor>,   // n_expert x (n_ff_exp, n_embd)
+    pub down: Vec<QTensor>, // n_expert x (n_embd, n_ff_exp)
+}
+
+impl Ffn {
+    /// The block's matrices (a mixture's router, then every expert's gate, up and down).
+    pub fn matrices(&self) -> Vec<&QTensor> {
+        match self {
+            Ffn::Dense { gate, up, down } => vec![gate, up, down],
+            Ffn::Moe(e) => {
+                std::iter::once(&e.router).chain(e.gate.iter()).chain(e.up.iter()).chain(e.down.iter()).collect()
+            }
+        }
+    }
+
+    fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        match self {
+            Ffn::Dense { gate, up, down } => vec![gate, up, down],
+            Ffn::Moe(e) => std::iter::once(&mut e.router)
+                .chain(e.gate.iter_mut())
+                .chain(e.up.iter_mut())
+                .chain(e.down.iter_mut())
+                .collect(),
+        }
+    }
+
+    /// The dense FFN's (gate, up, down), None for a mixture of experts.
+    pub fn dense(&self) -> Option<(&QTensor, &QTensor, &QTensor)> {
+        match self {
+            Ffn::Dense { gate, up, down } => Some((gate, up, down)),
+            Ffn::Moe(_) => None,
+        }
+    }
 }
 
 impl LayerWeights {
-    /// The layer's matrices.
-    pub fn matrices_mut(&mut self) -> [&mut QTensor; 7] {
-        [&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo, &mut self.w_gate, &mut self.w_up, &mut self.w_down]
+    /// The layer's matrices: attention's four, then the FFN's.
+    pub fn matrices_mut(&mut self) -> Vec<&mut QTensor> {
+        let mut v = vec![&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo];
+        v.extend(self.ffn.matrices_mut());
+        v
     }
 
-    /// The layer's matrices.
-    pub fn matrices(&self) -> [&QTensor; 7] {
-        [&self.wq, &self.wk, &self.wv, &self.wo, &self.w_gate, &self.w_up, &self.w_down]
+    /// The layer's matrices: attention's four, then the FFN's.
+    pub fn matrices(&self) -> Vec<&QTensor> {
+        let mut v = vec![&self.wq, &self.wk, &self.wv, &self.wo];
+        v.extend(self.ffn.matrices());
+        v
     }
 
     /// The layer's f32 vectors (norms and biases) that it has.
@@ -364,11 +418,17 @@ impl Weights {
                     matrix(&n("attn_v.weight"), kv, d)?,
                 )
             };
-            let (w_gate, w_up) = if fam.fused_gate_up {
-                let up = n("ffn_up.weight");
-                (part(&up, 0, ff, 2 * ff, d)?, part(&up, ff, ff, 2 * ff, d)?)
-            } else {
-                (matrix(&n("ffn_gate.weight"), ff, d)?, matrix(&n("ffn_up.weight"), ff, d)?)
+            let ffn = match &cfg.moe {
+                Some(m) => Ffn::Moe(experts_of(file, l, d, m)?),
+                None => {
+                    let (gate, up) = if fam.fused_gate_up {
+                        let up = n("ffn_up.weight");
+                        (part(&up, 0, ff, 2 * ff, d)?, part(&up, ff, ff, 2 * ff, d)?)
+                    } else {
+                        (matrix(&n("ffn_gate.weight"), ff, d)?, matrix(&n("ffn_up.weight"), ff, d)?)
+                    };
+                    Ffn::Dense { gate, up, down: matrix(&n("ffn_down.weight"), d, ff)? }
+                }
             };
             layers.push(LayerWeights {
                 attn_norm: vector(&n("attn_norm.weight"), d)?,
@@ -384,9 +444,7 @@ impl Weights {
                 bv: optional_vector(&n("attn_v.bias"), kv)?,
                 wo: matrix(&n("attn_output.weight"), d, q)?,
                 ffn_norm: vector(&n("ffn_norm.weight"), d)?,
-                w_gate,
-                w_up,
-                w_down: matrix(&n("ffn_down.weight"), d, ff)?,
+                ffn,
             });
         }
         let output_norm = vector("output_norm.weight", d)?;
@@ -402,6 +460,59 @@ impl Weights {
         };
         Ok(Weights { token_embd, layers, output_norm, output, tied_output, rope_factors })
     }
+}
+
+/// Layer `l`'s mixture of experts: the router and each expert's gate, up and down as views of the 3-d
+/// tensors (`[cols, rows, n_expert]`, experts outermost), shapes and types checked. A fused
+/// `ffn_gate_up_exps` (each expert's gate rows, then its up rows) is read as its two halves.
+fn experts_of(file: &Arc<GgufFile>, l: usize, d: usize, m: &MoeConfig) -> Result<Experts, ModelError> {
+    let (n_expert, ff) = (m.n_expert, m.n_ff_exp);
+    let name = |s: &str| format!("blk.{l}.{s}");
+    let router = matrix_of(file, &name("ffn_gate_inp.weight"), n_expert, d)?;
+    // Expert `e`'s `rows` rows starting at row `first` of its slab of `slab_rows`.
+    let slabs =
+        |tensor: &str, slab_rows: usize, cols: usize, first: usize, rows: usize| -> Result<Vec<QTensor>, ModelError> {
+            let info = file.tensor(tensor).ok_or_else(|| ModelError::MissingTensor(tensor.to_owned()))?;
+            let want = [cols as u64, slab_rows as u64, n_expert as u64];
+            if info.dims != want {
+                return Err(ModelError::TensorShape {
+                    name: tensor.to_owned(),
+                    expected: want.to_vec(),
+                    found: info.dims.clone(),
+                });
+            }
+            if !GgmlType::WEIGHT_TYPES.contains(&info.ty) {
+                return Err(ModelError::TensorType { name: tensor.to_owned(), ty: info.ty });
+            }
+            let slab_bytes = info.n_bytes / n_expert as u64;
+            let row_bytes = slab_bytes / slab_rows as u64;
+            (0..n_expert)
+                .map(|e| {
+                    let mut part = info.clone();
+                    part.file_offset += e as u64 * slab_bytes + first as u64 * row_bytes;
+                    part.n_bytes = rows as u64 * row_bytes;
+                    part.dims = vec![cols as u64, rows as u64];
+                    Ok(QTensor {
+                        file: file.clone(),
+                        ty: info.ty,
+                        info: part,
+                        rows,
+                        cols,
+                        row_bytes: row_bytes as usize,
+                        columns: Mutex::new(Vec::new()),
+                        packed: None,
+                    })
+                })
+                .collect()
+        };
+    let fused = name("ffn_gate_up_exps.weight");
+    let (gate, up) = if file.tensor(&fused).is_some() {
+        (slabs(&fused, 2 * ff, d, 0, ff)?, slabs(&fused, 2 * ff, d, ff, ff)?)
+    } else {
+        (slabs(&name("ffn_gate_exps.weight"), ff, d, 0, ff)?, slabs(&name("ffn_up_exps.weight"), ff, d, 0, ff)?)
+    };
+    let down = slabs(&name("ffn_down_exps.weight"), d, ff, 0, d)?;
+    Ok(Experts { cfg: *m, router, gate, up, down })
 }
 
 /// The matrix `name` of `rows` rows of `cols` values, its shape and type checked, read from the mapped file.

@@ -196,7 +196,7 @@ fn outliers_in_activations_are_kept_exact() {
     use strata::model::ops::{matmul, MatJob, SharedMut};
     let pool = ThreadPool::new(2);
     let model = build(&SyntheticSpec::default());
-    let w = &model.weights.layers[0].w_gate; // Q4_1, (n_ff, n_embd)
+    let w = model.weights.layers[0].ffn.dense().expect("a dense FFN").0; // gate: Q4_1, (n_ff, n_embd)
     let n = w.cols;
     // A smooth row with one massive value, like the channels of small llamas' "massive activations".
     let mut x: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).sin() * 0.5).collect();

@@ -220,7 +220,7 @@ fn part_types(model: &Model, part: Part) -> String {
     let Some(l) = w.layers.first() else { return String::new() };
     let mats: Vec<&QTensor> = match part {
         Part::AttnProducts => vec![&l.wq, &l.wk, &l.wv, &l.wo],
-        Part::FfnProducts => vec![&l.w_gate, &l.w_up, &l.w_down],
+        Part::FfnProducts => l.ffn.matrices(),
         Part::Output => vec![&w.output],
         Part::Attention => return "KV cache (see kv)".to_owned(),
     };
