@@ -15,7 +15,9 @@ pub struct SynthArgs {
     /// Where to write the model
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: PathBuf,
-    /// A shape: tiny (2 layers, n_embd 256) or 1b (22 layers, n_embd 2048, FFN 5632: about 1.0B parameters)
+    /// A shape: tiny (2 layers, n_embd 256), 1b (22 layers, n_embd 2048, FFN 5632: about 1.0B parameters) or
+    /// moe (Mixtral's layout scaled to a small machine: 8 layers, n_embd 1024, 32 experts of 512 rows, 4 used
+    /// per token: 0.42B parameters, 0.07B active)
     #[arg(long = "preset", default_value = "tiny")]
     pub preset: String,
     /// Override the preset's layer count
@@ -46,7 +48,17 @@ pub fn main(a: SynthArgs) -> anyhow::Result<()> {
             n_ctx_train: 4096,
             ..SyntheticSpec::default()
         },
-        other => bail!("unknown --preset {other:?} (tiny or 1b)"),
+        "moe" => SyntheticSpec {
+            n_layer: 8,
+            n_embd: 1024,
+            n_head: 16,
+            n_head_kv: 4,
+            n_ff: 512,
+            n_ctx_train: 4096,
+            experts: Some((32, 4)),
+            ..SyntheticSpec::default()
+        },
+        other => bail!("unknown --preset {other:?} (tiny, 1b or moe)"),
     };
     if let Some(l) = a.layers {
         if l == 0 || l > 512 {
@@ -62,7 +74,8 @@ pub fn main(a: SynthArgs) -> anyhow::Result<()> {
     spec.seed = a.seed;
     let (d, ff, l) = (spec.n_embd as u64, spec.n_ff as u64, spec.n_layer as u64);
     let kv = d / spec.n_head as u64 * spec.n_head_kv as u64;
-    let params = l * (2 * d * d + 2 * d * kv + 3 * d * ff);
+    let n_expert = spec.experts.map_or(1, |(n, _)| n as u64);
+    let params = l * (2 * d * d + 2 * d * kv + 3 * d * ff * n_expert);
     // The image is built in memory: refuse what this machine could not hold rather than be killed.
     let image_bytes = params as f64 * ty.block_bytes() as f64 / ty.block_len() as f64;
     let available = strata::device::Device::cpu(0).sample_free().unwrap_or(u64::MAX) as f64;

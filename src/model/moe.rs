@@ -14,7 +14,7 @@ use super::acts::QuantActs;
 use super::config::MoeConfig;
 use super::family::FfnAct;
 use super::ops::{self, MatJob};
-use super::weights::Experts;
+use super::weights::{Experts, QTensor};
 
 /// One token's pick: an expert and its weight in the token's sum.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -95,13 +95,100 @@ pub fn forward(
 ) {
     let m = &e.cfg;
     let t_count = xn.len() / d;
-    let (k, ff) = (m.n_used, m.n_ff_exp);
+    let k = m.n_used;
     s.logits.resize(t_count * m.n_expert, 0.0);
     act.quantize(pool, e.router.ty, xn, d);
     ops::matmul(pool, &[MatJob { w: &e.router, bias: None, out: SharedMut::new(&mut s.logits) }], act);
     route(&s.logits, m, &mut s.picks);
     s.outs.resize(t_count * k * d, 0.0);
-    for ex in 0..m.n_expert {
+    if t_count == 1 && same_types(e, &s.picks) {
+        one_token(pool, e, act_fn, xn, d, act, s);
+    } else {
+        by_expert(pool, e, act_fn, xn, d, act, s);
+    }
+    // Each token's sum, best expert first.
+    for (t, o) in out.chunks_exact_mut(d).enumerate().take(t_count) {
+        let mine = &s.outs[t * k * d..(t + 1) * k * d];
+        o.copy_from_slice(&mine[..d]);
+        for r in 1..k {
+            for (a, &b) in o.iter_mut().zip(&mine[r * d..(r + 1) * d]) {
+                *a += b;
+            }
+        }
+    }
+}
+
+/// Whether the picked experts' gate and up matrices share one type (their products can share one
+/// quantization of the token's row).
+fn same_types(e: &Experts, picks: &[Pick]) -> bool {
+    let ty = e.gate[picks[0].expert].ty;
+    picks.iter().all(|p| e.gate[p.expert].ty == ty && e.up[p.expert].ty == ty)
+}
+
+/// One token (a decode step): its row quantized once and every picked expert's gate and up in one product
+/// call (one parallel region instead of one per expert), then each expert's down. Each product gives the
+/// bits `by_expert` gives (the same kernels, row by row).
+#[allow(clippy::too_many_arguments)] // the block's inputs and buffers, each used once
+fn one_token(
+    pool: &ThreadPool,
+    e: &Experts,
+    act_fn: FfnAct,
+    xn: &[f32],
+    d: usize,
+    act: &mut QuantActs,
+    s: &mut MoeScratch,
+) {
+    let (k, ff) = (e.cfg.n_used, e.cfg.n_ff_exp);
+    s.gate.resize(k * ff, 0.0);
+    s.up.resize(k * ff, 0.0);
+    let gate_up: Vec<&QTensor> = s.picks.iter().flat_map(|p| [&e.gate[p.expert], &e.up[p.expert]]).collect();
+    ops::prefetch_products(pool, &gate_up, 1);
+    act.quantize(pool, e.gate[s.picks[0].expert].ty, xn, d);
+    {
+        let gates = s.gate.chunks_exact_mut(ff);
+        let ups = s.up.chunks_exact_mut(ff);
+        let jobs: Vec<MatJob> = s
+            .picks
+            .iter()
+            .zip(gates.zip(ups))
+            .flat_map(|(p, (g, u))| {
+                [
+                    MatJob { w: &e.gate[p.expert], bias: None, out: SharedMut::new(g) },
+                    MatJob { w: &e.up[p.expert], bias: None, out: SharedMut::new(u) },
+                ]
+            })
+            .collect();
+        ops::matmul(pool, &jobs, act);
+    }
+    ops::prefetch_products(pool, &[&e.down[s.picks[0].expert]], 1);
+    ops::glu_par(pool, &mut s.gate, &s.up, act_fn);
+    for (rank, p) in s.picks.iter().enumerate() {
+        let down = &e.down[p.expert];
+        if let Some(next) = s.picks.get(rank + 1) {
+            // The next expert's first rows start coming while this one's product runs.
+            ops::prefetch_products(pool, &[&e.down[next.expert]], 1);
+        }
+        act.quantize(pool, down.ty, &s.gate[rank * ff..(rank + 1) * ff], ff);
+        let out = &mut s.outs[rank * d..(rank + 1) * d];
+        ops::matmul(pool, &[MatJob { w: down, bias: None, out: SharedMut::new(out) }], act);
+        out.iter_mut().for_each(|x| *x *= p.weight);
+    }
+}
+
+/// Any batch: each expert over the tokens that picked it (their rows gathered), its outputs weighted and
+/// put back by (token, rank).
+#[allow(clippy::too_many_arguments)] // the block's inputs and buffers, each used once
+fn by_expert(
+    pool: &ThreadPool,
+    e: &Experts,
+    act_fn: FfnAct,
+    xn: &[f32],
+    d: usize,
+    act: &mut QuantActs,
+    s: &mut MoeScratch,
+) {
+    let (k, ff) = (e.cfg.n_used, e.cfg.n_ff_exp);
+    for ex in 0..e.cfg.n_expert {
         s.slots.clear();
         for (i, p) in s.picks.iter().enumerate() {
             if p.expert == ex {
@@ -143,16 +230,6 @@ pub fn forward(
             let at = (t * k + rank) * d;
             for (o, &x) in s.outs[at..at + d].iter_mut().zip(row) {
                 *o = x * w;
-            }
-        }
-    }
-    // Each token's sum, best expert first.
-    for (t, o) in out.chunks_exact_mut(d).enumerate().take(t_count) {
-        let mine = &s.outs[t * k * d..(t + 1) * k * d];
-        o.copy_from_slice(&mine[..d]);
-        for r in 1..k {
-            for (a, &b) in o.iter_mut().zip(&mine[r * d..(r + 1) * d]) {
-                *a += b;
             }
         }
     }

@@ -37,6 +37,9 @@ pub struct SyntheticSpec {
     pub output_type: Option<GgmlType>,
     /// qwen2-style q/k/v biases.
     pub qkv_bias: bool,
+    /// A mixture of experts in place of each layer's FFN, laid out as Mixtral's (`expert_count` on the
+    /// llama architecture, each expert `n_ff` rows): (experts, used per token).
+    pub experts: Option<(usize, usize)>,
     pub vocab: SyntheticVocab,
     pub seed: u64,
 }
@@ -57,6 +60,7 @@ impl Default for SyntheticSpec {
             embd_type: GgmlType::Q8_0,
             output_type: None,
             qkv_bias: false,
+            experts: None,
             vocab: SyntheticVocab::Bpe,
             seed: 1,
         }
@@ -87,23 +91,35 @@ impl SyntheticSpec {
         w.set(&format!("{a}.rope.freq_base"), GgufValue::F32(10000.0));
         w.set(&format!("{a}.rope.dimension_count"), GgufValue::U32(head_dim as u32));
         w.set(&format!("{a}.attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-5));
+        if let Some((n_expert, n_used)) = self.experts {
+            w.set(&format!("{a}.expert_count"), GgufValue::U32(n_expert as u32));
+            w.set(&format!("{a}.expert_used_count"), GgufValue::U32(n_used as u32));
+        }
         let n_vocab = self.write_vocab(&mut w);
 
-        let mut tensor = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize, ty: GgmlType, scale: f32| {
-            let x: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0f32..1.0) * scale).collect();
-            let dims: Vec<u64> = if rows == 1 { vec![cols as u64] } else { vec![cols as u64, rows as u64] };
-            let row_bytes = ty.row_bytes(cols as u64).expect("synthetic shapes are whole blocks") as usize;
-            let mut data = vec![0u8; rows * row_bytes];
-            for (xr, dr) in x.chunks(cols).zip(data.chunks_mut(row_bytes)) {
-                quant::quantize_row(ty, xr, dr);
-            }
-            w.add_tensor(name, &dims, ty, data);
-        };
+        // A matrix of `rows` x `cols` (a vector when `rows` is 1), or with `stack` a 3-d stack of `stack` such
+        // matrices (experts outermost).
+        let mut tensor =
+            |w: &mut GgufWriter, name: &str, stack: usize, rows: usize, cols: usize, ty: GgmlType, scale: f32| {
+                let x: Vec<f32> = (0..stack * rows * cols).map(|_| rng.gen_range(-1.0f32..1.0) * scale).collect();
+                let dims: Vec<u64> = match (stack, rows) {
+                    (1, 1) => vec![cols as u64],
+                    (1, _) => vec![cols as u64, rows as u64],
+                    _ => vec![cols as u64, rows as u64, stack as u64],
+                };
+                let rows = stack * rows;
+                let row_bytes = ty.row_bytes(cols as u64).expect("synthetic shapes are whole blocks") as usize;
+                let mut data = vec![0u8; rows * row_bytes];
+                for (xr, dr) in x.chunks(cols).zip(data.chunks_mut(row_bytes)) {
+                    quant::quantize_row(ty, xr, dr);
+                }
+                w.add_tensor(name, &dims, ty, data);
+            };
         let (d, ff) = (self.n_embd, self.n_ff);
         let (q, kv) = (self.n_head * head_dim, self.n_head_kv * head_dim);
         let s_in = 1.0 / (d as f32).sqrt() * 1.7;
         let s_ff = 1.0 / (ff as f32).sqrt() * 1.7;
-        tensor(&mut w, "token_embd.weight", n_vocab, d, self.embd_type, 1.0);
+        tensor(&mut w, "token_embd.weight", 1, n_vocab, d, self.embd_type, 1.0);
         let mut types = self.matrix_types.iter().copied().cycle();
         for l in 0..self.n_layer {
             let n = |s: &str| format!("blk.{l}.{s}");
@@ -115,18 +131,28 @@ impl SyntheticSpec {
             let mut nrng = ChaCha8Rng::seed_from_u64(self.seed ^ ((l as u64 + 1) * 0x9E37));
             norm(&mut w, &n("attn_norm.weight"), &mut nrng);
             norm(&mut w, &n("ffn_norm.weight"), &mut nrng);
-            tensor(&mut w, &n("attn_q.weight"), q, d, types.next().unwrap_or(GgmlType::F32), s_in);
-            tensor(&mut w, &n("attn_k.weight"), kv, d, types.next().unwrap_or(GgmlType::F32), s_in);
-            tensor(&mut w, &n("attn_v.weight"), kv, d, types.next().unwrap_or(GgmlType::F32), s_in);
+            tensor(&mut w, &n("attn_q.weight"), 1, q, d, types.next().unwrap_or(GgmlType::F32), s_in);
+            tensor(&mut w, &n("attn_k.weight"), 1, kv, d, types.next().unwrap_or(GgmlType::F32), s_in);
+            tensor(&mut w, &n("attn_v.weight"), 1, kv, d, types.next().unwrap_or(GgmlType::F32), s_in);
             if self.qkv_bias {
-                tensor(&mut w, &n("attn_q.bias"), 1, q, GgmlType::F32, 0.1);
-                tensor(&mut w, &n("attn_k.bias"), 1, kv, GgmlType::F32, 0.1);
-                tensor(&mut w, &n("attn_v.bias"), 1, kv, GgmlType::F32, 0.1);
+                tensor(&mut w, &n("attn_q.bias"), 1, 1, q, GgmlType::F32, 0.1);
+                tensor(&mut w, &n("attn_k.bias"), 1, 1, kv, GgmlType::F32, 0.1);
+                tensor(&mut w, &n("attn_v.bias"), 1, 1, kv, GgmlType::F32, 0.1);
             }
-            tensor(&mut w, &n("attn_output.weight"), d, q, types.next().unwrap_or(GgmlType::F32), s_in);
-            tensor(&mut w, &n("ffn_gate.weight"), ff, d, types.next().unwrap_or(GgmlType::F32), s_in);
-            tensor(&mut w, &n("ffn_up.weight"), ff, d, types.next().unwrap_or(GgmlType::F32), s_in);
-            tensor(&mut w, &n("ffn_down.weight"), d, ff, types.next().unwrap_or(GgmlType::F32), s_ff);
+            tensor(&mut w, &n("attn_output.weight"), 1, d, q, types.next().unwrap_or(GgmlType::F32), s_in);
+            if let Some((n_expert, _)) = self.experts {
+                // The router stays f32, as llama.cpp's quantizer leaves it; its scale makes picks clear.
+                tensor(&mut w, &n("ffn_gate_inp.weight"), 1, n_expert, d, GgmlType::F32, s_in * 4.0);
+                let (g, u, dn) = (types.next(), types.next(), types.next());
+                let (g, u, dn) = (g.unwrap_or(GgmlType::F32), u.unwrap_or(GgmlType::F32), dn.unwrap_or(GgmlType::F32));
+                tensor(&mut w, &n("ffn_gate_exps.weight"), n_expert, ff, d, g, s_in);
+                tensor(&mut w, &n("ffn_up_exps.weight"), n_expert, ff, d, u, s_in);
+                tensor(&mut w, &n("ffn_down_exps.weight"), n_expert, d, ff, dn, s_ff);
+            } else {
+                tensor(&mut w, &n("ffn_gate.weight"), 1, ff, d, types.next().unwrap_or(GgmlType::F32), s_in);
+                tensor(&mut w, &n("ffn_up.weight"), 1, ff, d, types.next().unwrap_or(GgmlType::F32), s_in);
+                tensor(&mut w, &n("ffn_down.weight"), 1, d, ff, types.next().unwrap_or(GgmlType::F32), s_ff);
+            }
         }
         let x: Vec<f32> = vec![1.0; d];
         w.add_tensor(
@@ -136,7 +162,7 @@ impl SyntheticSpec {
             x.iter().flat_map(|v| v.to_le_bytes()).collect(),
         );
         if let Some(ty) = self.output_type {
-            tensor(&mut w, "output.weight", n_vocab, d, ty, s_in * 4.0);
+            tensor(&mut w, "output.weight", 1, n_vocab, d, ty, s_in * 4.0);
         }
         w.to_bytes(3)
     }

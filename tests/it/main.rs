@@ -18,6 +18,7 @@ mod grammar;
 mod hardening;
 mod kernels;
 mod model;
+mod moe;
 mod native_api;
 mod parallel;
 mod plan_draft;
