@@ -182,8 +182,8 @@ pub fn supported(cfg: &ModelConfig) -> Result<(), String> {
     }
     if let Some(m) = cfg.moe {
         return Err(format!(
-            "{name}: the CUDA backend runs no mixture of experts yet ({} experts per layer): run this model's \
-             layers on the CPU",
+            "{name}: the CUDA backend runs no mixture of experts yet ({} experts per layer): run this model \
+             with --devices cpu",
             m.n_expert
         ));
     }
