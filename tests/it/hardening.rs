@@ -364,6 +364,57 @@ fn hyper_parameters_the_matrices_do_not_have_are_named() {
     );
 }
 
+/// The qwen3moe fixture rewritten with `edit` applied, as `name` in the test directory.
+fn edited_moe(name: &str, edit: impl FnOnce(&mut GgufWriter)) -> PathBuf {
+    let file = GgufFile::open(&common::families::file("qwen3moe.gguf")).expect("the qwen3moe fixture opens");
+    let mut w = GgufWriter::from_file(&file);
+    edit(&mut w);
+    let p = dir().join(name);
+    std::fs::write(&p, w.to_bytes(3)).expect("write the edited model");
+    p
+}
+
+#[test]
+fn expert_counts_the_tensors_do_not_have_are_named() {
+    let m = edited_moe("moe-used-9.gguf", |w| {
+        w.set("qwen3moe.expert_used_count", GgufValue::U32(9));
+    });
+    assert_clean_failure(
+        &strata(&["plan", "-m", path_str(&m)]),
+        "qwen3moe.expert_used_count is 9, more than the 8 experts",
+    );
+    let m = edited_moe("moe-count-huge.gguf", |w| {
+        w.set("qwen3moe.expert_count", GgufValue::U32(4_000_000));
+    });
+    assert_clean_failure(&strata(&["plan", "-m", path_str(&m)]), "qwen3moe.expert_count");
+    let m = edited_moe("moe-count-16.gguf", |w| {
+        w.set("qwen3moe.expert_count", GgufValue::U32(16));
+    });
+    assert_clean_failure(&strata(&["plan", "-m", path_str(&m)]), "blk.0.ffn_gate_inp.weight has shape [64, 8]");
+    let m = edited_moe("moe-no-count.gguf", |w| {
+        w.remove("qwen3moe.expert_count");
+    });
+    assert_clean_failure(&strata(&["plan", "-m", path_str(&m)]), "qwen3moe.expert_count");
+    let m = edited_moe("moe-no-router.gguf", |w| {
+        w.remove_tensor("blk.1.ffn_gate_inp.weight");
+    });
+    assert_clean_failure(&strata(&["run", "-m", path_str(&m), "-p", "hi"]), "blk.1.ffn_gate_inp.weight");
+    // A family without experts refuses a count rather than ignore it.
+    let m = edited("dense-with-experts.gguf", |w| {
+        w.set("general.architecture", GgufValue::str("qwen2"));
+        for (k, v) in &default_model().metadata {
+            if let Some(rest) = k.strip_prefix("llama.") {
+                w.set(&format!("qwen2.{rest}"), v.clone());
+            }
+        }
+        w.set("qwen2.expert_count", GgufValue::U32(4));
+    });
+    assert_clean_failure(
+        &strata(&["plan", "-m", path_str(&m)]),
+        "Strata runs mixtures of experts for llama, qwen3moe only",
+    );
+}
+
 #[test]
 fn a_head_count_that_does_not_divide_the_embedding_is_named() {
     let m = edited("heads-7.gguf", |w| {
