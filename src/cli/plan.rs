@@ -3,7 +3,8 @@
 //! It reads the configuration and the weights index only (no weight is paged in, no device memory taken)
 //! and prints, per stage, the layers, the weights, the KV cache at `--tokens` positions on the device and on
 //! the host, the scratch and staging buffers, the device's sampled free memory, the reserve and the
-//! headroom left (the figures are `strata::plan`'s). With `--draft-model` the draft's stages follow on
+//! headroom left (the figures are `strata::plan`'s), and for a mixture of experts the experts' share of
+//! each stage's weights. With `--draft-model` the draft's stages follow on
 //! its `--draft-devices`, and a device holding both models shows one headroom for the two. A configuration
 //! that cannot load fails with the library's error (device, need, shortfall).
 
@@ -55,7 +56,7 @@ pub fn main(a: PlanArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot plan model {}", path.display()))?;
     let draft_path = draft.as_ref().map(|(p, _)| p.as_path());
     if a.json {
-        print_json(&p, draft_path, sequences);
+        print_json(&p, &file, draft_path, sequences);
     } else {
         let window = p.kv_resident.map_or("all".to_owned(), |r| format!("{r} positions"));
         let times = if sequences > 1 { format!(" x {sequences} sequences") } else { String::new() };
@@ -68,6 +69,7 @@ pub fn main(a: PlanArgs) -> anyhow::Result<()> {
             p.max_context
         );
         print_table(&p.rows);
+        print_experts(&file, &p.rows);
         if let (Some(d), Some(dpath)) = (&p.draft, draft_path) {
             let on: Vec<String> = d.rows.iter().map(|r| r.device.clone()).collect();
             println!("draft {}: {} layers on {}", dpath.display(), d.layers, on.join(", "));
@@ -101,6 +103,35 @@ fn draft_input(
     check_draft_vocab(file, &dfile)
         .with_context(|| format!("draft model {} cannot draft for {}", dpath.display(), path.display()))?;
     Ok(Some((dpath, DraftInput { file: Arc::new(dfile), devices })))
+}
+
+/// The bytes of the expert tensors (`ffn_*_exps`) of layers `layers`, as the file stores them: the part of
+/// a stage's weights a mixture of experts keeps (a token reads `expert_used_count` of `expert_count`).
+fn experts_bytes(file: &GgufFile, layers: (usize, usize)) -> u64 {
+    (layers.0..layers.1)
+        .flat_map(|l| {
+            ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps"]
+                .map(|t| file.tensor(&format!("blk.{l}.{t}.weight")).map_or(0, |t| t.n_bytes))
+        })
+        .sum()
+}
+
+/// For a mixture of experts, one line per stage: how much of its weights are experts.
+fn print_experts(file: &GgufFile, rows: &[PlanRow]) {
+    let Ok(cfg) = strata::model::ModelConfig::from_gguf(file) else { return };
+    let Some(m) = cfg.moe else { return };
+    for r in rows {
+        println!(
+            "experts on {} (layers {}..{}): {} of its {} of weights ({} experts per layer, {} read per token)",
+            r.device,
+            r.layers.0,
+            r.layers.1,
+            mib(experts_bytes(file, r.layers)),
+            mib(r.weights_bytes),
+            m.n_expert,
+            m.n_used
+        );
+    }
 }
 
 /// One line per device holding stages of both models: their total against what is free, one headroom.
@@ -179,11 +210,13 @@ fn print_table(rows: &[PlanRow]) {
     }
 }
 
-fn print_json(p: &Plan, draft_path: Option<&std::path::Path>, sequences: usize) {
-    let stages_of = |rows: &[PlanRow]| -> Vec<serde_json::Value> {
+fn print_json(p: &Plan, file: &GgufFile, draft_path: Option<&std::path::Path>, sequences: usize) {
+    // The draft's stages are another file's layers: no experts figure for them.
+    let stages_of = |rows: &[PlanRow], own: bool| -> Vec<serde_json::Value> {
         rows.iter()
             .map(|r| {
                 serde_json::json!({
+                    "experts_bytes": own.then(|| experts_bytes(file, r.layers)),
                     "device": r.device,
                     "layers": [r.layers.0, r.layers.1],
                     "weights_bytes": r.weights_bytes,
@@ -217,7 +250,7 @@ fn print_json(p: &Plan, draft_path: Option<&std::path::Path>, sequences: usize) 
         })
         .collect();
     let mut out = serde_json::json!({
-        "stages": stages_of(&p.rows),
+        "stages": stages_of(&p.rows, true),
         "devices": devices,
         "tokens": p.tokens,
         "sequences": sequences,
@@ -226,7 +259,7 @@ fn print_json(p: &Plan, draft_path: Option<&std::path::Path>, sequences: usize) 
         out["draft"] = serde_json::json!({
             "model": draft_path.map(|p| p.display().to_string()),
             "layers": d.layers,
-            "stages": stages_of(&d.rows),
+            "stages": stages_of(&d.rows, false),
         });
     }
     println!("{out}");

@@ -486,6 +486,34 @@ fn help_lists_plan_devices_and_the_placement_flags() {
     }
 }
 
+/// A mixture of experts' plan says how much of each stage's weights are experts: their tensors' bytes in
+/// the file, per layer range (0 for a dense model).
+#[test]
+fn plan_of_a_mixture_of_experts_shows_the_experts_share_per_stage() {
+    let moe = common::families::file("qwen3moe.gguf");
+    let file = strata::gguf::GgufFile::open(&moe).expect("fixture");
+    let experts_in = |layers: std::ops::Range<usize>| -> u64 {
+        layers
+            .flat_map(|l| ["gate", "up", "down"].map(|t| format!("blk.{l}.ffn_{t}_exps.weight")))
+            .map(|n| file.tensor(&n).expect("an expert tensor").n_bytes)
+            .sum()
+    };
+    let args = ["plan", "-m", moe.to_str().unwrap(), "--devices", "sim:64,sim:64", "--layer-split", "1", "--json"];
+    let v = json_of(&strata(&args));
+    let stages = v["stages"].as_array().expect("stages");
+    for (s, layers) in stages.iter().zip([0..1, 1..2]) {
+        assert_eq!(u(&s["experts_bytes"]), experts_in(layers), "{s}");
+        assert!(u(&s["experts_bytes"]) > 0 && u(&s["experts_bytes"]) < u(&s["weights_bytes"]), "{s}");
+    }
+    let text =
+        stdout(&strata(&["plan", "-m", moe.to_str().unwrap(), "--devices", "sim:64,sim:64", "--layer-split", "1"]));
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("experts on ")).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines.iter().all(|l| l.ends_with("(8 experts per layer, 2 read per token)")), "{text}");
+    let dense = json_of(&strata(&["plan", "--json"]));
+    assert_eq!(dense["stages"][0]["experts_bytes"], 0, "{dense}");
+}
+
 #[test]
 fn plan_of_a_two_sim_split_shows_each_stage() {
     let args = [
