@@ -550,7 +550,7 @@ impl Model {
     fn layer(&self, pool: &ThreadPool, segs: &mut [Segment], l: usize, x: &mut [f32], s: &mut Scratch) {
         let cfg = &self.cfg;
         let lw = &self.weights.layers[l];
-        let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let (d, q_dim, kv_dim) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim());
         let t_count = x.len() / d;
         let shape = AttnShape { n_head: cfg.n_head, n_head_kv: cfg.n_head_kv, head_dim: cfg.head_dim };
 
@@ -623,27 +623,16 @@ impl Model {
         ops::rms_norm_rows(pool, x, &lw.ffn_norm, cfg.rms_eps, d, &mut s.xn[..t_count * d]);
         let products = profile::time(Part::FfnProducts);
         match &lw.ffn {
-            Ffn::Dense { gate, up, down } => {
-                s.act.quantize(pool, gate.ty, &s.xn, d);
-                if up.ty == gate.ty {
-                    ops::matmul(
-                        pool,
-                        &[
-                            MatJob { w: gate, bias: None, out: SharedMut::new(&mut s.gate) },
-                            MatJob { w: up, bias: None, out: SharedMut::new(&mut s.up) },
-                        ],
-                        &s.act,
-                    );
-                } else {
-                    ops::matmul(pool, &[MatJob { w: gate, bias: None, out: SharedMut::new(&mut s.gate) }], &s.act);
-                    s.act.quantize(pool, up.ty, &s.xn, d);
-                    ops::matmul(pool, &[MatJob { w: up, bias: None, out: SharedMut::new(&mut s.up) }], &s.act);
-                }
-                ops::prefetch_products(pool, &[down], t_count);
-                ops::glu_par(pool, &mut s.gate, &s.up, cfg.family.ffn_act);
-                s.act.quantize(pool, down.ty, &s.gate, ff);
-                ops::matmul(pool, &[MatJob { w: down, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
-            }
+            Ffn::Dense { gate, up, down } => ops::gated_ffn(
+                pool,
+                (gate, up, down),
+                cfg.family.ffn_act,
+                &s.xn,
+                d,
+                &mut s.act,
+                (&mut s.gate, &mut s.up),
+                &mut s.proj,
+            ),
             Ffn::Moe(e) => moe::forward(
                 pool,
                 e,

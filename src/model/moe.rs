@@ -128,7 +128,6 @@ fn same_types(e: &Experts, picks: &[Pick]) -> bool {
 /// One token (a decode step): its row quantized once and every picked expert's gate and up in one product
 /// call (one parallel region instead of one per expert), then each expert's down. Each product gives the
 /// bits `by_expert` gives (the same kernels, row by row).
-#[allow(clippy::too_many_arguments)] // the block's inputs and buffers, each used once
 fn one_token(
     pool: &ThreadPool,
     e: &Experts,
@@ -177,7 +176,6 @@ fn one_token(
 
 /// Any batch: each expert over the tokens that picked it (their rows gathered), its outputs weighted and
 /// put back by (token, rank).
-#[allow(clippy::too_many_arguments)] // the block's inputs and buffers, each used once
 fn by_expert(
     pool: &ThreadPool,
     e: &Experts,
@@ -205,26 +203,9 @@ fn by_expert(
         }
         s.gate.resize(n * ff, 0.0);
         s.up.resize(n * ff, 0.0);
-        let (gate, up, down) = (&e.gate[ex], &e.up[ex], &e.down[ex]);
-        act.quantize(pool, gate.ty, &s.rows, d);
-        if up.ty == gate.ty {
-            ops::matmul(
-                pool,
-                &[
-                    MatJob { w: gate, bias: None, out: SharedMut::new(&mut s.gate) },
-                    MatJob { w: up, bias: None, out: SharedMut::new(&mut s.up) },
-                ],
-                act,
-            );
-        } else {
-            ops::matmul(pool, &[MatJob { w: gate, bias: None, out: SharedMut::new(&mut s.gate) }], act);
-            act.quantize(pool, up.ty, &s.rows, d);
-            ops::matmul(pool, &[MatJob { w: up, bias: None, out: SharedMut::new(&mut s.up) }], act);
-        }
-        ops::glu_par(pool, &mut s.gate, &s.up, act_fn);
-        act.quantize(pool, down.ty, &s.gate, ff);
         s.down.resize(n * d, 0.0);
-        ops::matmul(pool, &[MatJob { w: down, bias: None, out: SharedMut::new(&mut s.down) }], act);
+        let mats = (&e.gate[ex], &e.up[ex], &e.down[ex]);
+        ops::gated_ffn(pool, mats, act_fn, &s.rows, d, act, (&mut s.gate, &mut s.up), &mut s.down);
         for (row, &(t, rank)) in s.down.chunks_exact(d).zip(&s.slots) {
             let w = s.picks[t * k + rank].weight;
             let at = (t * k + rank) * d;

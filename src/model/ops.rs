@@ -166,6 +166,38 @@ pub fn glu_par(pool: &ThreadPool, g: &mut [f32], u: &[f32], act: FfnAct) {
     });
 }
 
+/// A gated FFN over the rows of `x` ((t_count, d)): `out = down(act(gate(x)) * up(x))`, `g` and `u`
+/// ((t_count, gate.rows)) its buffers, `qa` quantizing each product's input. The dense layer's FFN and each
+/// expert of a mixture run this; `down`'s first rows are prefetched while the activation runs.
+#[allow(clippy::too_many_arguments)] // the three matrices, the input and its buffers
+pub fn gated_ffn(
+    pool: &ThreadPool,
+    (gate, up, down): (&QTensor, &QTensor, &QTensor),
+    act: FfnAct,
+    x: &[f32],
+    d: usize,
+    qa: &mut QuantActs,
+    (g, u): (&mut [f32], &mut [f32]),
+    out: &mut [f32],
+) {
+    qa.quantize(pool, gate.ty, x, d);
+    if up.ty == gate.ty {
+        let jobs = [
+            MatJob { w: gate, bias: None, out: SharedMut::new(g) },
+            MatJob { w: up, bias: None, out: SharedMut::new(u) },
+        ];
+        matmul(pool, &jobs, qa);
+    } else {
+        matmul(pool, &[MatJob { w: gate, bias: None, out: SharedMut::new(g) }], qa);
+        qa.quantize(pool, up.ty, x, d);
+        matmul(pool, &[MatJob { w: up, bias: None, out: SharedMut::new(u) }], qa);
+    }
+    prefetch_products(pool, &[down], x.len() / d);
+    glu_par(pool, g, u, act);
+    qa.quantize(pool, down.ty, g, gate.rows);
+    matmul(pool, &[MatJob { w: down, bias: None, out: SharedMut::new(out) }], qa);
+}
+
 /// `x += y` split over the pool's threads.
 pub fn add_par(pool: &ThreadPool, x: &mut [f32], y: &[f32]) {
     let shared = SharedMut::new(x);
