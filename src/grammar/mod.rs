@@ -82,25 +82,30 @@ impl GrammarSpec {
 /// 270M, allowed any run of whitespace, writes `\n  ` again and again before each key).
 const JSON_WHITESPACE: &str = r"\x20|\x0A[\x20\x09]{0,20}";
 
-/// Closes every object schema that lists `properties` and says nothing of `additionalProperties`: the
-/// output has the properties the schema names and no others, as llama.cpp's schema grammars and OpenAI's
-/// strict mode give it (JSON Schema itself would allow any extra key, and small models add junk ones).
-fn close_objects(schema: &mut Value) {
+/// The most digits a number may have after its point when its schema says nothing of `multipleOf`, and
+/// the most before it ([`MAX_INTEGRAL_DIGITS`]) when it sets no bound. llama.cpp's schema grammars bound
+/// numbers the same way (16 digits each side): a small model that starts `8.3333…` would otherwise write threes until
+/// `max_tokens` and return JSON cut in half. Nine is the most the grammar engine's decimal arithmetic takes
+/// (it counts in `u32`); it also means a number is written without an exponent.
+pub const MAX_FRACTION_DIGITS: usize = 9;
+/// 15 rather than llama.cpp's 16: the largest such bound a JSON reader keeps exactly in an `f64`.
+pub const MAX_INTEGRAL_DIGITS: u32 = 15;
+
+/// Applies `f` to `schema` and to every schema inside it.
+fn for_each_schema(schema: &mut Value, f: &mut impl FnMut(&mut serde_json::Map<String, Value>)) {
     let Value::Object(map) = schema else { return };
-    if map.contains_key("properties") && !map.contains_key("additionalProperties") {
-        map.insert("additionalProperties".into(), Value::Bool(false));
-    }
+    f(map);
     for (key, v) in map.iter_mut() {
         match key.as_str() {
             "properties" | "$defs" | "definitions" | "patternProperties" => {
                 if let Value::Object(children) = v {
-                    children.values_mut().for_each(close_objects);
+                    children.values_mut().for_each(|c| for_each_schema(c, f));
                 }
             }
-            "items" | "additionalProperties" | "not" | "contains" | "if" | "then" | "else" => close_objects(v),
+            "items" | "additionalProperties" | "not" | "contains" | "if" | "then" | "else" => for_each_schema(v, f),
             "anyOf" | "oneOf" | "allOf" | "prefixItems" => {
                 if let Value::Array(list) = v {
-                    list.iter_mut().for_each(close_objects);
+                    list.iter_mut().for_each(|c| for_each_schema(c, f));
                 }
             }
             _ => {}
@@ -108,10 +113,46 @@ fn close_objects(schema: &mut Value) {
     }
 }
 
-/// `schema` with the JSON options above, unless it sets llguidance's own (`x-guidance`), and its objects
-/// closed ([`close_objects`]).
+/// Closes an object schema that lists `properties` and says nothing of `additionalProperties`: the output
+/// has the properties the schema names and no others, as llama.cpp's schema grammars and OpenAI's strict
+/// mode give it (JSON Schema itself would allow any extra key, and small models add junk ones).
+fn close_object(map: &mut serde_json::Map<String, Value>) {
+    if map.contains_key("properties") && !map.contains_key("additionalProperties") {
+        map.insert("additionalProperties".into(), Value::Bool(false));
+    }
+}
+
+/// Bounds the digits of a `number` or `integer` schema that sets no bound of its own (see
+/// [`MAX_FRACTION_DIGITS`]). The output still validates against the schema as the request sent it.
+fn bound_number(map: &mut serde_json::Map<String, Value>) {
+    let is = |t: &str| match map.get("type") {
+        Some(Value::String(s)) => s == t,
+        Some(Value::Array(list)) => list.iter().any(|v| v == t),
+        _ => false,
+    };
+    let (number, integer) = (is("number"), is("integer"));
+    if !(number || integer) {
+        return;
+    }
+    let limit = 10i64.pow(MAX_INTEGRAL_DIGITS) - 1;
+    if !map.contains_key("minimum") && !map.contains_key("exclusiveMinimum") {
+        map.insert("minimum".into(), json!(-limit));
+    }
+    if !map.contains_key("maximum") && !map.contains_key("exclusiveMaximum") {
+        map.insert("maximum".into(), json!(limit));
+    }
+    if number && !integer && !map.contains_key("multipleOf") {
+        map.insert("multipleOf".into(), json!(10f64.powi(-(MAX_FRACTION_DIGITS as i32))));
+    }
+}
+
+/// `schema` with the JSON options above, unless it sets llguidance's own (`x-guidance`), its objects
+/// closed ([`close_object`]) and its numbers bounded ([`bound_number`]).
 pub fn with_json_options(mut schema: Value) -> Value {
-    close_objects(&mut schema);
+    for_each_schema(&mut schema, &mut |map| {
+        close_object(map);
+        bound_number(map);
+    });
     if let Value::Object(map) = &mut schema {
         map.entry("x-guidance").or_insert_with(|| json!({ "whitespace_pattern": JSON_WHITESPACE }));
     }

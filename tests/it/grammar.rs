@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use strata::engine::{generate, GenerateParams, Request, Sequence, StopReason, TextOnly};
 use strata::gguf::GgufFile;
-use strata::grammar::{Constraint, GrammarError, GrammarSpec, Grammars};
+use strata::grammar::{Constraint, GrammarError, GrammarSpec, Grammars, MAX_FRACTION_DIGITS, MAX_INTEGRAL_DIGITS};
 use strata::model::{KvType, Model};
 use strata::sample::SamplerConfig;
 use strata::threadpool::ThreadPool;
@@ -38,20 +38,26 @@ fn grammars() -> &'static Grammars {
 
 /// Runs `c` with random logits until it finishes (or `max_tokens`): the tokens chosen, and whether the
 /// grammar finished or an end-of-generation token was picked (both end a reply).
-fn drive(mut c: Constraint, seed: u64, max_tokens: usize) -> (Vec<u32>, bool) {
+fn drive(c: Constraint, seed: u64, max_tokens: usize) -> (Vec<u32>, bool) {
+    drive_pulled(c, seed, max_tokens, |_| 0.0)
+}
+
+/// [`drive`] with `extra(piece)` added to each token's pull.
+fn drive_pulled(mut c: Constraint, seed: u64, max_tokens: usize, extra: impl Fn(&[u8]) -> f32) -> (Vec<u32>, bool) {
     let tok = tokenizer();
     let n = tok.n_vocab();
     // Tokens made only of closing characters get a pull, so that strings, arrays and objects end.
     let pull: Vec<f32> = (0..n as u32)
         .map(|id| {
             let p = tok.token_to_piece(id);
-            if !p.is_empty() && p.iter().all(|b| b"\"}],".contains(b)) {
-                3.0
-            } else if tok.is_eog(id) {
-                6.0
-            } else {
-                0.0
-            }
+            extra(&p)
+                + if !p.is_empty() && p.iter().all(|b| b"\"}],".contains(b)) {
+                    3.0
+                } else if tok.is_eog(id) {
+                    6.0
+                } else {
+                    0.0
+                }
         })
         .collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -133,6 +139,35 @@ fn json_object_is_always_an_object() {
         assert!(done, "seed {seed}: unfinished {text:?}");
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
         assert!(v.is_object(), "{text}");
+    }
+}
+
+/// A model that keeps writing digits (small ones do: `8.3333…` until `max_tokens`) still gets a whole
+/// number: as in llama.cpp's schema grammars, a number has at most [`MAX_INTEGRAL_DIGITS`] digits before its point and
+/// [`MAX_FRACTION_DIGITS`] after it, so the grammar moves on to what follows.
+#[test]
+fn numbers_end_even_when_the_model_keeps_writing_digits() {
+    let schema = json!({
+        "type": "object",
+        "properties": {"x": {"type": "number"}, "n": {"type": "integer"}, "y": {"type": ["number", "null"]},
+                       "list": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}},
+        "required": ["x", "n", "y", "list"]
+    });
+    let g = grammars().compile(&GrammarSpec::JsonSchema(schema.clone())).unwrap();
+    let digits = |p: &[u8]| if !p.is_empty() && p.iter().all(|b| b.is_ascii_digit() || *b == b'.') { 8.0 } else { 0.0 };
+    for seed in 0..10 {
+        let (tokens, done) = drive_pulled(g.clone(), seed, 400, digits);
+        let text = text_of(&tokens);
+        assert!(done, "seed {seed}: unfinished after {} tokens: {text:?}", tokens.len());
+        assert_valid(&schema, &text);
+        // The schema has no strings but its keys, so every run of digits is part of a number.
+        for number in text.split(|c: char| !(c.is_ascii_digit() || c == '.')).filter(|s| !s.is_empty()) {
+            let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+            assert!(
+                int.len() <= MAX_INTEGRAL_DIGITS as usize && frac.len() <= MAX_FRACTION_DIGITS,
+                "seed {seed}: {number} in {text}"
+            );
+        }
     }
 }
 
