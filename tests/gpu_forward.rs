@@ -484,7 +484,8 @@ fn max_row_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 /// 5e-3 there), and the float64 pass's last prompt log-probs no further than the CPU with the same KV is.
 /// qwen3 and gemma3 (heads of whole q8_0 blocks) also run with int8 KV on one GPU: the CPU's greedy
 /// tokens. (gemma2 with int8 KV parts from llama.cpp's tokens on the CPU too; its q8_0 window and
-/// soft-cap are checked kernel by kernel in tests/gpu_kernels.rs.)
+/// soft-cap are checked kernel by kernel in tests/gpu_kernels.rs.) The mixtures of experts (qwen3moe,
+/// mixtral) run attention on the GPU and their experts from host memory (`--experts auto`).
 #[test]
 fn every_family_on_gpu_stages_follows_the_cpu_and_llama_cpp() {
     let (mut report, mut failures) = (Vec::new(), Vec::new());
@@ -495,12 +496,6 @@ fn every_family_on_gpu_stages_follows_the_cpu_and_llama_cpp() {
         let exact: Vec<f64> =
             r["f64"]["logprobs_last"].as_array().expect("f64").iter().map(|x| x.as_f64().expect("f")).collect();
         let cpu = load(&file, DeviceSet::cpu(), None, None);
-        if let Some(m) = cpu.cfg.moe {
-            // The CUDA backend runs no mixture of experts yet: a GPU stage refuses the file (tested in
-            // tests/it/families.rs); its experts are the CPU's.
-            report.push(format!("{ref_stem}: {} experts, CPU only (no GPU stage runs experts yet)", m.n_expert));
-            continue;
-        }
         let (cpu_rows, cpu_tokens) = family_run(&cpu, KvType::F16, &prompt, want.len(), ctx);
         assert_eq!(cpu_tokens, want, "{ref_stem}: the cpu's greedy tokens (f16 KV)");
         let cpu_f64 = max_diff64(&common::families::log_softmax(&cpu_rows[prompt.len() - 1]), &exact);

@@ -28,7 +28,7 @@ use clap::Args;
 use strata::device::{DeviceSet, FaultSpec};
 use strata::engine::spec::{SpecConfig, SpecSetup};
 use strata::gguf::GgufFile;
-use strata::model::{KvType, LoadOptions, Model};
+use strata::model::{ExpertsPlacement, KvType, LoadOptions, Model};
 use strata::sample::defaults::SamplingDefaults;
 use strata::split;
 use strata::threadpool::ThreadPool;
@@ -213,6 +213,11 @@ pub struct PlacementArgs {
     /// Positions of KV per layer kept on the device; older pages move to the host [default: all]
     #[arg(long = "kv-resident", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_resident: Option<u32>,
+    /// Where a mixture of experts' experts live: auto (in host memory for a GPU stage; with a sim stage
+    /// while it fits), cpu (host memory, computed by the CPU; attention stays on the device), gpu (with
+    /// their stage), or cpu:A..B (the experts of layers A..B in host memory, the others with their stage)
+    #[arg(long = "experts", value_name = "WHERE", default_value = "auto", value_parser = parse_experts)]
+    pub experts: ExpertsPlacement,
     /// A fault for a GPU-like device (sim, emu, cuda), DEVICE:WHAT=N[@tokens=T] with WHAT pressure-mib,
     /// leave-free-mib (on cuda: memory really taken), fail-samples, fail-allocs or fault-context=1 (emu:
     /// a sticky context fault) (repeatable), e.g. 1:leave-free-mib=64@tokens=2048
@@ -221,6 +226,10 @@ pub struct PlacementArgs {
     /// A file of --sim-fault specs, one per line (# starts a comment)
     #[arg(long = "sim-faults", value_name = "FILE")]
     pub sim_faults: Option<PathBuf>,
+}
+
+fn parse_experts(s: &str) -> Result<ExpertsPlacement, String> {
+    ExpertsPlacement::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_fault(s: &str) -> Result<FaultSpec, String> {
@@ -250,6 +259,7 @@ impl PlacementArgs {
             batch,
             max_context,
             kv_resident: self.kv_resident.map(|n| n as usize),
+            experts: self.experts.clone(),
         })
     }
 

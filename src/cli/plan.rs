@@ -3,9 +3,9 @@
 //! It reads the configuration and the weights index only (no weight is paged in, no device memory taken)
 //! and prints, per stage, the layers, the weights, the KV cache at `--tokens` positions on the device and on
 //! the host, the scratch and staging buffers, the device's sampled free memory, the reserve and the
-//! headroom left (the figures are `strata::plan`'s), and for a mixture of experts the experts' share of
-//! each stage's weights. With `--draft-model` the draft's stages follow on
-//! its `--draft-devices`, and a device holding both models shows one headroom for the two. A configuration
+//! headroom left (the figures are `strata::plan`'s), and for a mixture of experts each stage's weights by
+//! class (shared, experts on the device, experts in host memory). With `--draft-model` the draft's stages
+//! follow on its `--draft-devices`, and a device holding both models shows one headroom for the two. A configuration
 //! that cannot load fails with the library's error (device, need, shortfall).
 
 use std::path::PathBuf;
@@ -56,7 +56,7 @@ pub fn main(a: PlanArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot plan model {}", path.display()))?;
     let draft_path = draft.as_ref().map(|(p, _)| p.as_path());
     if a.json {
-        print_json(&p, &file, draft_path, sequences);
+        print_json(&p, draft_path, sequences);
     } else {
         let window = p.kv_resident.map_or("all".to_owned(), |r| format!("{r} positions"));
         let times = if sequences > 1 { format!(" x {sequences} sequences") } else { String::new() };
@@ -105,32 +105,43 @@ fn draft_input(
     Ok(Some((dpath, DraftInput { file: Arc::new(dfile), devices })))
 }
 
-/// The bytes of the expert tensors (`ffn_*_exps`) of layers `layers`, as the file stores them: the part of
-/// a stage's weights a mixture of experts keeps (a token reads `expert_used_count` of `expert_count`).
-fn experts_bytes(file: &GgufFile, layers: (usize, usize)) -> u64 {
-    (layers.0..layers.1)
-        .flat_map(|l| {
-            ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps"]
-                .map(|t| file.tensor(&format!("blk.{l}.{t}.weight")).map_or(0, |t| t.n_bytes))
-        })
-        .sum()
-}
-
-/// For a mixture of experts, one line per stage: how much of its weights are experts.
+/// For a mixture of experts, the weights of each stage by class: the shared ones (attention, norms, the
+/// head) and the experts (router and experts) on its device, and its experts kept in host memory
+/// (`--experts`), with the host's total.
 fn print_experts(file: &GgufFile, rows: &[PlanRow]) {
     let Ok(cfg) = strata::model::ModelConfig::from_gguf(file) else { return };
     let Some(m) = cfg.moe else { return };
+    println!("weights by class ({} experts per layer, {} read per token):", m.n_expert, m.n_used);
+    let header = ["device", "layers", "shared", "experts", "experts in host memory"];
+    let mut table: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for r in rows {
-        println!(
-            "experts on {} (layers {}..{}): {} of its {} of weights ({} experts per layer, {} read per token)",
-            r.device,
-            r.layers.0,
-            r.layers.1,
-            mib(experts_bytes(file, r.layers)),
-            mib(r.weights_bytes),
-            m.n_expert,
-            m.n_used
-        );
+        table.push(vec![
+            r.device.clone(),
+            format!("{}..{}", r.layers.0, r.layers.1),
+            mib(r.weights_bytes - r.experts_bytes),
+            mib(r.experts_bytes),
+            mib(r.host_experts_bytes),
+        ]);
+    }
+    let host: u64 = rows.iter().map(|r| r.host_experts_bytes).sum();
+    table.push(vec!["host".into(), String::new(), String::new(), String::new(), mib(host)]);
+    let widths: Vec<usize> =
+        (0..header.len()).map(|c| table.iter().map(|row| row[c].len()).max().unwrap_or(0)).collect();
+    for row in &table {
+        let cells: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(
+                |(c, cell)| {
+                    if c < 2 {
+                        format!("{cell:<w$}", w = widths[c])
+                    } else {
+                        format!("{cell:>w$}", w = widths[c])
+                    }
+                },
+            )
+            .collect();
+        println!("  {}", cells.join("  ").trim_end());
     }
 }
 
@@ -210,13 +221,13 @@ fn print_table(rows: &[PlanRow]) {
     }
 }
 
-fn print_json(p: &Plan, file: &GgufFile, draft_path: Option<&std::path::Path>, sequences: usize) {
-    // The draft's stages are another file's layers: no experts figure for them.
-    let stages_of = |rows: &[PlanRow], own: bool| -> Vec<serde_json::Value> {
+fn print_json(p: &Plan, draft_path: Option<&std::path::Path>, sequences: usize) {
+    let stages_of = |rows: &[PlanRow]| -> Vec<serde_json::Value> {
         rows.iter()
             .map(|r| {
                 serde_json::json!({
-                    "experts_bytes": own.then(|| experts_bytes(file, r.layers)),
+                    "experts_bytes": r.experts_bytes,
+                    "host_experts_bytes": r.host_experts_bytes,
                     "device": r.device,
                     "layers": [r.layers.0, r.layers.1],
                     "weights_bytes": r.weights_bytes,
@@ -250,7 +261,7 @@ fn print_json(p: &Plan, file: &GgufFile, draft_path: Option<&std::path::Path>, s
         })
         .collect();
     let mut out = serde_json::json!({
-        "stages": stages_of(&p.rows, true),
+        "stages": stages_of(&p.rows),
         "devices": devices,
         "tokens": p.tokens,
         "sequences": sequences,
@@ -259,7 +270,7 @@ fn print_json(p: &Plan, file: &GgufFile, draft_path: Option<&std::path::Path>, s
         out["draft"] = serde_json::json!({
             "model": draft_path.map(|p| p.display().to_string()),
             "layers": d.layers,
-            "stages": stages_of(&d.rows, false),
+            "stages": stages_of(&d.rows),
         });
     }
     println!("{out}");

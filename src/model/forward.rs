@@ -12,7 +12,7 @@ use crate::threadpool::{SharedMut, ThreadPool};
 
 use super::acts::QuantActs;
 use super::attn::{self, AttnOpts};
-use super::gpu::GpuStage;
+use super::gpu::{GpuStage, HostSide};
 use super::kv::KvCache;
 use super::moe::{self, MoeScratch};
 use super::ops::{self, AttnShape, MatJob};
@@ -321,7 +321,7 @@ impl Model {
                     None if si == 0 && first_gathers.is_some() => {}
                     None => g.upload_x(&x)?,
                 }
-                g.run_layers_many(&self.cfg, segs)?;
+                g.run_layers_many(&self.cfg, HostSide { pool, weights: &self.weights }, segs)?;
                 if si + 1 == placement.stages.len() {
                     gpu_logits = Some(g.head(&self.cfg, span.want, want_parts)?);
                 } else if !placement.gpu.get(si + 1).is_some_and(Option::is_some) {
@@ -445,7 +445,7 @@ impl Model {
         let mut gpu_logits = None;
         for (si, stage) in placement.stages.iter().enumerate() {
             if let Some(g) = &placement.gpu[si] {
-                match self.run_gpu_stage(si, g, kv, span, embedded_on_gpu, head, x) {
+                match self.run_gpu_stage(pool, si, g, kv, span, embedded_on_gpu, head, x) {
                     Ok(logits) => gpu_logits = logits,
                     Err(e) => {
                         kv.release_unused();
@@ -473,6 +473,7 @@ impl Model {
     #[allow(clippy::too_many_arguments)]
     fn run_gpu_stage(
         &self,
+        pool: &ThreadPool,
         si: usize,
         g: &GpuStage,
         kv: &mut KvCache,
@@ -487,7 +488,7 @@ impl Model {
             None if embedded_on_gpu => {}
             None => g.upload_x(x)?,
         }
-        g.run_layers(cfg, kv, span.t_count, span.pos0)?;
+        g.run_layers(cfg, HostSide { pool, weights: &self.weights }, kv, span.t_count, span.pos0)?;
         let last = si + 1 == placement.stages.len();
         if last && head == Head::Logits {
             return Ok(Some(g.head(cfg, span.want, &[(0, span.want.len())])?));

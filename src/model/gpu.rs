@@ -7,7 +7,10 @@
 //! (the projection into scratch, normed and added to the residual stream in one launch), SwiGLU or GeGLU,
 //! each layer's RoPE (base, linear scale, attention factor) with the file's frequency factors for the
 //! sequence's context, sliding windows and score soft-caps in the attention kernels, the embeddings' scale
-//! and the final soft-cap. `supported` names what a stage refuses at load; nothing runs half-supported.
+//! and the final soft-cap. `supported` names what a stage refuses at load; nothing runs half-supported. A
+//! mixture of experts runs attention here and its experts from host memory on the CPU (`--experts`): the
+//! normed rows of a layer go down, the router and the experts run as on a CPU stage, and the sum comes up
+//! into the residual stream (`GpuFfn::HostExperts`); this backend has no expert kernels yet.
 //!
 //! Activations stay exact f32 (the CPU quantizes them to 8 bits per block, as llama.cpp does), so the GPU is
 //! the more exact of the two: on the default model its logits are within 0.02 of a float64 forward pass,
@@ -24,11 +27,14 @@ use crate::device::cuda::kernels;
 use crate::device::{Allocation, Device, DeviceError, Purpose};
 use crate::quant::GgmlType;
 
+use super::acts::QuantActs;
 use super::config::{ModelConfig, RopeKind};
 use super::family::{Family, FfnAct, SwaLayers};
 use super::forward::Segment;
 use super::kv::{KvCache, KvType};
-use super::weights::{FactorSet, QTensor, RopeFactors, Weights};
+use super::moe::{self, MoeScratch};
+use super::weights::{Experts, FactorSet, Ffn, LayerWeights, QTensor, RopeFactors, Weights};
+use crate::threadpool::ThreadPool;
 
 /// A weight matrix in GPU memory, in its on-disk format.
 struct GpuMatrix {
@@ -55,9 +61,36 @@ struct GpuLayer {
     bv: Option<Allocation>,
     wo: GpuMatrix,
     ffn_norm: Allocation,
-    w_gate: GpuMatrix,
-    w_up: GpuMatrix,
-    w_down: GpuMatrix,
+    ffn: GpuFfn,
+}
+
+/// A layer's feed-forward block on a GPU stage.
+enum GpuFfn {
+    Dense(Box<GpuDense>),
+    /// A mixture of experts kept in host memory (`--experts`): the normed rows go down, the CPU runs the
+    /// router and the experts (`moe::forward`, the CPU backend's own bits), and their sum comes back up.
+    HostExperts,
+}
+
+struct GpuDense {
+    gate: GpuMatrix, // (n_ff, n_embd)
+    up: GpuMatrix,   // (n_ff, n_embd)
+    down: GpuMatrix, // (n_embd, n_ff)
+}
+
+/// What a GPU stage's layers need from the host: the pool and the weights its host-side experts run on.
+#[derive(Clone, Copy)]
+pub struct HostSide<'a> {
+    pub pool: &'a ThreadPool,
+    pub weights: &'a Weights,
+}
+
+/// The host's buffers for a pass's host-side experts.
+#[derive(Default)]
+struct HostScratch {
+    act: QuantActs,
+    moe: MoeScratch,
+    out: Vec<f32>, // (t, n_embd)
 }
 
 /// Activations of one layer over a batch of up to `batch` tokens, f32.
@@ -118,13 +151,17 @@ pub struct GpuStage {
     batch: usize,
 }
 
-/// Bytes a GPU stage holds for the weights of `layers` (and the head on the last stage). Token embeddings
-/// are looked up on the host, so only a tied head puts the embedding matrix on a GPU.
-pub fn weight_bytes(weights: &Weights, layers: Range<usize>, last: bool) -> u64 {
+/// Bytes a GPU stage holds for the weights of `layers` (and the head on the last stage), but for the
+/// mixture-of-experts blocks `experts_on_host` keeps on the host (one flag per layer of `layers`). Token
+/// embeddings are looked up on the host, so only a tied head puts the embedding matrix on a GPU.
+pub fn weight_bytes(weights: &Weights, layers: Range<usize>, last: bool, experts_on_host: &[bool]) -> u64 {
     let mut bytes = 0u64;
-    for l in &weights.layers[layers.clone()] {
+    for (i, l) in weights.layers[layers.clone()].iter().enumerate() {
         bytes += l.matrices().iter().map(|m| m.data().len() as u64).sum::<u64>();
         bytes += l.vectors().map(|v| v.len() as u64 * 4).sum::<u64>();
+        if experts_on_host.get(i).copied().unwrap_or(false) {
+            bytes -= expert_bytes(l);
+        }
     }
     if !layers.is_empty() {
         let f = &weights.rope_factors;
@@ -136,6 +173,14 @@ pub fn weight_bytes(weights: &Weights, layers: Range<usize>, last: bool) -> u64 
         bytes += weights.output.data().len() as u64 + weights.output_norm.len() as u64 * 4;
     }
     bytes
+}
+
+/// Bytes of a layer's mixture-of-experts block as a GPU stage would hold it (as stored); 0 for a dense FFN.
+pub fn expert_bytes(l: &LayerWeights) -> u64 {
+    match &l.ffn {
+        Ffn::Dense { .. } => 0,
+        Ffn::Moe(_) => l.ffn.matrices().iter().map(|m| m.data().len() as u64).sum(),
+    }
 }
 
 /// Scratch bytes of a GPU stage for batches of up to `batch` tokens (one row of logits on the last stage).
@@ -180,13 +225,8 @@ pub fn supported(cfg: &ModelConfig) -> Result<(), String> {
     match swa {
         SwaLayers::None | SwaLayers::Pattern(_) => {}
     }
-    if let Some(m) = cfg.moe {
-        return Err(format!(
-            "{name}: the CUDA backend runs no mixture of experts yet ({} experts per layer): run this model \
-             with --devices cpu",
-            m.n_expert
-        ));
-    }
+    // A mixture of experts runs with its experts in host memory (`GpuFfn::HostExperts`); the plan refuses
+    // `--experts gpu` on a GPU stage.
     if cfg.head_dim > 256 || !cfg.head_dim.is_multiple_of(2) {
         return Err(format!(
             "{name}: the CUDA backend needs heads of at most 256 values (this model's: {})",
@@ -216,6 +256,7 @@ impl GpuStage {
         layers: Range<usize>,
         last: bool,
         batch: usize,
+        experts_on_host: &[bool],
     ) -> Result<GpuStage, DeviceError> {
         let gpu = device
             .gpu()
@@ -244,12 +285,19 @@ impl GpuStage {
             })
         };
         let mut gpu_layers = Vec::with_capacity(layers.len());
-        for l in &weights.layers[layers.clone()] {
-            // `supported` refuses a mixture of experts before a stage is made.
-            let (gate, up, down) = l.ffn.dense().ok_or_else(|| DeviceError::Unavailable {
-                device: "cuda".into(),
-                why: "the CUDA backend runs no mixture of experts yet".into(),
-            })?;
+        for (i, l) in weights.layers[layers.clone()].iter().enumerate() {
+            let ffn = match l.ffn.dense() {
+                Some((gate, up, down)) => {
+                    GpuFfn::Dense(Box::new(GpuDense { gate: matrix(gate)?, up: matrix(up)?, down: matrix(down)? }))
+                }
+                // The plan put every expert block of a GPU stage on the host, or refused.
+                None if experts_on_host.get(i).copied().unwrap_or(false) => GpuFfn::HostExperts,
+                None => {
+                    let why =
+                        format!("layer {}: a mixture of experts runs here only from host memory", layers.start + i);
+                    return Err(DeviceError::Unavailable { device: device.name(), why });
+                }
+            };
             gpu_layers.push(GpuLayer {
                 attn_norm: vector(&l.attn_norm)?,
                 q_norm: optional(&l.q_norm)?,
@@ -264,9 +312,7 @@ impl GpuStage {
                 bv: l.bv.as_deref().map(vector).transpose()?,
                 wo: matrix(&l.wo)?,
                 ffn_norm: vector(&l.ffn_norm)?,
-                w_gate: matrix(gate)?,
-                w_up: matrix(up)?,
-                w_down: matrix(down)?,
+                ffn,
             });
         }
         let f = &weights.rope_factors;
@@ -514,15 +560,27 @@ impl GpuStage {
     }
 
     /// The stage's layers over the `t` tokens in `x` at positions `pos0..`, writing their K and V into `kv`.
-    pub fn run_layers(&self, cfg: &ModelConfig, kv: &mut KvCache, t: usize, pos0: usize) -> Result<(), DeviceError> {
-        self.run_layers_many(cfg, &mut [Segment { kv, start: 0, t_count: t, pos0 }])
+    pub fn run_layers(
+        &self,
+        cfg: &ModelConfig,
+        host: HostSide<'_>,
+        kv: &mut KvCache,
+        t: usize,
+        pos0: usize,
+    ) -> Result<(), DeviceError> {
+        self.run_layers_many(cfg, host, &mut [Segment { kv, start: 0, t_count: t, pos0 }])
     }
 
     /// This stage's layers over rows of several sequences at once (`Model::forward_many`): every step but
     /// attention runs over all the rows; RoPE, the KV store and attention run per sequence, on its rows
     /// (`start..start + t_count` of the scratch) and its own cache. Each row's results are the bits it gets
     /// alone: the kernels treat a row alone, whatever rows stand beside it.
-    pub(super) fn run_layers_many(&self, cfg: &ModelConfig, segs: &mut [Segment]) -> Result<(), DeviceError> {
+    pub(super) fn run_layers_many(
+        &self,
+        cfg: &ModelConfig,
+        host: HostSide<'_>,
+        segs: &mut [Segment],
+    ) -> Result<(), DeviceError> {
         let t: usize = segs.iter().map(|s| s.t_count).sum();
         debug_assert!(t <= self.batch);
         let Some(kv_ty) = segs.first().map(|s| s.kv.ty) else {
@@ -555,6 +613,7 @@ impl GpuStage {
         // Byte offsets of a row in q / att (q_dim f32s) and in k / v (kv_dim f32s).
         let (q_row, kv_row) = ((q_dim * 4) as u64, (kv_dim * 4) as u64);
         let parts: Vec<(usize, usize)> = segs.iter().map(|s| (s.start, s.t_count)).collect();
+        let mut host_scratch = HostScratch::default();
         for (l, w) in self.layers.clone().zip(&self.weights) {
             // Attention block.
             self.rms_norm(x, &w.attn_norm, xn, t, d, cfg.rms_eps)?;
@@ -604,12 +663,54 @@ impl GpuStage {
 
             // Feed-forward block (SwiGLU or GeGLU).
             self.rms_norm(x, &w.ffn_norm, xn, t, d, cfg.rms_eps)?;
-            self.products(&w.w_gate, xn, gate, &parts, false)?;
-            self.products(&w.w_up, xn, up, &parts, false)?;
-            self.run(glu, Dims::over(t * ff, 256), &[Arg::Ptr(gate), Arg::Ptr(up), Arg::I32((t * ff) as i32)])?;
-            self.project_into_residual(&w.w_down, &w.ffn_post_norm, gate, cfg, &parts)?;
+            match &w.ffn {
+                GpuFfn::Dense(m) => {
+                    self.products(&m.gate, xn, gate, &parts, false)?;
+                    self.products(&m.up, xn, up, &parts, false)?;
+                    let args = [Arg::Ptr(gate), Arg::Ptr(up), Arg::I32((t * ff) as i32)];
+                    self.run(glu, Dims::over(t * ff, 256), &args)?;
+                    self.project_into_residual(&m.down, &w.ffn_post_norm, gate, cfg, &parts)?;
+                }
+                GpuFfn::HostExperts => {
+                    let Ffn::Moe(e) = &host.weights.layers[l].ffn else {
+                        unreachable!("HostExperts is made for a mixture of experts' layer")
+                    };
+                    self.host_experts(cfg, host.pool, e, &w.ffn_post_norm, t, &mut host_scratch)?;
+                }
+            }
         }
         Ok(())
+    }
+
+    /// A mixture of experts' block on the host: the normed rows in `xn` (t, n_embd) go down, the CPU runs
+    /// the router and the experts as the CPU backend does, and their sum comes up into `xn`, then into the
+    /// residual stream (post-normed first where the family has an FFN post-norm).
+    fn host_experts(
+        &self,
+        cfg: &ModelConfig,
+        pool: &ThreadPool,
+        e: &Experts,
+        post_norm: &Option<Allocation>,
+        t: usize,
+        hs: &mut HostScratch,
+    ) -> Result<(), DeviceError> {
+        let d = cfg.n_embd;
+        let xn_mem = self.scratch.xn.mem().expect("GPU memory");
+        let rows = xn_mem.read_f32(t * d).map_err(|e| self.err(e))?;
+        hs.out.resize(t * d, 0.0);
+        moe::forward(pool, e, cfg.family.ffn_act, &rows, d, &mut hs.act, &mut hs.moe, &mut hs.out);
+        xn_mem.write_f32(&hs.out).map_err(|e| self.err(e))?;
+        self.device.count_copy_in((t * d * 4) as u64);
+        let (x, xn) = (ptr(&self.scratch.x), ptr(&self.scratch.xn));
+        match post_norm {
+            Some(n) => self.rms_norm_add(xn, n, x, t, d, cfg.rms_eps),
+            // x += xn: a "bias" as long as the whole batch.
+            None => self.run(
+                "add_bias_f32",
+                Dims::over(t * d, 256),
+                &[Arg::Ptr(x), Arg::Ptr(xn), Arg::I32((t * d) as i32), Arg::I32((t * d) as i32)],
+            ),
+        }
     }
 
     /// `x += post_norm(input . W^T)`, or without a post-norm the product added straight into `x`. The

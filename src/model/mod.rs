@@ -33,7 +33,7 @@ pub use config::{Arch, ModelConfig, Pooling, RopeKind, RopeParams};
 pub use family::{Family, FfnAct};
 pub use forward::{Logits, SeqInput};
 pub use kv::{KvCache, KvType};
-pub use placement::{Placement, PlanOptions, StagePlan};
+pub use placement::{ExpertsPlacement, Placement, PlanOptions, StagePlan};
 pub use weights::Weights;
 
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +97,8 @@ pub struct LoadOptions {
     pub max_context: Option<usize>,
     /// `--kv-resident`: positions per layer kept on the device (None: all).
     pub kv_resident: Option<usize>,
+    /// `--experts`: where a mixture of experts' blocks live.
+    pub experts: ExpertsPlacement,
 }
 
 impl Default for LoadOptions {
@@ -108,6 +110,7 @@ impl Default for LoadOptions {
             batch: DEFAULT_BATCH,
             max_context: None,
             kv_resident: None,
+            experts: ExpertsPlacement::Auto,
         }
     }
 }
@@ -155,7 +158,11 @@ impl Model {
                     s.layers.clone(),
                     last,
                     opts.batch.max(1),
+                    &s.experts_on_host,
                 )?));
+                if s.host_experts_bytes > 0 {
+                    held.push(opts.devices.host.alloc(Purpose::Weights, s.host_experts_bytes)?);
+                }
                 continue;
             }
             gpu_stages.push(None);
@@ -170,6 +177,10 @@ impl Model {
                         s.layers.end
                     );
                 }
+            }
+            // Experts kept on the host are counted there (mapped from the file, as the host's weights are).
+            if s.host_experts_bytes > 0 && !s.device.is_host() {
+                held.push(opts.devices.host.alloc(Purpose::Weights, s.host_experts_bytes)?);
             }
             for (purpose, bytes) in [
                 (Purpose::Weights, s.weights_bytes),
@@ -209,7 +220,7 @@ impl Model {
         if opts.kv_type == KvType::Int8 && !cfg.head_dim.is_multiple_of(32) {
             return Err(ModelError::KvLayout(cfg.head_dim));
         }
-        let popts = PlanOptions { kv_type: opts.kv_type, batch: opts.batch.max(1) };
+        let popts = PlanOptions { kv_type: opts.kv_type, batch: opts.batch.max(1), experts: opts.experts.clone() };
         let stages = placement::plan(cfg, weights, &opts.devices, opts.split.as_deref(), &popts)?;
         check_kv_devices(opts.kv_type, &stages)?;
         Ok(stages)

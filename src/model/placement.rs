@@ -20,6 +20,68 @@ pub struct PlanOptions {
     pub kv_type: KvType,
     /// Tokens per forward batch the scratch is sized for.
     pub batch: usize,
+    pub experts: ExpertsPlacement,
+}
+
+/// Where a mixture of experts' blocks (router and experts: most of such a model's bytes, and few of them
+/// read per token) live on a split (`--experts`): with the rest of their stage's layer on its device, or
+/// in host memory, computed by the CPU while attention stays on the device (llama.cpp's `--n-cpu-moe`).
+/// A CPU stage's experts are on the host whatever this says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ExpertsPlacement {
+    /// On the host for a GPU stage (the CUDA backend runs experts from host memory only); with a `sim`
+    /// stage while it fits, else the experts of its first layers on the host until the rest fits.
+    #[default]
+    Auto,
+    /// Every layer's experts on the host.
+    Cpu,
+    /// Every layer's experts with their stage (refused on a GPU stage).
+    Gpu,
+    /// The experts of these layers on the host, the others with their stage.
+    CpuLayers(Range<usize>),
+}
+
+impl ExpertsPlacement {
+    /// Parses `--experts`: `auto`, `cpu`, `gpu` or `cpu:A..B` (the experts of layers A..B on the host).
+    pub fn parse(spec: &str) -> Result<ExpertsPlacement, SplitError> {
+        let bad = |why: &str| SplitError::BadExperts { spec: spec.to_owned(), why: why.to_owned() };
+        Ok(match spec.trim() {
+            "auto" => ExpertsPlacement::Auto,
+            "cpu" => ExpertsPlacement::Cpu,
+            "gpu" => ExpertsPlacement::Gpu,
+            other => {
+                let range = other.strip_prefix("cpu:").ok_or_else(|| bad("expected auto, cpu, gpu or cpu:A..B"))?;
+                let (a, b) = range.split_once("..").ok_or_else(|| bad("a layer range is A..B, e.g. cpu:0..12"))?;
+                let n =
+                    |v: &str| v.trim().parse::<usize>().map_err(|_| bad("layers are whole numbers, e.g. cpu:0..12"));
+                let (a, b) = (n(a)?, n(b)?);
+                if a >= b {
+                    return Err(bad("the range A..B is empty: A must be less than B"));
+                }
+                ExpertsPlacement::CpuLayers(a..b)
+            }
+        })
+    }
+
+    /// As `--experts` spells it.
+    pub fn spec(&self) -> String {
+        match self {
+            ExpertsPlacement::Auto => "auto".into(),
+            ExpertsPlacement::Cpu => "cpu".into(),
+            ExpertsPlacement::Gpu => "gpu".into(),
+            ExpertsPlacement::CpuLayers(r) => format!("cpu:{}..{}", r.start, r.end),
+        }
+    }
+
+    /// Whether layer `l`'s experts are asked for on the host (`Auto` decides per stage, in `plan`).
+    fn wants_host(&self, l: usize) -> Option<bool> {
+        match self {
+            ExpertsPlacement::Auto => None,
+            ExpertsPlacement::Cpu => Some(true),
+            ExpertsPlacement::Gpu => Some(false),
+            ExpertsPlacement::CpuLayers(r) => Some(r.contains(&l)),
+        }
+    }
 }
 
 /// One stage: a device, its layers, and what it needs there.
@@ -37,6 +99,12 @@ pub struct StagePlan {
     /// pages, one more for alignment).
     pub swa_kv_bytes_per_token: u64,
     pub swa_kept_tokens: usize,
+    /// A mixture of experts' blocks of this stage's layers: the bytes on its device (part of
+    /// `weights_bytes`), the bytes kept in host memory (not part of it), and per layer of `layers` whether
+    /// its block is on the host ([`ExpertsPlacement`]). 0, 0 and all false for a dense model.
+    pub experts_bytes: u64,
+    pub host_experts_bytes: u64,
+    pub experts_on_host: Vec<bool>,
 }
 
 impl StagePlan {
@@ -113,19 +181,38 @@ pub fn plan(
             let swa_layers = layers.clone().filter(|&l| cfg.window(l).is_some()).count();
             let swa_kept_tokens =
                 cfg.swa_window.map_or(0, |w| ((w + SWA_MARGIN_TOKENS).div_ceil(KV_PAGE_TOKENS) + 1) * KV_PAGE_TOKENS);
-            if devs[s].kind.is_gpu() {
+            let device = &devs[s];
+            let mut experts_on_host = vec![false; layers.len()];
+            let moe_layers = || layers.clone().filter(|&l| weights.layers[l].expert_bytes() > 0);
+            if device.kind.is_gpu() {
                 // The CUDA backend's own layout (see model::gpu): weights as stored, f32 scratch; hidden
-                // states pass through host memory.
-                return StagePlan {
-                    device: devs[s].clone(),
+                // states pass through host memory. Its experts run from the host.
+                for l in moe_layers() {
+                    if !opts.experts.wants_host(l).unwrap_or(true) {
+                        let spec = opts.experts.spec();
+                        return Err(SplitError::ExpertsOnGpu { spec, layer: l, device: device.name() });
+                    }
+                    experts_on_host[l - layers.start] = true;
+                }
+                let experts_bytes = |on_host: bool| -> u64 {
+                    moe_layers()
+                        .filter(|&l| experts_on_host[l - layers.start] == on_host)
+                        .map(|l| gpu::expert_bytes(&weights.layers[l]))
+                        .sum()
+                };
+                return Ok(StagePlan {
+                    device: device.clone(),
                     kv_bytes_per_token: 2 * row_bytes * layers.len() as u64,
                     swa_kv_bytes_per_token: 2 * row_bytes * swa_layers as u64,
                     swa_kept_tokens,
-                    weights_bytes: gpu::weight_bytes(weights, layers.clone(), last),
+                    weights_bytes: gpu::weight_bytes(weights, layers.clone(), last, &experts_on_host),
                     scratch_bytes: gpu::scratch_bytes(cfg, opts.batch, last),
                     staging_bytes: 0,
+                    experts_bytes: experts_bytes(false),
+                    host_experts_bytes: experts_bytes(true),
+                    experts_on_host,
                     layers,
-                };
+                });
             }
             let mut weights_bytes: u64 = weights.layers[layers.clone()].iter().map(|l| l.device_bytes()).sum();
             if first && !weights.tied_output {
@@ -136,18 +223,40 @@ pub fn plan(
             }
             // Hidden states arrive from the previous stage; a tied head's embedding rows from the last.
             let staging_bytes = if !first || (weights.tied_output && n_stages > 1) { hidden_bytes } else { 0 };
-            StagePlan {
-                device: devs[s].clone(),
+            let scratch_bytes = scratch_bytes(cfg, opts.batch, 1, last);
+            let all_experts: u64 = moe_layers().map(|l| weights.layers[l].expert_bytes()).sum();
+            let mut host_experts_bytes = 0;
+            if !device.is_host() {
+                let free = free[s];
+                let fits = |weights_bytes: u64| {
+                    free >= (weights_bytes + scratch_bytes + staging_bytes).saturating_add(device.reserve_bytes)
+                };
+                for l in moe_layers() {
+                    // Auto: the first layers' experts move to the host until the rest fits.
+                    let on_host = opts.experts.wants_host(l).unwrap_or_else(|| !fits(weights_bytes));
+                    if on_host {
+                        experts_on_host[l - layers.start] = true;
+                        let e = weights.layers[l].expert_bytes();
+                        weights_bytes -= e;
+                        host_experts_bytes += e;
+                    }
+                }
+            }
+            Ok(StagePlan {
+                device: device.clone(),
                 kv_bytes_per_token: 2 * row_bytes * layers.len() as u64,
                 swa_kv_bytes_per_token: 2 * row_bytes * swa_layers as u64,
                 swa_kept_tokens,
                 layers,
                 weights_bytes,
-                scratch_bytes: scratch_bytes(cfg, opts.batch, 1, last),
+                scratch_bytes,
                 staging_bytes,
-            }
+                experts_bytes: all_experts - host_experts_bytes,
+                host_experts_bytes,
+                experts_on_host,
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>, SplitError>>()?;
     Ok(stages)
 }
 

@@ -243,6 +243,15 @@ impl LayerWeights {
         self.matrices().iter().map(|m| m.device_bytes()).sum::<u64>()
             + self.vectors().map(|v| v.len() as u64 * 4).sum::<u64>()
     }
+
+    /// The part of [`LayerWeights::device_bytes`] that is a mixture of experts' block (its router and
+    /// every expert's matrices: what `--experts` places); 0 for a dense FFN.
+    pub fn expert_bytes(&self) -> u64 {
+        match &self.ffn {
+            Ffn::Dense { .. } => 0,
+            Ffn::Moe(_) => self.ffn.matrices().iter().map(|m| m.device_bytes()).sum(),
+        }
+    }
 }
 
 pub struct Weights {

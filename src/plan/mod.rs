@@ -38,6 +38,13 @@ pub struct PlanRow {
     pub layers: (usize, usize),
     #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub weights_bytes: u64,
+    /// A mixture of experts' blocks of this stage's layers (router and experts): the part of
+    /// `weights_bytes` on the device, and the bytes kept in host memory instead (`--experts`, not part of
+    /// `weights_bytes`). Both 0 for a dense model.
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub experts_bytes: u64,
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub host_experts_bytes: u64,
     #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub kv_bytes_per_token: u64,
     #[cfg_attr(feature = "ts", ts(type = "number"))]
@@ -293,6 +300,8 @@ fn row(s: &StagePlan, tokens: usize, resident: Option<usize>, sequences: u64) ->
         host: s.device.is_host(),
         layers: (s.layers.start, s.layers.end),
         weights_bytes: s.weights_bytes,
+        experts_bytes: s.experts_bytes,
+        host_experts_bytes: s.host_experts_bytes,
         kv_bytes_per_token: s.kv_bytes_per_token,
         kv_device_bytes,
         kv_host_bytes: s.kv_host_bytes(tokens, resident).saturating_mul(sequences),

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceSet;
 use crate::gguf::GgufFile;
-use crate::model::{KvType, LoadOptions, Model, ModelError, DEFAULT_BATCH};
+use crate::model::{ExpertsPlacement, KvType, LoadOptions, Model, ModelError, DEFAULT_BATCH};
 use crate::split::{self, SplitError};
 
 use super::draft::{self, DraftInput, DraftVocabError};
@@ -390,6 +390,8 @@ impl EngineSettings {
             batch: DEFAULT_BATCH,
             max_context: self.max_context.map(|c| c as usize),
             kv_resident: self.kv_resident.map(|n| n as usize),
+            // The app's settings have no experts field yet: a mixture of experts is placed as `auto`.
+            experts: ExpertsPlacement::Auto,
         })
     }
 

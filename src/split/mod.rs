@@ -35,6 +35,14 @@ pub enum SplitError {
         reserve_bytes: u64,
         shortfall_bytes: u64,
     },
+    /// `--experts` puts a mixture's experts on a GPU stage, whose backend runs them only from the host.
+    #[error(
+        "--experts {spec} puts the experts of layer {layer} on {device}, but the CUDA backend runs a mixture's \
+         experts only from host memory: use --experts auto or cpu (attention stays on the GPU)"
+    )]
+    ExpertsOnGpu { spec: String, layer: usize, device: String },
+    #[error("bad --experts {spec:?}: {why}")]
+    BadExperts { spec: String, why: String },
     #[error(transparent)]
     Device(#[from] DeviceError),
 }

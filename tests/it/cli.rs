@@ -481,35 +481,60 @@ fn help_lists_plan_devices_and_the_placement_flags() {
     let out = stdout(&strata(&["--help"]));
     assert!(out.contains("plan") && out.contains("devices"), "{out}");
     let out = stdout(&strata(&["run", "--help"]));
-    for flag in ["--devices", "--layer-split", "--vram-reserve-mib", "--kv-resident", "--sim-fault", "--sim-faults"] {
+    for flag in [
+        "--devices",
+        "--layer-split",
+        "--vram-reserve-mib",
+        "--kv-resident",
+        "--experts",
+        "--sim-fault",
+        "--sim-faults",
+    ] {
         assert!(out.contains(flag), "run --help lacks {flag}");
     }
 }
 
-/// A mixture of experts' plan says how much of each stage's weights are experts: their tensors' bytes in
-/// the file, per layer range (0 for a dense model).
+/// A mixture of experts' plan shows each stage's weights by class: its experts on the device (at least
+/// their tensors' bytes in the file, less than the stage's weights) or, with `--experts cpu` or a layer
+/// range, in host memory, the stage's weights smaller by exactly what moved (0 for a dense model).
 #[test]
-fn plan_of_a_mixture_of_experts_shows_the_experts_share_per_stage() {
+fn plan_of_a_mixture_of_experts_shows_the_weights_per_device_per_class() {
     let moe = common::families::file("qwen3moe.gguf");
     let file = strata::gguf::GgufFile::open(&moe).expect("fixture");
-    let experts_in = |layers: std::ops::Range<usize>| -> u64 {
-        layers
-            .flat_map(|l| ["gate", "up", "down"].map(|t| format!("blk.{l}.ffn_{t}_exps.weight")))
-            .map(|n| file.tensor(&n).expect("an expert tensor").n_bytes)
+    let experts_in = |layer: usize| -> u64 {
+        ["gate", "up", "down"]
+            .map(|t| file.tensor(&format!("blk.{layer}.ffn_{t}_exps.weight")).expect("an expert tensor").n_bytes)
+            .iter()
             .sum()
     };
-    let args = ["plan", "-m", moe.to_str().unwrap(), "--devices", "sim:64,sim:64", "--layer-split", "1", "--json"];
-    let v = json_of(&strata(&args));
-    let stages = v["stages"].as_array().expect("stages");
-    for (s, layers) in stages.iter().zip([0..1, 1..2]) {
-        assert_eq!(u(&s["experts_bytes"]), experts_in(layers), "{s}");
-        assert!(u(&s["experts_bytes"]) > 0 && u(&s["experts_bytes"]) < u(&s["weights_bytes"]), "{s}");
+    let plan = |experts: &str, json: bool| {
+        let mut args = vec!["plan", "-m", moe.to_str().unwrap(), "--devices", "sim:64,sim:64", "--layer-split", "1"];
+        args.extend(["--experts", experts]);
+        if json {
+            args.push("--json");
+        }
+        strata(&args)
+    };
+    let on_device = json_of(&plan("gpu", true));
+    let stages = |v: &serde_json::Value| v["stages"].as_array().expect("stages").clone();
+    for (l, s) in stages(&on_device).iter().enumerate() {
+        assert!(u(&s["experts_bytes"]) >= experts_in(l) && u(&s["experts_bytes"]) < u(&s["weights_bytes"]), "{s}");
+        assert_eq!(u(&s["host_experts_bytes"]), 0, "{s}");
     }
-    let text =
-        stdout(&strata(&["plan", "-m", moe.to_str().unwrap(), "--devices", "sim:64,sim:64", "--layer-split", "1"]));
-    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("experts on ")).collect();
-    assert_eq!(lines.len(), 2, "{text}");
-    assert!(lines.iter().all(|l| l.ends_with("(8 experts per layer, 2 read per token)")), "{text}");
+    let ranged = json_of(&plan("cpu:1..2", true));
+    for (l, (a, b)) in stages(&on_device).iter().zip(&stages(&ranged)).enumerate() {
+        let moved = if l == 1 { u(&a["experts_bytes"]) } else { 0 };
+        assert_eq!(u(&b["host_experts_bytes"]), moved, "layer {l}: {b}");
+        assert_eq!(u(&b["weights_bytes"]), u(&a["weights_bytes"]) - moved, "layer {l}: {b}");
+    }
+    let text = stdout(&plan("cpu", false));
+    let at = text.find("weights by class (8 experts per layer, 2 read per token):").unwrap_or_else(|| panic!("{text}"));
+    let table: Vec<&str> = text[at..].lines().skip(1).take(4).collect();
+    assert!(table[0].contains("shared") && table[0].contains("experts in host memory"), "{text}");
+    assert!(table[1].contains("sim:64") && table[1].contains(" 0.0 MiB"), "{text}");
+    assert!(table[3].trim_start().starts_with("host"), "{text}");
+    let e = stderr(&strata(&["plan", "-m", moe.to_str().unwrap(), "--experts", "cpu:3"]));
+    assert!(e.contains("--experts") && e.contains("cpu:0..12"), "{e}");
     let dense = json_of(&strata(&["plan", "--json"]));
     assert_eq!(dense["stages"][0]["experts_bytes"], 0, "{dense}");
 }

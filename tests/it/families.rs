@@ -3,12 +3,14 @@
 //! and the first step's log-probs, and the bit-identity promises (batch, chunking, threads) per family.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde_json::Value;
 
 use crate::common::families::{self, floats, ids, log_softmax, reference, FIXTURES};
-use strata::device::{DeviceKind, DeviceSet};
-use strata::model::{FfnAct, KvType, LoadOptions, Model, SeqInput};
+use strata::device::{DeviceKind, DeviceSet, Purpose};
+use strata::gguf::GgufFile;
+use strata::model::{ExpertsPlacement, FfnAct, KvType, LoadOptions, Model, SeqInput};
 use strata::threadpool::ThreadPool;
 
 fn load(stem: &str) -> Model {
@@ -243,17 +245,66 @@ fn sequences_read_together_on_an_emulated_gpu_give_each_the_logits_it_has_alone(
     }
 }
 
-/// A mixture of experts runs on the CPU (and sim devices) only for now: a GPU stage refuses the file at
-/// load, naming why, instead of computing it half-supported.
+/// `--experts` on a split: a GPU stage keeps its experts in host memory (`auto`, `cpu`) and refuses
+/// `gpu` naming the layer and the way out; a sim stage holds them or not as asked, and `auto` moves the
+/// first layers' experts to the host only when the stage would not fit. Every device's ledger holds what
+/// the plan says: a stage's weights without its host experts, the host those experts.
 #[test]
-fn a_gpu_stage_refuses_a_mixture_of_experts_naming_it() {
-    let devices = DeviceSet::from_kinds(&[DeviceKind::Emu { capacity_bytes: 64 << 20 }], 0).expect("devices");
-    let opts = LoadOptions { devices, ..Default::default() };
-    let err = match Model::load_with(&families::file("qwen3moe.gguf"), &opts) {
-        Ok(_) => panic!("a GPU stage ran experts"),
+fn experts_live_where_the_placement_says_and_the_ledgers_hold_them_there() {
+    let path = families::file("qwen3moe.gguf");
+    let file = Arc::new(GgufFile::open(&path).expect("fixture"));
+    let emu = DeviceKind::Emu { capacity_bytes: 64 << 20 };
+    let sim = |mib: u64| DeviceKind::Sim { capacity_bytes: mib << 20 };
+    let opts = |kinds: &[DeviceKind], experts: ExpertsPlacement| LoadOptions {
+        devices: DeviceSet::from_kinds(kinds, 0).expect("devices"),
+        split: (kinds.len() == 2).then(|| vec![1]),
+        experts,
+        ..Default::default()
+    };
+
+    let err = match Model::from_file_with(file.clone(), &opts(&[emu], ExpertsPlacement::Gpu)) {
+        Ok(_) => panic!("a GPU stage took its experts"),
         Err(e) => e.to_string(),
     };
-    assert!(err.contains("mixture of experts"), "{err}");
+    assert!(err.contains("--experts gpu") && err.contains("layer 0") && err.contains("--experts auto or cpu"), "{err}");
+
+    // (devices, --experts, whether each stage's experts are on the host)
+    let cases = [
+        (vec![emu], ExpertsPlacement::Auto, vec![true]),
+        (vec![sim(64), emu], ExpertsPlacement::Auto, vec![false, true]),
+        (vec![sim(64), sim(64)], ExpertsPlacement::Auto, vec![false, false]),
+        (vec![sim(64), sim(64)], ExpertsPlacement::Cpu, vec![true, true]),
+        (vec![sim(64), sim(64)], ExpertsPlacement::parse("cpu:1..2").unwrap(), vec![false, true]),
+        (vec![DeviceKind::Cpu, sim(64)], ExpertsPlacement::Cpu, vec![false, true]),
+    ];
+    for (kinds, experts, on_host) in cases {
+        let o = opts(&kinds, experts.clone());
+        let (_, stages) = Model::plan(&file, &o).expect("plan");
+        let model = Model::from_file_with(file.clone(), &o).expect("loads");
+        let case = format!("{kinds:?} --experts {}", experts.spec());
+        let mut host_experts = 0;
+        for (s, &host) in stages.iter().zip(&on_host) {
+            assert!(s.experts_on_host.iter().all(|&h| h == host), "{case}: {:?}", s.experts_on_host);
+            assert!((s.host_experts_bytes > 0) == host && (s.experts_bytes > 0) != host, "{case}");
+            if !s.device.is_host() {
+                assert_eq!(s.device.usage().bytes(Purpose::Weights), s.weights_bytes, "{case}: {}", s.device.name());
+            }
+            host_experts += s.host_experts_bytes;
+        }
+        let host = &model.placement.devices.host;
+        let host_stage: u64 = stages.iter().filter(|s| s.device.is_host()).map(|s| s.weights_bytes).sum();
+        assert_eq!(host.usage().bytes(Purpose::Weights), host_stage + host_experts, "{case}: the host");
+    }
+
+    // Auto on a sim card too small for both layers' experts: the first layer's go to the host; on one
+    // just large enough, none.
+    let (_, full) = Model::plan(&file, &opts(&[sim(64)], ExpertsPlacement::Gpu)).expect("plan");
+    let (need, half) = (full[0].load_bytes(), full[0].experts_bytes / 2);
+    for (capacity_bytes, want) in [(need - half / 2, vec![true, false]), (need, vec![false, false])] {
+        let o = opts(&[DeviceKind::Sim { capacity_bytes }], ExpertsPlacement::Auto);
+        let (_, stages) = Model::plan(&file, &o).expect("plan");
+        assert_eq!(stages[0].experts_on_host, want, "a card of {capacity_bytes} B for a load of {need} B");
+    }
 }
 
 /// The real Gemma 3 270M Q4_K_M (scripts/fetch-gemma) against llama.cpp (tests/data/families/

@@ -102,6 +102,7 @@ fn check(cfg: Config, ops: Vec<Op>) -> Result<(), TestCaseError> {
         batch: 64,
         max_context: Some(MAX_TOKENS),
         kv_resident: cfg.kv_resident,
+        ..Default::default()
     };
     let (_, plan) = Model::plan(&file, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let reserve = cfg.reserve_pages * page_bytes;

@@ -83,6 +83,8 @@ export function row(over: Partial<PlanRow> = {}): PlanRow {
     host: false,
     layers: [0, 15],
     weights_bytes: 40 * MIB,
+    experts_bytes: 0,
+    host_experts_bytes: 0,
     kv_bytes_per_token: 23040,
     kv_device_bytes: 20 * MIB,
     kv_host_bytes: 0,

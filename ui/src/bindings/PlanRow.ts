@@ -7,7 +7,13 @@ export type PlanRow = { device: string, index: number, host: boolean,
 /**
  * [start, end) of the layers on this device.
  */
-layers: [number, number], weights_bytes: number, kv_bytes_per_token: number, kv_device_bytes: number, kv_host_bytes: number, scratch_bytes: number, staging_bytes: number, 
+layers: [number, number], weights_bytes: number, 
+/**
+ * A mixture of experts' blocks of this stage's layers (router and experts): the part of
+ * `weights_bytes` on the device, and the bytes kept in host memory instead (`--experts`, not part of
+ * `weights_bytes`). Both 0 for a dense model.
+ */
+experts_bytes: number, host_experts_bytes: number, kv_bytes_per_token: number, kv_device_bytes: number, kv_host_bytes: number, scratch_bytes: number, staging_bytes: number, 
 /**
  * Load (weights, scratch, staging) plus the KV on the device.
  */
