@@ -448,6 +448,7 @@ fn settings_of(a: &ServeArgs, path: &std::path::Path) -> EngineSettings {
             (None, _) => Speculative::Off,
         },
         draft_max: spec.draft_max,
+        experts: p.experts.spec(),
         draft_min: spec.draft_min,
         // Checked when the draft loaded (a list that does not parse never gets this far).
         draft_devices: spec

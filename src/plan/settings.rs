@@ -43,6 +43,10 @@ pub enum Speculative {
     Draft { model_path: String },
 }
 
+fn default_experts() -> String {
+    "auto".into()
+}
+
 fn default_draft_max() -> u32 {
     16
 }
@@ -199,6 +203,10 @@ pub struct EngineSettings {
     /// `--draft-devices`: the draft model's devices as indices into `devices` (empty: the first).
     #[serde(default)]
     pub draft_devices: Vec<usize>,
+    /// `--experts`: where a mixture of experts' experts live: `auto`, `cpu`, `gpu` or `cpu:A..B`
+    /// (settings stored before it existed read as `auto`).
+    #[serde(default = "default_experts")]
+    pub experts: String,
 }
 
 impl Default for EngineSettings {
@@ -220,6 +228,7 @@ impl Default for EngineSettings {
             draft_max: default_draft_max(),
             draft_min: default_draft_min(),
             draft_devices: Vec::new(),
+            experts: default_experts(),
         }
     }
 }
@@ -262,6 +271,7 @@ impl EngineSettings {
         if self.kv_resident == Some(0) {
             return Err(FieldError::new("kv_resident", "keep at least 1 position resident, or leave it empty for all"));
         }
+        ExpertsPlacement::parse(&self.experts).map_err(|e| FieldError::new("experts", e.to_string()))?;
         if self.max_context == Some(0) {
             return Err(FieldError::new("max_context", "the context holds at least 1 position"));
         }
@@ -390,8 +400,7 @@ impl EngineSettings {
             batch: DEFAULT_BATCH,
             max_context: self.max_context.map(|c| c as usize),
             kv_resident: self.kv_resident.map(|n| n as usize),
-            // The app's settings have no experts field yet: a mixture of experts is placed as `auto`.
-            experts: ExpertsPlacement::Auto,
+            experts: ExpertsPlacement::parse(&self.experts).map_err(|e| FieldError::new("experts", e.to_string()))?,
         })
     }
 
@@ -453,6 +462,9 @@ impl EngineSettings {
         f.extend(["--kv".into(), self.kv.to_string()]);
         if let Some(n) = self.kv_resident {
             f.extend(["--kv-resident".into(), n.to_string()]);
+        }
+        if self.experts.trim() != "auto" {
+            f.extend(["--experts".into(), self.experts.trim().to_owned()]);
         }
         if let Some(c) = self.max_context {
             f.extend(["--max-context".into(), c.to_string()]);

@@ -37,6 +37,7 @@ export function settings(over: Partial<EngineSettings> = {}): EngineSettings {
     draft_max: 16,
     draft_min: 1,
     draft_devices: [],
+    experts: "auto",
     ...over,
   };
 }

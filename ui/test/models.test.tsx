@@ -2,7 +2,7 @@
 // loads; Load streams progress; a file that is not GGUF shows the backend's message as is; a plan that
 // does not fit names the device and the shortfall; in a browser the served model is shown and why
 // loading is for the desktop app. A plan with a draft model shows the draft's stages after the model's.
-import { fireEvent, render, screen, waitFor } from "@testing-library/preact";
+import { cleanup, fireEvent, render, screen, waitFor } from "@testing-library/preact";
 import { describe, expect, it } from "vitest";
 import { App } from "../src/app";
 import { ModelsView } from "../src/views/models/ModelsView";
@@ -119,6 +119,17 @@ describe("ModelsView", () => {
     expect((await screen.findByTestId("drop-note")).textContent).toBe("Dropping a model file works only in the desktop app.");
     expect(screen.getByRole("tab", { name: "Models" }).getAttribute("aria-selected")).toBe("true");
     expect(t.inspectModel).not.toHaveBeenCalled();
+  });
+
+  it("shows a mixture of experts' experts on each device and in host RAM, and nothing of experts for a dense model", () => {
+    const r0 = row({ weights_bytes: 300 * MIB, experts_bytes: 260 * MIB });
+    const r1 = row({ device: "sim:400", index: 1, layers: [15, 30], weights_bytes: 40 * MIB, host_experts_bytes: 260 * MIB });
+    render(<PlanTable plan={plan([r0, r1])} />);
+    const experts = screen.getAllByTestId("plan-experts").map((e) => e.textContent);
+    expect(experts).toEqual([" (experts 260 MiB; in host RAM 0 B)", " (experts 0 B; in host RAM 260 MiB)"]);
+    cleanup();
+    render(<PlanTable plan={plan([row()])} />);
+    expect(screen.queryByTestId("plan-experts")).toBeNull();
   });
 
   it("shows a draft model's stages after the model's, with their device's one headroom", () => {

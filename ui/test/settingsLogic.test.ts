@@ -118,6 +118,17 @@ describe("settings form", () => {
     expect(formFromSettings(old as ReturnType<typeof settings>).parallel).toBe("");
   });
 
+  it("round-trips where a mixture's experts live; empty is auto; the backend's error lands on the field", () => {
+    const s = settings({ experts: "cpu:0..12" });
+    const f = formFromSettings(s);
+    expect(f.experts).toBe("cpu:0..12");
+    expect(settingsFromForm(f)).toEqual({ ok: true, settings: s });
+    expect(settingsFromForm({ ...f, experts: "  " })).toEqual({ ok: true, settings: settings({ experts: "auto" }) });
+    expect(fieldOf("settings.experts")).toBe("experts");
+    const { experts: _, ...old } = settings();
+    expect(formFromSettings(old as ReturnType<typeof settings>).experts).toBe("auto");
+  });
+
   it("round-trips the drafting settings, devices as a list", () => {
     const s = settings({ speculative: { kind: "draft", model_path: "/m/d.gguf" }, draft_max: 8, draft_min: 2, draft_devices: [1, 0] });
     const f = formFromSettings(s);

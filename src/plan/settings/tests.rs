@@ -12,6 +12,8 @@ fn each_field_is_named_in_its_error() {
         (EngineSettings { layer_split: "x".into(), ..ok.clone() }, "layer_split"),
         (EngineSettings { devices: "cpu,emu:64".into(), kv: KvType::F32, ..ok.clone() }, "kv"),
         (EngineSettings { kv_resident: Some(0), ..ok.clone() }, "kv_resident"),
+        (EngineSettings { experts: "cpu:3".into(), ..ok.clone() }, "experts"),
+        (EngineSettings { experts: "host".into(), ..ok.clone() }, "experts"),
         (EngineSettings { max_context: Some(0), ..ok.clone() }, "max_context"),
         (EngineSettings { vram_reserve_mib: MAX_MIB + 1, ..ok.clone() }, "vram_reserve_mib"),
         (EngineSettings { devices: "sim:200".into(), vram_reserve_mib: 200, ..ok.clone() }, "vram_reserve_mib"),
@@ -186,6 +188,10 @@ fn flags_say_what_the_settings_say() {
     };
     let f = s.serve_flags().join(" ");
     assert!(!f.contains("--parallel"), "None is the server's default: {f}");
+    assert!(!f.contains("--experts"), "auto is the server's default: {f}");
+    let experts = EngineSettings { experts: "cpu:0..12".into(), ..s.clone() };
+    assert!(experts.serve_flags().join(" ").contains(" --kv int8 --experts cpu:0..12 "), "{:?}", experts.serve_flags());
+    assert_eq!(experts.load_options().map(|o| o.experts), Ok(ExpertsPlacement::CpuLayers(0..12)));
     assert_eq!(
         f,
         "--devices sim:200,sim:400 --layer-split 15 --kv int8 --max-context 4096 --vram-reserve-mib 0 \

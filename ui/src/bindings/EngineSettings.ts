@@ -41,4 +41,9 @@ draft_min: number,
 /**
  * `--draft-devices`: the draft model's devices as indices into `devices` (empty: the first).
  */
-draft_devices: Array<number>, };
+draft_devices: Array<number>, 
+/**
+ * `--experts`: where a mixture of experts' experts live: `auto`, `cpu`, `gpu` or `cpu:A..B`
+ * (settings stored before it existed read as `auto`).
+ */
+experts: string, };

@@ -42,6 +42,8 @@ export interface SettingsForm {
   draft_min: string;
   /** Indices into the devices, e.g. "1" or "0,1"; empty: the first device. */
   draft_devices: string;
+  /** `--experts`: auto, cpu, gpu or cpu:A..B; empty: auto. */
+  experts: string;
 }
 
 /** The form's fields that can carry an error message. */
@@ -80,6 +82,8 @@ export function formFromSettings(s: EngineSettings): SettingsForm {
     draft_max: String(s.draft_max),
     draft_min: String(s.draft_min),
     draft_devices: s.draft_devices.join(","),
+    // A server from before the field sends none: its default.
+    experts: s.experts ?? "auto",
   };
 }
 
@@ -218,6 +222,7 @@ export function settingsFromForm(f: SettingsForm): Parsed {
     draft_max: drafting ? whole(f.draft_max, "draft_max", errors, "Most drafts") : kept(f.draft_max, 16),
     draft_min: drafting ? whole(f.draft_min, "draft_min", errors, "Fewest drafts") : kept(f.draft_min, 1),
     draft_devices: indices(f.draft_devices, "draft_devices", draftModel ? errors : null),
+    experts: f.experts.trim() || "auto",
   };
   if (f.engine_kind === "remote" && settings.engine.kind === "remote") {
     if (settings.engine.url === "") errors.engine_url = "A remote engine needs its URL (e.g. https://gpu-box:8000/v1)";
@@ -249,6 +254,7 @@ const SERVER_FIELDS: Record<string, FieldName> = {
   draft_max: "draft_max",
   draft_min: "draft_min",
   draft_devices: "draft_devices",
+  experts: "experts",
 };
 
 /** The form field a backend error names ("layer_split", "settings.engine.url", ...); null when none. */

@@ -1,4 +1,5 @@
-// A plan shown per device: layers, weights, KV (on the device and on the host), scratch and staging, the
+// A plan shown per device: layers, weights (for a mixture of experts, the experts' part on the device and
+// the experts kept in host RAM, `--experts`), KV (on the device and on the host), scratch and staging, the
 // total against what is free, the reserve, the headroom, and whether it fits; with the sentence that says
 // why it does not when it does not. A draft model's stages follow the model's, marked "draft"; the headroom
 // and fit of a device holding both are the two models' together.
@@ -17,7 +18,15 @@ function Row({ r, draft }: { r: PlanRow; draft: boolean }) {
       <td>
         {r.layers[0]}–{r.layers[1]}
       </td>
-      <td>{bytesText(r.weights_bytes)}</td>
+      <td>
+        {bytesText(r.weights_bytes)}
+        {r.experts_bytes + r.host_experts_bytes > 0 && (
+          <span class="plan-experts" data-testid="plan-experts">
+            {" "}
+            (experts {bytesText(r.experts_bytes)}; in host RAM {bytesText(r.host_experts_bytes)})
+          </span>
+        )}
+      </td>
       <td>
         {bytesText(r.kv_device_bytes)} / {bytesText(r.kv_host_bytes)}
       </td>

@@ -255,6 +255,14 @@ export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps
           hint="Tokens of KV kept on the device; older ones move to the host. Empty: all."
         />
         <Field
+          name="experts"
+          label="Experts"
+          value={form.experts}
+          onInput={(v) => set({ experts: v })}
+          error={errors.experts}
+          hint="A mixture of experts: auto, cpu (host RAM; attention stays on the GPU), gpu, or cpu:0..12."
+        />
+        <Field
           name="max_context"
           label="Max context (tokens)"
           inputMode="numeric"
