@@ -160,6 +160,8 @@ fn load_draft(engine: &EngineArgs, target: &Loaded) -> anyhow::Result<Arc<Model>
     let mut opts = engine.load_options()?;
     opts.devices = devices;
     opts.split = None;
+    // `--experts` names the target's layers; the draft places its own experts as `auto`.
+    opts.experts = ExpertsPlacement::Auto;
     let file = GgufFile::open(&path).with_context(|| format!("cannot load draft model {}", path.display()))?;
     let file = Arc::new(file);
     let tokenizer = Tokenizer::from_gguf(&file)

@@ -122,9 +122,14 @@ fn close_object(map: &mut serde_json::Map<String, Value>) {
     }
 }
 
-/// Bounds the digits of a `number` or `integer` schema that sets no bound of its own (see
-/// [`MAX_FRACTION_DIGITS`]). The output still validates against the schema as the request sent it.
+/// Bounds the digits of a `number` or `integer` schema (see [`MAX_FRACTION_DIGITS`]) where its own
+/// bounds leave them open, and never so as to exclude a value its own bounds, `const` or `enum` name. The
+/// output still validates against the schema as the request sent it.
 fn bound_number(map: &mut serde_json::Map<String, Value>) {
+    // A constant or a list of values is already bounded, and may hold a number past the bounds.
+    if map.contains_key("const") || map.contains_key("enum") {
+        return;
+    }
     let is = |t: &str| match map.get("type") {
         Some(Value::String(s)) => s == t,
         Some(Value::Array(list)) => list.iter().any(|v| v == t),
@@ -135,13 +140,21 @@ fn bound_number(map: &mut serde_json::Map<String, Value>) {
         return;
     }
     let limit = 10i64.pow(MAX_INTEGRAL_DIGITS) - 1;
-    if !map.contains_key("minimum") && !map.contains_key("exclusiveMinimum") {
+    let bound = |keys: [&str; 2]| keys.iter().filter_map(|k| map.get(*k).and_then(Value::as_f64)).next();
+    let (low, high) = (bound(["minimum", "exclusiveMinimum"]), bound(["maximum", "exclusiveMaximum"]));
+    // A bound the schema sets is kept; the other side is bounded only where that leaves room (a schema
+    // whose minimum is past the limit keeps its open maximum).
+    if low.is_none() && high.is_none_or(|h| h >= -(limit as f64)) {
         map.insert("minimum".into(), json!(-limit));
     }
-    if !map.contains_key("maximum") && !map.contains_key("exclusiveMaximum") {
+    if high.is_none() && low.is_none_or(|l| l <= limit as f64) {
         map.insert("maximum".into(), json!(limit));
     }
-    if number && !integer && !map.contains_key("multipleOf") {
+    // The fraction too, unless a bound of the schema's own needs more digits than that.
+    let scale = 10f64.powi(MAX_FRACTION_DIGITS as i32);
+    let whole_at_scale = |v: f64| ((v * scale).round() - v * scale).abs() <= (v * scale).abs() * 1e-12 + 1e-6;
+    let bounds_fit = low.into_iter().chain(high).all(|v| v.abs() < limit as f64 && whole_at_scale(v));
+    if number && !integer && bounds_fit && !map.contains_key("multipleOf") {
         map.insert("multipleOf".into(), json!(10f64.powi(-(MAX_FRACTION_DIGITS as i32))));
     }
 }

@@ -20,7 +20,7 @@
 //! is exactly what `strata plan` predicts ([`weight_bytes`], [`scratch_bytes`]).
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::device::cuda::gpu::{launch, Arg, Dims, Gpu, GpuError};
 use crate::device::cuda::kernels;
@@ -34,6 +34,7 @@ use super::forward::Segment;
 use super::kv::{KvCache, KvType};
 use super::moe::{self, MoeScratch};
 use super::weights::{Experts, FactorSet, Ffn, LayerWeights, QTensor, RopeFactors, Weights};
+use crate::sync::LockUnpoisoned;
 use crate::threadpool::ThreadPool;
 
 /// A weight matrix in GPU memory, in its on-disk format.
@@ -148,6 +149,8 @@ pub struct GpuStage {
     embed_scale: Option<f32>,
     head: Option<Head>,
     scratch: Scratch,
+    /// The host's buffers for host-side experts, kept between passes.
+    host_scratch: Mutex<HostScratch>,
     batch: usize,
 }
 
@@ -358,6 +361,7 @@ impl GpuStage {
             embed_scale,
             head,
             scratch,
+            host_scratch: Mutex::new(HostScratch::default()),
             batch,
         })
     }
@@ -613,7 +617,7 @@ impl GpuStage {
         // Byte offsets of a row in q / att (q_dim f32s) and in k / v (kv_dim f32s).
         let (q_row, kv_row) = ((q_dim * 4) as u64, (kv_dim * 4) as u64);
         let parts: Vec<(usize, usize)> = segs.iter().map(|s| (s.start, s.t_count)).collect();
-        let mut host_scratch = HostScratch::default();
+        let mut host_scratch = self.host_scratch.lock_unpoisoned();
         for (l, w) in self.layers.clone().zip(&self.weights) {
             // Attention block.
             self.rms_norm(x, &w.attn_norm, xn, t, d, cfg.rms_eps)?;

@@ -169,6 +169,12 @@ pub fn plan(
     let devs = &devices.devices;
     let free: Vec<u64> = devs.iter().map(|d| d.sample_free().unwrap_or_else(|_| d.total_bytes())).collect();
     let ranges = stage_layers(cfg.n_layer, devs, points, &free)?;
+    if let ExpertsPlacement::CpuLayers(r) = &opts.experts {
+        if r.end > cfg.n_layer {
+            let why = format!("the model has {} layers (0..{})", cfg.n_layer, cfg.n_layer);
+            return Err(SplitError::BadExperts { spec: opts.experts.spec(), why });
+        }
+    }
     let n_stages = ranges.len();
     let row_bytes = opts.kv_type.row_bytes(cfg.kv_dim()) as u64;
     let hidden_bytes = (opts.batch * cfg.n_embd * 4) as u64;

@@ -187,7 +187,13 @@ pub fn plan_with_draft(
     let mut draft_plan = match draft {
         None => None,
         Some(d) => {
-            let dopts = LoadOptions { devices: d.devices.clone(), split: None, ..opts.clone() };
+            // `--experts` names the target's layers; the draft places its own experts as `auto`.
+            let dopts = LoadOptions {
+                devices: d.devices.clone(),
+                split: None,
+                experts: crate::model::ExpertsPlacement::Auto,
+                ..opts.clone()
+            };
             let (dcfg, dstages) = Model::plan(&d.file, &dopts).map_err(PlanError::Draft)?;
             let drows = dstages.iter().map(|s| row(s, tokens, resident, sequences as u64)).collect();
             Some(DraftPlan { layers: dcfg.n_layer, rows: drows })

@@ -535,6 +535,8 @@ fn plan_of_a_mixture_of_experts_shows_the_weights_per_device_per_class() {
     assert!(table[3].trim_start().starts_with("host"), "{text}");
     let e = stderr(&strata(&["plan", "-m", moe.to_str().unwrap(), "--experts", "cpu:3"]));
     assert!(e.contains("--experts") && e.contains("cpu:0..12"), "{e}");
+    let e = stderr(&strata(&["plan", "-m", moe.to_str().unwrap(), "--experts", "cpu:0..99"]));
+    assert!(e.contains("bad --experts \"cpu:0..99\": the model has 2 layers (0..2)"), "{e}");
     let dense = json_of(&strata(&["plan", "--json"]));
     assert_eq!(dense["stages"][0]["experts_bytes"], 0, "{dense}");
 }

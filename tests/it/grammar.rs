@@ -171,6 +171,29 @@ fn numbers_end_even_when_the_model_keeps_writing_digits() {
     }
 }
 
+/// The digit bounds never make a schema's own values impossible: a minimum past them, a constant or an
+/// enum of long numbers, bounds finer than nine decimals all still compile and give valid output.
+#[test]
+fn schemas_past_the_number_bounds_keep_their_own_values() {
+    for schema in [
+        json!({"type": "integer", "minimum": 1e16}),
+        json!({"type": "integer", "maximum": -1e17}),
+        json!({"const": 12345678901234567u64}),
+        json!({"type": "number", "enum": [1.0000000000001, 2.5]}),
+        json!({"type": "number", "minimum": 1e-12, "maximum": 2e-12}),
+        json!({"type": "number", "minimum": 0, "maximum": 5}),
+    ] {
+        let g =
+            grammars().compile(&GrammarSpec::JsonSchema(schema.clone())).unwrap_or_else(|e| panic!("{schema}: {e}"));
+        for seed in 0..3 {
+            let (tokens, done) = drive(g.clone(), seed, 400);
+            let text = text_of(&tokens);
+            assert!(done, "{schema}, seed {seed}: unfinished {text:?}");
+            assert_valid(&schema, &text);
+        }
+    }
+}
+
 /// A JSON schema within the subset the grammar engine supports: scalars with bounds, enums, constants,
 /// patterns, objects with required and optional properties, arrays with length bounds, anyOf.
 fn schema() -> impl Strategy<Value = Value> {
