@@ -125,24 +125,7 @@ fn print_experts(file: &GgufFile, rows: &[PlanRow]) {
     }
     let host: u64 = rows.iter().map(|r| r.host_experts_bytes).sum();
     table.push(vec!["host".into(), String::new(), String::new(), String::new(), mib(host)]);
-    let widths: Vec<usize> =
-        (0..header.len()).map(|c| table.iter().map(|row| row[c].len()).max().unwrap_or(0)).collect();
-    for row in &table {
-        let cells: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(
-                |(c, cell)| {
-                    if c < 2 {
-                        format!("{cell:<w$}", w = widths[c])
-                    } else {
-                        format!("{cell:>w$}", w = widths[c])
-                    }
-                },
-            )
-            .collect();
-        println!("  {}", cells.join("  ").trim_end());
-    }
+    print_aligned(&table, "  ");
 }
 
 /// One line per device holding stages of both models: their total against what is free, one headroom.
@@ -157,6 +140,29 @@ fn print_shared(p: &Plan) {
             mib(d.reserve_bytes),
             d.headroom_bytes.map_or("unknown".to_owned(), mib_i),
         );
+    }
+}
+
+/// Prints `table` (its header first) in columns, after `indent`: the device and layers columns to the
+/// left, the figures to the right.
+fn print_aligned(table: &[Vec<String>], indent: &str) {
+    let columns = table.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns).map(|c| table.iter().map(|row| row[c].len()).max().unwrap_or(0)).collect();
+    for row in table {
+        let cells: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(
+                |(c, cell)| {
+                    if c < 2 {
+                        format!("{cell:<w$}", w = widths[c])
+                    } else {
+                        format!("{cell:>w$}", w = widths[c])
+                    }
+                },
+            )
+            .collect();
+        println!("{indent}{}", cells.join("  ").trim_end());
     }
 }
 
@@ -197,24 +203,7 @@ fn print_table(rows: &[PlanRow]) {
             r.headroom_bytes.map_or("unknown".to_owned(), mib_i),
         ]);
     }
-    let widths: Vec<usize> =
-        (0..header.len()).map(|c| table.iter().map(|row| row[c].len()).max().unwrap_or(0)).collect();
-    for row in &table {
-        let cells: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(
-                |(c, cell)| {
-                    if c < 2 {
-                        format!("{cell:<w$}", w = widths[c])
-                    } else {
-                        format!("{cell:>w$}", w = widths[c])
-                    }
-                },
-            )
-            .collect();
-        println!("{}", cells.join("  ").trim_end());
-    }
+    print_aligned(&table, "");
     let host_kv: u64 = rows.iter().map(|r| r.kv_host_bytes).sum();
     if host_kv > 0 {
         println!("host: {} of KV out of the resident window", mib(host_kv));
