@@ -20,7 +20,7 @@ fn main() {
     println!("simd path: {:?}, {threads} thread(s)", strata::quant::simd_level());
     let kv_dim = SHAPE.n_head_kv * SHAPE.head_dim;
     let q_dim = SHAPE.n_head * SHAPE.head_dim;
-    let opts = AttnOpts { scale: 0.125, softcap: None, window: None };
+    let opts = AttnOpts { scale: 0.125, softcap: None, window: None, sinks: None };
     let value = |i: usize| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0;
     let only = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
     for (name, n, t) in [("pp512", 512usize, 512usize), ("tg@64", 64, 1), ("tg@4096", 4096, 1)] {

@@ -177,8 +177,8 @@ fn norms_rope_glus_caps_and_adds_match_the_cpu() {
     let (n_head, n_head_kv, head_dim, rope_dims, pos0, base) = (3, 2, 64, 32, 1000, 10000.0f32);
     let factors: Vec<f32> = (0..rope_dims / 2).map(|i| 1.0 + 0.37 * i as f32).collect();
     let fb = upload_f32(&gpu, &factors);
-    let plain = strata::model::RopeParams { base, freq_scale: 1.0, mscale: 1.0 };
-    let scaled = strata::model::RopeParams { base: 500000.0, freq_scale: 0.25, mscale: 1.2247449 };
+    let plain = strata::model::RopeParams { base, freq_scale: 1.0, mscale: 1.0, yarn: None };
+    let scaled = strata::model::RopeParams { base: 500000.0, freq_scale: 0.25, mscale: 1.2247449, yarn: None };
     for (kind, neox) in [(RopeKind::Norm, 0), (RopeKind::Neox, 1)] {
         for (rope, with_factors) in [(plain, false), (scaled, true)] {
             let q = randn(&mut rng, t * n_head * head_dim, 1.0);

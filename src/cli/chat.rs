@@ -17,7 +17,7 @@ use strata::model::ModelError;
 use strata::sample::defaults::SamplingDefaults;
 use strata::sample::SamplerConfig;
 use strata::threadpool::ThreadPool;
-use strata::tokenizer::reasoning::{ReasoningSplitter, Split};
+use strata::tokenizer::reasoning::{ReasoningSplitter, ReplyFormat, Split};
 use strata::tokenizer::turns::{encode_chat, tokens_of_text, ReplyTokens};
 use strata::tokenizer::{ChatMessage, ChatTemplate};
 
@@ -145,15 +145,15 @@ impl Chat<'_> {
             return Ok(());
         }
         self.history.push(ChatMessage::new("user", user));
-        let (prompt, opens_think) =
+        let (prompt, format) =
             match encode_chat(&self.template, &self.loaded.tokenizer, &self.history, |t| self.replies.get(t)) {
-                Ok(p) => (p.tokens, p.opens_think),
+                Ok(p) => (p.tokens, p.format),
                 Err(e) => {
                     self.history.pop();
                     return Err(e.into());
                 }
             };
-        match self.generate(&prompt, opens_think) {
+        match self.generate(&prompt, format) {
             Ok(g) => self.keep_reply(g),
             Err(e) => self.failed_turn(e)?,
         }
@@ -161,9 +161,9 @@ impl Chat<'_> {
     }
 
     /// Generates the reply to `prompt`, its text streamed as it comes: the reasoning to standard error, the
-    /// answer to standard output (`opens_think`: the prompt opened the block, so the reply starts in it).
-    fn generate(&mut self, prompt: &[u32], opens_think: bool) -> Result<Generation, EngineError> {
-        let mut printer = ReplyPrinter::new(opens_think);
+    /// answer to standard output (`format`: a `<think>` block, opened by the prompt or not, or harmony).
+    fn generate(&mut self, prompt: &[u32], format: ReplyFormat) -> Result<Generation, EngineError> {
+        let mut printer = ReplyPrinter::new(format);
         let g = {
             let mut show = TextOnly(|t: &str| printer.piece(t));
             let req = Request::new(prompt, &self.params).drafting(self.drafter.as_mut());
@@ -213,9 +213,9 @@ struct ReplyPrinter {
 }
 
 impl ReplyPrinter {
-    fn new(opens_think: bool) -> ReplyPrinter {
+    fn new(format: ReplyFormat) -> ReplyPrinter {
         ReplyPrinter {
-            split: ReasoningSplitter::new(opens_think),
+            split: ReasoningSplitter::new(format),
             dim: std::io::stderr().is_terminal(),
             reasoning_open: false,
         }

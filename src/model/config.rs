@@ -2,7 +2,7 @@
 
 use crate::gguf::{GgufFile, GgufValue};
 
-use super::family::{self, Family, SwaLayers};
+use super::family::{self, Family, Gating, SwaLayers};
 use super::ModelError;
 
 pub use super::family::Arch;
@@ -24,6 +24,37 @@ pub struct RopeParams {
     pub freq_scale: f32,
     /// Multiplies the cosines and sines (LongRoPE's attention factor; 1 otherwise).
     pub mscale: f32,
+    /// YaRN's blend of interpolated and extrapolated angles, when `rope.scaling.type` is yarn.
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN (gpt-oss's RoPE scaling), as ggml computes it with `ext_factor` 1: pair `i` turns by
+/// `interp * (1 - r) + extrap * r` where `extrap` is the unscaled angle, `interp = freq_scale * extrap`, and
+/// the ramp `r = 1 - clamp((i - low) / max(0.001, high - low), 0, 1)` keeps the fast pairs unscaled; the
+/// cosines and sines are also multiplied by `1 + 0.1 ln(1 / freq_scale)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// The correction dimensions (ggml's `corr_dims`): pairs below `low` keep their angle, past `high` are
+    /// interpolated.
+    pub low: f32,
+    pub high: f32,
+}
+
+/// YaRN's defaults for the fast and slow rotation counts (llama.cpp reads no key for them).
+const YARN_BETA_FAST: f32 = 32.0;
+const YARN_BETA_SLOW: f32 = 1.0;
+
+impl Yarn {
+    /// The correction dimensions of a RoPE with `rope_dims` rotated dimensions and base `base`, trained at
+    /// `orig_ctx` positions before the extension (ggml's `ggml_rope_yarn_corr_dims`).
+    pub fn new(rope_dims: usize, orig_ctx: usize, base: f32) -> Yarn {
+        let dim = |n_rot: f32| {
+            rope_dims as f32 * (orig_ctx as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln())
+        };
+        let low = dim(YARN_BETA_FAST).floor().max(0.0);
+        let high = dim(YARN_BETA_SLOW).ceil().min(rope_dims as f32 - 1.0);
+        Yarn { low, high }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -88,6 +119,8 @@ pub struct MoeConfig {
     pub norm_weights: bool,
     /// Multiplies the weights after the normalization (`expert_weights_scale`; 1 when absent or 0).
     pub weights_scale: f32,
+    /// How the scores become the picked experts' weights (the family's).
+    pub gating: Gating,
 }
 
 /// How one embedding vector is made of a sequence's output-normed hidden states, as the file's
@@ -160,10 +193,19 @@ impl ModelConfig {
         let n_tokens = tokenizer_len(file)?;
         let n_vocab = keys.n_vocab(n_tokens)?;
         let rope_kind = family.rope_kind;
-        let freq_scale = keys.rope_freq_scale()?;
+        let (freq_scale, yarn) = keys.rope_freq_scale()?;
         // LongRoPE's attention factor scales the cosines and sines (llama.cpp applies the key to any family).
-        let mscale = keys.opt_f("rope.scaling.attn_factor", 1.0)?;
-        let rope = RopeParams { base: rope_base, freq_scale, mscale };
+        let mut mscale = keys.opt_f("rope.scaling.attn_factor", 1.0)?;
+        if yarn {
+            // llama.cpp's YaRN attention factor, divided by the `1 + 0.1 ln(factor)` the rope kernel then
+            // multiplies back in (`rope_table`): for a factor above 1 the product is that term.
+            let factor = 1.0 / freq_scale;
+            let get_mscale = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
+            mscale *= get_mscale * (1.0 / (1.0 + 0.1 * factor.ln()));
+        }
+        let n_ctx_orig = keys.opt_u("rope.scaling.original_context_length")?.unwrap_or(n_ctx_train);
+        let yarn_of = |base: f32| yarn.then(|| Yarn::new(rope_dims, n_ctx_orig, base));
+        let rope = RopeParams { base: rope_base, freq_scale, mscale, yarn: yarn_of(rope_base) };
         let rope_swa_base = match family.swa_rope_base {
             Some(b) => keys.opt_f("rope.freq_base_swa", b)?,
             None => keys.opt_f("rope.freq_base_swa", rope_base)?,
@@ -171,8 +213,8 @@ impl ModelConfig {
         // llama.cpp's sliding-window layers keep an unscaled RoPE unless the family says otherwise
         // (gemma2 takes the global one's scale).
         let swa_scale = if family.swa_rope_base.is_none() { freq_scale } else { 1.0 };
-        let rope_swa = RopeParams { base: rope_swa_base, freq_scale: swa_scale, mscale };
-        let rope_orig_ctx = keys.opt_u("rope.scaling.original_context_length")?.unwrap_or(n_ctx_train);
+        let rope_swa = RopeParams { base: rope_swa_base, freq_scale: swa_scale, mscale, yarn: yarn_of(rope_swa_base) };
+        let rope_orig_ctx = n_ctx_orig;
         let (swa_window, swa_layers) = keys.sliding_window(family, n_layer)?;
         let attn_scale = match family.scale_by_embd_at_layers {
             Some(n) if n == n_layer => 1.0 / ((n_embd / n_head) as f32).sqrt(),
@@ -451,7 +493,9 @@ impl Keys<'_> {
         }
         let scale = self.opt_f0("expert_weights_scale")?;
         let weights_scale = if scale == 0.0 { 1.0 } else { scale };
-        Ok(Some(MoeConfig { n_expert, n_used, n_ff_exp, norm_weights: true, weights_scale }))
+        // gpt-oss's softmax over the picked scores already sums to one; llama.cpp does not renormalize it.
+        let norm_weights = family.gating == Gating::Softmax;
+        Ok(Some(MoeConfig { n_expert, n_used, n_ff_exp, norm_weights, weights_scale, gating: family.gating }))
     }
 
     /// An optional positive, finite number; `default` when absent.
@@ -481,21 +525,30 @@ impl Keys<'_> {
         }
     }
 
-    /// The linear position scale, `1 / rope.scaling.factor` (or the older `rope.scale_linear`); RoPE
-    /// scalings Strata does not compute (YaRN) are refused by name.
-    fn rope_freq_scale(&self) -> Result<f32, ModelError> {
+    /// The position scale, `1 / rope.scaling.factor` (or the older `rope.scale_linear`), and whether it is
+    /// YaRN's (`rope.scaling.type` yarn); RoPE scalings Strata does not compute are refused by name.
+    fn rope_freq_scale(&self) -> Result<(f32, bool), ModelError> {
         let key = self.key("rope.scaling.type");
+        let mut yarn = false;
         if let Some(v) = self.file.get(&key) {
             let ty = v.as_str().ok_or_else(|| wrong_type(&key, v, "a string"))?;
-            if !matches!(ty, "none" | "linear" | "longrope") {
-                return Err(ModelError::BadValue { key, value: format!("{ty:?} (supported: none, linear, longrope)") });
+            if !matches!(ty, "none" | "linear" | "longrope" | "yarn") {
+                return Err(ModelError::BadValue {
+                    key,
+                    value: format!("{ty:?} (supported: none, linear, longrope, yarn)"),
+                });
             }
+            if ty == "none" {
+                // llama.cpp never scales positions when the type says none.
+                return Ok((1.0, false));
+            }
+            yarn = ty == "yarn";
         }
         let factor = match self.file.get(&self.key("rope.scaling.factor")) {
             Some(_) => self.opt_f0("rope.scaling.factor")?,
             None => self.opt_f0("rope.scale_linear")?,
         };
-        Ok(if factor == 0.0 { 1.0 } else { 1.0 / factor })
+        Ok((if factor == 0.0 { 1.0 } else { 1.0 / factor }, yarn))
     }
 
     /// An optional finite number >= 0; 0 when absent.

@@ -19,6 +19,7 @@ pub enum Arch {
     Gemma2,
     Gemma3,
     Phi3,
+    GptOss,
 }
 
 /// The FFN's gate activation: `act(gate(x)) * up(x)`.
@@ -28,6 +29,19 @@ pub enum FfnAct {
     Silu,
     /// GELU with the tanh approximation (GeGLU), as Gemma's `gelu_pytorch_tanh`.
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: `g' = min(g, 7)`, `u' = clamp(u, -7, 7)`, `g' * sigmoid(1.702 g') * (u' + 1)`
+    /// (llama.cpp's `swiglu_oai`).
+    SwigluOai,
+}
+
+/// How a mixture's router turns scores into the picked experts' weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// A softmax over every expert, the `n_used` most probable picked with their probabilities
+    /// (renormalized over the picked ones: qwen3moe, Mixtral).
+    Softmax,
+    /// The `n_used` highest scores picked, their weights a softmax over those scores alone (gpt-oss).
+    SoftmaxOfPicked,
 }
 
 /// Whether a family's FFN may be a mixture of experts (`config::MoeConfig`).
@@ -73,6 +87,13 @@ pub struct Family {
     pub fused_gate_up: bool,
     pub swa: SwaLayers,
     pub experts: Experts,
+    /// How the router weighs the picked experts (a mixture of experts only).
+    pub gating: Gating,
+    /// Each head's learned sink (`attn_sinks`, [n_head]): a score that joins every query's softmax with a
+    /// value of zero, so a head can attend to nothing (gpt-oss).
+    pub attn_sinks: bool,
+    /// The tensor of the norm before the FFN: `ffn_norm`, or gpt-oss's `post_attention_norm`.
+    pub ffn_norm: &'static str,
     /// Default attention soft-cap (`attn_logit_softcapping`): scores become `c * tanh(s / c)`.
     pub attn_softcap: Option<f32>,
     /// Default final soft-cap (`final_logit_softcapping`) on the logits.
@@ -152,6 +173,20 @@ pub static FAMILIES: &[Family] = &[
         features: "fused qkv and gate/up, NeoX RoPE, LongRoPE",
         ..LLAMA
     },
+    Family {
+        arch: Arch::GptOss,
+        name: "gpt-oss",
+        rope_kind: RopeKind::Neox,
+        ffn_act: FfnAct::SwigluOai,
+        swa: SwaLayers::Pattern(2),
+        experts: Experts::Always,
+        gating: Gating::SoftmaxOfPicked,
+        attn_sinks: true,
+        ffn_norm: "post_attention_norm",
+        features: "mixture of experts (top-k, softmax of the picked, biases, clamped SwiGLU), attention sinks, \
+                   sliding window (every other layer), YaRN RoPE",
+        ..LLAMA
+    },
 ];
 
 /// The llama family, which the others differ from.
@@ -167,6 +202,9 @@ const LLAMA: Family = Family {
     fused_gate_up: false,
     swa: SwaLayers::None,
     experts: Experts::Never,
+    gating: Gating::Softmax,
+    attn_sinks: false,
+    ffn_norm: "ffn_norm",
     attn_softcap: None,
     final_softcap: None,
     swa_rope_base: None,

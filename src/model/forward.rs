@@ -601,7 +601,12 @@ impl Model {
                 seg.kv.write(l, seg.pos0 + t - seg.start, k, v);
             }
         }
-        let opts = AttnOpts { scale: cfg.attn_scale, softcap: cfg.attn_softcap, window: cfg.window(l) };
+        let opts = AttnOpts {
+            scale: cfg.attn_scale,
+            softcap: cfg.attn_softcap,
+            window: cfg.window(l),
+            sinks: lw.sinks.as_deref(),
+        };
         let seqs: Vec<attn::SeqRows> = segs
             .iter()
             .map(|g| attn::SeqRows { kv: &*g.kv, rows: g.start..g.start + g.t_count, pos0: g.pos0 })
@@ -610,7 +615,7 @@ impl Model {
         drop(attention);
         let products = profile::time(Part::AttnProducts);
         s.act.quantize(pool, lw.wo.ty, &s.att, q_dim);
-        ops::matmul(pool, &[MatJob { w: &lw.wo, bias: None, out: SharedMut::new(&mut s.proj) }], &s.act);
+        ops::matmul(pool, &[MatJob { w: &lw.wo, bias: lw.bo.as_deref(), out: SharedMut::new(&mut s.proj) }], &s.act);
         drop(products);
         if let Some((gate, up, _)) = lw.ffn.dense() {
             ops::prefetch_products(pool, &[gate, up], t_count);
@@ -627,6 +632,7 @@ impl Model {
             Ffn::Dense { gate, up, down } => ops::gated_ffn(
                 pool,
                 (gate, up, down),
+                [None; 3],
                 cfg.family.ffn_act,
                 &s.xn,
                 d,

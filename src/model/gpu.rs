@@ -216,6 +216,9 @@ pub fn supported(cfg: &ModelConfig) -> Result<(), String> {
         fused_gate_up: _,           // the same
         swa,                        // below
         experts: _,                 // cfg.moe below
+        gating: _,                  // the host's moe::route (experts in host memory)
+        attn_sinks,                 // below
+        ffn_norm: _,                // a tensor name: the loader reads it
         attn_softcap: _,            // the attention kernels' softcap
         final_softcap: _,           // softcap_f32 in the head
         swa_rope_base: _,           // each layer's RopeParams
@@ -224,6 +227,14 @@ pub fn supported(cfg: &ModelConfig) -> Result<(), String> {
     } = cfg.family;
     match ffn_act {
         FfnAct::Silu | FfnAct::GeluTanh => {}
+        // Only a mixture's experts use it, and they run on the host; the sinks and YaRN below refuse it first.
+        FfnAct::SwigluOai => {}
+    }
+    if *attn_sinks || cfg.rope.yarn.is_some() {
+        return Err(format!(
+            "{name}: the CUDA backend has no attention sinks or YaRN RoPE yet, which this model uses: run its \
+             layers on the CPU (--devices cpu)"
+        ));
     }
     match swa {
         SwaLayers::None | SwaLayers::Pattern(_) => {}
@@ -268,6 +279,10 @@ impl GpuStage {
         // What the kernels assume: heads of at most 256 values (attention keeps up to 8 per lane) and rows of
         // whole 32-value chunks; and a family whose every feature has its kernels.
         supported(cfg).map_err(|why| DeviceError::Unavailable { device: device.name(), why })?;
+        if let Some(l) = layers.clone().find(|&l| weights.layers[l].bo.is_some()) {
+            let why = format!("layer {l} has an attention output bias, which the CUDA backend does not add yet");
+            return Err(DeviceError::Unavailable { device: device.name(), why });
+        }
         let upload = |purpose: Purpose, bytes: &[u8]| -> Result<Allocation, DeviceError> {
             let a = device.alloc(purpose, bytes.len() as u64)?;
             a.mem().expect("GPU allocations have memory").write_at(0, bytes).map_err(|e| gpu_err(device, e))?;
@@ -609,6 +624,10 @@ impl GpuStage {
         let glu = match cfg.family.ffn_act {
             FfnAct::Silu => "swiglu_f32",
             FfnAct::GeluTanh => "geglu_f32",
+            FfnAct::SwigluOai => {
+                let why = "the clamped SwiGLU of gpt-oss runs only on the host".to_owned();
+                return Err(DeviceError::Unavailable { device: self.device.name(), why });
+            }
         };
         let hd = cfg.head_dim;
         let (store, attend) =

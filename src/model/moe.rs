@@ -1,6 +1,7 @@
-//! A mixture-of-experts feed-forward block over a batch (qwen3moe, Mixtral): the router's scores, the
-//! softmax and the top-k pick of each token (`route`), then every expert's gated FFN over the tokens that
-//! picked it, and each token's weighted sum of its experts' outputs.
+//! A mixture-of-experts feed-forward block over a batch (qwen3moe, Mixtral, gpt-oss): the router's scores,
+//! the top-k pick of each token and its weights (`route`: a softmax over every expert, or over the picked
+//! scores), then every expert's gated FFN over the tokens that picked it (with the expert's biases where the
+//! file has them), and each token's weighted sum of its experts' outputs.
 //!
 //! Bit-identity across batch sizes holds as for the dense block: an expert's products give each of its
 //! tokens the bits that token gets alone (the kernels are batch-invariant, `ops`), and each token sums its
@@ -12,7 +13,7 @@ use crate::threadpool::{SharedMut, ThreadPool};
 
 use super::acts::QuantActs;
 use super::config::MoeConfig;
-use super::family::FfnAct;
+use super::family::{FfnAct, Gating};
 use super::ops::{self, MatJob};
 use super::weights::{Experts, QTensor};
 
@@ -27,11 +28,15 @@ pub struct Pick {
 const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
 
 /// The picks of each token from its router scores (`logits`: (t_count, n_expert)), `n_used` per token,
-/// best first: `out` gets (t_count * n_used) picks. Softmax over all experts (max-subtracted, the sum in
-/// f64), the `n_used` most probable (ties: the lower index first), their probabilities divided by their
-/// sum when `norm_weights` (the sum clamped below as llama.cpp does), then scaled by `weights_scale`.
-/// A NaN score counts as the least probable.
+/// best first: `out` gets (t_count * n_used) picks. With `Gating::Softmax`: softmax over all experts
+/// (max-subtracted, the sum in f64), the `n_used` most probable (ties: the lower index first), their
+/// probabilities divided by their sum when `norm_weights` (the sum clamped below as llama.cpp does), then
+/// scaled by `weights_scale`. With `Gating::SoftmaxOfPicked`: the `n_used` highest scores, weighted by a
+/// softmax over those scores alone. A NaN score counts as the least probable.
 pub fn route(logits: &[f32], m: &MoeConfig, out: &mut Vec<Pick>) {
+    if m.gating == Gating::SoftmaxOfPicked {
+        return route_softmax_of_picked(logits, m, out);
+    }
     let n = m.n_expert;
     out.clear();
     let mut probs = vec![0f32; n];
@@ -61,6 +66,37 @@ pub fn route(logits: &[f32], m: &MoeConfig, out: &mut Vec<Pick>) {
                 w *= m.weights_scale;
             }
             out.push(Pick { expert: e, weight: w });
+        }
+    }
+}
+
+/// `route` for `Gating::SoftmaxOfPicked` (gpt-oss): the `n_used` highest scores (ties: the lower index;
+/// NaN last), their weights `e^(s - max) / sum` over the picked scores, scaled by `weights_scale`.
+fn route_softmax_of_picked(logits: &[f32], m: &MoeConfig, out: &mut Vec<Pick>) {
+    let n = m.n_expert;
+    out.clear();
+    let mut order: Vec<usize> = Vec::with_capacity(n);
+    let key = |x: f32| if x.is_nan() { f32::NEG_INFINITY } else { x };
+    for row in logits.chunks_exact(n) {
+        order.clear();
+        order.extend(0..n);
+        // Stable: equal scores keep the lower index first.
+        order.sort_by(|&a, &b| key(row[b]).total_cmp(&key(row[a])));
+        let picked = &order[..m.n_used];
+        let max = key(row[picked[0]]);
+        let mut sum = 0f64;
+        let first = out.len();
+        for &e in picked {
+            let w = if max == f32::NEG_INFINITY { 1.0 } else { (key(row[e]) - max).exp() };
+            sum += w as f64;
+            out.push(Pick { expert: e, weight: w });
+        }
+        let inv = (1.0 / sum) as f32;
+        for p in &mut out[first..] {
+            p.weight *= inv;
+            if m.weights_scale != 1.0 {
+                p.weight *= m.weights_scale;
+            }
         }
     }
 }
@@ -98,7 +134,8 @@ pub fn forward(
     let k = m.n_used;
     s.logits.resize(t_count * m.n_expert, 0.0);
     act.quantize(pool, e.router.ty, xn, d);
-    ops::matmul(pool, &[MatJob { w: &e.router, bias: None, out: SharedMut::new(&mut s.logits) }], act);
+    let router_bias = e.biases.as_ref().map(|b| &b.router[..]);
+    ops::matmul(pool, &[MatJob { w: &e.router, bias: router_bias, out: SharedMut::new(&mut s.logits) }], act);
     route(&s.logits, m, &mut s.picks);
     s.outs.resize(t_count * k * d, 0.0);
     if t_count == 1 && same_types(e, &s.picks) {
@@ -151,9 +188,10 @@ fn one_token(
             .iter()
             .zip(gates.zip(ups))
             .flat_map(|(p, (g, u))| {
+                let [gb, ub, _] = e.biases_of(p.expert);
                 [
-                    MatJob { w: &e.gate[p.expert], bias: None, out: SharedMut::new(g) },
-                    MatJob { w: &e.up[p.expert], bias: None, out: SharedMut::new(u) },
+                    MatJob { w: &e.gate[p.expert], bias: gb, out: SharedMut::new(g) },
+                    MatJob { w: &e.up[p.expert], bias: ub, out: SharedMut::new(u) },
                 ]
             })
             .collect();
@@ -169,7 +207,8 @@ fn one_token(
         }
         act.quantize(pool, down.ty, &s.gate[rank * ff..(rank + 1) * ff], ff);
         let out = &mut s.outs[rank * d..(rank + 1) * d];
-        ops::matmul(pool, &[MatJob { w: down, bias: None, out: SharedMut::new(out) }], act);
+        let [_, _, db] = e.biases_of(p.expert);
+        ops::matmul(pool, &[MatJob { w: down, bias: db, out: SharedMut::new(out) }], act);
         out.iter_mut().for_each(|x| *x *= p.weight);
     }
 }
@@ -205,7 +244,8 @@ fn by_expert(
         s.up.resize(n * ff, 0.0);
         s.down.resize(n * d, 0.0);
         let mats = (&e.gate[ex], &e.up[ex], &e.down[ex]);
-        ops::gated_ffn(pool, mats, act_fn, &s.rows, d, act, (&mut s.gate, &mut s.up), &mut s.down);
+        let biases = e.biases_of(ex);
+        ops::gated_ffn(pool, mats, biases, act_fn, &s.rows, d, act, (&mut s.gate, &mut s.up), &mut s.down);
         for (row, &(t, rank)) in s.down.chunks_exact(d).zip(&s.slots) {
             let w = s.picks[t * k + rank].weight;
             let at = (t * k + rank) * d;
@@ -222,7 +262,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn cfg(n_expert: usize, n_used: usize) -> MoeConfig {
-        MoeConfig { n_expert, n_used, n_ff_exp: 8, norm_weights: true, weights_scale: 1.0 }
+        MoeConfig { n_expert, n_used, n_ff_exp: 8, norm_weights: true, weights_scale: 1.0, gating: Gating::Softmax }
     }
 
     /// The pick as llama.cpp's graph computes it, written plainly: softmax, a stable descending sort of the

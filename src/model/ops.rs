@@ -37,7 +37,8 @@ pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
 }
 
 /// Cos/sin of every rotated pair at one position: `(cos, sin)` for `rope_dims / 2` pairs, pair `i` at
-/// angle `freq_scale * (pos * base^(-2i/rope_dims) / factors[i])`, both scaled by `mscale`.
+/// angle `freq_scale * (pos * base^(-2i/rope_dims) / factors[i])`, both scaled by `mscale`; with YaRN the
+/// angle blends the scaled and unscaled ones and the scale grows (`config::Yarn`), as ggml's `rope_yarn`.
 pub fn rope_table(pos: usize, rope_dims: usize, rope: &RopeParams, factors: Option<&[f32]>) -> Vec<(f32, f32)> {
     // ggml advances theta by repeated multiplication; doing the same keeps us close to llama.cpp.
     let theta_scale = rope.base.powf(-2.0 / rope_dims as f32);
@@ -45,8 +46,17 @@ pub fn rope_table(pos: usize, rope_dims: usize, rope: &RopeParams, factors: Opti
     (0..rope_dims / 2)
         .map(|i| {
             let ff = factors.map_or(1.0, |f| f[i]);
-            let t = rope.freq_scale * (theta / ff);
-            let cs = (t.cos() * rope.mscale, t.sin() * rope.mscale);
+            let extrap = theta / ff;
+            let interp = rope.freq_scale * extrap;
+            let (t, mscale) = match rope.yarn {
+                None => (interp, rope.mscale),
+                Some(y) => {
+                    let ramp = 1.0 - ((i as f32 - y.low) / (y.high - y.low).max(0.001)).clamp(0.0, 1.0);
+                    let t = interp * (1.0 - ramp) + extrap * ramp;
+                    (t, rope.mscale * (1.0 + 0.1 * (1.0 / rope.freq_scale).ln()))
+                }
+            };
+            let cs = (t.cos() * mscale, t.sin() * mscale);
             theta *= theta_scale;
             cs
         })
@@ -72,21 +82,22 @@ pub fn rope_apply(x: &mut [f32], table: &[(f32, f32)], kind: RopeKind) {
 /// sigmoid comes from `e = e^-|v|` (the attention's polynomial `exp_nonpos`, about 2 ulp) as `1 / (1 + e)`
 /// or `e / (1 + e)`. Branch-free plain f32 steps, so the compiler's vectors give the scalar loop's bits; on
 /// x86-64 it runs on AVX2 or AVX-512.
+///
+/// gpt-oss's clamped form (`FfnAct::SwigluOai`) takes the same sigmoid at `1.702 g'`.
 pub fn glu(g: &mut [f32], u: &[f32], act: FfnAct) {
-    let gelu = act == FfnAct::GeluTanh;
     #[cfg(target_arch = "x86_64")]
     {
         let level = quant::simd_level();
         if level == quant::SimdLevel::Avx512 {
             // SAFETY: AVX-512 F was detected; the body is plain Rust.
-            return unsafe { glu_avx512(g, u, gelu) };
+            return unsafe { glu_avx512(g, u, act) };
         }
         if level.avx2() {
             // SAFETY: AVX2 was detected; the body is plain Rust.
-            return unsafe { glu_avx2(g, u, gelu) };
+            return unsafe { glu_avx2(g, u, act) };
         }
     }
-    glu_body(g, u, gelu)
+    glu_body(g, u, act)
 }
 
 /// `silu(g) * u` (`glu` with SiLU).
@@ -96,31 +107,46 @@ pub fn swiglu(g: &mut [f32], u: &[f32]) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-unsafe fn glu_avx512(g: &mut [f32], u: &[f32], gelu: bool) {
-    glu_body(g, u, gelu)
+unsafe fn glu_avx512(g: &mut [f32], u: &[f32], act: FfnAct) {
+    glu_body(g, u, act)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn glu_avx2(g: &mut [f32], u: &[f32], gelu: bool) {
-    glu_body(g, u, gelu)
+unsafe fn glu_avx2(g: &mut [f32], u: &[f32], act: FfnAct) {
+    glu_body(g, u, act)
 }
 
 /// `2 * sqrt(2 / pi)` and the cubic term's coefficient of GELU's tanh form.
 const GELU_2C: f32 = 1.595_769;
 const GELU_A: f32 = 0.044_715;
 
+/// gpt-oss's clamped SwiGLU: the sigmoid's slope and the clamp of both inputs (llama.cpp's constants).
+const OAI_ALPHA: f32 = 1.702;
+const OAI_LIMIT: f32 = 7.0;
+
 #[inline(always)]
-fn glu_body(g: &mut [f32], u: &[f32], gelu: bool) {
-    if gelu {
-        for (a, &b) in g.iter_mut().zip(u) {
-            let v = *a;
-            *a = v * sigmoid(GELU_2C * v * (1.0 + GELU_A * v * v)) * b;
+fn glu_body(g: &mut [f32], u: &[f32], act: FfnAct) {
+    match act {
+        FfnAct::GeluTanh => {
+            for (a, &b) in g.iter_mut().zip(u) {
+                let v = *a;
+                *a = v * sigmoid(GELU_2C * v * (1.0 + GELU_A * v * v)) * b;
+            }
         }
-    } else {
-        for (a, &b) in g.iter_mut().zip(u) {
-            let v = *a;
-            *a = v * sigmoid(v) * b;
+        FfnAct::Silu => {
+            for (a, &b) in g.iter_mut().zip(u) {
+                let v = *a;
+                *a = v * sigmoid(v) * b;
+            }
+        }
+        FfnAct::SwigluOai => {
+            for (a, &b) in g.iter_mut().zip(u) {
+                // `min` as C's `std::min(g, limit)`: a NaN stays NaN.
+                let v = if *a > OAI_LIMIT { OAI_LIMIT } else { *a };
+                let y = b.clamp(-OAI_LIMIT, OAI_LIMIT);
+                *a = v * sigmoid(OAI_ALPHA * v) * (y + 1.0);
+            }
         }
     }
 }
@@ -173,6 +199,7 @@ pub fn glu_par(pool: &ThreadPool, g: &mut [f32], u: &[f32], act: FfnAct) {
 pub fn gated_ffn(
     pool: &ThreadPool,
     (gate, up, down): (&QTensor, &QTensor, &QTensor),
+    [gate_b, up_b, down_b]: [Option<&[f32]>; 3],
     act: FfnAct,
     x: &[f32],
     d: usize,
@@ -183,19 +210,19 @@ pub fn gated_ffn(
     qa.quantize(pool, gate.ty, x, d);
     if up.ty == gate.ty {
         let jobs = [
-            MatJob { w: gate, bias: None, out: SharedMut::new(g) },
-            MatJob { w: up, bias: None, out: SharedMut::new(u) },
+            MatJob { w: gate, bias: gate_b, out: SharedMut::new(g) },
+            MatJob { w: up, bias: up_b, out: SharedMut::new(u) },
         ];
         matmul(pool, &jobs, qa);
     } else {
-        matmul(pool, &[MatJob { w: gate, bias: None, out: SharedMut::new(g) }], qa);
+        matmul(pool, &[MatJob { w: gate, bias: gate_b, out: SharedMut::new(g) }], qa);
         qa.quantize(pool, up.ty, x, d);
-        matmul(pool, &[MatJob { w: up, bias: None, out: SharedMut::new(u) }], qa);
+        matmul(pool, &[MatJob { w: up, bias: up_b, out: SharedMut::new(u) }], qa);
     }
     prefetch_products(pool, &[down], x.len() / d);
     glu_par(pool, g, u, act);
     qa.quantize(pool, down.ty, g, gate.rows);
-    matmul(pool, &[MatJob { w: down, bias: None, out: SharedMut::new(out) }], qa);
+    matmul(pool, &[MatJob { w: down, bias: down_b, out: SharedMut::new(out) }], qa);
 }
 
 /// `x += y` split over the pool's threads.
@@ -540,12 +567,12 @@ mod tests {
     fn glu_is_the_activation_times_up_to_a_few_ulp_and_the_same_bits_on_every_path() {
         let g = inputs();
         let u: Vec<f32> = (0..g.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
-        for act in [FfnAct::Silu, FfnAct::GeluTanh] {
+        for act in [FfnAct::Silu, FfnAct::GeluTanh, FfnAct::SwigluOai] {
             let gelu = act == FfnAct::GeluTanh;
             let mut fast = g.clone();
             glu(&mut fast, &u, act);
             let mut portable = g.clone();
-            glu_body(&mut portable, &u, gelu);
+            glu_body(&mut portable, &u, act);
             for (i, ((&a, &b), &v)) in fast.iter().zip(&portable).zip(&g).enumerate() {
                 assert_eq!(a.to_bits(), b.to_bits(), "{act:?} value {i} ({v}): {a} vs portable {b}");
                 if v.is_nan() {
@@ -553,13 +580,21 @@ mod tests {
                     continue;
                 }
                 let x = v as f64;
-                let (want, rel) = if gelu {
-                    let inner = (2.0 / std::f64::consts::PI).sqrt() * x * (1.0 + 0.044715 * x * x);
-                    // The sigmoid's argument carries the f32 rounding of the cubic: up to about 1e-5
-                    // relative far in the negative tail, where GELU is below 1e-5.
-                    (0.5 * x * (1.0 + inner.tanh()) * u[i] as f64, 1e-5)
-                } else {
-                    (x / (1.0 + (-x).exp()) * u[i] as f64, 4.0 * f32::EPSILON as f64)
+                let (want, rel) = match act {
+                    FfnAct::GeluTanh => {
+                        let inner = (2.0 / std::f64::consts::PI).sqrt() * x * (1.0 + 0.044715 * x * x);
+                        // The sigmoid's argument carries the f32 rounding of the cubic: up to about 1e-5
+                        // relative far in the negative tail, where GELU is below 1e-5.
+                        (0.5 * x * (1.0 + inner.tanh()) * u[i] as f64, 1e-5)
+                    }
+                    FfnAct::Silu => (x / (1.0 + (-x).exp()) * u[i] as f64, 4.0 * f32::EPSILON as f64),
+                    FfnAct::SwigluOai => {
+                        // Clamped at 7 (u here is 0.5..2, inside the clamp); the sigmoid's argument 1.702 x
+                        // is rounded to f32, up to about 1e-5 relative in the far negative tail.
+                        let x = x.min(7.0);
+                        let alpha = OAI_ALPHA as f64;
+                        (x / (1.0 + (-alpha * x).exp()) * (u[i] as f64 + 1.0), 1e-5)
+                    }
                 };
                 let err = (a as f64 - want).abs();
                 // Below -87.3 the exponential stops at e^-87.3 (`exp_nonpos`): an absolute error under 1e-35.

@@ -150,7 +150,11 @@ pub struct LayerWeights {
     pub bk: Option<Vec<f32>>, // (kv_dim)
     pub bv: Option<Vec<f32>>, // (kv_dim)
     pub wo: QTensor,         // (n_embd, q_dim)
-    pub ffn_norm: Vec<f32>,  // (n_embd)
+    pub bo: Option<Vec<f32>>, // (n_embd), gpt-oss
+    /// Each head's attention sink score (gpt-oss's `attn_sinks`).
+    pub sinks: Option<Vec<f32>>, // (n_head)
+    /// The norm before the FFN (`Family::ffn_norm` names its tensor).
+    pub ffn_norm: Vec<f32>, // (n_embd)
     pub ffn: Ffn,
 }
 
@@ -173,6 +177,31 @@ pub struct Experts {
     pub gate: Vec<QTensor>, // n_expert x (n_ff_exp, n_embd)
     pub up: Vec<QTensor>,   // n_expert x (n_ff_exp, n_embd)
     pub down: Vec<QTensor>, // n_expert x (n_embd, n_ff_exp)
+    /// Biases of the router and of each expert's products (gpt-oss), when the file has them.
+    pub biases: Option<ExpertBiases>,
+}
+
+/// A mixture's biases: the router's and, per expert, its gate's, up's and down's (`*.bias` tensors).
+pub struct ExpertBiases {
+    pub router: Vec<f32>, // (n_expert)
+    pub gate: Vec<f32>,   // (n_expert, n_ff_exp)
+    pub up: Vec<f32>,     // (n_expert, n_ff_exp)
+    pub down: Vec<f32>,   // (n_expert, n_embd)
+}
+
+impl Experts {
+    /// Expert `e`'s (gate, up, down) biases, when the mixture has them.
+    pub fn biases_of(&self, e: usize) -> [Option<&[f32]>; 3] {
+        let (ff, d) = (self.cfg.n_ff_exp, self.down[0].rows);
+        match &self.biases {
+            None => [None; 3],
+            Some(b) => [
+                Some(&b.gate[e * ff..(e + 1) * ff]),
+                Some(&b.up[e * ff..(e + 1) * ff]),
+                Some(&b.down[e * d..(e + 1) * d]),
+            ],
+        }
+    }
 }
 
 impl Ffn {
@@ -233,9 +262,21 @@ impl LayerWeights {
             self.k_norm.as_ref(),
             self.attn_post_norm.as_ref(),
             self.ffn_post_norm.as_ref(),
+            self.bo.as_ref(),
+            self.sinks.as_ref(),
         ]
         .into_iter()
         .flatten()
+        .chain(self.expert_vectors())
+    }
+
+    /// A mixture's biases (empty without them).
+    fn expert_vectors(&self) -> impl Iterator<Item = &Vec<f32>> {
+        let b = match &self.ffn {
+            Ffn::Moe(Experts { biases: Some(b), .. }) => Some(b),
+            _ => None,
+        };
+        b.into_iter().flat_map(|b| [&b.router, &b.gate, &b.up, &b.down])
     }
 
     /// Device bytes of the layer: its matrices (with their column caches) and its f32 vectors.
@@ -245,11 +286,14 @@ impl LayerWeights {
     }
 
     /// The part of [`LayerWeights::device_bytes`] that is a mixture of experts' block (its router and
-    /// every expert's matrices: what `--experts` places); 0 for a dense FFN.
+    /// every expert's matrices and biases: what `--experts` places); 0 for a dense FFN.
     pub fn expert_bytes(&self) -> u64 {
         match &self.ffn {
             Ffn::Dense { .. } => 0,
-            Ffn::Moe(_) => self.ffn.matrices().iter().map(|m| m.device_bytes()).sum(),
+            Ffn::Moe(_) => {
+                self.ffn.matrices().iter().map(|m| m.device_bytes()).sum::<u64>()
+                    + self.expert_vectors().map(|v| v.len() as u64 * 4).sum::<u64>()
+            }
         }
     }
 }
@@ -452,7 +496,9 @@ impl Weights {
                 bk: optional_vector(&n("attn_k.bias"), kv)?,
                 bv: optional_vector(&n("attn_v.bias"), kv)?,
                 wo: matrix(&n("attn_output.weight"), d, q)?,
-                ffn_norm: vector(&n("ffn_norm.weight"), d)?,
+                bo: optional_vector(&n("attn_output.bias"), d)?,
+                sinks: required(&n("attn_sinks.weight"), cfg.n_head, fam.attn_sinks)?,
+                ffn_norm: vector(&n(&format!("{}.weight", fam.ffn_norm)), d)?,
                 ffn,
             });
         }
@@ -521,7 +567,38 @@ fn experts_of(file: &Arc<GgufFile>, l: usize, d: usize, m: &MoeConfig) -> Result
         (slabs(&name("ffn_gate_exps.weight"), ff, d, 0, ff)?, slabs(&name("ffn_up_exps.weight"), ff, d, 0, ff)?)
     };
     let down = slabs(&name("ffn_down_exps.weight"), d, ff, 0, d)?;
-    Ok(Experts { cfg: *m, router, gate, up, down })
+    // The biases come as a set (gpt-oss writes all four) or not at all.
+    let biases = match file.tensor(&name("ffn_gate_inp.bias")) {
+        None => None,
+        Some(_) => Some(ExpertBiases {
+            router: bias_of(file, &name("ffn_gate_inp.bias"), &[n_expert])?,
+            gate: bias_of(file, &name("ffn_gate_exps.bias"), &[ff, n_expert])?,
+            up: bias_of(file, &name("ffn_up_exps.bias"), &[ff, n_expert])?,
+            down: bias_of(file, &name("ffn_down_exps.bias"), &[d, n_expert])?,
+        }),
+    };
+    Ok(Experts { cfg: *m, router, gate, up, down, biases })
+}
+
+/// A mixture's bias `name` of shape `dims` (ggml's order: [len, n_expert] per expert, read as (n_expert,
+/// len) f32 values; the router's [n_expert]).
+fn bias_of(file: &GgufFile, name: &str, dims: &[usize]) -> Result<Vec<f32>, ModelError> {
+    let info = file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
+    let want: Vec<u64> = dims.iter().map(|&n| n as u64).collect();
+    if info.dims != want {
+        return Err(ModelError::TensorShape {
+            name: name.to_owned(),
+            expected: want.to_vec(),
+            found: info.dims.clone(),
+        });
+    }
+    // Experts outermost: the values read as one row.
+    let mut out = vec![0f32; dims.iter().product()];
+    if !GgmlType::WEIGHT_TYPES.contains(&info.ty) {
+        return Err(ModelError::TensorType { name: name.to_owned(), ty: info.ty });
+    }
+    quant::dequantize_row(info.ty, file.tensor_data(info), &mut out);
+    Ok(out)
 }
 
 /// The matrix `name` of `rows` rows of `cols` values, its shape and type checked, read from the mapped file.

@@ -23,7 +23,7 @@ use tokio::sync::mpsc::{channel, Receiver};
 use crate::grammar::{Constraint, GrammarSpec};
 use crate::sync::LockUnpoisoned;
 use crate::telemetry::Summary;
-use crate::tokenizer::reasoning::{split_reply, ReasoningSplitter, Split};
+use crate::tokenizer::reasoning::{split_reply, ReasoningSplitter, ReplyFormat, Split};
 use crate::tokenizer::turns;
 use crate::tools::{self, Tool, ToolCall, ToolChoice, ToolFormat, ToolSplitter};
 
@@ -214,11 +214,12 @@ pub(super) struct Reply {
     pub model: String,
     pub checked: Checked,
     logprobs: bool,
-    /// Chat replies whose `<think>` block comes back apart: Some(whether the prompt opened the block).
-    pub reasoning: Option<bool>,
-    /// Chat replies: Some(whether the prompt opened a `<think>` block), whatever `reasoning_format` says, for
-    /// the usage's `reasoning_tokens`.
-    opens_think: Option<bool>,
+    /// Chat replies whose reasoning (a `<think>` block, or harmony's analysis messages) comes back apart:
+    /// Some(how the reply carries it).
+    pub reasoning: Option<ReplyFormat>,
+    /// Chat replies: Some(how the reply carries its reasoning), whatever `reasoning_format` says, for the
+    /// usage's `reasoning_tokens`.
+    opens_think: Option<ReplyFormat>,
     /// Chat replies to a request that offered tools: the format calls are read in.
     pub tools: Option<ToolFormat>,
 }
@@ -322,8 +323,8 @@ pub(super) async fn prepare_chat(app: &App, peer: Option<Peer>, req: ChatRequest
         model,
         checked,
         logprobs,
-        reasoning: splits_reasoning.then_some(prompt.opens_think),
-        opens_think: Some(prompt.opens_think),
+        reasoning: splits_reasoning.then_some(prompt.format),
+        opens_think: Some(prompt.format),
         tools: tool_req.map(|_| tool_format),
     };
     let queued = Queued {
@@ -441,7 +442,7 @@ pub struct Queued {
     /// The `/metrics` label of the request.
     pub endpoint: &'static str,
     /// Chat replies: whether the prompt opened a `<think>` block; None for completions.
-    pub opens_think: Option<bool>,
+    pub opens_think: Option<ReplyFormat>,
     /// The lane it waits in.
     pub client: ClientKey,
 }
@@ -580,11 +581,11 @@ fn tool_call_json(reply_id: &str, choice: usize, call: &ToolCall, index: Option<
 
 /// A whole chat reply's message: the text as content, or its reasoning apart (`reasoning`: see [`Reply`]),
 /// `reasoning_content` only when there is some.
-fn chat_message_json(text: &str, reasoning: Option<bool>) -> Value {
-    let Some(starts_inside) = reasoning else {
+fn chat_message_json(text: &str, reasoning: Option<ReplyFormat>) -> Value {
+    let Some(format) = reasoning else {
         return json!({"role": "assistant", "content": text, "refusal": null});
     };
-    let s = split_reply(text, starts_inside);
+    let s = split_reply(text, format);
     let mut m = json!({"role": "assistant", "content": s.content, "refusal": null});
     if !s.reasoning.is_empty() {
         m["reasoning_content"] = Value::String(s.reasoning);

@@ -23,7 +23,7 @@ use crate::model::{Model, ModelError};
 use crate::sync::LockUnpoisoned;
 use crate::telemetry::{EngineEvent, Summary};
 use crate::threadpool::ThreadPool;
-use crate::tokenizer::reasoning::reasoning_token_count;
+use crate::tokenizer::reasoning::{reasoning_token_count, ReplyFormat};
 use crate::tokenizer::turns::tokens_of_text;
 use crate::tokenizer::Tokenizer;
 
@@ -63,7 +63,7 @@ pub struct Job {
     pub ticket: Arc<Ticket>,
     /// A chat reply: Some(whether the prompt opened a `<think>` block), for the usage's reasoning tokens;
     /// None for a plain completion (no reasoning counted).
-    pub opens_think: Option<bool>,
+    pub opens_think: Option<ReplyFormat>,
     /// The lane it waits in.
     pub client: ClientKey,
 }

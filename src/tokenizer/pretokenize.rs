@@ -41,6 +41,12 @@ pub(crate) struct PreTokenizer {
     pub no_bos: bool,
 }
 
+/// o200k's split (gpt-oss, Llama 4), as the model's own `tokenizer.json` writes it: words with their case
+/// runs and contractions, numbers in threes, punctuation runs with their newlines and slashes. llama.cpp
+/// runs a rewrite of it for `std::regex` that takes a non-ASCII lowercase letter for an uppercase one; on
+/// ASCII text the two split alike, and this one is what the tokenizer was trained with.
+const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 fn regex(pattern: &str) -> Result<Stage, TokenizerError> {
     fancy_regex::Regex::new(pattern)
         .map(Stage::Regex)
@@ -84,6 +90,10 @@ impl PreTokenizer {
             }
             "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
                 p.stages = vec![Stage::EachNumber, Stage::Gpt2];
+            }
+            "gpt-4o" | "llama4" | "kanana2" | "talkie" => {
+                p.stages = vec![regex(GPT4O)?];
+                p.clean_spaces = false;
             }
             "trillion" | "granite-docling" => p.clean_spaces = false,
             "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0"
@@ -385,6 +395,16 @@ mod tests {
         assert_eq!(split("llama-bpe", "I'M here\n\n  ok"), ["I", "'M", " here", "\n\n", " ", " ok"]);
         assert_eq!(split("llama-bpe", "a.\n\nb"), ["a", ".\n\n", "b"]);
         assert_eq!(split("qwen2", "123 x"), ["1", "2", "3", " x"]);
+    }
+
+    /// Expected pieces from Python's `regex` module running the same pattern.
+    #[test]
+    fn gpt4o_keeps_case_runs_contractions_and_digit_triples() {
+        assert_eq!(split("gpt-4o", "Hello World's HTTPServer"), ["Hello", " World's", " HTTPServer"]);
+        assert_eq!(split("gpt-4o", "I'M don't 1234567 x"), ["I'M", " don't", " ", "123", "456", "7", " x"]);
+        assert_eq!(split("gpt-4o", "a.\n\n  b"), ["a", ".\n\n", " ", " b"]);
+        assert_eq!(split("gpt-4o", "path/to/\nfile  end "), ["path", "/to", "/\n", "file", " ", " end", " "]);
+        assert_eq!(split("gpt-4o", "Café naïve ÉCOLE 東京"), ["Café", " naïve", " ÉCOLE", " 東京"]);
     }
 
     #[test]

@@ -8,6 +8,12 @@
 //! - the reasoning is trimmed of whitespace at both ends, the content of whitespace at its start;
 //! - a block that never closes is all reasoning, and the content is empty.
 //!
+//! gpt-oss writes its reply as harmony messages instead ([`ReplyFormat::Harmony`]; its generation prompt
+//! ends with `<|start|>assistant`): `<|channel|>analysis<|message|>...<|end|>` is reasoning, then
+//! `<|start|>assistant<|channel|>final<|message|>...` is the content (llama.cpp's gpt-oss parser does the
+//! same). A message's header is everything up to `<|message|>`; the `analysis` channel is reasoning, any
+//! other channel (`final`, `commentary`) content; a reply that does not start with a header is all content.
+//!
 //! [`ReasoningSplitter`] does it on a stream of text pieces, however the tags fall across them: a piece
 //! that may be the start of a tag, or whitespace that may end the reasoning, is held back until the next
 //! piece (or the end) tells. [`split_reply`] does it on a whole reply. It owns only this rule; it never
@@ -17,6 +23,43 @@
 pub const THINK_OPEN: &str = "<think>";
 /// The tag that closes it.
 pub const THINK_CLOSE: &str = "</think>";
+
+/// How a reply may carry its reasoning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyFormat {
+    /// A `<think>` block may open the reply; `starts_inside`: the prompt opened it ([`prompt_opens_think`]).
+    Think { starts_inside: bool },
+    /// gpt-oss's harmony messages ([`prompt_is_harmony`]).
+    Harmony,
+}
+
+impl From<bool> for ReplyFormat {
+    /// `starts_inside` of a `<think>` reply.
+    fn from(starts_inside: bool) -> ReplyFormat {
+        ReplyFormat::Think { starts_inside }
+    }
+}
+
+/// The harmony tags the splitter reads.
+const H_CHANNEL: &str = "<|channel|>";
+const H_MESSAGE: &str = "<|message|>";
+const H_START: &str = "<|start|>";
+const H_END: &str = "<|end|>";
+/// Tags that end a message's body: the next message's start, or the ends the model may write.
+const H_BODY_ENDS: [&str; 4] = [H_END, H_START, "<|return|>", "<|call|>"];
+/// A header longer than this without `<|message|>` is not one: the text is content.
+const H_MAX_HEADER_BYTES: usize = 256;
+
+/// Where a harmony reply is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HPlace {
+    /// Reading a message's header (up to `<|message|>`).
+    Header,
+    /// In a message's body: reasoning (the analysis channel) or content.
+    Body { reasoning: bool },
+    /// Not harmony after all: everything is content.
+    Plain,
+}
 
 /// A reply's text (or a piece of it) divided into reasoning and content.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -50,18 +93,30 @@ pub struct ReasoningSplitter {
     place: Place,
     /// Text received and not yet given out.
     held: String,
+    /// Some for a harmony reply, which `place` does not describe.
+    harmony: Option<HPlace>,
+    /// A harmony reply's analysis messages so far, and whether a content body has begun.
+    analysis_closed: usize,
+    content_begun: bool,
 }
 
 impl ReasoningSplitter {
-    /// A splitter for a reply; `starts_inside`: the prompt opened the block (see [`prompt_opens_think`]).
-    pub fn new(starts_inside: bool) -> ReasoningSplitter {
-        let place = if starts_inside { Place::Reasoning { leading: true } } else { Place::Start };
-        ReasoningSplitter { place, held: String::new() }
+    /// A splitter for a reply in `format` (a bool: a `<think>` reply, whether the prompt opened the block).
+    pub fn new(format: impl Into<ReplyFormat>) -> ReasoningSplitter {
+        let (place, harmony) = match format.into() {
+            ReplyFormat::Think { starts_inside: true } => (Place::Reasoning { leading: true }, None),
+            ReplyFormat::Think { starts_inside: false } => (Place::Start, None),
+            ReplyFormat::Harmony => (Place::Content, Some(HPlace::Header)),
+        };
+        ReasoningSplitter { place, held: String::new(), harmony, analysis_closed: 0, content_begun: false }
     }
 
     /// Takes the next piece of the reply; returns what can be given out now.
     pub fn push(&mut self, piece: &str) -> Split {
         self.held.push_str(piece);
+        if self.harmony.is_some() {
+            return self.push_harmony();
+        }
         let mut out = Split::default();
         loop {
             match self.place {
@@ -122,6 +177,16 @@ impl ReasoningSplitter {
     pub fn finish(&mut self) -> Split {
         let held = std::mem::take(&mut self.held);
         let mut out = Split::default();
+        if let Some(h) = self.harmony {
+            // A header cut short is content (it was not one); a body's held tail is its channel's.
+            match h {
+                HPlace::Body { reasoning: true } => out.reasoning = held,
+                HPlace::Header if held.starts_with(H_CHANNEL) || held.starts_with(H_START) => {}
+                _ => out.content = held,
+            }
+            self.harmony = Some(HPlace::Plain);
+            return out;
+        }
         match self.place {
             Place::Start | Place::Content => out.content = held,
             Place::Reasoning { .. } => out.reasoning = held.trim().to_owned(),
@@ -133,13 +198,89 @@ impl ReasoningSplitter {
 
     /// Whether the splitter is inside the reasoning block now.
     pub fn in_reasoning(&self) -> bool {
-        matches!(self.place, Place::Reasoning { .. })
+        match self.harmony {
+            Some(h) => h == HPlace::Body { reasoning: true },
+            None => matches!(self.place, Place::Reasoning { .. }),
+        }
+    }
+
+    /// `push` for a harmony reply: headers are read whole and dropped, bodies given out to their channel,
+    /// a possible tag at the end of the held text kept back.
+    fn push_harmony(&mut self) -> Split {
+        let mut out = Split::default();
+        loop {
+            match self.harmony.unwrap_or(HPlace::Plain) {
+                HPlace::Header => {
+                    if let Some(at) = self.held.find(H_MESSAGE) {
+                        let header = &self.held[..at];
+                        let reasoning = header_channel(header) == Some("analysis");
+                        if !reasoning {
+                            self.content_begun = true;
+                        }
+                        self.held.drain(..at + H_MESSAGE.len());
+                        self.harmony = Some(HPlace::Body { reasoning });
+                        continue;
+                    }
+                    let header_like = H_CHANNEL.starts_with(self.held.as_str())
+                        || self.held.starts_with(H_CHANNEL)
+                        || H_START.starts_with(self.held.as_str())
+                        || self.held.starts_with(H_START);
+                    if header_like && self.held.len() <= H_MAX_HEADER_BYTES {
+                        return out;
+                    }
+                    self.harmony = Some(HPlace::Plain);
+                }
+                HPlace::Body { reasoning } => {
+                    let end = H_BODY_ENDS.iter().filter_map(|t| self.held.find(t).map(|at| (at, *t))).min();
+                    let (give, next) = match end {
+                        Some((at, tag)) => (at, Some((at, tag))),
+                        None => {
+                            let keep = H_BODY_ENDS.iter().map(|t| partial_suffix_start(&self.held, t)).min();
+                            (keep.unwrap_or(self.held.len()), None)
+                        }
+                    };
+                    let text: String = self.held.drain(..give).collect();
+                    if reasoning {
+                        out.reasoning.push_str(&text);
+                    } else {
+                        out.content.push_str(&text);
+                    }
+                    let Some((_, tag)) = next else { return out };
+                    if reasoning {
+                        self.analysis_closed += 1;
+                    }
+                    // `<|start|>` begins the next message's header; the ends are dropped.
+                    if tag != H_START {
+                        self.held.drain(..tag.len());
+                    }
+                    self.harmony = Some(HPlace::Header);
+                }
+                HPlace::Plain => {
+                    self.content_begun = true;
+                    out.content.push_str(&self.held);
+                    self.held.clear();
+                    return out;
+                }
+            }
+        }
     }
 }
 
+/// The channel a harmony header names (`<|start|>assistant<|channel|>final` -> `final`; `<|channel|>commentary
+/// to=functions.f <|constrain|>json` -> `commentary`).
+fn header_channel(header: &str) -> Option<&str> {
+    let at = header.find(H_CHANNEL)? + H_CHANNEL.len();
+    header[at..].split(|c: char| c.is_whitespace() || c == '<').next().filter(|c| !c.is_empty())
+}
+
+/// Whether a rendered prompt asks for a harmony reply: its generation prompt ends with `<|start|>assistant`.
+pub fn prompt_is_harmony(rendered: &str) -> bool {
+    rendered.trim_end().ends_with("<|start|>assistant")
+}
+
 /// A whole reply split into reasoning and content.
-pub fn split_reply(text: &str, starts_inside: bool) -> Split {
-    let mut s = ReasoningSplitter::new(starts_inside);
+pub fn split_reply(text: &str, format: impl Into<ReplyFormat>) -> Split {
+    let mut s = ReasoningSplitter::new(format);
     let mut out = s.push(text);
     let last = s.finish();
     out.reasoning.push_str(&last.reasoning);
@@ -158,7 +299,14 @@ pub fn prompt_opens_think(rendered: &str) -> bool {
 /// `reasoning_tokens`): where the reply has a block by this module's rule (it starts with `<think>`, or the
 /// prompt opened it: `starts_inside`), the tokens up to and including the one that completes `</think>`;
 /// every token when the block never closes; none without a block.
-pub fn reasoning_token_count<'a>(pieces: impl IntoIterator<Item = &'a [u8]>, starts_inside: bool) -> usize {
+///
+/// A harmony reply's reasoning tokens are those up to and including the one that ends its last analysis
+/// message before the content begins (every token while an analysis message is open at the end).
+pub fn reasoning_token_count<'a>(pieces: impl IntoIterator<Item = &'a [u8]>, format: impl Into<ReplyFormat>) -> usize {
+    let starts_inside = match format.into() {
+        ReplyFormat::Think { starts_inside } => starts_inside,
+        ReplyFormat::Harmony => return harmony_reasoning_tokens(pieces),
+    };
     let (open, close) = (THINK_OPEN.as_bytes(), THINK_CLOSE.as_bytes());
     let mut text: Vec<u8> = Vec::new();
     let mut count = 0;
@@ -185,6 +333,31 @@ pub fn reasoning_token_count<'a>(pieces: impl IntoIterator<Item = &'a [u8]>, sta
     }
     if !starts_inside && !text.starts_with(open) {
         return 0;
+    }
+    count
+}
+
+/// [`reasoning_token_count`] of a harmony reply.
+fn harmony_reasoning_tokens<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> usize {
+    let mut s = ReasoningSplitter::new(ReplyFormat::Harmony);
+    let (mut count, mut bytes) = (0, Vec::new());
+    for (i, piece) in pieces.into_iter().enumerate() {
+        bytes.extend_from_slice(piece);
+        // Whole characters only (a token may end inside one); the rest waits for the next piece.
+        let valid = match std::str::from_utf8(&bytes) {
+            Ok(t) => t.len(),
+            Err(e) => e.valid_up_to(),
+        };
+        let text = String::from_utf8_lossy(&bytes[..valid]).into_owned();
+        bytes.drain(..valid);
+        let closed = s.analysis_closed;
+        s.push(&text);
+        if s.content_begun {
+            break;
+        }
+        if s.analysis_closed > closed || s.in_reasoning() {
+            count = i + 1;
+        }
     }
     count
 }
@@ -237,6 +410,63 @@ mod tests {
         assert_eq!(count(&[], true), 0);
         // `</think>` inside the opening tag's bytes does not close it early.
         assert_eq!(count(&["<think></think>", "x"], false), 1);
+    }
+
+    /// gpt-oss's reply after a generation prompt that ends with `<|start|>assistant`.
+    const HARMONY: &str = "<|channel|>analysis<|message|>User greets. Reply briefly.<|end|><|start|>assistant\
+                           <|channel|>final<|message|>Hello! How can I help?";
+
+    #[test]
+    fn harmony_analysis_is_reasoning_and_the_final_channel_content() {
+        let h = ReplyFormat::Harmony;
+        assert_eq!(split_reply(HARMONY, h), split("User greets. Reply briefly.", "Hello! How can I help?"));
+        // The end tags the model may write stay out of the text; a reply straight to the final channel.
+        assert_eq!(split_reply("<|channel|>final<|message|>Hi.<|return|>", h), split("", "Hi."));
+        // Two analysis messages, a commentary preamble (content), then the answer.
+        let text = "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b<|end|>\
+                    <|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>\
+                    <|start|>assistant<|channel|>final<|message|> 42";
+        assert_eq!(split_reply(text, h), split("ab", "Checking. 42"));
+        // Cut inside the analysis (max_tokens): all reasoning; a reply that is not harmony: all content.
+        assert_eq!(split_reply("<|channel|>analysis<|message|>thinking", h), split("thinking", ""));
+        assert_eq!(split_reply("Plain answer <|end|>", h), split("", "Plain answer <|end|>"));
+        // The start of a tag that never came is text, as with `<think>`.
+        assert_eq!(split_reply("<|chan", h), split("", "<|chan"));
+        assert_eq!(split_reply("", h), split("", ""));
+        assert!(prompt_is_harmony("<|start|>user<|message|>Hi<|end|><|start|>assistant"));
+        assert!(!prompt_is_harmony("<|im_start|>assistant\n"));
+    }
+
+    #[test]
+    fn harmony_streams_give_the_same_split_wherever_the_tags_fall() {
+        let want = split_reply(HARMONY, ReplyFormat::Harmony);
+        let bounds: Vec<usize> = (0..=HARMONY.len()).filter(|&i| HARMONY.is_char_boundary(i)).collect();
+        for &a in &bounds {
+            for &b in bounds.iter().filter(|&&b| b >= a).step_by(3) {
+                let mut s = ReasoningSplitter::new(ReplyFormat::Harmony);
+                let mut whole = Split::default();
+                for piece in [&HARMONY[..a], &HARMONY[a..b], &HARMONY[b..]] {
+                    let p = s.push(piece);
+                    whole.reasoning.push_str(&p.reasoning);
+                    whole.content.push_str(&p.content);
+                }
+                let p = s.finish();
+                whole.reasoning.push_str(&p.reasoning);
+                whole.content.push_str(&p.content);
+                assert_eq!(whole, want, "cut at {a}, {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn harmony_reasoning_tokens_end_with_the_analysis_message() {
+        let count = |pieces: &[&str]| reasoning_token_count(pieces.iter().map(|p| p.as_bytes()), ReplyFormat::Harmony);
+        let reply = ["<|channel|>", "analysis", "<|message|>", "Hm", ".", "<|end|>", "<|start|>", "assistant"];
+        let answer = ["<|channel|>", "final", "<|message|>", "Hi"];
+        assert_eq!(count(&[&reply[..], &answer[..]].concat()), 6);
+        assert_eq!(count(&answer), 0);
+        // Still thinking at the end: every token.
+        assert_eq!(count(&reply[..5]), 5);
     }
 
     #[test]

@@ -18,6 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::reasoning::ReplyFormat;
 use super::{ChatMessage, ChatTemplate, StreamDecoder, TemplateKwargs, Tokenizer, TokenizerError};
 
 /// Replies remembered at most, and their bytes (text and tokens) at most: the oldest go first.
@@ -120,6 +121,9 @@ pub struct ChatPrompt {
     /// Whether the rendered prompt leaves the reply inside a `<think>` block (its generation prompt opened
     /// one: [`super::reasoning::prompt_opens_think`]).
     pub opens_think: bool,
+    /// How the reply carries its reasoning: a `<think>` block (opened by the prompt or not), or harmony
+    /// messages ([`super::reasoning::prompt_is_harmony`]).
+    pub format: ReplyFormat,
 }
 
 /// Marks an assistant message's place in a render: private-use characters no tokenizer merges with text.
@@ -150,11 +154,17 @@ pub fn encode_chat_with(
 ) -> Result<ChatPrompt, TokenizerError> {
     let rendered = template.render_with(messages, true, kwargs)?;
     let opens_think = super::reasoning::prompt_opens_think(&rendered);
+    let format = if super::reasoning::prompt_is_harmony(&rendered) {
+        ReplyFormat::Harmony
+    } else {
+        ReplyFormat::Think { starts_inside: opens_think }
+    };
     let whole = |rendered: &str| ChatPrompt {
         tokens: tok.encode_templated(rendered),
         kept_replies: 0,
         kept_reply_tokens: 0,
         opens_think,
+        format,
     };
     // Which messages to keep, in order, with their tokens.
     let kept: Vec<(usize, Arc<[u32]>)> = messages
@@ -218,7 +228,7 @@ pub fn encode_chat_with(
             tokens.insert(0, bos);
         }
     }
-    Ok(ChatPrompt { tokens, kept_replies: kept.len(), kept_reply_tokens, opens_think })
+    Ok(ChatPrompt { tokens, kept_replies: kept.len(), kept_reply_tokens, opens_think, format })
 }
 
 #[cfg(test)]

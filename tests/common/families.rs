@@ -8,7 +8,7 @@ use serde_json::Value;
 
 /// (file stem, reference stem, the context the sequence is sized for): phi3 at a context within its
 /// original training length (256) takes LongRoPE's short factors.
-pub const FIXTURES: [(&str, &str, usize); 9] = [
+pub const FIXTURES: [(&str, &str, usize); 10] = [
     ("llama3", "llama3", 512),
     ("qwen2", "qwen2", 512),
     ("qwen3", "qwen3", 512),
@@ -18,10 +18,12 @@ pub const FIXTURES: [(&str, &str, usize); 9] = [
     ("phi3", "phi3-short", 256),
     ("qwen3moe", "qwen3moe", 512),
     ("mixtral", "mixtral", 512),
+    ("gpt-oss", "gpt-oss", 512),
 ];
 
 /// The stems of every fixture model (each once).
-pub const MODELS: [&str; 8] = ["llama3", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral"];
+pub const MODELS: [&str; 9] =
+    ["llama3", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral", "gpt-oss"];
 
 /// A file of tests/data/families, under `STRATA_ROOT` when set (scripts/gpu-check runs the GPU tests
 /// elsewhere than they were built; the fixtures travel with the working tree).

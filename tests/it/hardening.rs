@@ -411,7 +411,7 @@ fn expert_counts_the_tensors_do_not_have_are_named() {
     });
     assert_clean_failure(
         &strata(&["plan", "-m", path_str(&m)]),
-        "Strata runs mixtures of experts for llama, qwen3moe only",
+        "Strata runs mixtures of experts for llama, qwen3moe, gpt-oss only",
     );
 }
 

@@ -84,6 +84,8 @@ struct Query {
     lo: usize,
     out_at: usize,
     kvh: usize,
+    /// The head's sink score (`AttnOpts::sinks`), or -inf without one.
+    sink: f32,
 }
 
 /// Per-thread buffers of a pass.
@@ -137,6 +139,8 @@ struct Layer<'a> {
     softcap: Option<f32>,
     /// A query at `pos` reads the keys `pos + 1 - window..=pos` (a sliding-window layer).
     window: Option<usize>,
+    /// (n_head): each head's sink score (`AttnOpts::sinks`).
+    sinks: Option<&'a [f32]>,
     /// K and V are q8_0 rows: the scores are integer dot products against the quantized queries.
     int8: bool,
 }
@@ -148,12 +152,17 @@ impl Layer<'_> {
     }
 }
 
-/// How one layer's attention scores: the scale, an optional soft-cap, an optional sliding window.
+/// How one layer's attention scores: the scale, an optional soft-cap, an optional sliding window, optional
+/// sinks.
 #[derive(Clone, Copy, Debug)]
-pub struct AttnOpts {
+pub struct AttnOpts<'a> {
     pub scale: f32,
     pub softcap: Option<f32>,
     pub window: Option<usize>,
+    /// (n_head): a score per head that joins each query's softmax as one more key whose value is zero
+    /// (gpt-oss's `attn_sinks`, compared with the scaled scores as llama.cpp's softmax does). A query's
+    /// merged state starts from it (`m` = the sink, `l` = 1) instead of from the empty state.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Causal attention of the `t_count` queries in `q` at positions `pos0..pos0 + t_count` over layer `layer`
@@ -207,6 +216,7 @@ pub fn attention_many(
                 scale: opts.scale,
                 softcap: opts.softcap,
                 window: opts.window,
+                sinks: opts.sinks,
                 int8: seq.kv.ty == super::KvType::Int8,
             },
             rows: seq.rows.clone(),

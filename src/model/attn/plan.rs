@@ -68,7 +68,8 @@ pub(super) fn attend_all(pool: &ThreadPool, parts: &[Part], shape: &AttnShape, q
             for h in kv_heads.start * group..kv_heads.end * group {
                 let at = (part.rows.start + t) * q_dim + h * head_dim;
                 let pos = part.pos0 + t;
-                list.push(Query { q_at: at, pos, lo: part.ctx.first_key(pos), out_at: at, kvh: h / group });
+                let sink = part.ctx.sinks.map_or(f32::NEG_INFINITY, |s| s[h]);
+                list.push(Query { q_at: at, pos, lo: part.ctx.first_key(pos), out_at: at, kvh: h / group, sink });
             }
         }
     };
@@ -143,12 +144,14 @@ pub(super) fn attend_all(pool: &ThreadPool, parts: &[Part], shape: &AttnShape, q
     });
 }
 
-/// Sets every query's merged state to the empty one: m = -inf, l = 0, acc = 0.
+/// Sets every query's merged state to the empty one (m = -inf, l = 0, acc = 0), or with a sink to the
+/// sink's own: m = the sink's score, l = e^0 = 1, acc = 0 (its value is zero).
 fn start_totals(s: &mut Scratch, hd: usize) {
     s.total.clear();
     s.total.resize(s.queries.len() * (2 + hd), 0.0);
-    for t in s.total.chunks_exact_mut(2 + hd) {
-        t[0] = f32::NEG_INFINITY;
+    for (t, q) in s.total.chunks_exact_mut(2 + hd).zip(&s.queries) {
+        t[0] = q.sink;
+        t[1] = if q.sink == f32::NEG_INFINITY { 0.0 } else { 1.0 };
     }
 }
 

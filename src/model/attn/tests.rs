@@ -39,6 +39,7 @@ fn layer(kv: &KvCache) -> Layer<'_> {
         scale: 1.0 / (hd as f32).sqrt(),
         softcap: None,
         window: None,
+        sinks: None,
         int8: kv.ty == KvType::Int8,
     }
 }
@@ -54,13 +55,23 @@ fn as_q8(q: &[f32]) -> Vec<f32> {
 }
 
 /// The scale of `SHAPE`'s heads.
-fn plain() -> AttnOpts {
-    AttnOpts { scale: 1.0 / (SHAPE.head_dim as f32).sqrt(), softcap: None, window: None }
+fn plain() -> AttnOpts<'static> {
+    AttnOpts { scale: 1.0 / (SHAPE.head_dim as f32).sqrt(), softcap: None, window: None, sinks: None }
 }
 
-/// Plain causal attention, a sliding window (across chunk and tile edges), and a window with a soft-cap.
-fn variants() -> [AttnOpts; 3] {
-    [plain(), AttnOpts { window: Some(300), ..plain() }, AttnOpts { window: Some(45), softcap: Some(0.5), ..plain() }]
+/// Per-head sink scores (gpt-oss's): below, near and above the scores' range, so that some heads' sinks
+/// take most of the weight and others almost none.
+static SINKS: [f32; 9] = [-3.0, 0.5, 2.0, -0.25, 6.0, 1.0, -8.0, 0.0, 3.5];
+
+/// Plain causal attention, a sliding window (across chunk and tile edges), a window with a soft-cap, and
+/// sinks with a window (gpt-oss's sliding layers).
+fn variants() -> [AttnOpts<'static>; 4] {
+    [
+        plain(),
+        AttnOpts { window: Some(300), ..plain() },
+        AttnOpts { window: Some(45), softcap: Some(0.5), ..plain() },
+        AttnOpts { window: Some(128), sinks: Some(&SINKS[..SHAPE.n_head]), ..plain() },
+    ]
 }
 
 /// Attention in f64 over the values the cache holds (as f32), one query at position `pos`.
@@ -81,9 +92,11 @@ fn attend_f64(kv: &KvCache, h: usize, q: &[f32], pos: usize, opts: &AttnOpts) ->
         scores.push(opts.softcap.map_or(score, |c| c as f64 * (score / c as f64).tanh()));
         rows.push(v.clone());
     }
-    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    // A sink joins the softmax as one more score whose value is zero.
+    let sink = opts.sinks.map_or(f64::NEG_INFINITY, |s| s[h] as f64);
+    let max = scores.iter().cloned().fold(sink, f64::max);
     let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-    let sum: f64 = w.iter().sum();
+    let sum: f64 = w.iter().sum::<f64>() + (sink - max).exp();
     (0..hd).map(|d| w.iter().zip(&rows).map(|(w, r)| w * r[d] as f64).sum::<f64>() / sum).collect()
 }
 
@@ -226,7 +239,7 @@ fn chunk_pass_has_the_same_bits_on_every_instruction_set() {
                     heads.flat_map(move |kvh| {
                         (kvh * group..(kvh + 1) * group).map(move |h| {
                             let at = ti * q_dim + h * hd;
-                            Query { q_at: at, pos: positions[ti], lo: 0, out_at: at, kvh }
+                            Query { q_at: at, pos: positions[ti], lo: 0, out_at: at, kvh, sink: f32::NEG_INFINITY }
                         })
                     })
                 })
