@@ -17,7 +17,9 @@ pub struct SynthArgs {
     pub output: PathBuf,
     /// A shape: tiny (2 layers, n_embd 256), 1b (22 layers, n_embd 2048, FFN 5632: about 1.0B parameters) or
     /// moe (Mixtral's layout scaled to a small machine: 8 layers, n_embd 1024, 32 experts of 512 rows, 4 used
-    /// per token: 0.42B parameters, 0.07B active)
+    /// per token: 0.42B parameters, 0.07B active) or gpt-oss (gpt-oss-20b's layout scaled the same way:
+    /// attention sinks, YaRN, a 128-token window on the even layers, biases, 32 MXFP4 experts of 512 rows, 4
+    /// used, the harmony chat format; --type sets the other matrices)
     #[arg(long = "preset", default_value = "tiny")]
     pub preset: String,
     /// Override the preset's layer count
@@ -58,7 +60,21 @@ pub fn main(a: SynthArgs) -> anyhow::Result<()> {
             experts: Some((32, 4)),
             ..SyntheticSpec::default()
         },
-        other => bail!("unknown --preset {other:?} (tiny, 1b or moe)"),
+        "gpt-oss" => SyntheticSpec {
+            arch: "gpt-oss",
+            n_layer: 8,
+            n_embd: 1024,
+            n_head: 16,
+            n_head_kv: 4,
+            n_ff: 512,
+            n_ctx_train: 8192,
+            experts: Some((32, 4)),
+            expert_type: Some(GgmlType::MXFP4),
+            output_type: Some(GgmlType::Q8_0),
+            vocab: SyntheticVocab::Harmony,
+            ..SyntheticSpec::default()
+        },
+        other => bail!("unknown --preset {other:?} (tiny, 1b, moe or gpt-oss)"),
     };
     if let Some(l) = a.layers {
         if l == 0 || l > 512 {
@@ -70,7 +86,6 @@ pub fn main(a: SynthArgs) -> anyhow::Result<()> {
         bail!("--type {} needs rows that are whole blocks of {} values", ty.name(), ty.block_len());
     }
     spec.matrix_types = vec![ty];
-    spec.vocab = SyntheticVocab::Bpe;
     spec.seed = a.seed;
     let (d, ff, l) = (spec.n_embd as u64, spec.n_ff as u64, spec.n_layer as u64);
     let kv = d / spec.n_head as u64 * spec.n_head_kv as u64;

@@ -1,5 +1,8 @@
 //! Synthetic llama-shaped models with random weights, written as GGUF images: the fast fixtures of the
 //! test suite (every weight type, both tokenizer kinds) and the seed of tools that write larger models.
+//! With `arch` "gpt-oss" the model has gpt-oss's layout instead (attention sinks, biases, YaRN, a sliding
+//! window on the even layers, experts whose type is `expert_type`) and, with [`SyntheticVocab::Harmony`],
+//! its harmony chat format.
 //!
 //! Everything is derived from a seed, so the same spec always gives the same bytes. The weights are random
 //! but scaled so activations stay in a realistic range (logits of a few units).
@@ -18,6 +21,9 @@ pub enum SyntheticVocab {
     Bpe,
     /// llama SentencePiece (byte fallback tokens, scored pieces).
     Spm,
+    /// The `Bpe` vocabulary with gpt-oss's harmony special tokens and o200k's pre-tokenizer (`gpt-4o`), and a
+    /// harmony chat template ([`HARMONY_TEMPLATE`]).
+    Harmony,
 }
 
 #[derive(Clone, Debug)]
@@ -40,6 +46,8 @@ pub struct SyntheticSpec {
     /// A mixture of experts in place of each layer's FFN, laid out as Mixtral's (`expert_count` on the
     /// llama architecture, each expert `n_ff` rows): (experts, used per token).
     pub experts: Option<(usize, usize)>,
+    /// The experts' matrices' type, when not the cycled `matrix_types` (gpt-oss ships MXFP4 experts).
+    pub expert_type: Option<GgmlType>,
     pub vocab: SyntheticVocab,
     pub seed: u64,
 }
@@ -61,6 +69,7 @@ impl Default for SyntheticSpec {
             output_type: None,
             qkv_bias: false,
             experts: None,
+            expert_type: None,
             vocab: SyntheticVocab::Bpe,
             seed: 1,
         }
@@ -69,6 +78,54 @@ impl Default for SyntheticSpec {
 
 const SAMPLE_TEXT: &str = "the quick brown fox jumps over the lazy dog. hello world, the weather is nice \
     today and the sea is calm. then there were three. 1234567890 these are the things that matter.";
+
+/// A harmony chat template (gpt-oss's format, written for the synthetic model): a system message with the
+/// reasoning effort, the system prompt and offered functions in a developer message, each turn as a harmony
+/// message, earlier calls as commentary messages to `functions.NAME`, results as messages from it, and a
+/// generation prompt of `<|start|>assistant`.
+pub const HARMONY_TEMPLATE: &str = "<|start|>system<|message|>Reasoning: \
+{{ reasoning_effort if reasoning_effort is defined else 'medium' }}
+# Valid channels: analysis, commentary, final.<|end|>
+{%- set sys = messages | selectattr('role', 'equalto', 'system') | list %}
+{%- set offered = tools is defined and tools %}
+{%- if sys or offered %}<|start|>developer<|message|>
+{%- if sys %}# Instructions
+
+{{ sys[0].content }}{% endif %}
+{%- if offered %}
+
+# Tools
+
+namespace functions {
+{%- for t in tools %}
+// {{ t.function.description }}
+type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
+{%- endfor %}
+} // namespace functions{% endif %}<|end|>{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}<|start|>user<|message|>{{ m.content }}<|end|>
+{%- elif m.role == 'assistant' and m.tool_calls is defined and m.tool_calls %}
+{%- for c in m.tool_calls %}<|start|>assistant to=functions.{{ c.function.name }}<|channel|>commentary json\
+<|message|>{{ c.function.arguments | tojson }}<|call|>{% endfor %}
+{%- elif m.role == 'assistant' %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>
+{%- elif m.role == 'tool' %}<|start|>functions.{{ m.name }} to=assistant<|channel|>commentary<|message|>\
+{{ m.content }}<|end|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start|>assistant{% endif %}";
+
+/// gpt-oss's special tokens (o200k_harmony's), control tokens of the harmony vocabulary: BOS, then EOS.
+const HARMONY_SPECIALS: [&str; 9] = [
+    "<|startoftext|>",
+    "<|return|>",
+    "<|endoftext|>",
+    "<|constrain|>",
+    "<|channel|>",
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|call|>",
+];
 
 const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
@@ -94,6 +151,16 @@ impl SyntheticSpec {
         if let Some((n_expert, n_used)) = self.experts {
             w.set(&format!("{a}.expert_count"), GgufValue::U32(n_expert as u32));
             w.set(&format!("{a}.expert_used_count"), GgufValue::U32(n_used as u32));
+        }
+        let oss = a == "gpt-oss";
+        if oss {
+            // gpt-oss-20b's RoPE and window: YaRN 32x over 4096 positions, 128 keys on the even layers.
+            w.set(&format!("{a}.rope.freq_base"), GgufValue::F32(150000.0));
+            w.set(&format!("{a}.rope.scaling.type"), GgufValue::str("yarn"));
+            w.set(&format!("{a}.rope.scaling.factor"), GgufValue::F32(32.0));
+            w.set(&format!("{a}.rope.scaling.original_context_length"), GgufValue::U32(4096));
+            w.set(&format!("{a}.attention.sliding_window"), GgufValue::U32(128));
+            w.set(&format!("{a}.expert_feed_forward_length"), GgufValue::U32(self.n_ff as u32));
         }
         let n_vocab = self.write_vocab(&mut w);
 
@@ -130,24 +197,35 @@ impl SyntheticSpec {
             // Norms are drawn from their own stream so adding a tensor type does not shift the others.
             let mut nrng = ChaCha8Rng::seed_from_u64(self.seed ^ ((l as u64 + 1) * 0x9E37));
             norm(&mut w, &n("attn_norm.weight"), &mut nrng);
-            norm(&mut w, &n("ffn_norm.weight"), &mut nrng);
+            norm(&mut w, &n(if oss { "post_attention_norm.weight" } else { "ffn_norm.weight" }), &mut nrng);
             tensor(&mut w, &n("attn_q.weight"), 1, q, d, types.next().unwrap_or(GgmlType::F32), s_in);
             tensor(&mut w, &n("attn_k.weight"), 1, kv, d, types.next().unwrap_or(GgmlType::F32), s_in);
             tensor(&mut w, &n("attn_v.weight"), 1, kv, d, types.next().unwrap_or(GgmlType::F32), s_in);
-            if self.qkv_bias {
+            if self.qkv_bias || oss {
                 tensor(&mut w, &n("attn_q.bias"), 1, 1, q, GgmlType::F32, 0.1);
                 tensor(&mut w, &n("attn_k.bias"), 1, 1, kv, GgmlType::F32, 0.1);
                 tensor(&mut w, &n("attn_v.bias"), 1, 1, kv, GgmlType::F32, 0.1);
             }
             tensor(&mut w, &n("attn_output.weight"), 1, d, q, types.next().unwrap_or(GgmlType::F32), s_in);
+            if oss {
+                tensor(&mut w, &n("attn_output.bias"), 1, 1, d, GgmlType::F32, 0.1);
+                tensor(&mut w, &n("attn_sinks.weight"), 1, 1, self.n_head, GgmlType::F32, 1.0);
+            }
             if let Some((n_expert, _)) = self.experts {
                 // The router stays f32, as llama.cpp's quantizer leaves it; its scale makes picks clear.
                 tensor(&mut w, &n("ffn_gate_inp.weight"), 1, n_expert, d, GgmlType::F32, s_in * 4.0);
                 let (g, u, dn) = (types.next(), types.next(), types.next());
-                let (g, u, dn) = (g.unwrap_or(GgmlType::F32), u.unwrap_or(GgmlType::F32), dn.unwrap_or(GgmlType::F32));
+                let ty = |t: Option<GgmlType>| self.expert_type.or(t).unwrap_or(GgmlType::F32);
+                let (g, u, dn) = (ty(g), ty(u), ty(dn));
                 tensor(&mut w, &n("ffn_gate_exps.weight"), n_expert, ff, d, g, s_in);
                 tensor(&mut w, &n("ffn_up_exps.weight"), n_expert, ff, d, u, s_in);
                 tensor(&mut w, &n("ffn_down_exps.weight"), n_expert, d, ff, dn, s_ff);
+                if oss {
+                    tensor(&mut w, &n("ffn_gate_inp.bias"), 1, 1, n_expert, GgmlType::F32, 0.5);
+                    tensor(&mut w, &n("ffn_gate_exps.bias"), 1, n_expert, ff, GgmlType::F32, 0.1);
+                    tensor(&mut w, &n("ffn_up_exps.bias"), 1, n_expert, ff, GgmlType::F32, 0.1);
+                    tensor(&mut w, &n("ffn_down_exps.bias"), 1, n_expert, d, GgmlType::F32, 0.05);
+                }
             } else {
                 tensor(&mut w, &n("ffn_gate.weight"), 1, ff, d, types.next().unwrap_or(GgmlType::F32), s_in);
                 tensor(&mut w, &n("ffn_up.weight"), 1, ff, d, types.next().unwrap_or(GgmlType::F32), s_in);
@@ -170,10 +248,13 @@ impl SyntheticSpec {
     /// Writes the tokenizer metadata; returns the vocabulary size.
     fn write_vocab(&self, w: &mut GgufWriter) -> usize {
         match self.vocab {
-            SyntheticVocab::Bpe => {
+            SyntheticVocab::Bpe | SyntheticVocab::Harmony => {
+                let harmony = self.vocab == SyntheticVocab::Harmony;
                 let map = ByteMap::get();
-                let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
-                let mut types = vec![3i32; 3];
+                let specials: &[&str] =
+                    if harmony { &HARMONY_SPECIALS } else { &["<|endoftext|>", "<|im_start|>", "<|im_end|>"] };
+                let mut tokens: Vec<String> = specials.iter().map(|s| (*s).to_owned()).collect();
+                let mut types = vec![3i32; specials.len()];
                 for b in 0..=255u8 {
                     tokens.push(map.byte_to_char(b).to_string());
                     types.push(1);
@@ -216,14 +297,14 @@ impl SyntheticSpec {
                     types.push(1);
                 }
                 w.set("tokenizer.ggml.model", GgufValue::str("gpt2"));
-                w.set("tokenizer.ggml.pre", GgufValue::str("smollm"));
+                w.set("tokenizer.ggml.pre", GgufValue::str(if harmony { "gpt-4o" } else { "smollm" }));
                 w.set("tokenizer.ggml.tokens", GgufValue::strs(&tokens));
                 w.set("tokenizer.ggml.token_type", GgufValue::i32s(&types));
                 w.set("tokenizer.ggml.merges", GgufValue::strs(&merges));
                 w.set("tokenizer.ggml.bos_token_id", GgufValue::U32(0));
-                w.set("tokenizer.ggml.eos_token_id", GgufValue::U32(2));
+                w.set("tokenizer.ggml.eos_token_id", GgufValue::U32(if harmony { 1 } else { 2 }));
                 w.set("tokenizer.ggml.add_bos_token", GgufValue::Bool(false));
-                w.set("tokenizer.chat_template", GgufValue::str(CHATML));
+                w.set("tokenizer.chat_template", GgufValue::str(if harmony { HARMONY_TEMPLATE } else { CHATML }));
                 tokens.len()
             }
             SyntheticVocab::Spm => {

@@ -323,7 +323,9 @@ pub(super) async fn prepare_chat(app: &App, peer: Option<Peer>, req: ChatRequest
         model,
         checked,
         logprobs,
-        reasoning: splits_reasoning.then_some(prompt.format),
+        // Harmony's markup frames every message (and its calls): it is always read, whatever
+        // `reasoning_format` says.
+        reasoning: (splits_reasoning || prompt.format == ReplyFormat::Harmony).then_some(prompt.format),
         opens_think: Some(prompt.format),
         tools: tool_req.map(|_| tool_format),
     };

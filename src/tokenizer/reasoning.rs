@@ -13,6 +13,9 @@
 //! `<|start|>assistant<|channel|>final<|message|>...` is the content (llama.cpp's gpt-oss parser does the
 //! same). A message's header is everything up to `<|message|>`; the `analysis` channel is reasoning, any
 //! other channel (`final`, `commentary`) content; a reply that does not start with a header is all content.
+//! A message to a function (`to=functions.NAME` in its header) is a call: its body (the arguments) goes on
+//! in the content as the Hermes text of that call, `<tool_call>\n{"name": "NAME", "arguments": BODY}\n
+//! </tool_call>`, which `tools` reads as a call.
 //!
 //! [`ReasoningSplitter`] does it on a stream of text pieces, however the tags fall across them: a piece
 //! that may be the start of a tag, or whitespace that may end the reasoning, is held back until the next
@@ -55,8 +58,8 @@ const H_MAX_HEADER_BYTES: usize = 256;
 enum HPlace {
     /// Reading a message's header (up to `<|message|>`).
     Header,
-    /// In a message's body: reasoning (the analysis channel) or content.
-    Body { reasoning: bool },
+    /// In a message's body: reasoning (the analysis channel) or content; `call`: a call's arguments.
+    Body { reasoning: bool, call: bool },
     /// Not harmony after all: everything is content.
     Plain,
 }
@@ -180,7 +183,9 @@ impl ReasoningSplitter {
         if let Some(h) = self.harmony {
             // A header cut short is content (it was not one); a body's held tail is its channel's.
             match h {
-                HPlace::Body { reasoning: true } => out.reasoning = held,
+                HPlace::Body { reasoning: true, .. } => out.reasoning = held,
+                // `<|call|>` ends the generation, so the text usually stops inside the call's body.
+                HPlace::Body { call: true, .. } => out.content = format!("{held}}}\n</tool_call>"),
                 HPlace::Header if held.starts_with(H_CHANNEL) || held.starts_with(H_START) => {}
                 _ => out.content = held,
             }
@@ -199,7 +204,7 @@ impl ReasoningSplitter {
     /// Whether the splitter is inside the reasoning block now.
     pub fn in_reasoning(&self) -> bool {
         match self.harmony {
-            Some(h) => h == HPlace::Body { reasoning: true },
+            Some(h) => matches!(h, HPlace::Body { reasoning: true, .. }),
             None => matches!(self.place, Place::Reasoning { .. }),
         }
     }
@@ -214,11 +219,17 @@ impl ReasoningSplitter {
                     if let Some(at) = self.held.find(H_MESSAGE) {
                         let header = &self.held[..at];
                         let reasoning = header_channel(header) == Some("analysis");
+                        let callee = header_recipient(header).map(str::to_owned);
                         if !reasoning {
                             self.content_begun = true;
                         }
                         self.held.drain(..at + H_MESSAGE.len());
-                        self.harmony = Some(HPlace::Body { reasoning });
+                        let call = callee.is_some();
+                        if let Some(name) = callee {
+                            let name = serde_json::Value::String(name);
+                            out.content.push_str(&format!("<tool_call>\n{{\"name\": {name}, \"arguments\": "));
+                        }
+                        self.harmony = Some(HPlace::Body { reasoning: reasoning && !call, call });
                         continue;
                     }
                     let header_like = H_CHANNEL.starts_with(self.held.as_str())
@@ -230,7 +241,7 @@ impl ReasoningSplitter {
                     }
                     self.harmony = Some(HPlace::Plain);
                 }
-                HPlace::Body { reasoning } => {
+                HPlace::Body { reasoning, call } => {
                     let end = H_BODY_ENDS.iter().filter_map(|t| self.held.find(t).map(|at| (at, *t))).min();
                     let (give, next) = match end {
                         Some((at, tag)) => (at, Some((at, tag))),
@@ -248,6 +259,9 @@ impl ReasoningSplitter {
                     let Some((_, tag)) = next else { return out };
                     if reasoning {
                         self.analysis_closed += 1;
+                    }
+                    if call {
+                        out.content.push_str("}\n</tool_call>");
                     }
                     // `<|start|>` begins the next message's header; the ends are dropped.
                     if tag != H_START {
@@ -270,6 +284,12 @@ impl ReasoningSplitter {
 /// to=functions.f <|constrain|>json` -> `commentary`).
 fn header_channel(header: &str) -> Option<&str> {
     let at = header.find(H_CHANNEL)? + H_CHANNEL.len();
+    header[at..].split(|c: char| c.is_whitespace() || c == '<').next().filter(|c| !c.is_empty())
+}
+
+/// The function a harmony header addresses (`... to=functions.get_weather ...` -> `get_weather`).
+fn header_recipient(header: &str) -> Option<&str> {
+    let at = header.find("to=functions.")? + "to=functions.".len();
     header[at..].split(|c: char| c.is_whitespace() || c == '<').next().filter(|c| !c.is_empty())
 }
 
@@ -435,6 +455,24 @@ mod tests {
         assert_eq!(split_reply("", h), split("", ""));
         assert!(prompt_is_harmony("<|start|>user<|message|>Hi<|end|><|start|>assistant"));
         assert!(!prompt_is_harmony("<|im_start|>assistant\n"));
+    }
+
+    #[test]
+    fn a_harmony_call_goes_on_as_the_hermes_text_of_the_call() {
+        let h = ReplyFormat::Harmony;
+        let text = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary \
+                    to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}";
+        let want = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        // The call ends with `<|call|>` (an end of generation, so usually not in the text) or is cut.
+        assert_eq!(split_reply(&format!("{text}<|call|>"), h), split("Need weather.", want));
+        assert_eq!(split_reply(text, h), split("Need weather.", want));
+        // The recipient may come before the channel, as the template writes earlier calls.
+        let before = "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}<|call|>";
+        assert_eq!(split_reply(before, h).content, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>");
+        let (content, calls) = crate::tools::parse_reply(crate::tools::ToolFormat::Harmony, want);
+        assert!(content.is_empty());
+        assert_eq!(calls.len(), 1);
+        assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), ("get_weather", "{\"city\":\"Oslo\"}"));
     }
 
     #[test]

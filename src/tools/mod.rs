@@ -9,7 +9,11 @@
 //!          <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>
 //! Llama3   (Llama 3.1-3.3)        {"name": "f", "parameters": {...}}
 //! Mistral  (Mistral, Mixtral)     [TOOL_CALLS][{"name": "f", "arguments": {...}}]
+//! Harmony  (gpt-oss)              <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}
 //! ```
+//!
+//! A harmony call is a message of its own, which the reasoning splitter (`tokenizer::reasoning`) reads: it
+//! hands the call on as the Hermes text of the same call, so calls are read out of its content as Hermes'.
 //!
 //! A template that does not mention tools (SmolLM2, Gemma 3) gets them described in a system message
 //! ([`system_prompt`]) in the Hermes format, and earlier calls and results written as text in that format.
@@ -29,6 +33,7 @@ pub enum ToolFormat {
     Hermes,
     Llama3,
     Mistral,
+    Harmony,
 }
 
 /// One function a request offers.
@@ -78,7 +83,9 @@ impl ToolFormat {
     /// The format a chat template writes and reads, and whether the template renders `tools` itself.
     pub fn of_template(source: &str) -> (ToolFormat, bool) {
         let knows_tools = source.contains("tools");
-        let format = if source.contains("[TOOL_CALLS]") {
+        let format = if source.contains("<|channel|>") {
+            ToolFormat::Harmony
+        } else if source.contains("[TOOL_CALLS]") {
             ToolFormat::Mistral
         } else if source.contains("<tool_call>") {
             ToolFormat::Hermes
@@ -95,13 +102,24 @@ impl ToolFormat {
         let args: Value = serde_json::from_str(&call.arguments).unwrap_or(Value::String(call.arguments.clone()));
         match self {
             ToolFormat::Llama3 => json!({"name": call.name, "parameters": args}),
-            ToolFormat::Hermes | ToolFormat::Mistral => json!({"name": call.name, "arguments": args}),
+            ToolFormat::Hermes | ToolFormat::Mistral | ToolFormat::Harmony => {
+                json!({"name": call.name, "arguments": args})
+            }
         }
     }
 
     /// Earlier calls as the model would have written them.
     pub fn calls_text(self, calls: &[ToolCall]) -> String {
         match self {
+            ToolFormat::Harmony => calls
+                .iter()
+                .map(|c| {
+                    format!(
+                        "<|channel|>commentary to=functions.{} <|constrain|>json<|message|>{}<|call|>",
+                        c.name, c.arguments
+                    )
+                })
+                .collect(),
             ToolFormat::Hermes => calls
                 .iter()
                 .map(|c| format!("<tool_call>\n{}\n</tool_call>", self.call_json(c)))
@@ -218,7 +236,7 @@ pub fn mistral_id(id: &str) -> String {
 fn call_schema(format: ToolFormat, t: &Tool) -> Value {
     let args = match format {
         ToolFormat::Llama3 => "parameters",
-        ToolFormat::Hermes | ToolFormat::Mistral => "arguments",
+        ToolFormat::Hermes | ToolFormat::Mistral | ToolFormat::Harmony => "arguments",
     };
     let params = if t.parameters.is_object() { t.parameters.clone() } else { json!({"type": "object"}) };
     json!({
@@ -262,6 +280,26 @@ pub fn calls_grammar(
             )
         }
         ToolFormat::Llama3 => format!("start: %json {}\n", with_options(one)),
+        ToolFormat::Harmony => {
+            // One call per reply: `<|call|>` after it ends the generation. Its header names the function,
+            // its body is the arguments.
+            let calls: Vec<String> = offered
+                .iter()
+                .map(|t| {
+                    let params =
+                        if t.parameters.is_object() { t.parameters.clone() } else { json!({"type": "object"}) };
+                    format!(
+                        "{} {} {} \"json\" {} %json {}",
+                        literal(tokenizer, "<|channel|>"),
+                        lark_string(&format!("commentary to=functions.{} ", t.name)),
+                        literal(tokenizer, "<|constrain|>"),
+                        literal(tokenizer, "<|message|>"),
+                        with_options(params)
+                    )
+                })
+                .collect();
+            format!("start: {}\n", calls.join(" | "))
+        }
         ToolFormat::Mistral => {
             let max = if parallel { json!(null) } else { json!(1) };
             let mut array = json!({"type": "array", "items": one, "minItems": 1});

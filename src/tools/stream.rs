@@ -70,7 +70,8 @@ impl ToolSplitter {
 
     fn open_marker(&self) -> &'static str {
         match self.format {
-            ToolFormat::Hermes => HERMES_OPEN,
+            // The reasoning splitter hands harmony's calls on as Hermes text.
+            ToolFormat::Hermes | ToolFormat::Harmony => HERMES_OPEN,
             ToolFormat::Mistral => MISTRAL_OPEN,
             ToolFormat::Llama3 => PYTHON_TAG,
         }
@@ -115,7 +116,8 @@ impl ToolSplitter {
                         self.gap = self.pending[before.len()..i].to_owned();
                         self.emit(&mut out, &before);
                         self.pending.drain(..i + marker.len());
-                        self.state = if self.format == ToolFormat::Hermes { State::Call } else { State::Rest };
+                        let tagged = matches!(self.format, ToolFormat::Hermes | ToolFormat::Harmony);
+                        self.state = if tagged { State::Call } else { State::Rest };
                         self.rest_marker = marker;
                         continue;
                     }

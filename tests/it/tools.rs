@@ -8,7 +8,7 @@
 use serde_json::{json, Value};
 
 use strata::gguf::{GgufFile, GgufValue, GgufWriter};
-use strata::model::synthetic::SyntheticSpec;
+use strata::model::synthetic::{SyntheticSpec, SyntheticVocab, HARMONY_TEMPLATE};
 use strata::tokenizer::{ChatMessage, ChatTemplate};
 use strata::tools::{prepare_messages, Tool, ToolFormat};
 
@@ -125,4 +125,93 @@ fn a_random_model_must_answer_required_with_valid_calls_whole_and_streamed() {
             chunks.iter().map(|c| &c["choices"][0]["finish_reason"]).filter(|f| !f.is_null()).collect();
         assert_eq!(finish, [&json!("tool_calls")]);
     }
+}
+
+/// A tiny random-weight gpt-oss with the harmony vocabulary and chat template (`SyntheticVocab::Harmony`).
+fn harmony_server(dir: &std::path::Path) -> Server {
+    let spec = SyntheticSpec {
+        arch: "gpt-oss",
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 128,
+        experts: Some((4, 2)),
+        expert_type: Some(strata::quant::GgmlType::MXFP4),
+        output_type: Some(strata::quant::GgmlType::Q8_0),
+        vocab: SyntheticVocab::Harmony,
+        ..SyntheticSpec::default()
+    };
+    let path = dir.join("harmony.gguf");
+    std::fs::write(&path, spec.to_gguf()).unwrap();
+    Server::start(&["-m", path.to_str().unwrap(), "-c", "2048"])
+}
+
+/// The harmony template (gpt-oss's format): tools offered in the developer message, an earlier call as a
+/// commentary message to `functions.NAME`, its result as a message from it, and the generation prompt.
+#[test]
+fn the_harmony_template_renders_tools_calls_and_results() {
+    assert_eq!(ToolFormat::of_template(HARMONY_TEMPLATE), (ToolFormat::Harmony, true));
+    let t = ChatTemplate::new(HARMONY_TEMPLATE, "<|startoftext|>", "<|return|>").expect("compiles");
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls.push(json!({"id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}));
+    let mut result = ChatMessage::new("tool", "rain");
+    result.name = Some("get_weather".into());
+    let messages = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Oslo?"), call, result];
+    let kwargs = json!({"tools": [weather().to_openai()]}).as_object().unwrap().clone();
+    let text = t.render_with(&messages, true, &kwargs).unwrap();
+    assert!(text.contains("<|start|>developer<|message|># Instructions\n\nBe brief."), "{text}");
+    assert!(text.contains("type get_weather = (_: {"), "{text}");
+    assert!(
+        text.contains(
+            "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Oslo\", \
+             \"days\": 2}<|call|>"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>rain<|end|>"));
+    assert!(text.ends_with("<|start|>assistant"), "{text}");
+}
+
+/// gpt-oss answers `tool_choice` required with a harmony call message (the grammar writes its header, the
+/// arguments under the tool's schema): the server reads it as a call, whole and streamed, with no content.
+/// A reply the grammar shapes as an analysis message then a final one comes back as reasoning and content.
+#[test]
+fn a_harmony_model_answers_with_calls_and_keeps_its_analysis_apart() {
+    let _one = common::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let s = harmony_server(dir.path());
+    let tools = json!([weather().to_openai(), {"type": "function", "function": {"name": "noop"}}]);
+    for seed in 0..3 {
+        let body = json!({
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": tools, "tool_choice": "required",
+            "temperature": 1.0, "seed": seed, "max_tokens": 300,
+        });
+        let r = s.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let choice = &r.json()["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "seed {seed}: {choice}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{choice}");
+        let name = calls[0]["function"]["name"].as_str().unwrap();
+        let args = calls[0]["function"]["arguments"].as_str().unwrap();
+        assert!(name == "noop" || valid_weather_args(args), "seed {seed}: {name} {args}");
+        assert!(choice["message"]["content"].is_null(), "{choice}");
+
+        let mut stream_body = body.clone();
+        stream_body["stream"] = json!(true);
+        let (text, chunks) = streamed_text(&s.post("/v1/chat/completions", &stream_body));
+        assert!(text.is_empty(), "no content besides the call: {text:?}");
+        let deltas: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"].get("tool_calls")).collect();
+        assert_eq!(deltas.len(), 1, "{chunks:?}");
+        assert_eq!(deltas[0][0]["function"]["arguments"].as_str().unwrap(), args, "seed {seed}");
+    }
+    let grammar = r#"root ::= "<|channel|>analysis<|message|>" [a-z]{3,12} "<|end|><|start|>assistant<|channel|>final<|message|>" [a-z]{3,12}"#;
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "grammar": grammar, "max_tokens": 80});
+    let r = s.post("/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = &r.json()["choices"][0]["message"];
+    let (reasoning, content) = (m["reasoning_content"].as_str().unwrap_or(""), m["content"].as_str().unwrap_or(""));
+    let plain = |t: &str| (3..=12).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_lowercase());
+    assert!(plain(reasoning) && plain(content), "{m}");
 }
