@@ -78,10 +78,12 @@ extern "C" __global__ void kv_gather(const u64 *table, u8 *dst, int row0, int ro
 // A sliding-window layer (window > 0) attends to the query's position and the window - 1 before it: lo is
 // pos + 1 - window, and the positions before it are never read (as the CPU gives them a weight of exactly
 // 0). With softcap > 0 a score becomes softcap * tanh(score * scale / softcap) (Gemma 2), else score * scale.
+// With sinks (n_head values, else null) head h's sink joins the softmax as one more score whose value is zero
+// (gpt-oss): it enters the merge's max and adds e^(sink - max) to the sum.
 template <bool INT8>
 __device__ __forceinline__ void attention(const float *q, float *out, const u64 *k_pages, const u64 *v_pages,
                                           int pos0, int n_head, int n_head_kv, int head_dim, float scale, int window,
-                                          float softcap) {
+                                          float softcap, const float *sinks) {
     __shared__ float part_m[ATTN_WARPS], part_l[ATTN_WARPS];
     __shared__ float part_acc[ATTN_WARPS][HEAD_DIM_MAX];
     const int t = blockIdx.x / n_head, h = blockIdx.x % n_head, kvh = h / (n_head / n_head_kv);
@@ -138,10 +140,16 @@ __device__ __forceinline__ void attention(const float *q, float *out, const u64 
     if (warp == 0) {
         float mx = part_m[0]; // warp 0 always saw position lo
         for (int w = 1; w < ATTN_WARPS; w++) mx = fmaxf(mx, part_m[w]);
+        if (sinks) {
+            mx = fmaxf(mx, sinks[h]);
+        }
         float sum = 0.0f, f[ATTN_WARPS];
         for (int w = 0; w < ATTN_WARPS; w++) {
             f[w] = part_l[w] > 0.0f ? expf(part_m[w] - mx) : 0.0f;
             sum += part_l[w] * f[w];
+        }
+        if (sinks) {
+            sum += expf(sinks[h] - mx);
         }
         float *o = out + ((long long)t * n_head + h) * head_dim;
         for (int i = 0; i < per_lane; i++) {
@@ -156,12 +164,12 @@ __device__ __forceinline__ void attention(const float *q, float *out, const u64 
 
 extern "C" __global__ void attention_f16(const float *q, float *out, const u64 *k_pages, const u64 *v_pages, int pos0,
                                          int n_head, int n_head_kv, int head_dim, float scale, int window,
-                                         float softcap) {
-    attention<false>(q, out, k_pages, v_pages, pos0, n_head, n_head_kv, head_dim, scale, window, softcap);
+                                         float softcap, const float *sinks) {
+    attention<false>(q, out, k_pages, v_pages, pos0, n_head, n_head_kv, head_dim, scale, window, softcap, sinks);
 }
 
 extern "C" __global__ void attention_q8_0(const float *q, float *out, const u64 *k_pages, const u64 *v_pages,
                                           int pos0, int n_head, int n_head_kv, int head_dim, float scale, int window,
-                                          float softcap) {
-    attention<true>(q, out, k_pages, v_pages, pos0, n_head, n_head_kv, head_dim, scale, window, softcap);
+                                          float softcap, const float *sinks) {
+    attention<true>(q, out, k_pages, v_pages, pos0, n_head, n_head_kv, head_dim, scale, window, softcap, sinks);
 }

@@ -63,10 +63,12 @@ extern "C" __global__ void gather_rows_f32(const float *x, const int *idx, float
 // (2i, 2i + 1) for norm RoPE (llama) and (i, i + rope_dims/2) for neox RoPE (qwen2). Pair i turns by
 // freq_scale * (pos * theta_scale^i / factors[i]) (`factors` null: 1), with pos * theta_scale^i by repeated
 // multiplication as the CPU and ggml compute it, its cosine and sine times mscale (LongRoPE's attention
-// factor). One thread per (token, head, pair), query heads first.
+// factor). With yarn, YaRN blends each angle toward the unscaled one by a ramp over the correction dims
+// (yarn_low, yarn_high) and scales cos and sin by 1 + 0.1 ln(1 / freq_scale), as the CPU's rope_table.
+// One thread per (token, head, pair), query heads first.
 extern "C" __global__ void rope_f32(float *q, float *k, const float *factors, int tokens, int n_head, int n_head_kv,
                                     int head_dim, int rope_dims, int pos0, float theta_scale, float freq_scale,
-                                    float mscale, int neox) {
+                                    float mscale, int neox, int yarn, float yarn_low, float yarn_high) {
     int half = rope_dims / 2, heads = n_head + n_head_kv;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long total = (long long)tokens * heads * half;
@@ -80,7 +82,15 @@ extern "C" __global__ void rope_f32(float *q, float *k, const float *factors, in
     for (int j = 0; j < i; j++) {
         theta *= theta_scale;
     }
-    float angle = freq_scale * (theta / (factors ? factors[i] : 1.0f));
+    float extrap = theta / (factors ? factors[i] : 1.0f);
+    float angle = freq_scale * extrap;
+    if (yarn) {
+        // YaRN (ggml's rope_yarn with ext_factor 1): blend toward the unscaled angle on the fast pairs.
+        float y = ((float)i - yarn_low) / fmaxf(0.001f, yarn_high - yarn_low);
+        float ramp = 1.0f - fminf(1.0f, fmaxf(0.0f, y));
+        angle = angle * (1.0f - ramp) + extrap * ramp;
+        mscale *= 1.0f + 0.1f * logf(1.0f / freq_scale);
+    }
     float c = cosf(angle) * mscale, s = sinf(angle) * mscale;
     float *v = h < n_head ? q + ((long long)t * n_head + h) * head_dim
                           : k + ((long long)t * n_head_kv + (h - n_head)) * head_dim;

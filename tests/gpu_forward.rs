@@ -485,8 +485,8 @@ fn max_row_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 /// qwen3 and gemma3 (heads of whole q8_0 blocks) also run with int8 KV on one GPU: the CPU's greedy
 /// tokens. (gemma2 with int8 KV parts from llama.cpp's tokens on the CPU too; its q8_0 window and
 /// soft-cap are checked kernel by kernel in tests/gpu_kernels.rs.) The mixtures of experts (qwen3moe,
-/// mixtral) run attention on the GPU and their experts from host memory (`--experts auto`). gpt-oss's
-/// sinks and YaRN have no kernels yet: its GPU stage is refused with the reason.
+/// mixtral, gpt-oss) run attention on the GPU (gpt-oss's sinks, YaRN and output bias too) and their experts
+/// from host memory (`--experts auto`).
 #[test]
 fn every_family_on_gpu_stages_follows_the_cpu_and_llama_cpp() {
     let (mut report, mut failures) = (Vec::new(), Vec::new());
@@ -499,15 +499,6 @@ fn every_family_on_gpu_stages_follows_the_cpu_and_llama_cpp() {
         let cpu = load(&file, DeviceSet::cpu(), None, None);
         let (cpu_rows, cpu_tokens) = family_run(&cpu, KvType::F16, &prompt, want.len(), ctx);
         assert_eq!(cpu_tokens, want, "{ref_stem}: the cpu's greedy tokens (f16 KV)");
-        if cpu.cfg.family.attn_sinks {
-            // gpt-oss: the kernels have no sinks or YaRN yet; a GPU stage is refused, naming why and the way out.
-            let opts = LoadOptions { devices: devices(&[emu(64)], 0), ..Default::default() };
-            let err = Model::from_file_with(file.clone(), &opts).err().expect("gpt-oss on a GPU stage is refused");
-            let msg = err.to_string();
-            assert!(msg.contains("attention sinks") && msg.contains("--devices cpu"), "{ref_stem}: {msg}");
-            report.push(format!("{ref_stem}: GPU stages refused ({msg})"));
-            continue;
-        }
         let cpu_f64 = max_diff64(&common::families::log_softmax(&cpu_rows[prompt.len() - 1]), &exact);
         let half = vec![cpu.cfg.n_layer / 2];
         let placements = [
@@ -529,7 +520,14 @@ fn every_family_on_gpu_stages_follows_the_cpu_and_llama_cpp() {
             if tokens != want {
                 failures.push(format!("{ref_stem} on {name}: greedy tokens {tokens:?}, llama.cpp's {want:?}"));
             }
-            let bound = if gpu.cfg.attn_softcap.is_some() { 5e-3 } else { 1e-3 };
+            // gpt-oss's fixture (q/k weights and biases at twice the scale, sinks) moves 1.2e-3 when its
+            // first layers' f16 K/V round differently, while staying nearer float64 than the CPU is (6.5e-3
+            // vs 7.4e-3 nat); with only its last two layers on the GPU it is 2.4e-5 from the CPU.
+            let bound = match (gpu.cfg.attn_softcap, gpu.cfg.family.attn_sinks) {
+                (Some(_), _) => 5e-3,
+                (None, true) => 2e-3,
+                (None, false) => 1e-3,
+            };
             if vs_cpu >= bound {
                 failures.push(format!("{ref_stem} on {name}: logits {vs_cpu:e} from the cpu's"));
             }

@@ -179,8 +179,11 @@ fn norms_rope_glus_caps_and_adds_match_the_cpu() {
     let fb = upload_f32(&gpu, &factors);
     let plain = strata::model::RopeParams { base, freq_scale: 1.0, mscale: 1.0, yarn: None };
     let scaled = strata::model::RopeParams { base: 500000.0, freq_scale: 0.25, mscale: 1.2247449, yarn: None };
+    // gpt-oss's YaRN: 32x over 4096 positions (the ramp's correction dims fall inside rope_dims / 2).
+    let yarn = Some(strata::model::Yarn::new(rope_dims, 4096, 150000.0));
+    let yarned = strata::model::RopeParams { base: 150000.0, freq_scale: 1.0 / 32.0, mscale: 1.0, yarn };
     for (kind, neox) in [(RopeKind::Norm, 0), (RopeKind::Neox, 1)] {
-        for (rope, with_factors) in [(plain, false), (scaled, true)] {
+        for (rope, with_factors) in [(plain, false), (scaled, true), (yarned, false)] {
             let q = randn(&mut rng, t * n_head * head_dim, 1.0);
             let k = randn(&mut rng, t * n_head_kv * head_dim, 1.0);
             let (qb, kb) = (upload_f32(&gpu, &q), upload_f32(&gpu, &k));
@@ -199,6 +202,9 @@ fn norms_rope_glus_caps_and_adds_match_the_cpu() {
                 Arg::F32(rope.freq_scale),
                 Arg::F32(rope.mscale),
                 Arg::I32(neox),
+                Arg::I32(i32::from(rope.yarn.is_some())),
+                Arg::F32(rope.yarn.map_or(0.0, |y| y.low)),
+                Arg::F32(rope.yarn.map_or(0.0, |y| y.high)),
             ];
             run(&*gpu, "rope_f32", Dims::over(t * (n_head + n_head_kv) * rope_dims / 2, 128), &args).unwrap();
             for (name, x, xb, heads) in [("q", &q, &qb, n_head), ("k", &k, &kb, n_head_kv)] {
@@ -210,7 +216,7 @@ fn norms_rope_glus_caps_and_adds_match_the_cpu() {
                         ops::rope_apply(&mut want[at..at + rope_dims], &table, kind);
                     }
                 }
-                let what = format!("rope {kind:?} {name} (factors {with_factors})");
+                let what = format!("rope {kind:?} {name} (factors {with_factors}, yarn {:?})", rope.yarn);
                 assert_close(&what, &xb.read_f32(x.len()).unwrap(), &want, 1e-5);
             }
         }
@@ -309,8 +315,14 @@ fn kv_rows_are_stored_as_the_cpu_stores_them_and_attention_matches() {
     let gpu = gpu();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     // Global attention; a sliding window with a soft-cap (Gemma 2); a window narrower than the kernel's
-    // warps, so some warps see no position.
-    let variants = [(None, None), (Some(40), Some(50.0)), (Some(3), None)];
+    // warps, so some warps see no position; sinks with a window and without (gpt-oss).
+    let variants = [
+        (None, None, false),
+        (Some(40), Some(50.0), false),
+        (Some(3), None, false),
+        (Some(16), None, true),
+        (None, None, true),
+    ];
     for int8 in [false, true] {
         stores_and_attends(&gpu, &mut rng, (6, 2, 64), int8, &variants);
     }
@@ -321,14 +333,14 @@ fn kv_rows_are_stored_as_the_cpu_stores_them_and_attention_matches() {
 
 /// Stores K and V rows of 155 positions (over 3 pages, odd pages in pinned host memory) into f16 or int8
 /// pages for heads of `(n_head, n_head_kv, head_dim)`, checks the stored bytes against the CPU's and a
-/// gather of them, then runs attention of the last 5 positions' queries for each (window, soft-cap) of
-/// `variants` against an f64 reference.
+/// gather of them, then runs attention of the last 5 positions' queries for each (window, soft-cap, sinks)
+/// of `variants` against an f64 reference (sinks: per-head scores from -2 to 6, one more key of value 0).
 fn stores_and_attends(
     gpu: &Arc<dyn Gpu>,
     rng: &mut ChaCha8Rng,
     (n_head, n_head_kv, head_dim): (usize, usize, usize),
     int8: bool,
-    variants: &[(Option<usize>, Option<f32>)],
+    variants: &[(Option<usize>, Option<f32>, bool)],
 ) {
     let kv_dim = n_head_kv * head_dim;
     let (pos0, tokens) = (150, 5); // 155 positions over 3 pages, the batch crossing no page boundary
@@ -416,7 +428,9 @@ fn stores_and_attends(
     let qb = upload_f32(gpu, &q);
     let out = Buffer::device(gpu, (q.len() * 4) as u64).unwrap();
     let kernel = if int8 { "attention_q8_0" } else { "attention_f16" };
-    for &(window, softcap) in variants {
+    let sinks: Vec<f32> = (0..n_head).map(|h| -2.0 + 8.0 * h as f32 / n_head as f32).collect();
+    let sb = upload_f32(gpu, &sinks);
+    for &(window, softcap, with_sinks) in variants {
         let mut want = vec![0f32; q.len()];
         for t in 0..tokens {
             let pos = pos0 + t;
@@ -432,9 +446,10 @@ fn stores_and_attends(
                         softcap.map_or(s, |c| c as f64 * (s / c as f64).tanh())
                     })
                     .collect();
-                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sink = if with_sinks { sinks[h] as f64 } else { f64::NEG_INFINITY };
+                let max = scores.iter().cloned().fold(sink, f64::max);
                 let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let sum: f64 = e.iter().sum();
+                let sum: f64 = e.iter().sum::<f64>() + (sink - max).exp();
                 for d in 0..head_dim {
                     let o: f64 =
                         e.iter().enumerate().map(|(i, w)| w * vd[(lo + i) * kv_dim + kvh * head_dim + d] as f64).sum();
@@ -454,9 +469,10 @@ fn stores_and_attends(
             Arg::F32(scale),
             Arg::I32(window.unwrap_or(0) as i32),
             Arg::F32(softcap.unwrap_or(0.0)),
+            Arg::Ptr(if with_sinks { sb.ptr() } else { 0 }),
         ];
         run(&**gpu, kernel, Dims::linear((tokens * n_head) as u32, 128), &args).unwrap();
-        let what = format!("{kernel} heads of {head_dim}, window {window:?}, soft-cap {softcap:?}");
+        let what = format!("{kernel} heads of {head_dim}, window {window:?}, soft-cap {softcap:?}, sinks {with_sinks}");
         assert_close(&what, &out.read_f32(q.len()).unwrap(), &want, 1e-5);
     }
 }

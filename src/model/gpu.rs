@@ -61,6 +61,8 @@ struct GpuLayer {
     bk: Option<Allocation>,
     bv: Option<Allocation>,
     wo: GpuMatrix,
+    bo: Option<Allocation>,    // (n_embd): gpt-oss
+    sinks: Option<Allocation>, // (n_head): gpt-oss
     ffn_norm: Allocation,
     ffn: GpuFfn,
 }
@@ -182,7 +184,10 @@ pub fn weight_bytes(weights: &Weights, layers: Range<usize>, last: bool, experts
 pub fn expert_bytes(l: &LayerWeights) -> u64 {
     match &l.ffn {
         Ffn::Dense { .. } => 0,
-        Ffn::Moe(_) => l.ffn.matrices().iter().map(|m| m.data().len() as u64).sum(),
+        Ffn::Moe(_) => {
+            l.ffn.matrices().iter().map(|m| m.data().len() as u64).sum::<u64>()
+                + l.expert_vectors().map(|v| v.len() as u64 * 4).sum::<u64>()
+        }
     }
 }
 
@@ -217,7 +222,7 @@ pub fn supported(cfg: &ModelConfig) -> Result<(), String> {
         swa,                        // below
         experts: _,                 // cfg.moe below
         gating: _,                  // the host's moe::route (experts in host memory)
-        attn_sinks,                 // below
+        attn_sinks: _,              // the attention kernels' sinks
         ffn_norm: _,                // a tensor name: the loader reads it
         attn_softcap: _,            // the attention kernels' softcap
         final_softcap: _,           // softcap_f32 in the head
@@ -227,14 +232,8 @@ pub fn supported(cfg: &ModelConfig) -> Result<(), String> {
     } = cfg.family;
     match ffn_act {
         FfnAct::Silu | FfnAct::GeluTanh => {}
-        // Only a mixture's experts use it, and they run on the host; the sinks and YaRN below refuse it first.
+        // Only a mixture's experts use it (gpt-oss), and they run on the host.
         FfnAct::SwigluOai => {}
-    }
-    if *attn_sinks || cfg.rope.yarn.is_some() {
-        return Err(format!(
-            "{name}: the CUDA backend has no attention sinks or YaRN RoPE yet, which this model uses: run its \
-             layers on the CPU (--devices cpu)"
-        ));
     }
     match swa {
         SwaLayers::None | SwaLayers::Pattern(_) => {}
@@ -279,10 +278,6 @@ impl GpuStage {
         // What the kernels assume: heads of at most 256 values (attention keeps up to 8 per lane) and rows of
         // whole 32-value chunks; and a family whose every feature has its kernels.
         supported(cfg).map_err(|why| DeviceError::Unavailable { device: device.name(), why })?;
-        if let Some(l) = layers.clone().find(|&l| weights.layers[l].bo.is_some()) {
-            let why = format!("layer {l} has an attention output bias, which the CUDA backend does not add yet");
-            return Err(DeviceError::Unavailable { device: device.name(), why });
-        }
         let upload = |purpose: Purpose, bytes: &[u8]| -> Result<Allocation, DeviceError> {
             let a = device.alloc(purpose, bytes.len() as u64)?;
             a.mem().expect("GPU allocations have memory").write_at(0, bytes).map_err(|e| gpu_err(device, e))?;
@@ -329,6 +324,8 @@ impl GpuStage {
                 bk: l.bk.as_deref().map(vector).transpose()?,
                 bv: l.bv.as_deref().map(vector).transpose()?,
                 wo: matrix(&l.wo)?,
+                bo: optional(&l.bo)?,
+                sinks: optional(&l.sinks)?,
                 ffn_norm: vector(&l.ffn_norm)?,
                 ffn,
             });
@@ -519,6 +516,9 @@ impl GpuStage {
             Arg::F32(rope.freq_scale),
             Arg::F32(rope.mscale),
             Arg::I32(i32::from(cfg.rope_kind == RopeKind::Neox)),
+            Arg::I32(i32::from(rope.yarn.is_some())),
+            Arg::F32(rope.yarn.map_or(0.0, |y| y.low)),
+            Arg::F32(rope.yarn.map_or(0.0, |y| y.high)),
         ];
         self.run("rope_f32", Dims::over(t * heads * cfg.rope_dims / 2, 128), &args)
     }
@@ -621,13 +621,11 @@ impl GpuStage {
         }
         let factors: Vec<u64> =
             segs.iter().map(|s| self.rope_factors.for_context(s.kv.max_tokens, cfg.rope_orig_ctx)).collect();
+        // gpt-oss's clamped SwiGLU has no kernel: only its experts use it, and they run on the host.
         let glu = match cfg.family.ffn_act {
-            FfnAct::Silu => "swiglu_f32",
-            FfnAct::GeluTanh => "geglu_f32",
-            FfnAct::SwigluOai => {
-                let why = "the clamped SwiGLU of gpt-oss runs only on the host".to_owned();
-                return Err(DeviceError::Unavailable { device: self.device.name(), why });
-            }
+            FfnAct::Silu => Some("swiglu_f32"),
+            FfnAct::GeluTanh => Some("geglu_f32"),
+            FfnAct::SwigluOai => None,
         };
         let hd = cfg.head_dim;
         let (store, attend) =
@@ -679,20 +677,25 @@ impl GpuStage {
                     Arg::F32(cfg.attn_scale),
                     Arg::I32(cfg.window(l).unwrap_or(0) as i32),
                     Arg::F32(cfg.attn_softcap.unwrap_or(0.0)),
+                    Arg::Ptr(w.sinks.as_ref().map_or(0, ptr)),
                 ];
                 self.run(attend, Dims::linear((ts * cfg.n_head) as u32, 128), &args)?;
             }
-            self.project_into_residual(&w.wo, &w.attn_post_norm, att, cfg, &parts)?;
+            self.project_into_residual(&w.wo, &w.bo, &w.attn_post_norm, att, cfg, &parts)?;
 
             // Feed-forward block (SwiGLU or GeGLU).
             self.rms_norm(x, &w.ffn_norm, xn, t, d, cfg.rms_eps)?;
             match &w.ffn {
                 GpuFfn::Dense(m) => {
+                    let glu = glu.ok_or_else(|| DeviceError::Unavailable {
+                        device: self.device.name(),
+                        why: "the clamped SwiGLU of gpt-oss runs only on the host".to_owned(),
+                    })?;
                     self.products(&m.gate, xn, gate, &parts, false)?;
                     self.products(&m.up, xn, up, &parts, false)?;
                     let args = [Arg::Ptr(gate), Arg::Ptr(up), Arg::I32((t * ff) as i32)];
                     self.run(glu, Dims::over(t * ff, 256), &args)?;
-                    self.project_into_residual(&m.down, &w.ffn_post_norm, gate, cfg, &parts)?;
+                    self.project_into_residual(&m.down, &None, &w.ffn_post_norm, gate, cfg, &parts)?;
                 }
                 GpuFfn::HostExperts => {
                     let Ffn::Moe(e) = &host.weights.layers[l].ffn else {
@@ -736,24 +739,33 @@ impl GpuStage {
         }
     }
 
-    /// `x += post_norm(input . W^T)`, or without a post-norm the product added straight into `x`. The
-    /// normed product passes through `xn`, free by then (the block's products have read it).
+    /// `x += post_norm(input . W^T + bias)`, or without a post-norm and a bias the product added straight
+    /// into `x`. The product passes through `xn`, free by then (the block's products have read it).
     fn project_into_residual(
         &self,
         m: &GpuMatrix,
+        bias: &Option<Allocation>,
         post_norm: &Option<Allocation>,
         input: u64,
         cfg: &ModelConfig,
         parts: &[(usize, usize)],
     ) -> Result<(), DeviceError> {
         let (x, xn) = (ptr(&self.scratch.x), ptr(&self.scratch.xn));
-        let t = parts.iter().map(|p| p.1).sum();
+        let t: usize = parts.iter().map(|p| p.1).sum();
+        let d = cfg.n_embd;
+        if bias.is_none() && post_norm.is_none() {
+            return self.products(m, input, x, parts, true);
+        }
+        self.products(m, input, xn, parts, false)?;
+        self.add_bias(xn, bias, d, t)?;
         match post_norm {
-            Some(n) => {
-                self.products(m, input, xn, parts, false)?;
-                self.rms_norm_add(xn, n, x, t, cfg.n_embd, cfg.rms_eps)
-            }
-            None => self.products(m, input, x, parts, true),
+            Some(n) => self.rms_norm_add(xn, n, x, t, d, cfg.rms_eps),
+            // x += xn: a "bias" as long as the whole batch.
+            None => self.run(
+                "add_bias_f32",
+                Dims::over(t * d, 256),
+                &[Arg::Ptr(x), Arg::Ptr(xn), Arg::I32((t * d) as i32), Arg::I32((t * d) as i32)],
+            ),
         }
     }
 

@@ -29,7 +29,7 @@ use crate::gguf::{GgufError, GgufFile};
 use crate::quant::GgmlType;
 use crate::split::SplitError;
 
-pub use config::{Arch, ModelConfig, Pooling, RopeKind, RopeParams};
+pub use config::{Arch, ModelConfig, Pooling, RopeKind, RopeParams, Yarn};
 pub use family::{Family, FfnAct};
 pub use forward::{Logits, SeqInput};
 pub use kv::{KvCache, KvType};

@@ -271,7 +271,7 @@ impl LayerWeights {
     }
 
     /// A mixture's biases (empty without them).
-    fn expert_vectors(&self) -> impl Iterator<Item = &Vec<f32>> {
+    pub fn expert_vectors(&self) -> impl Iterator<Item = &Vec<f32>> {
         let b = match &self.ffn {
             Ffn::Moe(Experts { biases: Some(b), .. }) => Some(b),
             _ => None,

@@ -208,7 +208,7 @@ fn sequences_read_together_give_each_the_logits_it_has_alone() {
 #[test]
 fn sequences_read_together_on_an_emulated_gpu_give_each_the_logits_it_has_alone() {
     let pool = ThreadPool::new(2);
-    for stem in ["llama3", "gemma3"] {
+    for stem in ["llama3", "gemma3", "gpt-oss"] {
         let r = reference(stem);
         let mut base = ids(&r["prompt"]);
         base.extend(ids(&r["greedy"]));

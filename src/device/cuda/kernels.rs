@@ -61,12 +61,12 @@ const OTHERS: [Entry; 14] = [
     Entry { name: "scale_f32", file: "elementwise", params: "pfi" },
     Entry { name: "softcap_f32", file: "elementwise", params: "pfi" },
     Entry { name: "gather_rows_f32", file: "elementwise", params: "pppi" },
-    Entry { name: "rope_f32", file: "elementwise", params: "pppiiiiiifffi" },
+    Entry { name: "rope_f32", file: "elementwise", params: "pppiiiiiifffiiff" },
     Entry { name: "kv_store_f16", file: "attn", params: "ppppiii" },
     Entry { name: "kv_store_q8_0", file: "attn", params: "ppppiii" },
     Entry { name: "kv_gather", file: "attn", params: "ppiii" },
-    Entry { name: "attention_f16", file: "attn", params: "ppppiiiifif" },
-    Entry { name: "attention_q8_0", file: "attn", params: "ppppiiiifif" },
+    Entry { name: "attention_f16", file: "attn", params: "ppppiiiififp" },
+    Entry { name: "attention_q8_0", file: "attn", params: "ppppiiiififp" },
 ];
 
 /// Every entry point of every file.
