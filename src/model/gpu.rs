@@ -98,15 +98,16 @@ struct HostScratch {
 
 /// Activations of one layer over a batch of up to `batch` tokens, f32.
 struct Scratch {
-    x: Allocation,    // (batch, n_embd): the residual stream
-    xn: Allocation,   // (batch, n_embd)
-    q: Allocation,    // (batch, q_dim)
-    k: Allocation,    // (batch, kv_dim)
-    v: Allocation,    // (batch, kv_dim)
-    att: Allocation,  // (batch, q_dim)
-    gate: Allocation, // (batch, n_ff)
-    up: Allocation,   // (batch, n_ff)
-    idx: Allocation,  // (batch) i32: rows wanted from the head
+    x: Allocation,   // (batch, n_embd): the residual stream
+    xn: Allocation,  // (batch, n_embd)
+    q: Allocation,   // (batch, q_dim)
+    k: Allocation,   // (batch, kv_dim)
+    v: Allocation,   // (batch, kv_dim)
+    att: Allocation, // (batch, q_dim)
+    /// The dense FFN's; None for a mixture of experts (its experts run on the host with their own buffers).
+    gate: Option<Allocation>, // (batch, n_ff)
+    up: Option<Allocation>, // (batch, n_ff)
+    idx: Allocation, // (batch) i32: rows wanted from the head
 }
 
 /// The output head of the last stage, with room for one row of logits.
@@ -193,12 +194,33 @@ pub fn expert_bytes(l: &LayerWeights) -> u64 {
 
 /// Scratch bytes of a GPU stage for batches of up to `batch` tokens (one row of logits on the last stage).
 pub fn scratch_bytes(cfg: &ModelConfig, batch: usize, last: bool) -> u64 {
-    let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+    let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), dense_ff(cfg));
     let mut f32s = batch * (2 * d + 2 * q + 2 * kv + 2 * ff) + batch; // + idx
     if last {
         f32s += d + cfg.n_vocab;
     }
     f32s as u64 * 4
+}
+
+/// Rows of the dense FFN's gate/up buffers: 0 for a mixture of experts, whose experts run on the host.
+fn dense_ff(cfg: &ModelConfig) -> usize {
+    if cfg.moe.is_some() {
+        0
+    } else {
+        cfg.n_ff
+    }
+}
+
+/// Host bytes a GPU stage's host-side mixture of experts works in for a batch of up to `batch` tokens (the
+/// rows going down and coming back, the router's scores, each expert's gathered rows and gate/up/down
+/// outputs, every token's weighted outputs, the quantized activations): what `HostScratch` grows to.
+pub fn host_scratch_bytes(cfg: &ModelConfig, batch: usize) -> u64 {
+    let Some(m) = cfg.moe else { return 0 };
+    let d = cfg.n_embd;
+    let f32s = batch * (3 * d + m.n_expert + 2 * m.n_ff_exp + d + m.n_used * d);
+    // Quantized activations: at most one byte per value plus a block scale per 32, and the outlier lists.
+    let act_bytes = batch * (d.max(m.n_ff_exp) * 2 + 64);
+    (f32s * 4 + act_bytes) as u64
 }
 
 fn gpu_err(device: &Device, e: GpuError) -> DeviceError {
@@ -339,7 +361,8 @@ impl GpuStage {
             short: if has_layers { optional(&f.short)? } else { None },
         };
         let f32s = |n: usize| device.alloc(Purpose::Scratch, (n * 4) as u64);
-        let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), dense_ff(cfg));
+        let dense = |n: usize| if ff > 0 { f32s(n).map(Some) } else { Ok(None) };
         let scratch = Scratch {
             x: f32s(batch * d)?,
             xn: f32s(batch * d)?,
@@ -347,8 +370,8 @@ impl GpuStage {
             k: f32s(batch * kv)?,
             v: f32s(batch * kv)?,
             att: f32s(batch * q)?,
-            gate: f32s(batch * ff)?,
-            up: f32s(batch * ff)?,
+            gate: dense(batch * ff)?,
+            up: dense(batch * ff)?,
             idx: f32s(batch)?,
         };
         let head = if last {
@@ -608,7 +631,7 @@ impl GpuStage {
         let s = &self.scratch;
         let (d, q_dim, kv_dim, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
         let (x, xn, q, k, v, att, gate, up) =
-            (ptr(&s.x), ptr(&s.xn), ptr(&s.q), ptr(&s.k), ptr(&s.v), ptr(&s.att), ptr(&s.gate), ptr(&s.up));
+            (ptr(&s.x), ptr(&s.xn), ptr(&s.q), ptr(&s.k), ptr(&s.v), ptr(&s.att), opt_ptr(&s.gate), opt_ptr(&s.up));
         let int8 = match kv_ty {
             KvType::F16 => false,
             KvType::Int8 => true,
@@ -825,6 +848,11 @@ fn matrix_args(m: &GpuMatrix, x: u64, y: u64) -> Vec<Arg> {
         Arg::I32(m.cols as i32),
         Arg::I64(m.row_bytes as i64),
     ]
+}
+
+/// The device address of an optional buffer (0: none).
+fn opt_ptr(a: &Option<Allocation>) -> u64 {
+    a.as_ref().map_or(0, ptr)
 }
 
 fn ptr(a: &Allocation) -> u64 {

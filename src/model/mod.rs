@@ -162,6 +162,16 @@ impl Model {
                 )?));
                 if s.host_experts_bytes > 0 {
                     held.push(opts.devices.host.alloc(Purpose::Weights, s.host_experts_bytes)?);
+                    // The rows going down and up and the experts' buffers, grown to a full batch.
+                    let scratch = gpu::host_scratch_bytes(&cfg, opts.batch.max(1));
+                    held.push(opts.devices.host.alloc(Purpose::Scratch, scratch)?);
+                    if repack_enabled() {
+                        let on_host = s.experts_on_host.iter().enumerate().filter(|(_, &h)| h);
+                        let report = weights.pack_experts_for_cpu(on_host.map(|(i, _)| s.layers.start + i));
+                        for line in report.lines() {
+                            tracing::debug!("experts of {} in host memory: {line}", s.device.name());
+                        }
+                    }
                 }
                 continue;
             }

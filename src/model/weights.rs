@@ -411,6 +411,21 @@ impl Weights {
         }
         report
     }
+    /// Repacks the mixture-of-experts matrices (router and experts) of `layers`, which the CPU multiplies
+    /// for a GPU stage that keeps them in host memory (`--experts`), as [`Weights::pack_for_cpu`] does.
+    pub fn pack_experts_for_cpu(&mut self, layers: impl IntoIterator<Item = usize>) -> PackReport {
+        let mut report = PackReport::default();
+        for l in layers {
+            if let Ffn::Moe(_) = self.layers[l].ffn {
+                for m in self.layers[l].ffn.matrices_mut() {
+                    let bytes = m.pack() as u64;
+                    report.add(m, bytes);
+                }
+            }
+        }
+        report
+    }
+
     pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Weights, ModelError> {
         // Rows `first..first + rows` of the matrix `name` of `total` rows: a fused matrix (phi3's qkv and
         // gate/up) is read as its parts, each a view of the file's rows (no copy).

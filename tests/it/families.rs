@@ -294,6 +294,11 @@ fn experts_live_where_the_placement_says_and_the_ledgers_hold_them_there() {
         let host = &model.placement.devices.host;
         let host_stage: u64 = stages.iter().filter(|s| s.device.is_host()).map(|s| s.weights_bytes).sum();
         assert_eq!(host.usage().bytes(Purpose::Weights), host_stage + host_experts, "{case}: the host");
+        // A GPU stage running its experts on the host holds their working buffers there too.
+        let gpu_host_experts = stages.iter().any(|s| s.device.kind.is_gpu() && s.host_experts_bytes > 0);
+        let host_scratch = host.usage().bytes(Purpose::Scratch);
+        let want = if gpu_host_experts { strata::model::gpu::host_scratch_bytes(&model.cfg, 1) } else { 0 };
+        assert!(host_scratch >= want && (want == 0 || host_scratch > 0), "{case}: host scratch {host_scratch}");
     }
 
     // Auto on a sim card too small for both layers' experts: the first layer's go to the host; on one
