@@ -304,7 +304,54 @@ mod tests {
         assert_eq!(picks.iter().map(|p| p.expert).collect::<Vec<_>>(), vec![1, 3, 0]);
     }
 
+    /// gpt-oss's pick as llama.cpp's graph computes it: the scores sorted stably (ties: the lower index),
+    /// the first `n_used`, their weights a softmax over those scores alone.
+    fn reference_of_picked(row: &[f32], n_used: usize) -> Vec<(usize, f64)> {
+        let mut idx: Vec<usize> = (0..row.len()).collect();
+        for i in 1..idx.len() {
+            let mut j = i;
+            while j > 0 && row[idx[j]] > row[idx[j - 1]] {
+                idx.swap(j, j - 1);
+                j -= 1;
+            }
+        }
+        let picked = &idx[..n_used];
+        let max = row[picked[0]] as f64;
+        let e: Vec<f64> = picked.iter().map(|&i| (row[i] as f64 - max).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        picked.iter().zip(&e).map(|(&i, w)| (i, w / sum)).collect()
+    }
+
+    #[test]
+    fn gpt_oss_weighs_the_picked_experts_by_a_softmax_of_their_scores() {
+        let m = MoeConfig { norm_weights: false, gating: Gating::SoftmaxOfPicked, ..cfg(4, 2) };
+        let mut picks = Vec::new();
+        route(&[0.0, 2.0, 1.0, -1.0], &m, &mut picks);
+        assert_eq!(picks.iter().map(|p| p.expert).collect::<Vec<_>>(), vec![1, 2]);
+        // e^2 / (e^2 + e^1) and e^1 / (e^2 + e^1): the unpicked scores take no part.
+        let e = 1f32.exp();
+        assert!((picks[0].weight - e / (e + 1.0)).abs() < 1e-6 && (picks[1].weight - 1.0 / (e + 1.0)).abs() < 1e-6);
+    }
+
     proptest! {
+        /// gpt-oss's routing breaks ties as llama.cpp does and weighs the picked experts as it does (up to
+        /// 16 experts, where libstdc++'s `std::sort` is an insertion sort; past that its introsort orders
+        /// equal scores its own way, and Strata keeps the lower index first).
+        #[test]
+        fn gpt_oss_routing_picks_what_llama_cpp_picks(
+            (n, k, scores) in (2usize..=16).prop_flat_map(|n| (Just(n), 1..=n.min(8), proptest::collection::vec(0i32..4, n)))
+        ) {
+            let m = MoeConfig { norm_weights: false, gating: Gating::SoftmaxOfPicked, ..cfg(n, k) };
+            let row: Vec<f32> = scores.iter().map(|&s| s as f32 * 0.5).collect();
+            let mut picks = Vec::new();
+            route(&row, &m, &mut picks);
+            let want = reference_of_picked(&row, k);
+            prop_assert_eq!(picks.iter().map(|p| p.expert).collect::<Vec<_>>(), want.iter().map(|w| w.0).collect::<Vec<_>>());
+            for (p, w) in picks.iter().zip(&want) {
+                prop_assert!((p.weight as f64 - w.1).abs() < 1e-6, "{:?} {:?}", picks, want);
+            }
+        }
+
         /// Routing ties are broken as llama.cpp breaks them: scores drawn from a few values, so most rows
         /// have equal scores, picked in the reference's order with its weights.
         #[test]
