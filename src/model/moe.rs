@@ -265,6 +265,20 @@ mod tests {
         MoeConfig { n_expert, n_used, n_ff_exp: 8, norm_weights: true, weights_scale: 1.0, gating: Gating::Softmax }
     }
 
+    /// The indices of `keys`, largest first, by insertion sort (as libstdc++'s `std::sort` does below 16
+    /// elements): equal keys keep the lower index first.
+    fn sorted_descending(keys: &[f64]) -> Vec<usize> {
+        let mut idx: Vec<usize> = (0..keys.len()).collect();
+        for i in 1..idx.len() {
+            let mut j = i;
+            while j > 0 && keys[idx[j]] > keys[idx[j - 1]] {
+                idx.swap(j, j - 1);
+                j -= 1;
+            }
+        }
+        idx
+    }
+
     /// The pick as llama.cpp's graph computes it, written plainly: softmax, a stable descending sort of the
     /// indices (its insertion sort at up to 16 experts), the first `n_used`, renormalized.
     fn reference(row: &[f32], m: &MoeConfig) -> Vec<(usize, f64)> {
@@ -272,15 +286,7 @@ mod tests {
         let e: Vec<f64> = row.iter().map(|&x| (x as f64 - max).exp()).collect();
         let sum: f64 = e.iter().sum();
         let p: Vec<f64> = e.iter().map(|x| x / sum).collect();
-        let mut idx: Vec<usize> = (0..row.len()).collect();
-        // Insertion sort, as libstdc++'s std::sort does below 16 elements.
-        for i in 1..idx.len() {
-            let mut j = i;
-            while j > 0 && p[idx[j]] > p[idx[j - 1]] {
-                idx.swap(j, j - 1);
-                j -= 1;
-            }
-        }
+        let idx = sorted_descending(&p);
         let picked = &idx[..m.n_used];
         let total: f64 = picked.iter().map(|&i| p[i]).sum();
         picked.iter().map(|&i| (i, p[i] / total)).collect()
@@ -307,14 +313,8 @@ mod tests {
     /// gpt-oss's pick as llama.cpp's graph computes it: the scores sorted stably (ties: the lower index),
     /// the first `n_used`, their weights a softmax over those scores alone.
     fn reference_of_picked(row: &[f32], n_used: usize) -> Vec<(usize, f64)> {
-        let mut idx: Vec<usize> = (0..row.len()).collect();
-        for i in 1..idx.len() {
-            let mut j = i;
-            while j > 0 && row[idx[j]] > row[idx[j - 1]] {
-                idx.swap(j, j - 1);
-                j -= 1;
-            }
-        }
+        let keys: Vec<f64> = row.iter().map(|&x| x as f64).collect();
+        let idx = sorted_descending(&keys);
         let picked = &idx[..n_used];
         let max = row[picked[0]] as f64;
         let e: Vec<f64> = picked.iter().map(|&i| (row[i] as f64 - max).exp()).collect();

@@ -26,13 +26,19 @@ fn weather() -> Tool {
     }
 }
 
+/// An assistant turn that called `get_weather` for Oslo, 2 days (id c1).
+fn oslo_call() -> ChatMessage {
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls.push(json!({"id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}));
+    call
+}
+
 #[test]
 fn qwen3_renders_tools_calls_and_results_itself() {
     assert_eq!(ToolFormat::of_template(QWEN3), (ToolFormat::Hermes, true));
     let t = ChatTemplate::new(QWEN3, "", "<|im_end|>").expect("compiles");
-    let mut call = ChatMessage::new("assistant", "");
-    call.tool_calls.push(json!({"id": "c1", "type": "function",
-        "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}));
+    let call = oslo_call();
     let mut result = ChatMessage::new("tool", "rain");
     result.tool_call_id = Some("c1".into());
     let mut messages = vec![ChatMessage::new("user", "Weather in Oslo?"), call, result];
@@ -54,9 +60,7 @@ fn qwen3_renders_tools_calls_and_results_itself() {
 
 #[test]
 fn a_template_without_tools_reads_them_in_the_system_message_and_results_as_user_turns() {
-    let mut call = ChatMessage::new("assistant", "");
-    call.tool_calls.push(json!({"id": "c1", "type": "function",
-        "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}));
+    let call = oslo_call();
     let mut r1 = ChatMessage::new("tool", "rain");
     r1.tool_call_id = Some("c1".into());
     let mut r2 = ChatMessage::new("tool", "wind");
@@ -151,9 +155,7 @@ fn harmony_server(dir: &std::path::Path) -> Server {
 fn the_harmony_template_renders_tools_calls_and_results() {
     assert_eq!(ToolFormat::of_template(HARMONY_TEMPLATE), (ToolFormat::Harmony, true));
     let t = ChatTemplate::new(HARMONY_TEMPLATE, "<|startoftext|>", "<|return|>").expect("compiles");
-    let mut call = ChatMessage::new("assistant", "");
-    call.tool_calls.push(json!({"id": "c1", "type": "function",
-        "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}));
+    let call = oslo_call();
     let mut result = ChatMessage::new("tool", "rain");
     result.name = Some("get_weather".into());
     let messages = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Oslo?"), call, result];
