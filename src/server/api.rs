@@ -219,7 +219,7 @@ pub(super) struct Reply {
     pub reasoning: Option<ReplyFormat>,
     /// Chat replies: Some(how the reply carries its reasoning), whatever `reasoning_format` says, for the
     /// usage's `reasoning_tokens`.
-    opens_think: Option<ReplyFormat>,
+    reply_format: Option<ReplyFormat>,
     /// Chat replies to a request that offered tools: the format calls are read in.
     pub tools: Option<ToolFormat>,
 }
@@ -326,7 +326,7 @@ pub(super) async fn prepare_chat(app: &App, peer: Option<Peer>, req: ChatRequest
         // Harmony's markup frames every message (and its calls): it is always read, whatever
         // `reasoning_format` says.
         reasoning: (splits_reasoning || prompt.format == ReplyFormat::Harmony).then_some(prompt.format),
-        opens_think: Some(prompt.format),
+        reply_format: Some(prompt.format),
         tools: tool_req.map(|_| tool_format),
     };
     let queued = Queued {
@@ -334,7 +334,7 @@ pub(super) async fn prepare_chat(app: &App, peer: Option<Peer>, req: ChatRequest
         kept_reply_tokens: prompt.kept_reply_tokens,
         top_logprobs: top,
         endpoint: "chat",
-        opens_think: reply.opens_think,
+        reply_format: reply.reply_format,
         client,
     };
     Ok((queued, reply))
@@ -369,7 +369,7 @@ async fn completions_inner(
         checked,
         logprobs,
         reasoning: None,
-        opens_think: None,
+        reply_format: None,
         tools: None,
     };
     run(app, client, prompt, 0, top, reply).await
@@ -420,7 +420,7 @@ async fn run(
         Endpoint::Chat => "chat",
         Endpoint::Completion => "completions",
     };
-    let queued = Queued { prompt, kept_reply_tokens, top_logprobs, endpoint, opens_think: reply.opens_think, client };
+    let queued = Queued { prompt, kept_reply_tokens, top_logprobs, endpoint, reply_format: reply.reply_format, client };
     run_queued(app, queued, reply).await
 }
 
@@ -443,8 +443,9 @@ pub struct Queued {
     pub top_logprobs: usize,
     /// The `/metrics` label of the request.
     pub endpoint: &'static str,
-    /// Chat replies: whether the prompt opened a `<think>` block; None for completions.
-    pub opens_think: Option<ReplyFormat>,
+    /// Chat replies: how the reply carries its reasoning (for the usage's reasoning tokens); None for
+    /// completions.
+    pub reply_format: Option<ReplyFormat>,
     /// The lane it waits in.
     pub client: ClientKey,
 }
@@ -476,7 +477,7 @@ pub(super) fn submit_task(
         time_limit: app.opts.request_timeout,
         endpoint: q.endpoint,
         ticket: ticket.clone(),
-        opens_think: q.opens_think,
+        reply_format: q.reply_format,
         client: q.client,
     };
     enqueue(app, job)?;

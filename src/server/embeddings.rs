@@ -140,7 +140,7 @@ async fn embeddings_inner(
         kept_reply_tokens: 0,
         top_logprobs: 0,
         endpoint: "embeddings",
-        opens_think: None,
+        reply_format: None,
         client,
     };
     let checked = Checked { params: GenerateParams::default(), choices: 1, stream: false, include_usage: false };

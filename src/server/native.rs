@@ -217,7 +217,7 @@ async fn completion_inner(
         kept_reply_tokens: 0,
         top_logprobs: n_probs,
         endpoint: "completion",
-        opens_think: None,
+        reply_format: None,
         client,
     };
     let (mut rx, guard) = api::submit(app, queued, checked)?;

@@ -61,9 +61,9 @@ pub struct Job {
     pub time_limit: Option<Duration>,
     pub endpoint: &'static str,
     pub ticket: Arc<Ticket>,
-    /// A chat reply: Some(whether the prompt opened a `<think>` block), for the usage's reasoning tokens;
-    /// None for a plain completion (no reasoning counted).
-    pub opens_think: Option<ReplyFormat>,
+    /// A chat reply: Some(how it carries its reasoning: a `<think>` block, opened by the prompt or not, or
+    /// harmony), for the usage's reasoning tokens; None for a plain completion (no reasoning counted).
+    pub reply_format: Option<ReplyFormat>,
     /// The lane it waits in.
     pub client: ClientKey,
 }
@@ -716,10 +716,10 @@ fn record_choice(
     send(&job.tx, Msg::ChoiceDone { choice, stop_reason: g.stop_reason, text: g.text.clone(), tokens });
     let s = summary.get_or_insert_with(|| first_summary(job, served, serial, queue_ms));
     s.completion_tokens += g.tokens.len();
-    if let Some(inside) = job.opens_think {
+    if let Some(format) = job.reply_format {
         let pieces: Vec<Vec<u8>> =
             g.tokens.iter().filter(|&&t| !tokenizer.is_eog(t)).map(|&t| tokenizer.token_to_piece(t)).collect();
-        s.reasoning_tokens += reasoning_token_count(pieces.iter().map(|p| p.as_slice()), inside);
+        s.reasoning_tokens += reasoning_token_count(pieces.iter().map(|p| p.as_slice()), format);
     }
     s.gen_ms += g.gen_ms;
     s.drafts_proposed += g.drafts_proposed;
