@@ -53,11 +53,25 @@ impl TensorInfo {
     }
 }
 
-/// The backing bytes of a GGUF file: a memory map, or an owned buffer (tests, fuzzing).
+/// The backing bytes of a GGUF file: a memory map, an owned buffer (tests, fuzzing), or only the file's
+/// first bytes (a header image: a file not downloaded yet, planned from its metadata and tensor index).
 enum Bytes {
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
+    Header(HeaderImage),
 }
+
+/// The first bytes of a file of `file_bytes`: its metadata and tensor index. Tensor data beyond `prefix`
+/// reads as zeros (`zeros`, made on the first such read, as long as the largest tensor up to
+/// [`HEADER_IMAGE_ZEROS_MAX`]): what a plan reads of the data (norm vectors, biases) does not change a size.
+struct HeaderImage {
+    prefix: Vec<u8>,
+    file_bytes: u64,
+    zeros: std::sync::OnceLock<Vec<u8>>,
+}
+
+/// The most zero bytes a header image holds for the data of one tensor it does not have.
+pub const HEADER_IMAGE_ZEROS_MAX: u64 = 64 << 20;
 
 /// An open, validated GGUF file.
 pub struct GgufFile {
@@ -117,19 +131,34 @@ impl GgufFile {
         Self::parse(Bytes::Owned(bytes))
     }
 
+    /// Parses the first bytes of a GGUF file of `file_bytes` bytes: the header, the metadata and the tensor
+    /// index, each tensor checked against `file_bytes`. A prefix too short for the index is refused as
+    /// [`GgufErrorKind::Truncated`] (read more of the file and try again). Data the prefix lacks reads as
+    /// zeros ([`HeaderImage`]): the image is for planning, not for running.
+    pub fn from_header(prefix: Vec<u8>, file_bytes: u64) -> Result<GgufFile, GgufError> {
+        Self::parse(Bytes::Header(HeaderImage { prefix, file_bytes, zeros: std::sync::OnceLock::new() }))
+    }
+
+    /// Whether this is a header image ([`GgufFile::from_header`]), whose tensor data is not at hand.
+    pub fn is_header_image(&self) -> bool {
+        matches!(self.bytes, Bytes::Header(_))
+    }
+
     fn data(&self) -> &[u8] {
         match &self.bytes {
             Bytes::Mapped(m) => m,
             Bytes::Owned(v) => v,
+            Bytes::Header(h) => &h.prefix,
         }
     }
 
     /// Reads and validates the header, the metadata and the tensor index of `bytes`, and checks every
     /// tensor's data against the end of the file.
     fn parse(bytes: Bytes) -> Result<GgufFile, GgufError> {
-        let buf: &[u8] = match &bytes {
-            Bytes::Mapped(m) => m,
-            Bytes::Owned(v) => v,
+        let (buf, file_bytes): (&[u8], u64) = match &bytes {
+            Bytes::Mapped(m) => (m, m.len() as u64),
+            Bytes::Owned(v) => (v, v.len() as u64),
+            Bytes::Header(h) => (&h.prefix, h.file_bytes),
         };
         let mut r = Cursor { buf, pos: 0 };
         let version = r.header()?;
@@ -147,7 +176,7 @@ impl GgufFile {
         r.check_count(n_tensors, 24, "tensor count", "the tensor index", n_tensors_at)?;
         let (raws, tensor_index) = r.tensor_index(n_tensors, alignment)?;
         let data_offset = align_up(r.pos as u64, alignment);
-        let tensors = place_tensors(raws, data_offset, buf.len() as u64)?;
+        let tensors = place_tensors(raws, data_offset, file_bytes)?;
         Ok(GgufFile { bytes, version, alignment, metadata, index, tensors, tensor_index, data_offset })
     }
 
@@ -162,13 +191,28 @@ impl GgufFile {
     }
 
     /// The data bytes of `t` (bounds were checked when the file was opened).
+    /// In a header image, data past the prefix reads as zeros, up to [`HEADER_IMAGE_ZEROS_MAX`] bytes (a
+    /// larger tensor reads as that many: no plan reads one).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
-        &self.data()[t.file_offset as usize..(t.file_offset + t.n_bytes) as usize]
+        let (start, end) = (t.file_offset as usize, (t.file_offset + t.n_bytes) as usize);
+        match &self.bytes {
+            Bytes::Header(h) if end > h.prefix.len() => {
+                let zeros = h.zeros.get_or_init(|| {
+                    let largest = self.tensors.iter().map(|t| t.n_bytes).max().unwrap_or(0);
+                    vec![0u8; largest.min(HEADER_IMAGE_ZEROS_MAX) as usize]
+                });
+                &zeros[..(end - start).min(zeros.len())]
+            }
+            _ => &self.data()[start..end],
+        }
     }
 
-    /// Total size of the file in bytes.
+    /// Total size of the file in bytes (of a header image, the whole file's).
     pub fn file_bytes(&self) -> u64 {
-        self.data().len() as u64
+        match &self.bytes {
+            Bytes::Header(h) => h.file_bytes,
+            _ => self.data().len() as u64,
+        }
     }
 
     /// Lets the kernel drop this process's pages of `t`'s data (a tensor copied elsewhere, such as weights

@@ -676,6 +676,40 @@ fn default_model_has_the_known_structure() {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// Header images (a file planned before it is downloaded)
+
+#[test]
+fn a_header_image_plans_as_the_whole_file_and_a_short_one_asks_for_more() {
+    use std::sync::Arc;
+    use strata::model::synthetic::SyntheticSpec;
+    use strata::model::LoadOptions;
+    let bytes = SyntheticSpec::default().to_gguf();
+    let whole = Arc::new(GgufFile::from_bytes(bytes.clone()).expect("parses"));
+    let header_len = whole.data_offset as usize;
+    let image = GgufFile::from_header(bytes[..header_len].to_vec(), bytes.len() as u64).expect("the header parses");
+    assert!(image.is_header_image() && !whole.is_header_image());
+    assert_eq!(image.file_bytes(), whole.file_bytes());
+    assert_eq!(image.metadata, whole.metadata);
+    assert_eq!(format!("{:?}", image.tensors), format!("{:?}", whole.tensors));
+    // Data it lacks reads as zeros of the tensor's size.
+    let norm = image.tensor("blk.0.attn_norm.weight").expect("a norm");
+    assert_eq!(image.tensor_data(norm), vec![0u8; norm.n_bytes as usize].as_slice());
+    let image = Arc::new(image);
+    let opts = LoadOptions { max_context: Some(512), ..Default::default() };
+    let (a, b) = (
+        strata::plan::plan(&whole, &opts, None).expect("plan"),
+        strata::plan::plan(&image, &opts, None).expect("plan"),
+    );
+    assert_eq!(serde_json::to_value(&a.rows).unwrap(), serde_json::to_value(&b.rows).unwrap());
+    assert_eq!((a.fits, a.tokens), (b.fits, b.tokens));
+    // A prefix that ends inside the tensor index says so; a file size that the index does not fit is refused.
+    let e = GgufFile::from_header(bytes[..header_len - 40].to_vec(), bytes.len() as u64).unwrap_err();
+    assert!(matches!(e.kind, GgufErrorKind::Truncated { .. }), "{e}");
+    let e = GgufFile::from_header(bytes[..header_len].to_vec(), bytes.len() as u64 - 1).unwrap_err();
+    assert!(matches!(e.kind, GgufErrorKind::DataOutOfBounds { .. }), "{e}");
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Fuzzing seeds
 
 /// Rewrites the seed corpus of the `gguf_reader` fuzz target (`fuzz/seeds/gguf_reader`): small valid images
