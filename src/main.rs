@@ -46,6 +46,8 @@ enum Command {
     /// Requantize a GGUF model's weight matrices (f16, q8_0, q4_0 .. q5_1, q2_K .. q6_K, iq4_nl, iq4_xs,
     /// mxfp4), like llama-quantize.
     Quantize(cli::quantize::QuantizeArgs),
+    /// Download a GGUF model from the Hugging Face Hub into the models folder (resumable, sha256-checked).
+    Pull(cli::pull::PullArgs),
 }
 
 impl Command {
@@ -63,6 +65,7 @@ impl Command {
             Command::Replay(_) => "replay",
             Command::Synth(_) => "synth",
             Command::Quantize(_) => "quantize",
+            Command::Pull(_) => "pull",
             Command::Serve(_) => "serve",
         }
     }
@@ -98,6 +101,7 @@ fn main() -> ExitCode {
         Command::Replay(a) => cli::replay::main(a),
         Command::Synth(a) => cli::synth::main(a),
         Command::Quantize(a) => cli::quantize::main(a),
+        Command::Pull(a) => cli::pull::main(a),
         Command::Serve(a) => match cli::serve::main(a) {
             Ok(0) => Ok(()),
             Ok(code) => return ExitCode::from(code),

@@ -10,6 +10,7 @@ pub mod info;
 pub mod input;
 pub mod perplexity;
 pub mod plan;
+pub mod pull;
 pub mod quantize;
 pub mod replay;
 pub mod run;

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod families;
+pub mod hub;
 pub mod server;
 
 use strata::sync::LockUnpoisoned;

@@ -16,6 +16,7 @@ mod families;
 mod gguf;
 mod grammar;
 mod hardening;
+mod hub;
 mod kernels;
 mod model;
 mod moe;
