@@ -89,6 +89,10 @@ pub struct ServeArgs {
     /// auto: show on a loopback address, hide on any other
     #[arg(long = "reuse-figures", value_enum, default_value_t = ReuseFigures::Auto)]
     pub reuse_figures: ReuseFigures,
+    /// The model library's folder: downloads go there, and its GGUFs are listed with the Hugging Face
+    /// cache's [default: $STRATA_MODELS_DIR, else ~/.local/share/strata/models]
+    #[arg(long = "models-dir", value_name = "DIR")]
+    pub models_dir: Option<std::path::PathBuf>,
     /// Seconds a client may take to send its request line and headers; then the connection is closed
     #[arg(long = "header-timeout-s", value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub header_timeout_s: u64,
@@ -363,6 +367,7 @@ fn serve_options(
         batch: a.engine.batch as usize,
         threads,
         exit_with_stdin: a.exit_with_stdin,
+        models_dir: a.models_dir.clone().unwrap_or_else(strata::hub::local::default_models_dir),
         spec,
         session,
         parallel,

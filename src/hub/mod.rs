@@ -12,6 +12,7 @@
 //! checked ([`check_repo`], [`check_file`]) before anything is requested or written.
 
 pub mod download;
+pub mod library;
 pub mod local;
 
 use std::time::Duration;

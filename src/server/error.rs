@@ -243,6 +243,16 @@ impl ApiError {
         ApiError { code: Some("out_of_memory"), ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", why) }
     }
 
+    /// 409: the request conflicts with what is under way (a download of the same file, too many at once).
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { code: Some(code), ..ApiError::new(StatusCode::CONFLICT, "invalid_request_error", message) }
+    }
+
+    /// 502: a server this one asked (the Hugging Face Hub) failed or refused; `message` says which and why.
+    pub fn upstream(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { code: Some(code), ..ApiError::new(StatusCode::BAD_GATEWAY, "server_error", message) }
+    }
+
     /// 500 for a failure of the engine that is not the client's doing.
     pub fn internal(why: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", why)

@@ -14,6 +14,7 @@ pub mod embeddings;
 pub mod error;
 pub mod fair;
 pub mod guard;
+pub mod library;
 pub mod native;
 pub mod openai;
 pub mod responses;
@@ -114,6 +115,8 @@ pub struct ServeOptions {
     /// Shut down when stdin reaches its end: a supervisor that dies (its end of the pipe closes) takes
     /// the server with it, on every OS.
     pub exit_with_stdin: bool,
+    /// Where the model library downloads to and looks for models (`--models-dir`).
+    pub models_dir: PathBuf,
 }
 
 /// What every handler gets.
@@ -123,6 +126,8 @@ pub struct App {
     pub model: Arc<ServedModel>,
     pub opts: Arc<ServeOptions>,
     pub jobs: std::sync::mpsc::Sender<Job>,
+    /// The model library: the Hub, the models folder, the downloads under way.
+    pub library: Arc<crate::hub::library::Library>,
 }
 
 /// The router: every path, the Host/Origin/body-type guard ([`guard`]), the API key check, CORS when asked
@@ -155,6 +160,14 @@ pub fn router(app: App) -> Router {
         .route("/strata/settings", get(status::settings))
         .route("/strata/plan", post(status::plan))
         .route("/strata/sim", post(status::sim))
+        .route("/strata/library/search", get(library::search))
+        .route("/strata/library/files", get(library::files))
+        .route("/strata/library/fit", get(library::fit))
+        .route("/strata/library/picks", get(library::picks_route))
+        .route("/strata/library/local", get(library::local))
+        .route("/strata/library/delete", post(library::delete))
+        .route("/strata/library/downloads", get(library::downloads).post(library::start))
+        .route("/strata/library/downloads/{id}/cancel", post(library::cancel))
         .route("/metrics", get(status::metrics))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), require_key));
     let mut r = Router::new().route("/health", get(status::health)).merge(protected);
@@ -269,7 +282,8 @@ pub fn serve(opts: ServeOptions, model: ServedModel, on_listening: impl FnOnce(S
             s.cancel_in_flight.store(true, Ordering::Release);
         })?;
     }
-    let app = App { shared: shared.clone(), model, opts: Arc::new(opts), jobs: jobs_tx };
+    let library = crate::hub::library::Library::from_env(opts.models_dir.clone());
+    let app = App { shared: shared.clone(), model, opts: Arc::new(opts), jobs: jobs_tx, library };
     rt.block_on(accept_loop(app, on_listening))?;
     // Engine and sampler threads are left to the process's end: nothing is in flight any more.
     rt.shutdown_timeout(Duration::from_secs(1));

@@ -334,3 +334,86 @@ fn strata_pull_downloads_a_runnable_model_and_says_why_when_it_cannot() {
         crate::common::stderr(&o)
     );
 }
+
+#[test]
+fn the_server_searches_plans_downloads_lists_and_deletes_models() {
+    use serde_json::{json, Value};
+    let _one = crate::common::one_at_a_time();
+    let hub = hub();
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    let s = crate::common::server::Server::start_env(
+        &["-c", "256", "--models-dir", models.to_str().unwrap()],
+        &[("HF_ENDPOINT", &hub.url), ("HF_HOME", dir.path().to_str().unwrap()), ("HF_TOKEN", "")],
+    );
+    let found = s.get("/strata/library/search?q=tiny").json();
+    assert_eq!(found["models"][0]["id"], "strata-test/Tiny-GGUF", "{found}");
+    let files = s.get("/strata/library/files?repo=strata-test/Tiny-GGUF").json();
+    assert_eq!(files["files"].as_array().unwrap().len(), 6, "{files}");
+    assert!(files["files"].as_array().unwrap().iter().all(|f| f["local_path"].is_null()));
+    // The fit of a file before it is here: this machine's CPU holds its 2 layers at the context asked.
+    let fit = s.get("/strata/library/fit?repo=strata-test/Tiny-GGUF&file=Tiny-Q4_K_M.gguf&context=512");
+    assert_eq!(fit.status, 200, "{}", fit.text());
+    let fit = fit.json();
+    assert_eq!(
+        (fit["fit"].as_str(), fit["summary"].as_str(), fit["layers"].as_u64()),
+        (Some("fits"), Some("fits"), Some(2)),
+        "{fit}"
+    );
+    assert_eq!(fit["context"], 512);
+    assert!(fit["plan"]["rows"][0]["weights_bytes"].as_u64().unwrap() > 0);
+    let e = s.get("/strata/library/fit?repo=strata-test/Tiny-GGUF&file=Tiny-Q8_0.gguf").expect_error(400);
+    assert_eq!(e["param"], "file");
+    let picks = s.get("/strata/library/picks").json();
+    assert_eq!(picks["picks"].as_array().unwrap().len(), 3, "{picks}");
+    // Two downloads at once; the slow one is cancelled.
+    let start =
+        |file: &str| s.post("/strata/library/downloads", &json!({"repo": "strata-test/Tiny-GGUF", "file": file}));
+    let a = start("Tiny-Q4_K_M.gguf");
+    assert_eq!(a.status, 202, "{}", a.text());
+    let slow = start("Tiny-F16.gguf").json()["id"].as_u64().expect("an id");
+    assert_eq!(start("Tiny-F16.gguf").expect_error(409)["code"], "download_busy");
+    let downloads =
+        || -> Vec<Value> { s.get("/strata/library/downloads").json()["downloads"].as_array().unwrap().clone() };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while downloads()[0]["state"] != "done" {
+        assert!(std::time::Instant::now() < deadline, "{:?}", downloads());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(s.post(&format!("/strata/library/downloads/{slow}/cancel"), &json!({})).status, 204);
+    while downloads()[1]["state"] == "running" {
+        assert!(std::time::Instant::now() < deadline, "{:?}", downloads());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let d = downloads();
+    assert_eq!(d[1]["state"], "cancelled", "{d:?}");
+    let path = d[0]["path"].as_str().expect("a path").to_owned();
+    assert_eq!(d[0]["progress"]["done_bytes"], d[0]["progress"]["total_bytes"]);
+    assert_eq!(std::fs::read(&path).unwrap(), model_bytes());
+    // Here now: listed with its repository, and the repository's listing says where it is.
+    let local = s.get("/strata/library/local").json();
+    assert_eq!(local["models"].as_array().unwrap().len(), 1, "{local}");
+    assert_eq!(local["models"][0]["repo"], "strata-test/Tiny-GGUF");
+    let files = s.get("/strata/library/files?repo=strata-test/Tiny-GGUF").json();
+    let here: Vec<&Value> = files["files"].as_array().unwrap().iter().filter(|f| !f["local_path"].is_null()).collect();
+    assert_eq!(here.len(), 1);
+    assert_eq!(here[0]["local_path"], path.as_str());
+    // Only a GGUF in the models folder is deleted.
+    let outside = dir.path().join("outside.gguf");
+    std::fs::write(&outside, b"x").unwrap();
+    for bad in [outside.to_str().unwrap(), "/etc/passwd", &format!("{}/../outside.gguf", models.display())] {
+        let e = s.post("/strata/library/delete", &json!({"path": bad})).expect_error(400);
+        assert_eq!(e["param"], "path", "{bad}");
+    }
+    assert!(outside.exists());
+    assert_eq!(s.post("/strata/library/delete", &json!({"path": path})).status, 204);
+    assert!(!Path::new(&path).exists() && !models.join("strata-test").exists());
+    assert_eq!(s.get("/strata/library/local").json()["models"].as_array().unwrap().len(), 0);
+    // Bad requests are named.
+    assert_eq!(s.get("/strata/library/files?repo=..%2Fetc").expect_error(400)["param"], "repo");
+    assert_eq!(s.get("/strata/library/files?repo=strata-test/Absent").status, 404);
+    assert_eq!(s.post("/strata/library/downloads/999/cancel", &json!({})).status, 404);
+    let e = s.get("/strata/library/files?repo=strata-test/Gated-GGUF").expect_error(502);
+    assert_eq!(e["code"], "hub_token");
+    assert!(e["message"].as_str().unwrap().contains("HF_TOKEN"), "{e}");
+}
