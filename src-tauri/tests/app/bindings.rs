@@ -11,6 +11,9 @@ fn export_all(dir: &Path) {
     macro_rules! export {
         ($($t:ty),* $(,)?) => { $( <$t>::export_all(&cfg).unwrap_or_else(|e| panic!("{}: {e}", stringify!($t))); )* };
     }
+    use strata::hub::library::{DownloadView, FileView, FitView, Pick};
+    use strata::hub::local::LocalModel;
+    use strata::hub::HubModel;
     use strata::plan::facts::ModelFacts;
     use strata::plan::settings::{EngineSettings, FieldError, PlanReply};
     use strata::server::state::CacheView;
@@ -37,6 +40,12 @@ fn export_all(dir: &Path) {
         EngineStatus,
         LoadProgress,
         CommandError,
+        HubModel,
+        FileView,
+        FitView,
+        Pick,
+        DownloadView,
+        LocalModel,
     );
     // One module that re-exports every type, for `import type { X } from "../bindings"`.
     let mut names: Vec<String> = std::fs::read_dir(dir)
