@@ -204,6 +204,7 @@ export function conversation(over: Partial<Conversation> = {}): Conversation {
 export class FakeTransport implements Transport {
   readonly kind: "tauri" | "http";
   readonly caps: Capabilities;
+  library: import("../src/transport/types").LibraryApi | null = null;
   /** The onChunk of the last chatSend. */
   sendChunk: (c: ChatChunk) => void = () => {};
   /** The onChunk of the last chatSend in each conversation. */

@@ -61,6 +61,8 @@ function follow<T>(name: EventName, onPayload: (payload: T) => void): Unsubscrib
 export class TauriTransport implements Transport {
   readonly kind = "tauri" as const;
   readonly caps = { loadModels: true, applySettings: true, fileDrop: true };
+  /** The desktop app's library runs in the app itself: not wired to this transport yet. */
+  readonly library = null;
 
   inspectModel(path: string): Promise<ModelFacts> {
     return callCommand("inspect_model", { path });

@@ -12,6 +12,12 @@ import type {
   Conversation,
   ConversationSummary,
   DevicesView,
+  DownloadView,
+  FileView,
+  FitView,
+  HubModel,
+  LocalModel,
+  Pick,
   EngineSettings,
   EngineStatus,
   ErrorCode,
@@ -36,10 +42,40 @@ export interface Capabilities {
   readonly fileDrop: boolean;
 }
 
+/** The GGUFs here and the folder downloads go to. */
+export interface LocalModels {
+  models_dir: string;
+  models: LocalModel[];
+}
+
+/**
+ * The model library: the Hugging Face Hub searched and planned on the engine's machine, downloads into its
+ * models folder, the GGUFs already there. Every method rejects with a TransportError naming what failed
+ * (a gated repository names HF_TOKEN; a full disk says how much is needed).
+ */
+export interface LibraryApi {
+  search(text: string): Promise<HubModel[]>;
+  files(repo: string): Promise<FileView[]>;
+  /** A file's plan on the engine's devices at `context` positions (null: 4096, or less for a shorter model). */
+  fit(repo: string, file: string, context: number | null): Promise<FitView>;
+  /** Good defaults for the machine's memory: one chat, one code and one small model. */
+  picks(): Promise<Pick[]>;
+  local(): Promise<LocalModels>;
+  /** Deletes a GGUF of the models folder (nothing else). */
+  remove(path: string): Promise<void>;
+  downloads(): Promise<DownloadView[]>;
+  /** Starts a download; resolves with its id. */
+  startDownload(repo: string, file: string): Promise<number>;
+  /** Stops a running download (its part is deleted) or forgets a finished one. */
+  cancelDownload(id: number): Promise<void>;
+}
+
 export interface Transport {
   /** Which implementation this is, for labels only: views branch on `caps`, never on this. */
   readonly kind: "tauri" | "http";
   readonly caps: Capabilities;
+  /** The model library, where this transport has one (null: the view does not offer it). */
+  readonly library: LibraryApi | null;
 
   /** Reads a model file's facts without loading it. */
   inspectModel(path: string): Promise<ModelFacts>;

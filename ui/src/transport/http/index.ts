@@ -26,6 +26,7 @@ import type {
 import { TransportError, type Transport, type Unsubscribe } from "../types";
 import { ApiClient, isAbort, type AskKey, type ClientOptions } from "./client";
 import { LocalConversations } from "./conversations";
+import { HttpLibrary } from "./library";
 import { LocalPreferences } from "./preferences";
 import { chatRequestBody, healthToStatus, streamChat, toModelFacts } from "./openai";
 import { readSse } from "./sse";
@@ -44,6 +45,7 @@ export class HttpTransport implements Transport {
   readonly kind = "http" as const;
   readonly caps = { loadModels: false, applySettings: false, fileDrop: false };
   readonly client: ApiClient;
+  readonly library: HttpLibrary;
   private readonly store: LocalConversations;
   private readonly prefs: LocalPreferences;
   private readonly inflight = new Map<string, AbortController>();
@@ -55,6 +57,7 @@ export class HttpTransport implements Transport {
 
   constructor(opts: HttpOptions = {}) {
     this.client = new ApiClient(opts);
+    this.library = new HttpLibrary(this.client);
     this.store = new LocalConversations(opts.storage ?? localStorage);
     this.prefs = new LocalPreferences(opts.storage ?? localStorage);
     this.healthEveryMs = opts.healthEveryMs ?? 5000;

@@ -10,6 +10,7 @@ import type { Transport } from "../../transport/types";
 import { messageOf } from "../../util/errors";
 import { PlanTable } from "../PlanTable";
 import { FactsTable } from "./FactsTable";
+import { LibraryPanel } from "./LibraryPanel";
 
 /** A path handed in by a drop on the window; `seq` tells two drops of the same file apart. */
 export interface DroppedFile {
@@ -236,6 +237,7 @@ export function ModelsView({ transport, dropped, browserDrop }: ModelsViewProps)
           )}
         </section>
       )}
+      {transport.library && <LibraryPanel library={transport.library} />}
     </div>
   );
 }
