@@ -19,6 +19,9 @@
 //      server has two, and each reply ends, not empty, in its own conversation.
 //   8. the Parameters panel's JSON-mode switch sends `response_format: {"type": "json_object"}` and the
 //      server's reply is a JSON object (it starts with `{`); screenshot chat-json-mode.
+//   9. the model library (against the mock Hub the script starts): a search finds the repository, each file
+//      is planned before download, a download shows bytes, speed and time left and ends checked, the file
+//      is listed as here and is in the models folder, and a two-press delete removes it.
 // Prints one line per check (`ok - ...` / `not ok - ...`) and `e2e browser: N passed, M failed`; exits 1 on
 // any failure.
 //   node ui/e2e/serve.mjs http://127.0.0.1:PORT
@@ -542,6 +545,72 @@ try {
     await chatPanel.locator("#param-json-mode-hint").scrollIntoViewIfNeeded();
     await shot("chat-json-mode");
     await jsonSwitch.uncheck();
+  });
+
+  // 9. The model library, against the mock Hub scripts/e2e-browser points the server at: a search finds the
+  // repository, each file is planned on the server's devices before download, a download shows progress and
+  // ends checked, the file is then listed as here, and a delete (two presses) removes it from the folder.
+  await group("9 library", async () => {
+    await tab("Models").click();
+    const lib = page.locator("#panel-models").getByTestId("library");
+    await lib.getByTestId("pick").first().waitFor();
+    check("9 library: good picks for this machine are offered", (await lib.getByTestId("pick").count()) === 3, String(await lib.getByTestId("pick").count()));
+    await lib.getByTestId("library-query").fill("tiny");
+    await lib.getByTestId("library-search").click();
+    await lib.getByTestId("result").first().click();
+    const rows = lib.getByTestId("file-row");
+    await rows.first().waitFor();
+    const rowOf = (name) => rows.filter({ hasText: name });
+    await lib.getByTestId("fit").first().waitFor({ timeout: 20_000 });
+    await page.waitForFunction(() => !document.querySelector("#panel-models [data-testid=library]")?.textContent?.includes("planning…"), null, { timeout: 20_000 });
+    const fitText = await rowOf("Tiny-Q4_K_M.gguf").getByTestId("fit").innerText();
+    check("9 library: the real model's plan says where it fits before download", /^fits/.test(fitText), fitText);
+    const bad = await rowOf("Tiny-Q8_0.gguf").innerText();
+    check("9 library: a file that is no GGUF says so in its row", /GGUF/.test(bad), bad.replace(/\s+/g, " ").slice(0, 120));
+    const split = await rowOf("Tiny-F16-00002-of-00002.gguf").innerText();
+    check("9 library: a split model's part is marked and offers no download", /split models are not read yet/.test(split) && (await rowOf("Tiny-F16-00002-of-00002.gguf").getByTestId("file-download").count()) === 0, split.replace(/\s+/g, " "));
+    await rowOf("Tiny-Q4_K_M.gguf").getByTestId("fit").click();
+    await lib.getByTestId("fit-plan").getByTestId("plan-row").first().waitFor();
+    check("9 library: the plan per device opens from the fit", (await lib.getByTestId("fit-plan").getByTestId("plan-row").count()) >= 1);
+    await shot("models-library");
+    await rowOf("Tiny-Q4_K_M.gguf").getByTestId("file-download").click();
+    const figures = lib.getByTestId("download-figures").first();
+    await figures.waitFor();
+    let seenRunning = "";
+    const t0 = Date.now();
+    while (Date.now() - t0 < 30_000) {
+      const text = await figures.innerText();
+      if (/ of .* left$/.test(text) && !seenRunning) {
+        seenRunning = text;
+        await lib.locator(".downloads").scrollIntoViewIfNeeded();
+        await shot("models-library-downloading");
+      }
+      if (text === "downloaded and checked") break;
+      await page.waitForTimeout(100);
+    }
+    check("9 library: while it ran, the download showed bytes, speed and time left", seenRunning !== "", seenRunning);
+    check("9 library: the download ended checked", (await figures.innerText()) === "downloaded and checked", await figures.innerText());
+    await lib.getByTestId("file-here").waitFor({ timeout: 10_000 });
+    const here = await lib.getByTestId("local-model").allInnerTexts();
+    check("9 library: the file is listed as here, with its repository", here.length === 1 && here[0].includes("strata-test/Tiny-GGUF/Tiny-Q4_K_M.gguf"), here.join(" | "));
+    const dir = process.env.E2E_MODELS_DIR;
+    if (dir) {
+      const { existsSync } = await import("node:fs");
+      check("9 library: the file is in the models folder", existsSync(`${dir}/strata-test/Tiny-GGUF/Tiny-Q4_K_M.gguf`), dir);
+    }
+    await lib.getByTestId("local").scrollIntoViewIfNeeded();
+    await shot("models-library-downloaded");
+    const del = lib.getByTestId("local-delete");
+    await del.click();
+    check("9 library: the first press of Delete asks again", (await del.innerText()) === "Delete the file?", await del.innerText());
+    await del.click();
+    await lib.getByText("No GGUF file yet.").waitFor({ timeout: 10_000 });
+    if (dir) {
+      const { existsSync } = await import("node:fs");
+      check("9 library: the second press deleted the file", !existsSync(`${dir}/strata-test/Tiny-GGUF/Tiny-Q4_K_M.gguf`));
+    }
+    const o = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+    check("9 library: the models view has no horizontal overflow", o <= 0, `${o}px`);
   });
 
   check("no page errors or console errors", pageErrors.length === 0, pageErrors.slice(0, 5).join(" / "));

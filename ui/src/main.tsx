@@ -9,6 +9,7 @@ import "./styles/base.css";
 import "./styles/chat.css";
 import "./styles/forms.css";
 import "./styles/devices.css";
+import "./styles/library.css";
 
 const keys = new KeyRequests();
 const transport = createTransport(keys.ask);
