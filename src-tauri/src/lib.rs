@@ -8,6 +8,7 @@
 pub mod commands;
 pub mod engine;
 pub mod history;
+pub mod library;
 pub mod preferences;
 pub mod remote_key;
 pub mod supervisor;
@@ -49,6 +50,8 @@ pub struct AppState {
     /// Always masked: the key is in `remote_key`, never here.
     settings: Mutex<EngineSettings>,
     cancels: Mutex<HashMap<String, tokio::sync::watch::Sender<bool>>>,
+    /// The model library (the Hub, the models folder, the downloads under way).
+    pub library: Arc<strata::hub::library::Library>,
 }
 
 impl AppState {
@@ -64,6 +67,7 @@ impl AppState {
             remote_key,
             settings: Mutex::new(settings),
             cancels: Mutex::new(HashMap::new()),
+            library: strata::hub::library::Library::from_env(strata::hub::local::default_models_dir()),
         })
     }
 
@@ -241,6 +245,15 @@ pub fn builder<R: Runtime>(b: tauri::Builder<R>) -> tauri::Builder<R> {
             commands::telemetry,
             commands::cache,
             commands::engine_status,
+            library::library_search,
+            library::library_files,
+            library::library_fit,
+            library::library_picks,
+            library::library_local,
+            library::library_delete,
+            library::library_downloads,
+            library::library_start,
+            library::library_cancel,
         ])
 }
 

@@ -18,9 +18,13 @@ Checks, in order, each printed as `ok - ...` or `not ok - ...`:
  5. two conversations stream at once: a long reply streams in a new conversation while the user sends in
     a second; the list marks both as replying (target/e2e/desktop-chat-two-streaming.png), and each reply
     ends, not empty, with its figures, in its own conversation (target/e2e/desktop-chat-two-done.png);
- 6. the device panel's screenshots (target/e2e/desktop-devices.png from WebDriver,
+ 6. the model library (in the app's process, against the mock Hub the script starts): a search finds the
+    repository, its file is planned before download, the download shows its progress and ends checked in
+    the models folder, and Open inspects and plans the file in the Models view
+    (target/e2e/desktop-library.png, desktop-library-opened.png);
+ 7. the device panel's screenshots (target/e2e/desktop-devices.png from WebDriver,
     target/e2e/desktop-window.png of the whole Xvfb screen with ImageMagick's `import`);
- 7. quitting (driver.quit() closes the app) leaves no engine: no `strata serve --exit-with-stdin` of
+ 8. quitting (driver.quit() closes the app) leaves no engine: no `strata serve --exit-with-stdin` of
     this run within 10 s.
 Ends with `e2e desktop: N passed, M failed` and exits 1 if any check failed.
 """
@@ -593,6 +597,72 @@ def check_two_at_once(driver):
     screenshot(driver, "chat-two-done")
 
 
+def check_library(driver):
+    """The model library, in the app's own process, against the mock Hub scripts/e2e-desktop starts."""
+    if not os.environ.get("HF_ENDPOINT"):
+        ok(False, "the library: HF_ENDPOINT names the mock Hub")
+        return
+    tab(driver, "models")
+    lib = driver.find_element(By.CSS_SELECTOR, "#panel-models [data-testid=library]")
+    picks = wait_for("picks", lambda: lib.find_elements(By.CSS_SELECTOR, "[data-testid=pick]"), 10) or []
+    ok(len(picks) == 3, "the library offers a chat, a code and a small pick for this machine (%d)" % len(picks))
+    q = lib.find_element(By.CSS_SELECTOR, "[data-testid=library-query]")
+    q.clear()
+    q.send_keys("tiny")
+    lib.find_element(By.CSS_SELECTOR, "[data-testid=library-search]").click()
+    results = wait_for("results", lambda: lib.find_elements(By.CSS_SELECTOR, "[data-testid=result]"), 20) or []
+    ok(bool(results) and "strata-test/Tiny-GGUF" in results[0].text, "the search finds the repository",
+       " | ".join(r.text for r in results))
+    if not results:
+        return
+    results[0].click()
+
+    def row(name):
+        for r in lib.find_elements(By.CSS_SELECTOR, "[data-testid=file-row]"):
+            if name in r.text:
+                return r
+        return None
+
+    def fitted():
+        r = row("Tiny-Q4_K_M.gguf")
+        f = r.find_elements(By.CSS_SELECTOR, "[data-testid=fit]") if r else []
+        return f[0].text if f else None
+
+    fit = wait_for("fit", fitted, 30)
+    ok(bool(fit) and fit.startswith("fits"), "the file is planned on the app's devices before download (%r)" % fit)
+    screenshot(driver, "library")
+    row("Tiny-Q4_K_M.gguf").find_element(By.CSS_SELECTOR, "[data-testid=file-download]").click()
+    seen = []
+
+    def done():
+        figs = lib.find_elements(By.CSS_SELECTOR, "[data-testid=download-figures]")
+        t = figs[0].text if figs else ""
+        if t and (not seen or seen[-1] != t):
+            seen.append(t)
+        return t == "downloaded and checked"
+
+    wait_for("download", done, 60, every=0.05)
+    ok(any(t.endswith("left") for t in seen), "the download showed bytes, speed and time left", " → ".join(seen[:4]))
+    ok(bool(seen) and seen[-1] == "downloaded and checked", "the download ended checked", seen[-1] if seen else "")
+    path = os.path.join(os.environ.get("STRATA_MODELS_DIR", ""), "strata-test", "Tiny-GGUF", "Tiny-Q4_K_M.gguf")
+    ok(os.path.isfile(path), "the file is in the models folder", path)
+    opened = wait_for("local", lambda: lib.find_elements(By.CSS_SELECTOR, "[data-testid=local-open]"), 10) or []
+    if not ok(len(opened) == 1, "the downloaded model is listed here with Open"):
+        return
+    opened[0].click()
+    panel = driver.find_element(By.ID, "panel-models")
+
+    def candidate_facts():
+        for f in panel.find_elements(By.CSS_SELECTOR, "[data-testid=candidate] .fact"):
+            if f.find_element(By.TAG_NAME, "dt").text == "Path":
+                return f.find_element(By.TAG_NAME, "dd").text
+        return None
+
+    shown = wait_for("candidate", candidate_facts, 20)
+    ok(shown == path, "Open inspects and plans it in the Models view before any Load", repr(shown))
+    screenshot(driver, "library-opened")
+
+
 def check_devices(driver):
     tab(driver, "devices")
     # Give the chart a few samples after the restart (the engine samples every half second).
@@ -702,6 +772,7 @@ def main():
             check_chat(driver, app_pid)
             check_restart(driver, app_pid)
             check_two_at_once(driver)
+        check_library(driver)
         check_devices(driver)
         if loaded:
             check_remote_key(driver)

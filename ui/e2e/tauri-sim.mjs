@@ -81,6 +81,9 @@ export const TAURI_SIM = String.raw`
         return { now_ms: 20000, samples, events: [{ t_ms: 10000, event: "engine_restarted", reason: "the engine exited with signal 9", restarts: 1 }] };
       }
       case "cache": return { slots: 4, slots_used: 0, budget_bytes: 4096 * MIB, bytes: 0, evictions: 0, live_tokens: 0, parked: [] };
+      case "library_picks": return [];
+      case "library_local": return { models_dir: "/home/user/.local/share/strata/models", models: [] };
+      case "library_downloads": return [];
       default: throw { code: "not_found", field: null, message: "sim: no command " + cmd };
     }
   }

@@ -7,7 +7,8 @@ import { afterEach, describe, expect, it, vi } from "vitest";
 import type { DownloadView, FileView, FitView, LocalModel } from "../src/bindings";
 import { TransportError, type LibraryApi, type LocalModels } from "../src/transport/types";
 import { LibraryPanel } from "../src/views/models/LibraryPanel";
-import { plan, row } from "./fakes";
+import { ModelsView } from "../src/views/models/ModelsView";
+import { FakeTransport, plan, row } from "./fakes";
 
 const MIB = 1024 * 1024;
 
@@ -132,5 +133,19 @@ describe("LibraryPanel", () => {
     // Clearing a finished download forgets it.
     fireEvent.click(screen.getByTestId("download-cancel"));
     await waitFor(() => expect(lib.cancelDownload).toHaveBeenCalledWith(3));
+  });
+
+  it("in the desktop app a model here opens in the Models view (inspected and planned before Load)", async () => {
+    const t = new FakeTransport();
+    const lib = new FakeLibrary();
+    lib.here = [{ path: "/m/a/b/x.gguf", repo: "a/b", file: "x.gguf", size_bytes: 10 * MIB, source: "hugging_face_cache" }];
+    t.library = lib;
+    render(<ModelsView transport={t} dropped={null} browserDrop={false} />);
+    fireEvent.click(await screen.findByTestId("local-open"));
+    await waitFor(() => expect(t.inspectModel).toHaveBeenCalledWith("/m/a/b/x.gguf"));
+    await waitFor(() => expect(t.plan).toHaveBeenCalled());
+    // A file of the Hugging Face cache is not the app's to delete; the browser's note is not shown.
+    expect(screen.queryByTestId("local-delete")).toBeNull();
+    expect(screen.getByTestId("local").textContent).not.toContain("strata serve -m");
   });
 });

@@ -23,6 +23,15 @@ export const COMMANDS = [
   "telemetry",
   "cache",
   "engine_status",
+  "library_search",
+  "library_files",
+  "library_fit",
+  "library_picks",
+  "library_local",
+  "library_delete",
+  "library_downloads",
+  "library_start",
+  "library_cancel",
 ] as const;
 
 /** One of the commands above. */
@@ -32,6 +41,15 @@ export type CommandName = (typeof COMMANDS)[number];
 export const EVENTS = [
   "telemetry",
   "engine_status",
+  "library_search",
+  "library_files",
+  "library_fit",
+  "library_picks",
+  "library_local",
+  "library_delete",
+  "library_downloads",
+  "library_start",
+  "library_cancel",
 ] as const;
 
 export type EventName = (typeof EVENTS)[number];

@@ -28,7 +28,7 @@ import type {
 } from "../bindings";
 import { cleanTitle, exportFile, titleAfter } from "../chat/conversation";
 import type { CommandName, EventName } from "./commands";
-import { TransportError, type Transport, type Unsubscribe } from "./types";
+import { TransportError, type LibraryApi, type LocalModels, type Transport, type Unsubscribe } from "./types";
 
 /** Invokes one command of COMMANDS; a rejection becomes a TransportError (CommandError fields kept). */
 export async function callCommand<T>(name: CommandName, args?: Record<string, unknown>): Promise<T> {
@@ -61,8 +61,18 @@ function follow<T>(name: EventName, onPayload: (payload: T) => void): Unsubscrib
 export class TauriTransport implements Transport {
   readonly kind = "tauri" as const;
   readonly caps = { loadModels: true, applySettings: true, fileDrop: true };
-  /** The desktop app's library runs in the app itself: not wired to this transport yet. */
-  readonly library = null;
+  /** The model library runs in the app's own process (src-tauri/src/library.rs): no engine need run. */
+  readonly library: LibraryApi = {
+    search: (text) => callCommand("library_search", { text }),
+    files: (repo) => callCommand("library_files", { repo }),
+    fit: (repo, file, context) => callCommand("library_fit", { repo, file, context }),
+    picks: () => callCommand("library_picks"),
+    local: () => callCommand<LocalModels>("library_local"),
+    remove: (path) => callCommand("library_delete", { path }),
+    downloads: () => callCommand("library_downloads"),
+    startDownload: (repo, file) => callCommand("library_start", { repo, file }),
+    cancelDownload: (id) => callCommand("library_cancel", { id }),
+  };
 
   inspectModel(path: string): Promise<ModelFacts> {
     return callCommand("inspect_model", { path });

@@ -66,7 +66,13 @@ function FitCell({ state, open, onToggle }: { state: FitState | undefined; open:
   );
 }
 
-export function LibraryPanel({ library }: { library: LibraryApi }) {
+export interface LibraryPanelProps {
+  library: LibraryApi;
+  /** Opens a model file here in the Models view (inspect, plan, Load): where the transport can load models. */
+  onOpen?: (path: string) => void;
+}
+
+export function LibraryPanel({ library, onOpen }: LibraryPanelProps) {
   const [picks, setPicks] = useState<Pick[]>([]);
   const [query, setQuery] = useState("");
   const [results, setResults] = useState<HubModel[] | null>(null);
@@ -353,8 +359,13 @@ export function LibraryPanel({ library }: { library: LibraryApi }) {
         <div class="local" data-testid="local">
           <h3>On this machine</h3>
           <p class="muted">
-            Downloads go to <code>{local.models_dir}</code>; the Hugging Face cache is listed too. This server serves one
-            model: to run another, start it again with <code>strata serve -m PATH</code>.
+            Downloads go to <code>{local.models_dir}</code>; the Hugging Face cache is listed too.
+            {!onOpen && (
+              <>
+                {" "}
+                This server serves one model: to run another, start it again with <code>strata serve -m PATH</code>.
+              </>
+            )}
           </p>
           {local.models.length === 0 ? (
             <p class="muted">No GGUF file yet.</p>
@@ -366,6 +377,11 @@ export function LibraryPanel({ library }: { library: LibraryApi }) {
                   <span class="muted">
                     · {bytesText(m.size_bytes)} · {m.source === "models_folder" ? "models folder" : "Hugging Face cache"}
                   </span>{" "}
+                  {onOpen && (
+                    <button type="button" onClick={() => onOpen(m.path)} data-testid="local-open">
+                      Open
+                    </button>
+                  )}{" "}
                   {m.source === "models_folder" && (
                     <button
                       type="button"

@@ -237,7 +237,20 @@ export function ModelsView({ transport, dropped, browserDrop }: ModelsViewProps)
           )}
         </section>
       )}
-      {transport.library && <LibraryPanel library={transport.library} />}
+      {transport.library && (
+        <LibraryPanel
+          library={transport.library}
+          onOpen={
+            canLoad
+              ? (path) => {
+                  void choose(path);
+                  const card = document.getElementById("open-model");
+                  if (card && typeof card.scrollIntoView === "function") card.scrollIntoView({ block: "start" });
+                }
+              : undefined
+          }
+        />
+      )}
     </div>
   );
 }
