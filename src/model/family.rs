@@ -110,7 +110,7 @@ pub struct Family {
 
 /// Every family, by `general.architecture`.
 pub static FAMILIES: &[Family] = &[
-    Family { experts: Experts::WhenCounted, features: "SwiGLU, RoPE, mixture of experts (Mixtral)", ..LLAMA },
+    Family { experts: Experts::WhenCounted, features: "SwiGLU, RoPE", ..LLAMA },
     Family { arch: Arch::Mistral, name: "mistral", features: "SwiGLU, RoPE", ..LLAMA },
     Family {
         arch: Arch::Qwen2,

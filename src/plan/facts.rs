@@ -71,6 +71,10 @@ impl ModelFacts {
 /// attention (4 heads, 1 KV); window 512 on 15 of 18 layers".
 fn features(cfg: &ModelConfig) -> String {
     let mut out = cfg.family.features.to_owned();
+    // A family whose FFN is experts only when the file counts them (llama: Mixtral's layout) says so only then.
+    if let Some(m) = cfg.moe.as_ref().filter(|_| !out.contains("mixture of experts")) {
+        out.push_str(&format!(", mixture of experts ({} experts, {} used per token)", m.n_expert, m.n_used));
+    }
     if cfg.n_head_kv < cfg.n_head {
         out.push_str(&format!("; grouped-query attention ({} heads, {} KV)", cfg.n_head, cfg.n_head_kv));
     }

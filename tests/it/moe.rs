@@ -105,3 +105,15 @@ fn the_restore_gate_counts_the_experts_device_1_does_not_hold() {
         assert_eq!(served.generation.tokens, want.tokens, "{case}: the reply");
     }
 }
+
+#[test]
+fn the_facts_say_mixture_of_experts_only_for_a_model_that_has_experts() {
+    use strata::plan::facts::ModelFacts;
+    let path = std::path::Path::new("x.gguf");
+    let moe = GgufFile::from_bytes(spec(GgmlType::Q4_0).to_gguf()).unwrap();
+    let f = ModelFacts::of(&moe, path).expect("facts").features;
+    assert!(f.contains("mixture of experts (8 experts, 2 used per token)"), "{f}");
+    let dense = GgufFile::open(&common::model_path()).expect("the default model");
+    let f = ModelFacts::of(&dense, path).expect("facts").features;
+    assert!(f.starts_with("SwiGLU, RoPE") && !f.contains("experts"), "{f}");
+}
