@@ -32,6 +32,7 @@ fn error(e: LibraryError) -> CommandError {
         LibraryError::NotDeletable(_) => (ErrorCode::Invalid, Some("path")),
         LibraryError::NoSuchDownload(_) | LibraryError::Hub(HubError::NotFound { .. }) => (ErrorCode::NotFound, None),
         LibraryError::TooMany | LibraryError::AlreadyRunning { .. } => (ErrorCode::Busy, None),
+        LibraryError::InUse(_) => (ErrorCode::Busy, Some("path")),
         LibraryError::Delete { .. } => (ErrorCode::Io, None),
         _ => (ErrorCode::Engine, None),
     };
@@ -88,7 +89,8 @@ pub async fn library_local(state: State<'_, AppState>) -> CmdResult<LocalModels>
 
 #[tauri::command]
 pub async fn library_delete(state: State<'_, AppState>, path: PathBuf) -> CmdResult<()> {
-    state.library.delete(&path).map_err(error)
+    let loaded = state.settings().model_path.map(PathBuf::from);
+    state.library.delete(&path, loaded.as_deref()).map_err(error)
 }
 
 #[tauri::command]

@@ -11,6 +11,7 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -84,7 +85,9 @@ pub fn part_path(dest: &Path) -> PathBuf {
 }
 
 /// Downloads `file` of `repo` into `models_dir` (see the module comment) and returns its path. `progress` is
-/// called as bytes arrive (and once at the end); `cancel` stops it, deleting the part.
+/// called as bytes arrive (and once at the end); `cancel` stops it, deleting the part. A part left by an
+/// earlier run that turns out not to be this file's start (the file changed on the Hub since, or the part
+/// is damaged) fails the checksum once: it is deleted and the file downloaded again from its first byte.
 pub async fn download(
     client: &HubClient,
     repo: &str,
@@ -92,6 +95,26 @@ pub async fn download(
     models_dir: &Path,
     cancel: &AtomicBool,
     progress: &mut (dyn FnMut(Progress) + Send),
+) -> Result<PathBuf, DownloadError> {
+    let mut resumed = false;
+    match download_once(client, repo, file, models_dir, cancel, progress, &mut resumed).await {
+        Err(DownloadError::Checksum { .. }) if resumed => {
+            tracing::warn!("{}: the part kept from before is not this file's start: downloading it again", file.path);
+            download_once(client, repo, file, models_dir, cancel, progress, &mut resumed).await
+        }
+        r => r,
+    }
+}
+
+/// One try of [`download`]; `resumed` says whether it started from a part already on disk.
+async fn download_once(
+    client: &HubClient,
+    repo: &str,
+    file: &HubFile,
+    models_dir: &Path,
+    cancel: &AtomicBool,
+    progress: &mut (dyn FnMut(Progress) + Send),
+    resumed: &mut bool,
 ) -> Result<PathBuf, DownloadError> {
     let dest = destination(models_dir, repo, &file.path)?;
     let url = client.resolve_url(repo, &file.path)?;
@@ -120,8 +143,27 @@ pub async fn download(
         }
     }
     let mut hasher = Sha256::new();
+    *resumed = done > 0;
     if done > 0 {
-        hash_part(&part, done, &mut hasher, cancel).map_err(io(&part))?;
+        // Hashing a part of gigabytes takes seconds: not on the runtime's few threads.
+        let (p, flag) = (part.clone(), Arc::new(AtomicBool::new(false)));
+        let watch = flag.clone();
+        let hashed = tokio::task::spawn_blocking(move || {
+            let mut h = Sha256::new();
+            hash_part(&p, done, &mut h, &watch).map(|()| h)
+        });
+        let mut hashed = std::pin::pin!(hashed);
+        hasher = loop {
+            tokio::select! {
+                r = &mut hashed => break r.map_err(|e| DownloadError::Io { path: part.clone(), source: std::io::Error::other(e) })?.map_err(io(&part))?,
+                _ = tokio::time::sleep(Duration::from_millis(100)) => flag.store(cancel.load(Ordering::Relaxed), Ordering::Relaxed),
+            }
+        };
+        if cancel.load(Ordering::Relaxed) {
+            drop(out);
+            let _ = std::fs::remove_file(&part);
+            return Err(DownloadError::Cancelled { file: name });
+        }
     }
     let mut meter = Meter::new(done, total);
     let mut last_error = String::new();
@@ -156,15 +198,22 @@ pub async fn download(
             }
         };
         let status = resp.status().as_u16();
+        if status == 408 || status == 429 || status >= 500 {
+            // The Hub or its CDN is busy or failing for now: as a cut, tried again after a pause.
+            last_error = format!("the Hub answered {status}");
+            continue;
+        }
         if status == 416 {
             // The range starts at or past the end: the part is no prefix of this file. Start again.
             restart(&mut out, &part, &mut hasher, &mut done)?;
+            meter = Meter::new(0, total);
             continue;
         }
         let resp = client.check(resp, &name, Some(repo)).await?;
         if done > 0 && !(status == 206 && range_start(&resp) == Some(done)) {
             // A server that ignores ranges sends the whole file from its first byte.
             restart(&mut out, &part, &mut hasher, &mut done)?;
+            meter = Meter::new(0, total);
             if status == 206 {
                 continue;
             }
@@ -193,7 +242,12 @@ pub async fn download(
                         progress(p);
                     }
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    if done < total {
+                        last_error = format!("the answer ended at {done} of {total} bytes");
+                    }
+                    break;
+                }
                 Err(e) => {
                     last_error = network(&url, e).to_string();
                     break;
@@ -201,8 +255,8 @@ pub async fn download(
             }
         }
     }
-    out.flush().and_then(|()| out.sync_all()).map_err(io(&part))?;
-    drop(out);
+    let synced = tokio::task::spawn_blocking(move || out.flush().and_then(|()| out.sync_all())).await;
+    synced.map_err(std::io::Error::other).and_then(|r| r).map_err(io(&part))?;
     let found: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
     if let Some(expected) = &file.sha256 {
         if *expected != found {
@@ -293,11 +347,11 @@ impl Meter {
         if dt < PROGRESS_EVERY {
             return None;
         }
-        let now = (done - self.at_bytes) as f64 / dt.as_secs_f64();
+        let now = done.saturating_sub(self.at_bytes) as f64 / dt.as_secs_f64();
         self.rate = if self.rate == 0.0 { now } else { 0.7 * self.rate + 0.3 * now };
         self.at = Instant::now();
         self.at_bytes = done;
-        let eta_s = (self.rate > 0.0).then(|| (self.total - done) as f64 / self.rate);
+        let eta_s = (self.rate > 0.0).then(|| self.total.saturating_sub(done) as f64 / self.rate);
         Some(Progress { done_bytes: done, total_bytes: self.total, rate_bytes_per_s: self.rate, eta_s })
     }
 }

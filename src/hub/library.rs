@@ -46,6 +46,10 @@ pub enum LibraryError {
     Delete { path: String, message: String },
     #[error("{0}")]
     Plan(String),
+    #[error("{0} is the model being served; it is not deleted")]
+    InUse(String),
+    #[error("the model library failed: {0}")]
+    Internal(String),
 }
 
 /// Where a download is.
@@ -171,11 +175,14 @@ pub struct Library {
     pub models_dir: PathBuf,
     pub hf_cache: Option<PathBuf>,
     downloads: Mutex<(u64, Vec<Entry>)>,
+    /// Fit plans under way at once.
+    fits: tokio::sync::Semaphore,
 }
 
 impl Library {
     pub fn new(client: HubClient, models_dir: PathBuf, hf_cache: Option<PathBuf>) -> Arc<Library> {
-        Arc::new(Library { client, models_dir, hf_cache, downloads: Mutex::new((0, Vec::new())) })
+        let fits = tokio::sync::Semaphore::new(2);
+        Arc::new(Library { client, models_dir, hf_cache, downloads: Mutex::new((0, Vec::new())), fits })
     }
 
     /// The library of the environment's Hub (`HF_ENDPOINT`, `HF_TOKEN`), this folder and the HF cache.
@@ -190,7 +197,10 @@ impl Library {
     /// `repo`'s GGUF files, each with its path here when it is in the models folder or the HF cache.
     pub async fn files(&self, repo: &str) -> Result<Vec<FileView>, LibraryError> {
         let files = self.client.files(repo).await?;
-        let here = self.local();
+        let (dir, cache) = (self.models_dir.clone(), self.hf_cache.clone());
+        let here = tokio::task::spawn_blocking(move || local::scan(&dir, cache.as_deref()))
+            .await
+            .map_err(|e| LibraryError::Internal(e.to_string()))?;
         Ok(files
             .into_iter()
             .map(|file| {
@@ -220,6 +230,8 @@ impl Library {
         if f.split.is_some() {
             return Err(LibraryError::SplitPart(file.into()));
         }
+        // A few headers are read at once; more wait (each may take megabytes and a plan).
+        let _turn = self.fits.acquire().await.map_err(|e| LibraryError::Internal(e.to_string()))?;
         let image = Arc::new(self.client.header(repo, file, f.size_bytes).await?);
         let train = crate::model::config::ModelConfig::from_gguf(&image)
             .map_err(|e| LibraryError::Plan(format!("{file}: {e}")))?
@@ -234,7 +246,7 @@ impl Library {
         s.max_context = Some(context);
         let plan = tokio::task::spawn_blocking(move || s.plan(&image))
             .await
-            .map_err(|e| LibraryError::Plan(e.to_string()))?
+            .map_err(|e| LibraryError::Internal(e.to_string()))?
             .map_err(|e| LibraryError::Plan(format!("{file}: {}", e.message)))?;
         Ok(fit_view(plan, context))
     }
@@ -253,7 +265,9 @@ impl Library {
         let id = {
             let mut d = self.downloads.lock_unpoisoned();
             let running = d.1.iter().filter(|e| e.view.state == DownloadState::Running).collect::<Vec<_>>();
-            if running.iter().any(|e| e.view.repo == repo && e.view.file == file) {
+            // Case folded: on macOS and Windows `Owner/X` and `owner/x` are one folder, one part file.
+            let same = |e: &&Entry| e.view.repo.eq_ignore_ascii_case(repo) && e.view.file.eq_ignore_ascii_case(file);
+            if running.iter().any(same) {
                 return Err(LibraryError::AlreadyRunning { repo: repo.into(), file: file.into() });
             }
             if running.len() >= MAX_RUNNING {
@@ -279,8 +293,15 @@ impl Library {
         let repo = repo.to_owned();
         tokio::spawn(async move {
             let me = lib.clone();
-            let mut report = move |p: Progress| me.update(id, |v| v.progress = p);
-            let r = download::download(&lib.client, &repo, &f, &lib.models_dir, &cancel, &mut report).await;
+            // Run apart, so that even a panic ends the entry (as failed) instead of leaving it running.
+            let task = tokio::spawn(async move {
+                let lib = me.clone();
+                let mut report = move |p: Progress| me.update(id, |v| v.progress = p);
+                download::download(&lib.client, &repo, &f, &lib.models_dir, &cancel, &mut report).await
+            });
+            let r = task.await.unwrap_or_else(|e| {
+                Err(DownloadError::Io { path: lib.models_dir.clone(), source: std::io::Error::other(e.to_string()) })
+            });
             lib.update(id, |v| match r {
                 Ok(path) => {
                     v.state = DownloadState::Done;
@@ -325,12 +346,18 @@ impl Library {
         local::scan(&self.models_dir, self.hf_cache.as_deref())
     }
 
-    /// Deletes a GGUF of the models folder (never another file, never one elsewhere), and its folder
-    /// when that is left empty.
-    pub fn delete(&self, path: &Path) -> Result<(), LibraryError> {
+    /// Deletes a GGUF of the models folder (never another file, never one elsewhere, never a link, never
+    /// `in_use`: the model being served), and its folder when that is left empty.
+    pub fn delete(&self, path: &Path, in_use: Option<&Path>) -> Result<(), LibraryError> {
         let refuse = || LibraryError::NotDeletable(path.display().to_string());
         let root = std::fs::canonicalize(&self.models_dir).map_err(|_| refuse())?;
+        if !std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file()) {
+            return Err(refuse());
+        }
         let file = std::fs::canonicalize(path).map_err(|_| refuse())?;
+        if in_use.and_then(|p| std::fs::canonicalize(p).ok()).is_some_and(|p| p == file) {
+            return Err(LibraryError::InUse(path.display().to_string()));
+        }
         let is_gguf = file.extension().is_some_and(|x| x.eq_ignore_ascii_case("gguf"));
         if !is_gguf || !file.starts_with(&root) || !std::fs::metadata(&file).is_ok_and(|m| m.is_file()) {
             return Err(refuse());
@@ -377,8 +404,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_a_plain_gguf_of_the_models_folder_that_is_not_in_use_is_deleted() {
+        let root = tempfile::tempdir().unwrap();
+        let models = root.path().join("models");
+        std::fs::create_dir_all(models.join("o/n")).unwrap();
+        let a = models.join("o/n/a.gguf");
+        std::fs::write(&a, b"x").unwrap();
+        std::fs::write(models.join("notes.txt"), b"x").unwrap();
+        let lib = Library::new(HubClient::new("http://127.0.0.1:9", None), models.clone(), None);
+        #[cfg(unix)]
+        {
+            let link = models.join("link.gguf");
+            std::os::unix::fs::symlink(&a, &link).unwrap();
+            assert!(matches!(lib.delete(&link, None), Err(LibraryError::NotDeletable(_))));
+            std::fs::remove_file(&link).unwrap();
+        }
+        assert!(matches!(lib.delete(&models.join("notes.txt"), None), Err(LibraryError::NotDeletable(_))));
+        assert!(matches!(lib.delete(&models.join("o/n/../n/absent.gguf"), None), Err(LibraryError::NotDeletable(_))));
+        assert!(matches!(lib.delete(&a, Some(&a)), Err(LibraryError::InUse(_))));
+        assert!(a.exists());
+        lib.delete(&models.join("o/./n/a.gguf"), None).expect("deleted");
+        assert!(
+            !a.exists() && !models.join("o").exists() && models.exists(),
+            "empty folders go, the models folder stays"
+        );
+    }
+
+    #[test]
     fn picks_grow_with_memory_and_every_role_has_one() {
-        let small = picks(2 << 30);
+        let small = picks(768 << 20);
         assert_eq!(small.iter().map(|p| p.role.as_str()).collect::<Vec<_>>(), ["chat", "code", "small"]);
         assert_eq!(small[0].repo, "bartowski/Llama-3.2-3B-Instruct-GGUF", "the smallest chat model when none fits");
         assert_eq!(small[2].repo, "unsloth/gemma-3-270m-it-GGUF");

@@ -64,10 +64,10 @@ pub enum HubError {
 #[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct HubModel {
     pub id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub downloads: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub likes: u64,
     /// Whether the repository asks for a token (its terms accepted): the Hub says false, "auto" or "manual".
@@ -75,8 +75,13 @@ pub struct HubModel {
     pub gated: bool,
     #[serde(default, rename = "lastModified")]
     pub last_modified: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     pub tags: Vec<String>,
+}
+
+/// A field the Hub may send as null: its default then.
+fn null_default<'de, D: serde::Deserializer<'de>, T: Default + Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 fn gated_flag<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
@@ -205,7 +210,11 @@ impl HubClient {
                 files.push(HubFile { split: split_part(&e.path), path: e.path, size_bytes, sha256 });
             }
             match next {
-                Some(n) => url = n,
+                // The token goes with every page: only to the Hub it was given for.
+                Some(n) if n.starts_with(&format!("{}/", self.endpoint)) => url = n,
+                Some(n) => {
+                    return Err(HubError::BadAnswer { url, message: format!("its next page is on another host: {n}") })
+                }
                 None => break,
             }
         }
@@ -226,17 +235,22 @@ impl HubClient {
     pub async fn header(&self, repo: &str, file: &str, size_bytes: u64) -> Result<GgufFile, HubError> {
         let url = self.resolve_url(repo, file)?;
         let mut want = HEADER_FIRST_BYTES.min(size_bytes);
+        let mut prefix: Vec<u8> = Vec::with_capacity(want as usize);
         loop {
+            // Only the bytes not read yet: the next range starts where the last one ended.
+            let from = prefix.len() as u64;
             let resp = self
                 .get(&url)
-                .header(reqwest::header::RANGE, format!("bytes=0-{}", want.saturating_sub(1)))
+                .header(reqwest::header::RANGE, format!("bytes={from}-{}", want.saturating_sub(1)))
                 .send()
                 .await
                 .map_err(|e| network(&url, e))?;
             let resp = self.check(resp, file, Some(repo)).await?;
-            let mut prefix = Vec::with_capacity(want as usize);
             let mut resp = resp;
-            // A server that ignores the range sends the whole file: only `want` bytes are kept.
+            // A server that ignores the range sends the whole file from its start: begin again from there.
+            if from > 0 && resp.status().as_u16() != 206 {
+                prefix.clear();
+            }
             while (prefix.len() as u64) < want {
                 match resp.chunk().await.map_err(|e| network(&url, e))? {
                     Some(c) => prefix.extend_from_slice(&c[..c.len().min(want as usize - prefix.len())]),
@@ -244,7 +258,7 @@ impl HubClient {
                 }
             }
             let bad = |message: String| HubError::BadHeader { file: file.to_owned(), message };
-            match GgufFile::from_header(prefix, size_bytes) {
+            match GgufFile::from_header(prefix.clone(), size_bytes) {
                 Ok(f) => return Ok(f),
                 Err(e) if matches!(e.kind, GgufErrorKind::Truncated { .. }) && want < size_bytes => {
                     if want >= HEADER_MAX_BYTES {
@@ -271,8 +285,13 @@ impl HubClient {
         let url = resp.url().to_string();
         let endpoint = self.endpoint.clone();
         let repo = repo.unwrap_or(what).to_owned();
+        // The Hub answers 401 for a repository that does not exist (or is private) too: its error code tells.
+        let code = resp.headers().get("x-error-code").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        if matches!(code.as_str(), "RepoNotFound" | "EntryNotFound" | "RevisionNotFound") {
+            return Err(HubError::NotFound { what: what.to_owned(), url });
+        }
         Err(match status.as_u16() {
-            401 if self.token.is_none() => HubError::NeedsToken { repo, endpoint },
+            401 | 403 if self.token.is_none() => HubError::NeedsToken { repo, endpoint },
             401 | 403 => HubError::Refused { repo, endpoint },
             404 => HubError::NotFound { what: what.to_owned(), url },
             s => {

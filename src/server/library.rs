@@ -36,7 +36,8 @@ fn api_error(e: LibraryError) -> ApiError {
         }
         LibraryError::Hub(_) => ApiError::upstream("hub_unreachable", message),
         LibraryError::Plan(_) => ApiError::invalid("file", message),
-        LibraryError::Delete { .. } => ApiError::internal(message),
+        LibraryError::InUse(_) => ApiError::conflict("model_in_use", message),
+        LibraryError::Delete { .. } | LibraryError::Internal(_) => ApiError::internal(message),
     }
 }
 
@@ -107,7 +108,8 @@ pub async fn delete(State(app): State<App>, headers: HeaderMap, body: axum::body
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    match app.library.delete(&req.path) {
+    let served = app.model.settings.model_path.as_deref().map(std::path::Path::new);
+    match app.library.delete(&req.path, served) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => api_error(e).into_response(),
     }

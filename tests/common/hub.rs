@@ -156,7 +156,8 @@ async fn tree(
 ) -> Response {
     record(&hub, format!("/api/models/{owner}/{name}/tree"), &headers);
     let Some(repo) = find(&hub, &owner, &name) else {
-        return (StatusCode::NOT_FOUND, "Repository not found").into_response();
+        // As the Hub answers a client without a token: 401, and the error code says what is missing.
+        return (StatusCode::UNAUTHORIZED, [("x-error-code", "RepoNotFound")], "Repository not found").into_response();
     };
     if let Some(r) = gate(repo, &headers) {
         return r;
