@@ -121,6 +121,10 @@ export function startMockServer({ apiKey = null, port = 0 } = {}) {
         return json(res, 200, { id: "SmolLM2-135M-Instruct.Q4_1", path: SETTINGS.model_path, file_bytes: 98 * MIB, architecture: "llama", quantization: "Q4_1", parameters: 134515008, layers: 30, vocab: 49152, context: 4096, trained_context: 8192, split: [], flags: [], sampling: SAMPLING });
       }
       if (p === "/strata/devices") return json(res, 200, devices());
+      // The model library, empty: this mock has no Hub (scripts/e2e-browser checks the library for real).
+      if (p === "/strata/library/picks") return json(res, 200, { memory_bytes: 16 * 1024 * MIB, picks: [] });
+      if (p === "/strata/library/local") return json(res, 200, { models_dir: "/home/user/.local/share/strata/models", models: [] });
+      if (p === "/strata/library/downloads") return json(res, 200, { downloads: [] });
       if (p === "/strata/cache") return json(res, 200, { slots: 4, slots_used: 1, budget_bytes: 4096 * MIB, bytes: 12 * MIB, evictions: 1, live_tokens: 120, parked: [{ tokens: 800, bytes: 12 * MIB, last_use_ms: 12_000, checkpoints: [256, 512] }] });
       if (p === "/strata/settings") return json(res, 200, SETTINGS);
       if (p === "/strata/plan" && req.method === "POST") {
