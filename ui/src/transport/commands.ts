@@ -41,15 +41,6 @@ export type CommandName = (typeof COMMANDS)[number];
 export const EVENTS = [
   "telemetry",
   "engine_status",
-  "library_search",
-  "library_files",
-  "library_fit",
-  "library_picks",
-  "library_local",
-  "library_delete",
-  "library_downloads",
-  "library_start",
-  "library_cancel",
 ] as const;
 
 export type EventName = (typeof EVENTS)[number];
