@@ -213,6 +213,22 @@ impl Library {
             .collect())
     }
 
+    /// `file` as `repo`'s listing has it (its size and sha256), refused when it is not listed or is one
+    /// part of a split model.
+    async fn listed(&self, repo: &str, file: &str) -> Result<HubFile, LibraryError> {
+        let f = self
+            .client
+            .files(repo)
+            .await?
+            .into_iter()
+            .find(|f| f.path == file)
+            .ok_or_else(|| LibraryError::NoSuchFile { repo: repo.into(), file: file.into() })?;
+        match f.split {
+            Some(_) => Err(LibraryError::SplitPart(file.into())),
+            None => Ok(f),
+        }
+    }
+
     /// `file` of `repo` planned under `settings` (this machine's devices) at `context` positions, from its
     /// header alone. The settings' split points and draft model are the served model's: not used here.
     pub async fn fit(
@@ -222,14 +238,7 @@ impl Library {
         settings: &EngineSettings,
         context: Option<u32>,
     ) -> Result<FitView, LibraryError> {
-        let files = self.client.files(repo).await?;
-        let f = files
-            .iter()
-            .find(|f| f.path == file)
-            .ok_or_else(|| LibraryError::NoSuchFile { repo: repo.into(), file: file.into() })?;
-        if f.split.is_some() {
-            return Err(LibraryError::SplitPart(file.into()));
-        }
+        let f = self.listed(repo, file).await?;
         // A few headers are read at once; more wait (each may take megabytes and a plan).
         let _turn = self.fits.acquire().await.map_err(|e| LibraryError::Internal(e.to_string()))?;
         let image = Arc::new(self.client.header(repo, file, f.size_bytes).await?);
@@ -253,14 +262,7 @@ impl Library {
 
     /// Starts downloading `file` of `repo` (checked against the repository's listing) and returns its id.
     pub async fn start(self: &Arc<Self>, repo: &str, file: &str) -> Result<u64, LibraryError> {
-        let files = self.client.files(repo).await?;
-        let f = files
-            .into_iter()
-            .find(|f| f.path == file)
-            .ok_or_else(|| LibraryError::NoSuchFile { repo: repo.into(), file: file.into() })?;
-        if f.split.is_some() {
-            return Err(LibraryError::SplitPart(file.into()));
-        }
+        let f = self.listed(repo, file).await?;
         let cancel = Arc::new(AtomicBool::new(false));
         let id = {
             let mut d = self.downloads.lock_unpoisoned();
