@@ -102,7 +102,11 @@ pub async fn load_model<R: Runtime>(
     };
     let settings = state.store_settings(&app, &settings)?;
     progress(LoadStage::Starting, 0.1, None);
-    state.start_engine(&settings)?;
+    // In place when the engine can (it goes on answering while the model loads beside), else a restart.
+    if state.apply_engine(&settings).await? {
+        progress(LoadStage::Ready, 1.0, None);
+        return Ok(facts);
+    }
     // The engine pages the file in as it loads: the fraction is estimated from the file's size (at about
     // 1 GB/s) until it reports ready.
     let started = Instant::now();
@@ -167,7 +171,7 @@ pub async fn save_settings<R: Runtime>(
     let old = state.settings();
     let kept = state.store_settings(&app, &settings)?;
     if old != kept {
-        state.start_engine(&kept)?;
+        state.apply_engine(&kept).await?;
     }
     Ok(kept)
 }

@@ -202,6 +202,30 @@ impl EngineClient {
             .map_err(|e| format!("the engine's reply to {path} is not what was expected: {e}"))
     }
 
+    /// `POST path` with a JSON body, waiting up to `timeout` for the answer: Ok(its JSON) on success, else
+    /// Err(the HTTP status, and the error's `code` and message).
+    pub async fn post_json(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Value, (Option<u16>, Option<String>, String)> {
+        let mut r = self.http.post(format!("{}{path}", self.endpoint.url)).json(body).timeout(timeout);
+        if let Some(k) = self.endpoint.api_key.as_deref().filter(|k| !k.is_empty()) {
+            r = r.bearer_auth(k);
+        }
+        let r = r.send().await.map_err(|e| (None, None, e.to_string()))?;
+        let status = r.status();
+        let bytes = read_capped(r, MAX_JSON_BYTES).await.map_err(|e| (Some(status.as_u16()), None, e.to_string()))?;
+        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if status.is_success() {
+            return Ok(v);
+        }
+        let code = v["error"]["code"].as_str().map(str::to_owned);
+        let message = v["error"]["message"].as_str().map_or_else(|| format!("HTTP {status}"), str::to_owned);
+        Err((Some(status.as_u16()), code, message))
+    }
+
     /// 200 from `/health`.
     pub async fn healthy(&self) -> bool {
         matches!(self.get("/health").timeout(Duration::from_secs(2)).send().await, Ok(r) if r.status().is_success())

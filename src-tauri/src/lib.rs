@@ -110,6 +110,58 @@ impl AppState {
         Ok(())
     }
 
+    /// Applies `s` to the running engine in place when it can (`POST /strata/model/load`: the model loads
+    /// beside the one serving, the conversations parked under the old model's identity), else by starting
+    /// the engine again: when none is ready, when a setting needs a new process, or when the switch fails.
+    /// Whether it switched in place.
+    pub async fn apply_engine(&self, s: &EngineSettings) -> CmdResult<bool> {
+        match self.switch_engine(s).await {
+            Ok(()) => return Ok(true),
+            Err(why) => tracing::info!("the engine is started again ({why})"),
+        }
+        self.start_engine(s)?;
+        Ok(false)
+    }
+
+    async fn switch_engine(&self, s: &EngineSettings) -> Result<(), String> {
+        if std::env::var_os("STRATA_NO_ENGINE").is_some() {
+            return Err("STRATA_NO_ENGINE is set".into());
+        }
+        let (EngineLocation::Local, Some(model)) = (&s.engine, &s.model_path) else {
+            return Err("no local model to switch to".into());
+        };
+        let (Some(endpoint), Some(running)) = (self.supervisor.endpoint(), self.supervisor.spec()) else {
+            return Err("no engine is ready".into());
+        };
+        if self.supervisor.status().state != crate::types::EngineState::Ready {
+            return Err("the engine is not ready".into());
+        }
+        let client = crate::engine::EngineClient::new(endpoint);
+        let body = serde_json::to_value(s).map_err(|e| e.to_string())?;
+        let t0 = std::time::Instant::now();
+        let reply = client.post_json("/strata/model/load", &body, supervisor::LOAD_TIMEOUT).await.map_err(
+            |(status, code, message)| match (status, code) {
+                (Some(404), _) => "this engine cannot switch models in place".to_owned(),
+                (_, Some(code)) => format!("{code}: {message}"),
+                _ => message,
+            },
+        )?;
+        tracing::info!(
+            "switched the engine to {model} in place in {:.0} ms ({} conversation(s) parked)",
+            t0.elapsed().as_secs_f64() * 1e3,
+            reply["switch"]["parked"]
+        );
+        let facts =
+            strata::gguf::GgufFile::open(Path::new(model)).ok().and_then(|f| ModelFacts::of(&f, Path::new(model)).ok());
+        self.supervisor.switched(EngineSpec {
+            binary: running.binary,
+            model: PathBuf::from(model),
+            flags: s.serve_flags(),
+            facts,
+        });
+        Ok(())
+    }
+
     pub(crate) fn cancel_token(&self, id: &str) -> tokio::sync::watch::Receiver<bool> {
         let (tx, rx) = tokio::sync::watch::channel(false);
         self.cancels.lock_unpoisoned().insert(id.to_owned(), tx);

@@ -51,6 +51,9 @@ struct Shared {
     telemetry: Arc<Telemetry>,
     stderr: Mutex<VecDeque<String>>,
     restarts: Mutex<u32>,
+    /// What the engine runs: a restart after a crash starts it again with this (a switch in place changes
+    /// it without a restart).
+    spec: Mutex<Option<EngineSpec>>,
 }
 
 #[derive(Clone)]
@@ -70,6 +73,7 @@ impl Supervisor {
                 telemetry,
                 stderr: Mutex::new(VecDeque::new()),
                 restarts: Mutex::new(0),
+                spec: Mutex::new(None),
             }),
             rt,
         }
@@ -122,6 +126,7 @@ impl Supervisor {
 
     /// Starts (or restarts) the engine with `spec`; returns at once (see `ready`).
     pub fn start(&self, spec: EngineSpec) {
+        *self.shared.spec.lock_unpoisoned() = Some(spec.clone());
         let generation = self.bump();
         self.shared.endpoint.send_replace(None);
         self.set_status(EngineState::Starting, None, None, spec.facts.clone());
@@ -129,9 +134,23 @@ impl Supervisor {
         self.rt.spawn(async move { this.run(spec, generation).await });
     }
 
+    /// What the engine runs now, while one is started.
+    pub fn spec(&self) -> Option<EngineSpec> {
+        self.shared.spec.lock_unpoisoned().clone()
+    }
+
+    /// The running engine switched to `spec` in place (`POST /strata/model/load`): a later restart starts
+    /// it with `spec`, and the status names its model. Nothing is restarted.
+    pub fn switched(&self, spec: EngineSpec) {
+        let facts = spec.facts.clone();
+        *self.shared.spec.lock_unpoisoned() = Some(spec);
+        self.shared.status.send_modify(|s| s.model = facts);
+    }
+
     /// Stops the engine (no restart) and waits up to `timeout` for the child to be gone.
     /// A start that comes while it waits wins: the status is then that engine's, not Stopped.
     pub async fn stop(&self, timeout: Duration) {
+        *self.shared.spec.lock_unpoisoned() = None;
         let generation = self.bump();
         self.shared.endpoint.send_replace(None);
         let mut st = self.shared.status.subscribe();
@@ -183,8 +202,13 @@ impl Supervisor {
     /// One engine after another until stopped or given up.
     async fn run(self, spec: EngineSpec, generation: u64) {
         let mut failures: VecDeque<Instant> = VecDeque::new();
+        let mut spec = spec;
         loop {
             let outcome = self.run_once(&spec, generation).await;
+            if let Some(now) = self.spec() {
+                // A switch in place since: the restart runs what the engine ran last.
+                spec = now;
+            }
             if !self.current(generation) {
                 return;
             }
@@ -360,7 +384,8 @@ impl Supervisor {
 fn engine_command(spec: &EngineSpec, key_path: &std::path::Path) -> Command {
     let mut cmd = Command::new(&spec.binary);
     cmd.arg("serve")
-        .args(["--host", "127.0.0.1", "--port", "0", "--exit-with-stdin", "--api-key-file"])
+        // The app switches models in place (POST /strata/model/load) with any file the person opens.
+        .args(["--host", "127.0.0.1", "--port", "0", "--exit-with-stdin", "--load-any-path", "--api-key-file"])
         .arg(key_path)
         .arg("-m")
         .arg(&spec.model)

@@ -170,6 +170,22 @@ impl ConversationCache {
         Some(Room { evicted, spare })
     }
 
+    /// New limits (a session started with other settings takes this cache over): the least recently used
+    /// snapshots leave until the rest fit. What left.
+    pub fn set_limits(&mut self, slots: usize, budget_bytes: u64) -> Vec<Evicted> {
+        self.slots = slots;
+        self.budget_bytes = budget_bytes;
+        let mut evicted = Vec::new();
+        while self.entries.len() > slots || self.bytes > budget_bytes {
+            let Some(i) = self.entries.iter().position(|s| !s.pinned) else { break };
+            let s = self.entries.remove(i);
+            self.bytes -= s.bytes();
+            self.evictions += 1;
+            evicted.push(Evicted { tokens: s.tokens.len(), bytes: s.bytes() });
+        }
+        evicted
+    }
+
     /// Parks `snap` as the most recently used, evicting as needed (call `make_room` first to avoid
     /// copying a snapshot that cannot stay).
     pub fn park(&mut self, mut snap: Snapshot) -> ParkOutcome {

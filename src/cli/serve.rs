@@ -93,6 +93,11 @@ pub struct ServeArgs {
     /// cache's [default: $STRATA_MODELS_DIR, else ~/.local/share/strata/models]
     #[arg(long = "models-dir", value_name = "DIR")]
     pub models_dir: Option<std::path::PathBuf>,
+    /// `POST /strata/model/load` may load any GGUF file this process can read, not only those of the
+    /// models folder, the Hugging Face cache and those served before (the desktop app's own engine, whose
+    /// key only the app holds)
+    #[arg(long = "load-any-path")]
+    pub load_any_path: bool,
     /// Seconds a client may take to send its request line and headers; then the connection is closed
     #[arg(long = "header-timeout-s", value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub header_timeout_s: u64,
@@ -214,6 +219,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         info,
         settings,
         sampling,
+        generation: 0,
     };
     strata::server::serve(opts, model, announce)
 }
@@ -368,6 +374,7 @@ fn serve_options(
         threads,
         exit_with_stdin: a.exit_with_stdin,
         models_dir: a.models_dir.clone().unwrap_or_else(strata::hub::local::default_models_dir),
+        load_any_path: a.load_any_path,
         spec,
         session,
         parallel,

@@ -127,7 +127,9 @@ impl<'a> Session<'a> {
         cfg: &SessionConfig,
     ) -> Result<Session<'a>, EngineError> {
         let identity = KvIdentity {
-            model: format!("{}:{}", model.cfg.arch_name, model.weight_bytes()),
+            // The file's fingerprint: a snapshot never restores into another model of the same shape (the
+            // server switches models and keeps the old one's snapshots).
+            model: format!("{}:{}:{:016x}", model.cfg.arch_name, model.weight_bytes(), model.file.fingerprint()),
             kv_type: cfg.kv_type,
             n_layer: model.cfg.n_layer,
             kv_dim: model.cfg.kv_dim(),
@@ -152,7 +154,12 @@ impl<'a> Session<'a> {
     /// snapshot parks both KV caches and restores only into the same pair.
     pub fn with_drafter(mut self, drafter: Drafter<'a>) -> Session<'a> {
         if let Some(m) = drafter.draft_model() {
-            self.identity.model.push_str(&format!(" + draft {}:{}", m.cfg.arch_name, m.weight_bytes()));
+            self.identity.model.push_str(&format!(
+                " + draft {}:{}:{:016x}",
+                m.cfg.arch_name,
+                m.weight_bytes(),
+                m.file.fingerprint()
+            ));
         }
         self.drafter = Some(drafter);
         self
@@ -170,6 +177,38 @@ impl<'a> Session<'a> {
             self.slots.push(Slot::new(self.model, cfg)?);
         }
         Ok(self)
+    }
+
+    /// Parks every live sequence in the cache before the session ends (the server switching models): a
+    /// conversation that comes back to this model later restores instead of being read again. Every slot
+    /// must be idle. How many were parked.
+    pub fn park_live(&mut self) -> usize {
+        let before = self.cache.len();
+        for slot in 0..self.slots.len() {
+            debug_assert!(!self.slots[slot].busy, "parking a slot a stream runs on");
+            self.park(slot);
+        }
+        self.cache.len().saturating_sub(before)
+    }
+
+    /// The conversation cache, leaving this session an empty one (the session ends: its cache goes on in the
+    /// next, with the snapshots under their identities).
+    pub fn take_cache(&mut self) -> ConversationCache {
+        std::mem::replace(&mut self.cache, ConversationCache::new(0, 0))
+    }
+
+    /// Takes over `cache` (another session's), with this session's limits (`cfg`): what no longer fits
+    /// leaves, least recently used first.
+    pub fn adopt_cache(&mut self, mut cache: ConversationCache, cfg: &SessionConfig) {
+        for e in cache.set_limits(cfg.cache_slots, cfg.cache_budget_bytes) {
+            self.telemetry.emit(EngineEvent::Evicted { tokens: e.tokens, bytes: e.bytes });
+        }
+        self.cache = cache;
+    }
+
+    /// What a snapshot must carry to restore here: the model file, KV type and layout.
+    pub fn identity(&self) -> &KvIdentity {
+        &self.identity
     }
 
     /// How many live sequences the session keeps.

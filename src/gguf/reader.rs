@@ -55,6 +55,9 @@ impl TensorInfo {
 
 /// The backing bytes of a GGUF file: a memory map, an owned buffer (tests, fuzzing), or only the file's
 /// first bytes (a header image: a file not downloaded yet, planned from its metadata and tensor index).
+/// Tensor data bytes [`GgufFile::fingerprint`] reads at each end of the data section.
+pub const FINGERPRINT_SAMPLE_BYTES: usize = 64 * 1024;
+
 enum Bytes {
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
@@ -142,6 +145,24 @@ impl GgufFile {
     /// Whether this is a header image ([`GgufFile::from_header`]), whose tensor data is not at hand.
     pub fn is_header_image(&self) -> bool {
         matches!(self.bytes, Bytes::Header(_))
+    }
+
+    /// A number that tells this file from another: a hash of its header (metadata and tensor index), its
+    /// length, and the first and last [`FINGERPRINT_SAMPLE_BYTES`] of its tensor data (two fine-tunes of one
+    /// model share their header, not their weights). The conversation cache keys snapshots by it, so a
+    /// snapshot parked for one file never restores into another. Stable within one build of Strata.
+    pub fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let data = self.data();
+        let mut h = std::hash::DefaultHasher::new();
+        let head = (self.data_offset as usize).min(data.len());
+        data[..head].hash(&mut h);
+        self.file_bytes().hash(&mut h);
+        let tail = &data[head..];
+        let n = FINGERPRINT_SAMPLE_BYTES.min(tail.len());
+        tail[..n].hash(&mut h);
+        tail[tail.len() - n..].hash(&mut h);
+        h.finish()
     }
 
     fn data(&self) -> &[u8] {

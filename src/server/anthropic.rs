@@ -259,6 +259,8 @@ pub async fn messages_endpoint(
 async fn messages_inner(app: &App, peer: Option<Peer>, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
     api::check_admission(app)?;
     let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
+    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
+    let _lease = app.models.lease().await?;
     let (_req, queued, reply) = prepare(app, peer, headers, body).await?;
     let id = format!("msg_{}", api::request_id("m").trim_start_matches("m-"));
     let input_tokens = queued.prompt.len();

@@ -68,7 +68,7 @@ pub async fn read_body(
 /// LM Studio allow). With `--strict-model`, only the served id, an alias or no name; another is a 404
 /// naming what is served.
 pub(super) fn check_model(app: &App, asked: &Option<String>) -> Result<String, ApiError> {
-    let served = &app.model.id;
+    let served = &app.model().id;
     match asked.as_deref() {
         Some(m)
             if app.opts.strict_model && !m.is_empty() && m != served && !app.opts.aliases.iter().any(|a| a == m) =>
@@ -87,7 +87,7 @@ pub(super) fn check_model(app: &App, asked: &Option<String>) -> Result<String, A
 
 /// Refuses a prompt longer than the context, with both numbers.
 pub(super) fn check_context(app: &App, prompt_len: usize, param: &str) -> Result<(), ApiError> {
-    let max = app.model.max_context;
+    let max = app.model().max_context;
     if prompt_len > max {
         return Err(ApiError {
             code: Some("context_length_exceeded"),
@@ -254,6 +254,8 @@ async fn chat_inner(app: &App, peer: Option<Peer>, headers: &HeaderMap, body: Bo
     // Bodies being read and prepared at once are bounded, so that many clients cannot make the server hold
     // many bodies before the queue refuses them.
     let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
+    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
+    let _lease = app.models.lease().await?;
     let bytes = read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: ChatRequest = openai::parse(&bytes)?;
     drop(bytes);
@@ -266,13 +268,13 @@ async fn chat_inner(app: &App, peer: Option<Peer>, headers: &HeaderMap, body: Bo
 pub(super) async fn prepare_chat(app: &App, peer: Option<Peer>, req: ChatRequest) -> Result<(Queued, Reply), ApiError> {
     let model = check_model(app, &req.model)?;
     let mut messages = req.chat_messages()?;
-    let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch, &app.model.sampling)?;
+    let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch, &app.model().sampling)?;
     let (logprobs, top) = req.top_logprobs()?;
     checked.params.logprobs = logprobs;
     let mut kwargs = req.template_kwargs()?;
     let splits_reasoning = req.splits_reasoning()?;
     let tool_req = req.tool_request()?;
-    let (tool_format, knows_tools) = ToolFormat::of_template(app.model.template.source());
+    let (tool_format, knows_tools) = ToolFormat::of_template(app.model().template.source());
     tools::prepare_messages(&mut messages, tool_req.as_ref().map(|t| t.tools.as_slice()), tool_format, knows_tools);
     let mut grammar = req.grammar_spec()?;
     if let Some(t) = &tool_req {
@@ -291,7 +293,7 @@ pub(super) async fn prepare_chat(app: &App, peer: Option<Peer>, req: ChatRequest
                     format!("{field}: a reply that must call a tool (tool_choice) cannot also follow {field}"),
                 ));
             }
-            let lark = tools::calls_grammar(tool_format, &t.tools, only, t.parallel, &app.model.tokenizer);
+            let lark = tools::calls_grammar(tool_format, &t.tools, only, t.parallel, &app.model().tokenizer);
             grammar = Some((GrammarSpec::Lark(lark), "tools"));
         }
     }
@@ -308,7 +310,7 @@ pub(super) async fn prepare_chat(app: &App, peer: Option<Peer>, req: ChatRequest
             .filter_map(|m| Some((m.content.clone(), replies.get(&m.content)?)))
             .collect()
     };
-    let m = app.model.clone();
+    let m = app.model();
     let prompt = tokio::task::spawn_blocking(move || {
         turns::encode_chat_with(&m.template, &m.tokenizer, &messages, &kwargs, |text| known.get(text).cloned())
             .map_err(|e| ApiError::invalid("messages", format!("the chat template cannot render these messages: {e}")))
@@ -350,12 +352,14 @@ async fn completions_inner(
     // Bodies being read and prepared at once are bounded, so that many clients cannot make the server hold
     // many bodies before the queue refuses them.
     let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
+    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
+    let _lease = app.models.lease().await?;
     let bytes = read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: CompletionRequest = openai::parse(&bytes)?;
     drop(bytes);
     let model = check_model(app, &req.model)?;
     let top = req.check()?;
-    let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch, &app.model.sampling)?;
+    let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch, &app.model().sampling)?;
     let logprobs = req.logprobs.is_some();
     checked.params.logprobs = logprobs;
     let prompt = completion_prompt(app, &req.prompt).await?;
@@ -382,7 +386,7 @@ pub(super) async fn compile_grammar(
     spec: Option<(GrammarSpec, &'static str)>,
 ) -> Result<Option<Constraint>, ApiError> {
     let Some((spec, field)) = spec else { return Ok(None) };
-    let m = app.model.clone();
+    let m = app.model();
     tokio::task::spawn_blocking(move || m.grammars.compile(&spec))
         .await
         .map_err(|e| ApiError::internal(format!("compiling the grammar failed: {e}")))?
@@ -393,8 +397,8 @@ pub(super) async fn compile_grammar(
 /// A completion's `prompt` as tokens: a string tokenized (with BOS, special tokens parsed) off the async
 /// threads, or token ids checked against the vocabulary; then checked against the context.
 pub(super) async fn completion_prompt(app: &App, prompt: &Option<openai::Prompt>) -> Result<Vec<u32>, ApiError> {
-    let input = openai::prompt_input(prompt, app.model.tokenizer.n_vocab())?;
-    let m = app.model.clone();
+    let input = openai::prompt_input(prompt, app.model().tokenizer.n_vocab())?;
+    let m = app.model();
     let tokens = match input {
         PromptInput::Tokens(t) => t,
         PromptInput::Text(text) => tokio::task::spawn_blocking(move || m.tokenizer.encode_with_bos(&text, true))
@@ -898,8 +902,8 @@ fn stream(
 
 /// `GET /v1/models`: the served model and its aliases.
 pub async fn models(State(app): State<App>) -> Response {
-    let created = app.model.created;
-    let mut data = vec![json!({"id": app.model.id, "object": "model", "created": created, "owned_by": "strata"})];
+    let created = app.model().created;
+    let mut data = vec![json!({"id": app.model().id, "object": "model", "created": created, "owned_by": "strata"})];
     for a in &app.opts.aliases {
         data.push(json!({"id": a, "object": "model", "created": created, "owned_by": "strata"}));
     }
@@ -912,7 +916,7 @@ pub async fn model(State(app): State<App>, axum::extract::Path(id): axum::extrac
         return ApiError::not_found("no model id given").into_response();
     }
     match check_model(&app, &Some(id.clone())) {
-        Ok(_) => Json(json!({"id": id, "object": "model", "created": app.model.created, "owned_by": "strata"}))
+        Ok(_) => Json(json!({"id": id, "object": "model", "created": app.model().created, "owned_by": "strata"}))
             .into_response(),
         Err(e) => e.into_response(),
     }

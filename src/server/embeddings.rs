@@ -94,6 +94,8 @@ async fn embeddings_inner(
 ) -> Result<Response, ApiError> {
     check_admission(app)?;
     let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
+    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
+    let _lease = app.models.lease().await?;
     let bytes = read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: EmbeddingRequest = openai::parse(&bytes)?;
     drop(bytes);
@@ -108,14 +110,14 @@ async fn embeddings_inner(
             ))
         }
     };
-    let n_embd = app.model.model.cfg.n_embd;
+    let n_embd = app.model().model.cfg.n_embd;
     if let Some(d) = req.dimensions.filter(|&d| d != n_embd as i64) {
         return Err(ApiError::invalid(
             "dimensions",
             format!("dimensions {d}: this model's embeddings have {n_embd} dimensions (send {n_embd} or none)"),
         ));
     }
-    let pooling = app.model.model.cfg.pooling;
+    let pooling = app.model().model.cfg.pooling;
     if let Pooling::Unsupported(n) = pooling {
         return Err(ApiError::invalid(
             "model",
@@ -324,7 +326,7 @@ fn kind(v: &Value) -> &'static str {
 /// one), ids checked against the vocabulary, each checked against the context; an input without tokens is
 /// refused by its index.
 async fn input_tokens(app: &App, input: Option<Value>) -> Result<Vec<Vec<u32>>, ApiError> {
-    let n_vocab = app.model.tokenizer.n_vocab();
+    let n_vocab = app.model().tokenizer.n_vocab();
     let inputs = inputs_of(input)?;
     if inputs.len() > MAX_INPUTS {
         return Err(ApiError::invalid(
@@ -345,7 +347,7 @@ async fn input_tokens(app: &App, input: Option<Value>) -> Result<Vec<Vec<u32>>, 
         }
         checked.push(out);
     }
-    let m = app.model.clone();
+    let m = app.model();
     let out = tokio::task::spawn_blocking(move || {
         let tok = &m.tokenizer;
         let eos = tok.eos_id().filter(|_| tok.add_eos_token());
@@ -386,7 +388,7 @@ async fn input_tokens(app: &App, input: Option<Value>) -> Result<Vec<Vec<u32>>, 
 
 /// An input longer than the context is refused (an embedding reads its whole input in one sequence).
 fn check_length(app: &App, n_tokens: usize, field: &str) -> Result<(), ApiError> {
-    let max = app.model.max_context;
+    let max = app.model().max_context;
     if n_tokens > max {
         return Err(ApiError {
             code: Some("context_length_exceeded"),

@@ -226,6 +226,19 @@ impl ApiError {
         }
     }
 
+    /// 503: a model switch took longer than a request waits for it.
+    pub fn switching_models() -> ApiError {
+        ApiError {
+            code: Some("model_switching"),
+            retry_after_s: Some(5),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_busy",
+                "the server is switching models and has not finished: send the request again in a moment",
+            )
+        }
+    }
+
     pub fn shutting_down() -> ApiError {
         ApiError {
             code: Some("shutting_down"),

@@ -77,7 +77,7 @@ pub async fn fit(State(app): State<App>, Query(q): Query<FitQuery>) -> Response 
     if q.context == Some(0) {
         return ApiError::invalid("context", "context must be at least 1 position").into_response();
     }
-    match app.library.fit(&q.repo, &q.file, &app.model.settings, q.context).await {
+    match app.library.fit(&q.repo, &q.file, &app.model().settings, q.context).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => api_error(e).into_response(),
     }
@@ -108,7 +108,8 @@ pub async fn delete(State(app): State<App>, headers: HeaderMap, body: axum::body
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let served = app.model.settings.model_path.as_deref().map(std::path::Path::new);
+    let model = app.model();
+    let served = model.settings.model_path.as_deref().map(std::path::Path::new);
     match app.library.delete(&req.path, served) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => api_error(e).into_response(),

@@ -20,6 +20,7 @@ pub mod openai;
 pub mod responses;
 pub mod state;
 pub mod status;
+pub mod switch;
 pub mod ui;
 pub mod worker;
 
@@ -67,6 +68,8 @@ pub struct ServedModel {
     pub sampling: crate::sample::defaults::SamplingDefaults,
     /// The grammar engine over the model's vocabulary (`response_format`, `grammar`, `json_schema`).
     pub grammars: crate::grammar::Grammars,
+    /// 0 for the model the server started with, one more for each model a switch loaded since.
+    pub generation: u64,
 }
 
 /// How the server runs.
@@ -117,17 +120,28 @@ pub struct ServeOptions {
     pub exit_with_stdin: bool,
     /// Where the model library downloads to and looks for models (`--models-dir`).
     pub models_dir: PathBuf,
+    /// `POST /strata/model/load` loads any GGUF file, not only the library's (`--load-any-path`).
+    pub load_any_path: bool,
 }
 
 /// What every handler gets.
 #[derive(Clone)]
 pub struct App {
     pub shared: Arc<Shared>,
-    pub model: Arc<ServedModel>,
+    /// The model served now, which `POST /strata/model/load` replaces ([`switch`]).
+    pub models: Arc<switch::ModelSlot>,
     pub opts: Arc<ServeOptions>,
     pub jobs: std::sync::mpsc::Sender<Job>,
     /// The model library: the Hub, the models folder, the downloads under way.
     pub library: Arc<crate::hub::library::Library>,
+}
+
+impl App {
+    /// The model served now. A request that tokenizes for it holds the lease
+    /// ([`switch::ModelSlot::lease`]) meanwhile, so that it runs on the model it was made for.
+    pub fn model(&self) -> Arc<ServedModel> {
+        self.models.current()
+    }
 }
 
 /// The router: every path, the Host/Origin/body-type guard ([`guard`]), the API key check, CORS when asked
@@ -157,6 +171,7 @@ pub fn router(app: App) -> Router {
         .route("/strata/events", get(status::events))
         .route("/strata/cache", get(status::cache))
         .route("/strata/model", get(status::model))
+        .route("/strata/model/load", post(switch::load))
         .route("/strata/settings", get(status::settings))
         .route("/strata/plan", post(status::plan))
         .route("/strata/sim", post(status::sim))
@@ -245,7 +260,6 @@ pub fn serve(opts: ServeOptions, model: ServedModel, on_listening: impl FnOnce(S
     let devices = model.model.placement.devices.clone();
     let shared = Shared::new(telemetry, devices, opts.queue, opts.reuse_figures);
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
-    let model = Arc::new(model);
     worker::spawn(
         EngineParts {
             model: model.model.clone(),
@@ -283,7 +297,8 @@ pub fn serve(opts: ServeOptions, model: ServedModel, on_listening: impl FnOnce(S
         })?;
     }
     let library = crate::hub::library::Library::from_env(opts.models_dir.clone());
-    let app = App { shared: shared.clone(), model, opts: Arc::new(opts), jobs: jobs_tx, library };
+    let models = Arc::new(switch::ModelSlot::new(model));
+    let app = App { shared: shared.clone(), models, opts: Arc::new(opts), jobs: jobs_tx, library };
     rt.block_on(accept_loop(app, on_listening))?;
     // Engine and sampler threads are left to the process's end: nothing is in flight any more.
     rt.shutdown_timeout(Duration::from_secs(1));

@@ -187,12 +187,14 @@ async fn completion_inner(
     api::check_admission(app)?;
     // Bodies being read and prepared at once are bounded, as on /v1.
     let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
+    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
+    let _lease = app.models.lease().await?;
     let bytes = api::read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: NativeRequest = openai::parse(&bytes)?;
     drop(bytes);
     api::check_model(app, &req.model)?;
     req.refuse_unsupported()?;
-    let mut checked = openai::check_common(&req.common()?, &req.stop, app.opts.batch, &app.model.sampling)?;
+    let mut checked = openai::check_common(&req.common()?, &req.stop, app.opts.batch, &app.model().sampling)?;
     checked.params.grammar = super::api::compile_grammar(app, req.grammar_spec()?).await?;
     let n_probs = req.n_probs.unwrap_or(0) as usize;
     let return_tokens = req.return_tokens.unwrap_or(false);
@@ -203,7 +205,7 @@ async fn completion_inner(
     let prompt = api::completion_prompt(app, &req.prompt).await?;
     drop(req);
     let answer = Answer {
-        model: app.model.id.clone(),
+        model: app.model().id.clone(),
         prompt_tokens: prompt.len(),
         checked: checked.clone(),
         n_probs,
@@ -439,7 +441,7 @@ pub async fn slots(State(app): State<App>, Query(query): Query<HashMap<String, S
         .iter()
         .enumerate()
         .map(|(id, &busy)| {
-            json!({"id": id, "n_ctx": app.model.max_context, "speculative": speculative, "is_processing": busy})
+            json!({"id": id, "n_ctx": app.model().max_context, "speculative": speculative, "is_processing": busy})
         })
         .collect();
     Json(Value::Array(list)).into_response()

@@ -250,6 +250,8 @@ pub async fn responses(
 async fn responses_inner(app: &App, peer: Option<Peer>, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
     api::check_admission(app)?;
     let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
+    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
+    let _lease = app.models.lease().await?;
     let bytes = read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: ResponsesRequest = openai::parse(&bytes)?;
     drop(bytes);

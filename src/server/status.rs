@@ -49,7 +49,7 @@ pub async fn health(State(app): State<App>) -> Response {
     }
     let accepted = s.accepted.load(Ordering::Acquire);
     let slots = json!({"total": s.slots.load(Ordering::Acquire), "busy": s.slots_busy.load(Ordering::Acquire)});
-    Json(json!({"status": "ok", "model": app.model.id, "busy": busy, "queue": queue, "queue_limit": s.queue_cap,
+    Json(json!({"status": "ok", "model": app.model().id, "busy": busy, "queue": queue, "queue_limit": s.queue_cap,
         "accepted": accepted, "slots": slots}))
     .into_response()
 }
@@ -120,7 +120,7 @@ fn purposes(bytes: &[u64; 4]) -> BTreeMap<String, u64> {
 fn device_view(app: &App, d: &Arc<Device>) -> DeviceView {
     let u = d.usage();
     let layers = app
-        .model
+        .model()
         .model
         .placement
         .stages
@@ -249,12 +249,12 @@ pub async fn cache(State(app): State<App>) -> Response {
 
 /// `GET /strata/model`.
 pub async fn model(State(app): State<App>) -> Response {
-    Json(app.model.info.clone()).into_response()
+    Json(app.model().info.clone()).into_response()
 }
 
 /// `GET /strata/settings`: the settings the server runs with, as the web UI's settings view edits them.
 pub async fn settings(State(app): State<App>) -> Response {
-    Json(app.model.settings.clone()).into_response()
+    Json(app.model().settings.clone()).into_response()
 }
 
 /// `POST /strata/plan` with settings: the served model's plan under them and the flags that apply them, or
@@ -270,7 +270,7 @@ pub async fn plan(State(app): State<App>, headers: HeaderMap, body: Body) -> Res
 async fn plan_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<PlanReply, ApiError> {
     let bytes = super::api::read_body(headers, body, 1 << 16, app.opts.body_timeout).await?;
     let settings: EngineSettings = super::openai::parse(&bytes)?;
-    let served = &app.model.settings;
+    let served = &app.model().settings;
     if settings.model_path.as_ref().is_some_and(|p| Some(p) != served.model_path.as_ref()) {
         return Err(ApiError::invalid(
             "model_path",
@@ -299,7 +299,7 @@ async fn plan_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<PlanRe
     if settings.engine != EngineLocation::Local {
         return Err(ApiError::invalid("engine", "a server plans its own engine only: engine.kind is local"));
     }
-    let file = app.model.model.file.clone();
+    let file = app.model().model.file.clone();
     let planned = tokio::task::spawn_blocking(move || settings.plan(&file).map(|p| (p, settings.serve_flags())))
         .await
         .map_err(|e| ApiError::internal(format!("the plan failed: {e}")))?;
@@ -404,7 +404,7 @@ pub async fn metrics(State(app): State<App>) -> Response {
 
 /// `GET /` when there is no built web UI: a page that says what is here.
 pub async fn index(State(app): State<App>) -> Response {
-    let id = html_escape(&app.model.id);
+    let id = html_escape(&app.model().id);
     Html(format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>Strata</title></head><body>\
          <h1>Strata</h1><p>Serving <b>{id}</b>. This server speaks the OpenAI API at <code>/v1</code> \

@@ -44,6 +44,27 @@ pub enum Task {
     /// One embedding per input (`Session::embed`), answered by one [`Msg::Embeddings`]; the job's prompt
     /// is empty.
     Embed(Vec<Vec<u32>>),
+    /// Run on other parts (another model, other settings): once every job taken before it has ended, the
+    /// live sequences are parked in the cache under the old model's identity, and a session over the new
+    /// parts takes the cache over. Answered on its own channel, not the job's.
+    Switch(Box<SwitchOrder>),
+}
+
+type SwitchReply = tokio::sync::oneshot::Sender<Result<Switched, String>>;
+
+/// What the engine switches to, and where it says how that went.
+pub struct SwitchOrder {
+    pub parts: EngineParts,
+    pub reply: SwitchReply,
+}
+
+/// A switch done: the conversations parked from the live sequences, and what the cache holds now (of every
+/// model).
+#[derive(Clone, Copy, Debug)]
+pub struct Switched {
+    pub parked: usize,
+    pub cached: usize,
+    pub ms: f64,
 }
 
 /// One request for the engine.
@@ -209,38 +230,112 @@ pub fn spawn(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>) -> an
 }
 
 fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: SyncSender<Result<(), String>>) {
-    let pool = ThreadPool::new(parts.threads);
+    let mut queue = FairQueue::new(jobs);
+    let mut parts = parts;
+    let mut ready = Some(ready);
+    // Between sessions: the cache (with every model's snapshots), the parts to go back to when a switch
+    // fails, and the switch under way.
+    let mut cache: Option<crate::cache::ConversationCache> = None;
+    let mut previous: Option<EngineParts> = None;
+    let mut order: Option<(SwitchReply, usize, Instant)> = None;
+    loop {
+        let pool = ThreadPool::new(parts.threads);
+        let mut session = match new_session(&parts, &pool, &shared, &mut cache) {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(ready) = ready.take() {
+                    let _ = ready.send(Err(e));
+                    return;
+                }
+                match (order.take(), previous.take()) {
+                    (Some((reply, _, _)), Some(old)) => {
+                        tracing::warn!("model switch failed: {e}; going on with the model loaded before");
+                        let _ = reply.send(Err(e));
+                        parts = old;
+                        continue;
+                    }
+                    _ => return shared.set_unhealthy(format!("unhealthy: the engine cannot start again: {e}")),
+                }
+            }
+        };
+        if let Some(ready) = ready.take() {
+            let _ = ready.send(Ok(()));
+        }
+        if let Some((reply, parked, t0)) = order.take() {
+            // The old model's last handle here goes: its memory is freed once the handlers let go of it.
+            drop(previous.take());
+            // Token ids of earlier replies are the old tokenizer's.
+            *shared.replies.lock_unpoisoned() = Default::default();
+            let done = Switched { parked, cached: session.cache.len(), ms: t0.elapsed().as_secs_f64() * 1e3 };
+            let _ = reply.send(Ok(done));
+        }
+        publish_cache(&session, &shared);
+        shared.publish_slots(session.parallel(), []);
+        let next = if session.drafter().is_some() {
+            run_serial(&mut session, &parts.tokenizer, &shared, &mut queue)
+        } else {
+            let budget = parts.model.placement.batch;
+            run_batched(&mut session, &parts.tokenizer, &shared, &mut queue, budget)
+        };
+        let Some(o) = next else { return };
+        let t0 = Instant::now();
+        let parked = session.park_live();
+        cache = Some(session.take_cache());
+        drop(session);
+        drop(pool);
+        tracing::info!(
+            "model switch: {parked} live conversation(s) parked under the old model; the cache holds {}",
+            cache.as_ref().map_or(0, |c| c.len())
+        );
+        let SwitchOrder { parts: next_parts, reply } = o;
+        previous = Some(std::mem::replace(&mut parts, next_parts));
+        order = Some((reply, parked, t0));
+    }
+}
+/// The session over `parts` (with a drafter, or `parallel` slots), taking the cache of the session before
+/// when there was one (`cache` is left as it was when this fails).
+fn new_session<'a>(
+    parts: &'a EngineParts,
+    pool: &'a ThreadPool,
+    shared: &Shared,
+    cache: &mut Option<crate::cache::ConversationCache>,
+) -> Result<Session<'a>, String> {
     let drafter = parts
         .spec
         .as_ref()
         .map(|s| s.drafter(parts.session.kv_type, parts.session.max_context, parts.model.cfg.n_vocab))
         .transpose();
     let session = drafter.and_then(|d| {
-        let s = Session::new(&parts.model, &parts.tokenizer, &pool, &parts.session)?;
+        let s = Session::new(&parts.model, &parts.tokenizer, pool, &parts.session)?;
         match d {
             Some(d) => Ok(s.with_drafter(d)),
             None => s.with_parallel(parts.parallel, &parts.session),
         }
     });
-    let mut session = match session {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = ready.send(Err(e.to_string()));
-            return;
-        }
-    };
+    let mut session = session.map_err(|e| e.to_string())?;
     session.telemetry = shared.telemetry.clone();
-    publish_cache(&session, &shared);
-    let _ = ready.send(Ok(()));
-    drop(ready);
-    shared.publish_slots(session.parallel(), []);
-    let mut queue = FairQueue::new(jobs);
-    if session.drafter().is_some() {
-        run_serial(&mut session, &parts.tokenizer, &shared, &mut queue);
-    } else {
-        let budget = parts.model.placement.batch;
-        run_batched(&mut session, &parts.tokenizer, &shared, &mut queue, budget);
+    if let Some(c) = cache.take() {
+        session.adopt_cache(c, &parts.session);
     }
+    Ok(session)
+}
+
+/// A switch order taken off the queue: it waits in `pending` until the jobs taken before it have ended (a
+/// second one is refused). None when `job` is not one (it goes on as a job).
+fn take_switch(job: Job, pending: &mut Option<SwitchOrder>) -> Option<Job> {
+    let mut job = job;
+    if !matches!(job.task, Task::Switch(_)) {
+        return Some(job);
+    }
+    let Task::Switch(order) = std::mem::replace(&mut job.task, Task::Generate) else { return None };
+    job.ticket.start();
+    match pending {
+        Some(_) => {
+            let _ = order.reply.send(Err("another model switch is under way".into()));
+        }
+        None => *pending = Some(*order),
+    }
+    None
 }
 
 /// Whether a job taken off the queue may start: its client is still there, the engine is healthy, the
@@ -279,9 +374,18 @@ fn engine_failed<'t>(shared: &Shared, txs: impl Iterator<Item = &'t Sender<Msg>>
 }
 
 /// One job at a time, each on slot 0 (speculative decoding).
-fn run_serial(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, queue: &mut FairQueue<Job>) {
+/// Returns at the end of the queue (None), or with a switch order once the jobs before it have ended.
+fn run_serial(
+    session: &mut Session,
+    tokenizer: &Tokenizer,
+    shared: &Shared,
+    queue: &mut FairQueue<Job>,
+) -> Option<SwitchOrder> {
     let mut serial = 0u64;
-    while let Some(job) = queue.next(true) {
+    let mut switch = None;
+    loop {
+        let Some(job) = queue.next(switch.is_none()) else { return switch };
+        let Some(job) = take_switch(job, &mut switch) else { continue };
         if !admit(shared, &job) {
             continue;
         }
@@ -291,12 +395,12 @@ fn run_serial(session: &mut Session, tokenizer: &Tokenizer, shared: &Shared, que
         let tx = job.tx.clone();
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job.task {
             Task::Embed(_) => serve_embed(session, shared, job, serial),
-            Task::Generate => serve_job(session, tokenizer, shared, job, serial),
+            Task::Generate | Task::Switch(_) => serve_job(session, tokenizer, shared, job, serial),
         }));
         shared.publish_slots(1, []);
         if run.is_err() {
             engine_failed(shared, std::iter::once(&tx));
-            break;
+            return None;
         }
         publish_cache(session, shared);
     }
@@ -321,24 +425,27 @@ struct Running<'a> {
 
 /// Up to the session's slots of jobs at once: queued jobs start while a slot is free, every step advances
 /// all of them by one batched pass (at most `budget` prompt tokens beside the decoding streams' tokens),
-/// and a job's next choice starts on its slot when one ends.
+/// and a job's next choice starts on its slot when one ends. Returns at the end of the queue (None), or
+/// with a switch order once the jobs taken before it have ended.
 fn run_batched<'a>(
     session: &mut Session<'a>,
     tokenizer: &'a Tokenizer,
     shared: &'a Shared,
     queue: &mut FairQueue<Job>,
     budget: usize,
-) {
+) -> Option<SwitchOrder> {
     let mut running: Vec<Running<'a>> = Vec::new();
     let mut serial = 0u64;
+    let mut switch = None;
     loop {
         while running.len() < session.parallel() {
-            let Some(job) = queue.next(running.is_empty()) else {
+            let Some(job) = queue.next(running.is_empty() && switch.is_none()) else {
                 if running.is_empty() {
-                    return;
+                    return switch;
                 }
                 break;
             };
+            let Some(job) = take_switch(job, &mut switch) else { continue };
             if !admit(shared, &job) {
                 continue;
             }
@@ -350,12 +457,15 @@ fn run_batched<'a>(
                     serve_embed(session, shared, job, serial);
                     None
                 }
-                Task::Generate => start_job(session, tokenizer, shared, job, serial),
+                Task::Generate | Task::Switch(_) => start_job(session, tokenizer, shared, job, serial),
             }));
             match started {
                 Ok(Some(r)) => running.push(r),
                 Ok(None) => publish_cache(session, shared),
-                Err(_) => return engine_failed(shared, running.iter().map(|r| &r.job.tx)),
+                Err(_) => {
+                    engine_failed(shared, running.iter().map(|r| &r.job.tx));
+                    return None;
+                }
             }
         }
         shared.publish_slots(session.parallel(), running.iter().map(|r| r.slot));
@@ -369,7 +479,10 @@ fn run_batched<'a>(
         }));
         let progress = match stepped {
             Ok(p) => p,
-            Err(_) => return engine_failed(shared, running.iter().map(|r| &r.job.tx)),
+            Err(_) => {
+                engine_failed(shared, running.iter().map(|r| &r.job.tx));
+                return None;
+            }
         };
         let mut ended = false;
         let done: Vec<(usize, Result<Generation, EngineError>)> = progress
@@ -394,7 +507,10 @@ fn run_batched<'a>(
         });
         match settled {
             Ok(n) => ended |= n > 0,
-            Err(()) => return engine_failed(shared, running.iter().map(|r| &r.job.tx)),
+            Err(()) => {
+                engine_failed(shared, running.iter().map(|r| &r.job.tx));
+                return None;
+            }
         }
         shared.publish_slots(session.parallel(), running.iter().map(|r| r.slot));
         if ended {

@@ -709,6 +709,24 @@ fn a_header_image_plans_as_the_whole_file_and_a_short_one_asks_for_more() {
     assert!(matches!(e.kind, GgufErrorKind::DataOutOfBounds { .. }), "{e}");
 }
 
+/// A file's fingerprint (what the conversation cache keys snapshots by) is the same each time it is read
+/// and differs between two models whose headers are byte-identical but whose weights are not (two
+/// fine-tunes of one model), and between a file and its header image.
+#[test]
+fn two_files_with_one_header_and_other_weights_have_other_fingerprints() {
+    use strata::model::synthetic::SyntheticSpec;
+    let a = SyntheticSpec { seed: 1, ..Default::default() }.to_gguf();
+    let b = SyntheticSpec { seed: 2, ..Default::default() }.to_gguf();
+    let (fa, fb) = (GgufFile::from_bytes(a.clone()).unwrap(), GgufFile::from_bytes(b).unwrap());
+    assert_eq!(fa.data_offset, fb.data_offset);
+    assert_eq!(fa.metadata, fb.metadata, "the two headers are meant to be the same");
+    assert_ne!(fa.fingerprint(), fb.fingerprint());
+    assert_eq!(fa.fingerprint(), GgufFile::from_bytes(a.clone()).unwrap().fingerprint());
+    let header = a[..fa.data_offset as usize].to_vec();
+    let image = GgufFile::from_header(header, a.len() as u64).unwrap();
+    assert_ne!(image.fingerprint(), fa.fingerprint());
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Fuzzing seeds
 

@@ -33,5 +33,6 @@ mod session;
 mod spec;
 mod split;
 mod split_props;
+mod switch;
 mod tokenizer;
 mod tools;

@@ -271,6 +271,31 @@ describe("HttpTransport Strata API", () => {
     expect(posted).toMatchObject({ layer_split: "40" });
   });
 
+  it("loads a model in place: POST /strata/model/load with the served settings and the new path; a refusal names why", async () => {
+    const bodies: unknown[] = [];
+    let refuse = false;
+    setup((url, init) => {
+      if (url === "/strata/settings") return json(200, settings({ model_path: "/srv/a.gguf", cache_mib: 512 }));
+      if (url === "/strata/model") return json(200, { id: "b", name: "b", path: "/m/b.gguf", architecture: "llama" });
+      expect(url).toBe("/strata/model/load");
+      bodies.push(JSON.parse(String(init.body)));
+      if (refuse) {
+        return json(409, { error: { message: "changing the devices needs the engine started again", type: "invalid_request_error", param: "devices", code: "needs_restart" } });
+      }
+      return json(200, { model: { id: "b", name: "b", path: "/m/b.gguf", architecture: "llama" }, switch: { ms: 40, parked: 1, cached: 1 } });
+    });
+    const stages: string[] = [];
+    const facts = await transport.loadModel("/m/b.gguf", (p) => stages.push(p.stage));
+    expect(bodies[0]).toMatchObject({ model_path: "/m/b.gguf", cache_mib: 512 });
+    expect(facts).toMatchObject({ name: "b", path: "/m/b.gguf", architecture: "llama" });
+    expect(stages).toEqual(["planning", "loading", "ready"]);
+    expect((await transport.currentModel())?.path).toBe("/m/b.gguf");
+    refuse = true;
+    const err = await transport.loadModel("/m/c.gguf", () => {}).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(TransportError);
+    expect(err).toMatchObject({ field: "devices", message: "changing the devices needs the engine started again" });
+  });
+
   it("plans and reads settings", async () => {
     const reply = { plan: plan([row()]), flags: ["--devices", "sim:200"] };
     setup((url) => (url === "/strata/settings" ? json(200, settings()) : json(200, reply)));

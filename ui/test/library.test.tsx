@@ -148,4 +148,30 @@ describe("LibraryPanel", () => {
     expect(screen.queryByTestId("local-delete")).toBeNull();
     expect(screen.getByTestId("local").textContent).not.toContain("strata serve -m");
   });
+
+  it("in the browser a model here is loaded in place: Load switches the server, and a refusal shows why", async () => {
+    const lib = new FakeLibrary();
+    lib.here = [
+      { path: "/m/a/b/x.gguf", repo: "a/b", file: "x.gguf", size_bytes: 10 * MIB, source: "models_folder" },
+      { path: "/m/a/b/served.gguf", repo: "a/b", file: "served.gguf", size_bytes: 10 * MIB, source: "models_folder" },
+    ];
+    let fail = false;
+    const onLoad = vi.fn(async (_p: string) => {
+      if (fail) throw new TransportError("model", "does not fit beside the model served now");
+    });
+    render(<LibraryPanel library={lib} onLoad={onLoad} servedPath="/m/a/b/served.gguf" />);
+    // The served model is marked, the other one has Load; no Open (the browser inspects no file).
+    await screen.findByTestId("local-served");
+    expect(screen.getAllByTestId("local-load")).toHaveLength(1);
+    expect(screen.queryByTestId("local-open")).toBeNull();
+    expect(screen.getByTestId("local").textContent).toContain("without a restart");
+    fireEvent.click(screen.getByTestId("local-load"));
+    await waitFor(() => expect(screen.getByTestId("local-load-state").textContent).toBe("loaded: the server switched to it"));
+    expect(onLoad).toHaveBeenCalledWith("/m/a/b/x.gguf");
+    fail = true;
+    fireEvent.click(screen.getByTestId("local-load"));
+    await waitFor(() =>
+      expect(screen.getByTestId("local-load-state").textContent).toContain("does not fit beside the model served now"),
+    );
+  });
 });

@@ -77,8 +77,21 @@ export class HttpTransport implements Transport {
     return this.client.postJson<PlanReply>("/strata/plan", settings);
   }
 
-  async loadModel(_path: string, _onProgress: (p: LoadProgress) => void): Promise<ModelFacts> {
-    throw new TransportError("invalid", DESKTOP_ONLY);
+  /**
+   * Switches the server to a model it lists (GET /strata/library/local) or served before, in place: POST
+   * /strata/model/load with the settings it runs with. A setting that needs a new process is refused there
+   * (`needs_restart`), with the field named.
+   */
+  async loadModel(path: string, onProgress: (p: LoadProgress) => void): Promise<ModelFacts> {
+    onProgress({ path, stage: "planning", fraction: 0.05, message: null });
+    const settings = await this.getSettings();
+    onProgress({ path, stage: "loading", fraction: 0.3, message: "loading beside the served model" });
+    const reply = await this.client.postJson<{ model: unknown }>("/strata/model/load", { ...settings, model_path: path });
+    this.model = null;
+    this.modelId = null;
+    const facts = toModelFacts(reply.model);
+    onProgress({ path, stage: "ready", fraction: 1, message: null });
+    return facts;
   }
 
   async unloadModel(): Promise<void> {

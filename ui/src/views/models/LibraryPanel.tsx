@@ -70,9 +70,17 @@ export interface LibraryPanelProps {
   library: LibraryApi;
   /** Opens a model file here in the Models view (inspect, plan, Load): where the transport can load models. */
   onOpen?: (path: string) => void;
+  /** Switches the running server to a model here (the browser: `strata serve` switches in place). */
+  onLoad?: (path: string) => Promise<void>;
+  /** The path of the model served now, marked in the list. */
+  servedPath?: string | null;
 }
 
-export function LibraryPanel({ library, onOpen }: LibraryPanelProps) {
+/** A Load pressed in the list: under way, done, or failed with why. */
+type LoadState = { path: string; state: "loading" | "done" } | { path: string; state: "failed"; error: string };
+
+export function LibraryPanel({ library, onOpen, onLoad, servedPath }: LibraryPanelProps) {
+  const [loading, setLoading] = useState<LoadState | null>(null);
   const [picks, setPicks] = useState<Pick[]>([]);
   const [query, setQuery] = useState("");
   const [results, setResults] = useState<HubModel[] | null>(null);
@@ -360,10 +368,11 @@ export function LibraryPanel({ library, onOpen }: LibraryPanelProps) {
           <h3>On this machine</h3>
           <p class="muted">
             Downloads go to <code>{local.models_dir}</code>; the Hugging Face cache is listed too.
-            {!onOpen && (
+            {!onOpen && onLoad && (
               <>
                 {" "}
-                This server serves one model: to run another, start it again with <code>strata serve -m PATH</code>.
+                Load switches the server to one of them without a restart; the conversations of the model it leaves
+                wait in the cache for its return.
               </>
             )}
           </p>
@@ -381,6 +390,40 @@ export function LibraryPanel({ library, onOpen }: LibraryPanelProps) {
                     <button type="button" onClick={() => onOpen(m.path)} data-testid="local-open">
                       Open
                     </button>
+                  )}{" "}
+                  {onLoad && m.path === servedPath && (
+                    <span class="ok" data-testid="local-served">
+                      served now
+                    </span>
+                  )}
+                  {onLoad && m.path !== servedPath && (
+                    <button
+                      type="button"
+                      disabled={loading?.state === "loading"}
+                      data-testid="local-load"
+                      onClick={() => {
+                        setLoading({ path: m.path, state: "loading" });
+                        onLoad(m.path).then(
+                          () => setLoading({ path: m.path, state: "done" }),
+                          (e: unknown) => setLoading({ path: m.path, state: "failed", error: messageOf(e) }),
+                        );
+                      }}
+                    >
+                      Load
+                    </button>
+                  )}{" "}
+                  {loading?.path === m.path && (
+                    <span
+                      class={loading.state === "failed" ? "error" : loading.state === "done" ? "ok" : "muted"}
+                      role="status"
+                      data-testid="local-load-state"
+                    >
+                      {loading.state === "failed"
+                        ? loading.error
+                        : loading.state === "done"
+                          ? "loaded: the server switched to it"
+                          : "loading beside the served model…"}
+                    </span>
                   )}{" "}
                   {m.source === "models_folder" && (
                     <button

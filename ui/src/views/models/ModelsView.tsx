@@ -48,6 +48,8 @@ export function ModelsView({ transport, dropped, browserDrop }: ModelsViewProps)
   const [currentError, setCurrentError] = useState<string | null>(null);
   const [cand, setCand] = useState<Candidate | null>(null);
   const [typed, setTyped] = useState("");
+  /** The file the server serves (the browser: from its settings). */
+  const [servedPath, setServedPath] = useState<string | null>(null);
 
   const refreshCurrent = async () => {
     try {
@@ -64,7 +66,10 @@ export function ModelsView({ transport, dropped, browserDrop }: ModelsViewProps)
       // The served model's plan, with the server's own flags.
       transport
         .getSettings()
-        .then((s) => transport.plan({ ...s, model_path: null }))
+        .then((s) => {
+          setServedPath(s.model_path);
+          return transport.plan({ ...s, model_path: null });
+        })
         .then((r) => setCurrentPlan(r.plan))
         .catch((e: unknown) => setCurrentError(messageOf(e)));
     }
@@ -144,8 +149,9 @@ export function ModelsView({ transport, dropped, browserDrop }: ModelsViewProps)
         {!canLoad && currentPlan && <PlanTable plan={currentPlan} />}
         {!canLoad && (
           <p class="note" data-testid="served-note">
-            This page is served by <code>strata serve</code>, which serves this one model with the flags it was started
-            with. Inspecting, planning and loading other model files is done in the Strata desktop app.
+            This page is served by <code>strata serve</code>, which serves this model with the flags it was started
+            with. Load one of the models on this machine below to switch the server to it without a restart;
+            inspecting and planning any other model file is done in the Strata desktop app.
           </p>
         )}
         {!canLoad && browserDrop && (
@@ -240,6 +246,19 @@ export function ModelsView({ transport, dropped, browserDrop }: ModelsViewProps)
       {transport.library && (
         <LibraryPanel
           library={transport.library}
+          servedPath={servedPath}
+          onLoad={
+            canLoad
+              ? undefined
+              : async (path) => {
+                  const facts = await transport.loadModel(path, () => {});
+                  setCurrent(facts);
+                  setServedPath(path);
+                  const s = await transport.getSettings();
+                  const r = await transport.plan({ ...s, model_path: null });
+                  setCurrentPlan(r.plan);
+                }
+          }
           onOpen={
             canLoad
               ? (path) => {

@@ -1,0 +1,162 @@
+//! Switching the model of a running `strata serve` (`POST /strata/model/load`): the new model serves
+//! without a restart, the old one's conversations wait in the cache under its identity and restore when it
+//! comes back (with the same tokens as before), a snapshot never restores into the other model, requests
+//! sent during the switch run on the model they were made for, and what needs a new process, or a file
+//! the server does not list, is refused with the field named.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::common::server::Server;
+use crate::common::{self, strata};
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a whole number: {v}"))
+}
+
+/// The default model requantized to q8_0 in the models folder `dir` (as a download lands:
+/// `owner/name/file`): another model of the same family, with other weights.
+fn second_model(dir: &Path) -> PathBuf {
+    let out = dir.join("test/smol-q8/SmolLM2-135M-Instruct.Q8_0.gguf");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let o = strata(&["quantize", common::model_path().to_str().unwrap(), out.to_str().unwrap(), "--type", "q8_0"]);
+    assert!(o.status.success(), "quantize failed: {}", common::stderr(&o));
+    out
+}
+
+fn conversation(max_tokens: u32) -> Value {
+    json!({"messages": [
+        {"role": "system", "content": "You are a helpful assistant who answers in one sentence."},
+        {"role": "user", "content": "Name three colours of the rainbow, and tell me which one is in the middle."}],
+        "temperature": 0, "max_tokens": max_tokens})
+}
+
+/// Chats and returns (reply, cached prompt tokens).
+fn chat(s: &Server, body: &Value) -> (String, u64) {
+    let r = s.post("/v1/chat/completions", body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let reply = v["choices"][0]["message"]["content"].as_str().expect("a reply").to_owned();
+    (reply, u(&v["usage"]["prompt_tokens_details"]["cached_tokens"]))
+}
+
+fn load(s: &Server, path: &Path, change: impl FnOnce(&mut Value)) -> common::server::Resp {
+    let mut settings = s.get("/strata/settings").json();
+    settings["model_path"] = json!(path.to_str().unwrap());
+    change(&mut settings);
+    s.post("/strata/model/load", &settings)
+}
+
+#[test]
+fn a_running_server_switches_models_and_back_and_the_old_conversation_restores() {
+    let _g = common::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let q8 = second_model(dir.path());
+    let first = common::model_path();
+    let s = Server::start(&["-c", "512", "--models-dir", dir.path().to_str().unwrap()]);
+    let first_id = s.get("/strata/model").json()["id"].as_str().unwrap().to_owned();
+    let (reply_a, cached) = chat(&s, &conversation(12));
+    assert_eq!(cached, 0);
+
+    // To the q8_0 model: served at once, under its own id, with the conversation parked.
+    let r = load(&s, &q8, |_| {});
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["model"]["id"], "SmolLM2-135M-Instruct.Q8_0", "{v}");
+    assert_eq!(u(&v["switch"]["parked"]), 1, "{v}");
+    assert_eq!(s.get("/strata/model").json()["id"], "SmolLM2-135M-Instruct.Q8_0");
+    assert_eq!(s.get("/v1/models").json()["data"][0]["id"], "SmolLM2-135M-Instruct.Q8_0");
+    assert_eq!(s.get("/strata/settings").json()["model_path"], json!(q8.to_str().unwrap()));
+    // The same conversation on the other model: nothing of the first model's snapshot is restored into it.
+    let (_, cached) = chat(&s, &conversation(12));
+    assert_eq!(cached, 0, "a snapshot of one model restored into another");
+    let cache = s.get("/strata/cache").json();
+    assert_eq!(cache["parked"].as_array().map(Vec::len), Some(1), "{cache}");
+
+    // Back to the first model (it was served here, so it may be loaded though it is not in the folder): the
+    // conversation restores from the cache, and the reply is the one it gave before.
+    let r = load(&s, &first, |_| {});
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["model"]["id"], json!(first_id));
+    let (reply_again, cached) = chat(&s, &conversation(12));
+    assert!(cached > 20, "the parked conversation was not restored: {cached} cached tokens");
+    assert_eq!(reply_again, reply_a, "the restored conversation answered differently");
+    assert!(s.stderr().contains("model switch: 1 live conversation(s) parked"), "{}", s.stderr());
+    let events = s.get("/strata/telemetry").json();
+    let loaded = events["events"].as_array().unwrap().iter().filter(|e| e["event"] == "model_loaded").count();
+    assert_eq!(loaded, 3, "a model_loaded marker per model: {events}");
+    assert!(!s.stderr().contains("panicked"), "{}", s.stderr());
+}
+
+#[test]
+fn requests_sent_during_a_switch_are_answered_and_settings_change_with_the_model() {
+    let _g = common::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let q8 = second_model(dir.path());
+    let s = Server::start(&["-c", "512", "--models-dir", dir.path().to_str().unwrap()]);
+    // Requests keep coming while the model switches: each is answered whole (by the model it was made for).
+    let answers = std::thread::scope(|sc| {
+        let clients: Vec<_> = (0..3)
+            .map(|i| {
+                let s = &s;
+                sc.spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(150 * i));
+                    let r = s.post("/v1/chat/completions", &conversation(16));
+                    (r.status, r.text())
+                })
+            })
+            .collect();
+        let r = load(&s, &q8, |v| {
+            v["max_context"] = json!(384);
+            v["cache_mib"] = json!(64);
+        });
+        assert_eq!(r.status, 200, "{}", r.text());
+        clients.into_iter().map(|c| c.join().unwrap()).collect::<Vec<_>>()
+    });
+    for (status, text) in answers {
+        assert_eq!(status, 200, "{text}");
+    }
+    let m = s.get("/strata/model").json();
+    assert_eq!(u(&m["context"]), 384, "{m}");
+    assert_eq!(u(&s.get("/strata/cache").json()["budget_bytes"]), 64 << 20);
+    // The new context is the limit now.
+    let long = "word ".repeat(500);
+    let r = s.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": long}], "max_tokens": 1}));
+    let e = r.expect_error(400);
+    assert!(e["message"].as_str().unwrap().contains("holds 384"), "{e}");
+    assert!(!s.stderr().contains("panicked"), "{}", s.stderr());
+}
+
+#[test]
+fn a_switch_that_needs_a_restart_or_names_a_file_not_listed_is_refused_and_the_model_goes_on() {
+    let _g = common::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&["-c", "256", "--models-dir", dir.path().to_str().unwrap()]);
+    let served = common::model_path();
+    // Another device list needs a new process.
+    let e = load(&s, &served, |v| v["devices"] = json!("sim:300")).expect_error(409);
+    assert_eq!(e["code"], "needs_restart", "{e}");
+    assert_eq!(e["param"], "devices", "{e}");
+    // A file outside the models folder that this server never served: refused, naming the field, without
+    // saying whether it exists.
+    let outside = dir.path().join("../not-listed.gguf");
+    let e = load(&s, &outside, |_| {}).expect_error(400);
+    assert_eq!(e["param"], "model_path", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("/strata/library/local"), "{e}");
+    let e = load(&s, Path::new("/etc/passwd"), |_| {}).expect_error(400);
+    assert_eq!(e["param"], "model_path", "{e}");
+    // A file in the folder that is not a model: refused before anything changes.
+    let junk = dir.path().join("a/b/junk.gguf");
+    std::fs::create_dir_all(junk.parent().unwrap()).unwrap();
+    std::fs::write(&junk, b"GGUF but not really").unwrap();
+    let e = load(&s, &junk, |_| {}).expect_error(400);
+    assert_eq!(e["param"], "model_path", "{e}");
+    // Settings that do not parse are named too.
+    let e = load(&s, &served, |v| v["layer_split"] = json!("x")).expect_error(400);
+    assert_eq!(e["param"], "layer_split", "{e}");
+    // The model served at the start still answers.
+    let (reply, _) = chat(&s, &conversation(4));
+    assert!(!reply.is_empty());
+    assert!(!s.stderr().contains("panicked"), "{}", s.stderr());
+}
