@@ -661,6 +661,55 @@ def check_library(driver):
     shown = wait_for("candidate", candidate_facts, 20)
     ok(shown == path, "Open inspects and plans it in the Models view before any Load", repr(shown))
     screenshot(driver, "library-opened")
+    before = engine_status(driver) or {}
+    if before.get("state") != "ready":
+        return
+    # Load switches the running engine to it in place: the same child process, no restart counted.
+    if not load_candidate(driver, panel):
+        return
+    after = engine_status(driver) or {}
+    ok(
+        after.get("pid") == before.get("pid") and after.get("restarts") == before.get("restarts")
+        and (after.get("model") or {}).get("path") == path,
+        "Load switched the engine in place: pid %s → %s, restarts %s → %s, model %s"
+        % (before.get("pid"), after.get("pid"), before.get("restarts"), after.get("restarts"),
+           (after.get("model") or {}).get("path")),
+    )
+    cur = panel.find_element(By.CSS_SELECTOR, "section[aria-labelledby=current-model]").text
+    ok("Tiny" in cur, "the Loaded model card shows the library's model", cur.replace("\n", " ")[:160])
+    screenshot(driver, "library-switched")
+    # And back to the first model, in place again, for the checks after this one.
+    inp = panel.find_element(By.CSS_SELECTOR, "[data-testid=model-path-input]")
+    inp.clear()
+    inp.send_keys(MODEL)
+    panel.find_element(By.CSS_SELECTOR, "[data-testid=model-path-open]").click()
+    wait_for("candidate", lambda: candidate_facts() == MODEL, 20)
+    if load_candidate(driver, panel):
+        back = engine_status(driver) or {}
+        ok(
+            back.get("pid") == before.get("pid") and (back.get("model") or {}).get("path") == MODEL,
+            "and back to the first model in place (pid %s, %s)" % (back.get("pid"), (back.get("model") or {}).get("path")),
+        )
+
+
+def load_candidate(driver, panel):
+    """Presses Load on the opened model and waits for "Loaded." (or an error): whether it loaded."""
+    buttons = wait_for(
+        "Load",
+        lambda: [b for b in panel.find_elements(By.CSS_SELECTOR, "[data-testid=candidate] button")
+                 if b.text == "Load" and b.is_enabled()],
+        20,
+    ) or []
+    if not ok(bool(buttons), "the opened model has an enabled Load"):
+        return False
+    buttons[0].click()
+    done = wait_for(
+        "loaded",
+        lambda: "Loaded." in panel.text or panel.find_elements(By.CSS_SELECTOR, "[data-testid=candidate] .error"),
+        60,
+    )
+    errors = [e.text for e in panel.find_elements(By.CSS_SELECTOR, "[data-testid=candidate] .error")]
+    return ok(bool(done) and "Loaded." in panel.text and not errors, "Load ended loaded", "; ".join(errors))
 
 
 def check_devices(driver):

@@ -600,6 +600,39 @@ try {
     }
     await lib.getByTestId("local").scrollIntoViewIfNeeded();
     await shot("models-library-downloaded");
+    // Load switches the running server to the downloaded model, in place: the same process serves it.
+    const started = await api("/strata/settings");
+    const startedId = (await api("/strata/model")).id;
+    const accepted = (await api("/health")).accepted ?? null;
+    await lib.getByTestId("local-load").click();
+    const state = lib.getByTestId("local-load-state");
+    await page.waitForFunction(
+      () =>
+        /switched without a restart/.test(document.querySelector("#panel-models [data-testid=local-served]")?.textContent ?? "") ||
+        /does not|cannot|refused|needs|not a model/.test(document.querySelector("#panel-models [data-testid=local-load-state]")?.textContent ?? ""),
+      null,
+      { timeout: 60_000 },
+    );
+    const said = (await lib.getByTestId("local-served").allInnerTexts()).join("") || (await state.allInnerTexts()).join("");
+    check("9 library: Load switches the server to the downloaded model", said === "served now: switched without a restart", said);
+    const now = await api("/strata/model");
+    check("9 library: the server serves it now, without a restart", now.id === "Tiny-Q4_K_M" && (await api("/health")).model === "Tiny-Q4_K_M", `${now.id}, accepted before ${accepted}`);
+    check("9 library: the list marks it as served", (await lib.getByTestId("local-served").count()) === 1);
+    const card = await page.locator("#panel-models section[aria-labelledby=current-model]").innerText();
+    check("9 library: the served model's card shows the new model", card.includes("Tiny"), card.replace(/\s+/g, " ").slice(0, 160));
+    const loads = await serverEvents("model_loaded");
+    // Sooner than the 5 s between two polls of /health: the switch asks for one at once.
+    await page
+      .waitForFunction(() => /tiny|synthetic/i.test(document.querySelector("[data-testid=status-badge]")?.textContent ?? ""), null, { timeout: 3_000 })
+      .catch(() => {});
+    const badgeText = await page.getByTestId("status-badge").innerText().catch(() => "");
+    check("9 library: the status badge names the new model at once", /tiny|synthetic/i.test(badgeText), badgeText);
+    check("9 library: the chart's events mark the new model", loads.length >= 2 && loads.at(-1).model === "Tiny-Q4_K_M", JSON.stringify(loads.map((e) => e.model)));
+    await lib.getByTestId("local").scrollIntoViewIfNeeded();
+    await shot("models-library-switched");
+    // Back to the model the server started with (it served it, so it may load it again).
+    const back = await api("/strata/model/load", started);
+    check("9 library: and back to the model it started with", back.model.id === startedId && back.switch.parked >= 0, JSON.stringify(back.switch));
     const del = lib.getByTestId("local-delete");
     await del.click();
     check("9 library: the first press of Delete asks again", (await del.innerText()) === "Delete the file?", await del.innerText());

@@ -54,6 +54,10 @@ export class HttpTransport implements Transport {
   private readonly reconnectMaxMs: number;
   private model: Promise<ModelFacts | null> | null = null;
   private modelId: Promise<string | null> | null = null;
+  /** The id /health named when `model` was read: another one (a switch) reads the facts again. */
+  private healthModel: string | null = null;
+  /** The status pollers of onEngineStatus, asked to poll now after a switch. */
+  private readonly pollers = new Set<() => void>();
 
   constructor(opts: HttpOptions = {}) {
     this.client = new ApiClient(opts);
@@ -86,10 +90,13 @@ export class HttpTransport implements Transport {
     onProgress({ path, stage: "planning", fraction: 0.05, message: null });
     const settings = await this.getSettings();
     onProgress({ path, stage: "loading", fraction: 0.3, message: "loading beside the served model" });
-    const reply = await this.client.postJson<{ model: unknown }>("/strata/model/load", { ...settings, model_path: path });
+    // Split points name layers of one model: another model is split by free memory.
+    const layer_split = path === settings.model_path ? settings.layer_split : "";
+    const reply = await this.client.postJson<{ model: unknown }>("/strata/model/load", { ...settings, model_path: path, layer_split });
     this.model = null;
     this.modelId = null;
     const facts = toModelFacts(reply.model);
+    for (const poll of this.pollers) poll();
     onProgress({ path, stage: "ready", fraction: 1, message: null });
     return facts;
   }
@@ -234,6 +241,13 @@ export class HttpTransport implements Transport {
       return { state: "failed", message: err.message, restarts: 0, pid: null, model: null };
     }
     const body: unknown = await res.json().catch(() => null);
+    const served = body && typeof body === "object" && "model" in body ? String((body as { model: unknown }).model) : null;
+    if (served !== this.healthModel) {
+      // The server switched models (here or from another client): its facts are read again.
+      this.healthModel = served;
+      this.model = null;
+      this.modelId = null;
+    }
     const model = res.status === 200 ? await this.currentModel().catch(() => null) : null;
     return healthToStatus(res.status, body, model);
   }
@@ -256,9 +270,12 @@ export class HttpTransport implements Transport {
       }
     };
     const timer = setInterval(() => void poll(), this.healthEveryMs);
+    const now = () => void poll();
+    this.pollers.add(now);
     return () => {
       stopped = true;
       clearInterval(timer);
+      this.pollers.delete(now);
     };
   }
 

@@ -393,7 +393,9 @@ export function LibraryPanel({ library, onOpen, onLoad, servedPath }: LibraryPan
                   )}{" "}
                   {onLoad && m.path === servedPath && (
                     <span class="ok" data-testid="local-served">
-                      served now
+                      {loading?.path === m.path && loading.state === "done"
+                        ? "served now: switched without a restart"
+                        : "served now"}
                     </span>
                   )}
                   {onLoad && m.path !== servedPath && (
@@ -412,7 +414,7 @@ export function LibraryPanel({ library, onOpen, onLoad, servedPath }: LibraryPan
                       Load
                     </button>
                   )}{" "}
-                  {loading?.path === m.path && (
+                  {loading?.path === m.path && !(loading.state === "done" && m.path === servedPath) && (
                     <span
                       class={loading.state === "failed" ? "error" : loading.state === "done" ? "ok" : "muted"}
                       role="status"
