@@ -53,12 +53,28 @@ pub struct ModelSlot {
     switching: tokio::sync::Mutex<()>,
     /// Every model file served by this process: they may be loaded again (besides the library's).
     served_paths: Mutex<Vec<PathBuf>>,
+    /// The model the server started with: its file, and the chat template and pooling it ran with
+    /// (`--chat-template-file`, `--pooling`), which it runs with again when a switch comes back to it.
+    start: Option<StartModel>,
+}
+
+struct StartModel {
+    path: PathBuf,
+    template_source: String,
+    pooling: crate::model::config::Pooling,
 }
 
 impl ModelSlot {
     pub fn new(model: ServedModel) -> ModelSlot {
-        let paths = model.settings.model_path.iter().filter_map(|p| std::fs::canonicalize(p).ok()).collect();
+        let paths: Vec<PathBuf> =
+            model.settings.model_path.iter().filter_map(|p| std::fs::canonicalize(p).ok()).collect();
+        let start = paths.first().map(|p| StartModel {
+            path: p.clone(),
+            template_source: model.template.source().to_owned(),
+            pooling: model.model.cfg.pooling,
+        });
         ModelSlot {
+            start,
             current: RwLock::new(Arc::new(model)),
             lease: tokio::sync::RwLock::new(()),
             switching: tokio::sync::Mutex::new(()),
@@ -140,12 +156,20 @@ fn prepare(settings: &EngineSettings, devices: DeviceSet, app: &App, generation:
     opts.devices = devices;
     opts.batch = app.opts.batch;
     let t0 = Instant::now();
-    let model = Model::from_file_with(file.clone(), &opts)
+    let mut model = Model::from_file_with(file.clone(), &opts)
         .map_err(|e| ApiError::conflict("model_load_failed", format!("cannot load {path}: {e}")))?;
     let tokenizer = Tokenizer::from_gguf(&file)
         .map_err(|e| ApiError::invalid("model_path", format!("cannot load the tokenizer of {path}: {e}")))?;
-    let template = ChatTemplate::from_gguf(&file)
-        .map_err(|e| ApiError::invalid("model_path", format!("cannot read the chat template of {path}: {e}")))?;
+    // Back to the model the server started with: with the template and pooling it started with.
+    let start = app.models.start.as_ref().filter(|s| std::fs::canonicalize(&path).is_ok_and(|p| p == s.path));
+    let template = match start {
+        Some(s) => {
+            model.cfg.pooling = s.pooling;
+            ChatTemplate::for_gguf(&file, &s.template_source, "the chat template the server started with")
+        }
+        None => ChatTemplate::from_gguf(&file),
+    }
+    .map_err(|e| ApiError::invalid("model_path", format!("cannot read the chat template of {path}: {e}")))?;
     file.advise_willneed();
     let max_context = opts.max_context.unwrap_or(model.cfg.n_ctx_train);
     let sequences = settings.sequences(&file, &opts).map_err(field)?;
