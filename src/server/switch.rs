@@ -142,8 +142,19 @@ fn prepare(settings: &EngineSettings, devices: DeviceSet, app: &App, generation:
     let file = GgufFile::open(Path::new(&path))
         .map_err(|e| ApiError::invalid("model_path", format!("{path}: cannot read it: {e}")))?;
     let file = Arc::new(file);
-    let plan = settings.plan(&file).map_err(field)?;
-    if let Some(problem) = plan.problem {
+    // The settings checked field by field, and the model planned on the devices alone...
+    let alone = settings.plan(&file).map_err(field)?;
+    if let Some(problem) = alone.problem {
+        return Err(ApiError::conflict("model_does_not_fit", format!("{path} does not fit: {problem}")));
+    }
+    // ...then beside the model served now (the server's devices hold it).
+    let mut opts = settings.load_options().map_err(field)?;
+    opts.devices = devices;
+    opts.batch = app.opts.batch;
+    let sequences = settings.sequences(&file, &opts).map_err(field)?;
+    let beside = crate::plan::plan_with_draft(&file, &opts, None, sequences, None)
+        .map_err(|e| ApiError::invalid("model_path", format!("{path}: {e}")))?;
+    if let Some(problem) = beside.problem {
         return Err(ApiError::conflict(
             "model_does_not_fit",
             format!(
@@ -152,9 +163,6 @@ fn prepare(settings: &EngineSettings, devices: DeviceSet, app: &App, generation:
             ),
         ));
     }
-    let mut opts = settings.load_options().map_err(field)?;
-    opts.devices = devices;
-    opts.batch = app.opts.batch;
     let t0 = Instant::now();
     let mut model = Model::from_file_with(file.clone(), &opts)
         .map_err(|e| ApiError::conflict("model_load_failed", format!("cannot load {path}: {e}")))?;
@@ -172,7 +180,6 @@ fn prepare(settings: &EngineSettings, devices: DeviceSet, app: &App, generation:
     .map_err(|e| ApiError::invalid("model_path", format!("cannot read the chat template of {path}: {e}")))?;
     file.advise_willneed();
     let max_context = opts.max_context.unwrap_or(model.cfg.n_ctx_train);
-    let sequences = settings.sequences(&file, &opts).map_err(field)?;
     let facts =
         ModelFacts::of(&file, Path::new(&path)).map_err(|e| ApiError::invalid("model_path", format!("{path}: {e}")))?;
     let id = model_id(Path::new(&path));

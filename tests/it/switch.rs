@@ -160,3 +160,25 @@ fn a_switch_that_needs_a_restart_or_names_a_file_not_listed_is_refused_and_the_m
     assert!(!reply.is_empty());
     assert!(!s.stderr().contains("panicked"), "{}", s.stderr());
 }
+
+#[test]
+fn a_model_that_does_not_fit_beside_the_served_one_is_refused_and_the_served_one_goes_on() {
+    let _g = common::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let q8 = second_model(dir.path());
+    // A 200 MiB simulated GPU holds the 94 MiB q4_1 model, or the 136 MiB q8_0 one, not both.
+    let s = Server::start(&["--devices", "sim:200", "-c", "256", "--models-dir", dir.path().to_str().unwrap()]);
+    let id = s.get("/strata/model").json()["id"].clone();
+    let free_before = s.get("/strata/devices").json();
+    let e = load(&s, &q8, |_| {}).expect_error(409);
+    assert_eq!(e["code"], "model_does_not_fit", "{e}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("does not fit beside the model served now") && msg.contains("strata serve -m"), "{e}");
+    // Nothing was loaded: the device holds what it held, and the served model answers.
+    assert_eq!(s.get("/strata/model").json()["id"], id);
+    let free_after = s.get("/strata/devices").json();
+    assert_eq!(free_before["devices"][0]["free_bytes"], free_after["devices"][0]["free_bytes"], "{free_after}");
+    let (reply, _) = chat(&s, &conversation(4));
+    assert!(!reply.is_empty());
+    assert!(!s.stderr().contains("panicked"), "{}", s.stderr());
+}
