@@ -255,6 +255,33 @@ fn a_disk_without_room_is_refused_before_the_first_byte() {
     assert!(hub.seen().iter().all(|s| !s.path.starts_with("/cdn/")), "nothing was requested");
 }
 
+/// A disk that fills up while the file is written (ENOSPC on a write, after the check before the first byte
+/// passed) is reported as full, not as a cut connection retried: here the part is a link to /dev/full,
+/// whose every write fails so.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_disk_that_fills_up_during_the_download_is_reported_full() {
+    let hub = hub();
+    let client = HubClient::new(&hub.url, None);
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let files = rt.block_on(client.files("strata-test/Tiny-GGUF")).unwrap();
+    let f = file_of(&files, "Tiny-Q4_K_M.gguf");
+    let dest = download::destination(dir.path(), "strata-test/Tiny-GGUF", &f.path).unwrap();
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink("/dev/full", download::part_path(&dest)).unwrap();
+    let (r, seen) = rt.block_on(get(&client, "strata-test/Tiny-GGUF", &f, dir.path()));
+    match r {
+        Err(e @ DownloadError::DiskFull { .. }) => assert!(e.to_string().contains("not enough disk space"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!dest.exists(), "nothing was put in place");
+    // Said at the first failed write: one request, not five tries.
+    let gets = hub.seen().iter().filter(|s| s.path.starts_with("/cdn/")).count();
+    assert_eq!(gets, 1, "{:?}", hub.seen());
+    assert!(seen.iter().all(|p| p.done_bytes == 0), "no byte counted as written");
+}
+
 #[test]
 fn a_cancelled_download_stops_and_leaves_nothing() {
     let hub = hub();
