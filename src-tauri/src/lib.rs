@@ -50,12 +50,21 @@ pub struct AppState {
     /// Always masked: the key is in `remote_key`, never here.
     settings: Mutex<EngineSettings>,
     cancels: Mutex<HashMap<String, tokio::sync::watch::Sender<bool>>>,
-    /// The model library (the Hub, the models folder, the downloads under way).
-    pub library: Arc<strata::hub::library::Library>,
+    /// The model library (the Hub, the models folder, the downloads under way): replaced when its
+    /// settings change ([`library::library_save_settings`]).
+    library: Mutex<Arc<strata::hub::library::Library>>,
+    /// The models folder the library's settings name ("" for the default).
+    library_dir: Mutex<String>,
+    /// The Hugging Face token the library's settings keep (else `HF_TOKEN` or the saved login).
+    pub hf_token: KeyFile,
 }
 
 impl AppState {
     pub fn new(data_dir: PathBuf, remote_key: KeyFile, settings: EngineSettings) -> CmdResult<AppState> {
+        let hf_token = KeyFile::open_named(&data_dir, remote_key::HF_TOKEN_FILE).unwrap_or_else(|e| {
+            tracing::warn!("{e}: the model library has no token of its own until one is saved");
+            KeyFile::unread_named(&data_dir, remote_key::HF_TOKEN_FILE)
+        });
         let telemetry = Arc::new(Telemetry::with_capacity(TELEMETRY_ENTRIES));
         let supervisor = Supervisor::new(telemetry.clone(), tauri::async_runtime::handle().inner().clone());
         Ok(AppState {
@@ -67,8 +76,26 @@ impl AppState {
             remote_key,
             settings: Mutex::new(settings),
             cancels: Mutex::new(HashMap::new()),
-            library: strata::hub::library::Library::from_env(strata::hub::local::default_models_dir()),
+            library: Mutex::new(library::make_library("", hf_token.key())),
+            library_dir: Mutex::new(String::new()),
+            hf_token,
         })
+    }
+
+    /// The model library as its settings are now.
+    pub fn library(&self) -> Arc<strata::hub::library::Library> {
+        self.library.lock_unpoisoned().clone()
+    }
+
+    /// The models folder the library's settings name ("" for the default).
+    pub fn library_dir(&self) -> String {
+        self.library_dir.lock_unpoisoned().clone()
+    }
+
+    /// Replaces the library with one over `models_dir` ("" for the default) and the kept token.
+    pub(crate) fn set_library(&self, models_dir: &str) {
+        *self.library.lock_unpoisoned() = library::make_library(models_dir, self.hf_token.key());
+        *self.library_dir.lock_unpoisoned() = models_dir.to_owned();
     }
 
     pub fn settings(&self) -> EngineSettings {
@@ -249,6 +276,10 @@ pub fn init<R: Runtime>(handle: &tauri::AppHandle<R>) -> CmdResult<()> {
     });
     let settings = initial_settings(handle, &dir, &remote_key);
     let state = AppState::new(dir, remote_key, settings.clone())?;
+    let models_dir = library::stored_models_dir(handle, &state.data_dir);
+    if !models_dir.is_empty() {
+        state.set_library(&models_dir);
+    }
     // Telemetry and the engine's status reach the UI as events.
     let h = handle.clone();
     state.telemetry.subscribe_with(Box::new(move |e| {
@@ -306,6 +337,8 @@ pub fn builder<R: Runtime>(b: tauri::Builder<R>) -> tauri::Builder<R> {
             library::library_downloads,
             library::library_start,
             library::library_cancel,
+            library::library_settings,
+            library::library_save_settings,
         ])
 }
 

@@ -22,17 +22,21 @@ use strata::sync::LockUnpoisoned;
 /// The key file's name in the data folder.
 pub const KEY_FILE: &str = "remote-api-key";
 
+/// The Hugging Face token's file in the data folder (the model library's gated repositories), kept the
+/// same way.
+pub const HF_TOKEN_FILE: &str = "hf-token";
+
 /// Why the key file could not be read or written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyFileError {
-    #[error("cannot read the remote API key from {path}: {source}")]
+    #[error("cannot read the key kept in {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
-    #[error("the remote API key file {path} is not UTF-8 text")]
+    #[error("the key file {path} is not UTF-8 text")]
     NotText { path: PathBuf },
-    #[error("cannot save the remote API key to {path}: {source}")]
+    #[error("cannot save the key to {path}: {source}")]
     Write { path: PathBuf, source: std::io::Error },
-    #[error("cannot remove the remote API key file {path}: {source}")]
+    #[error("cannot remove the key file {path}: {source}")]
     Remove { path: PathBuf, source: std::io::Error },
 }
 
@@ -46,14 +50,35 @@ impl KeyFile {
     /// The key kept in `dir`, read now (none when the file is absent). A file others may read, left by
     /// hand, is narrowed to 0600 first.
     pub fn open(dir: &Path) -> Result<KeyFile, KeyFileError> {
-        let path = dir.join(KEY_FILE);
+        KeyFile::open_named(dir, KEY_FILE)
+    }
+
+    /// [`KeyFile::open`] of the file `name` (another secret kept the same way: [`HF_TOKEN_FILE`]).
+    pub fn open_named(dir: &Path, name: &str) -> Result<KeyFile, KeyFileError> {
+        let path = dir.join(name);
         let key = read_key(&path)?;
         Ok(KeyFile { path, key: Mutex::new(key) })
     }
 
     /// The key file in `dir` holding no key for this run (its file could not be read); a save replaces it.
     pub fn unread(dir: &Path) -> KeyFile {
-        KeyFile { path: dir.join(KEY_FILE), key: Mutex::new(None) }
+        KeyFile::unread_named(dir, KEY_FILE)
+    }
+
+    /// [`KeyFile::unread`] of the file `name`.
+    pub fn unread_named(dir: &Path, name: &str) -> KeyFile {
+        KeyFile { path: dir.join(name), key: Mutex::new(None) }
+    }
+
+    /// Keeps what `key` says: a new key replaces the file's, `None` removes it, `Kept` leaves it. What is
+    /// kept then, masked.
+    pub fn keep(&self, key: &RemoteKey) -> Result<RemoteKey, KeyFileError> {
+        match key {
+            RemoteKey::New { key } => self.set(Some(key.trim()))?,
+            RemoteKey::None => self.set(None)?,
+            RemoteKey::Kept { .. } => {}
+        }
+        Ok(self.masked())
     }
 
     pub fn path(&self) -> &Path {
@@ -164,7 +189,7 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let mut builder = tempfile::Builder::new();
-    builder.prefix(".remote-api-key-").suffix(".tmp");
+    builder.prefix(".key-").suffix(".tmp");
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;

@@ -661,6 +661,14 @@ def check_library(driver):
     shown = wait_for("candidate", candidate_facts, 20)
     ok(shown == path, "Open inspects and plans it in the Models view before any Load", repr(shown))
     screenshot(driver, "library-opened")
+    form = lib.find_elements(By.CSS_SELECTOR, "[data-testid=library-settings]")
+    if ok(bool(form), "the library's settings are in the Models view"):
+        driver.execute_script("arguments[0].scrollIntoView()", form[0])
+        hint = form[0].text
+        ok(os.environ.get("STRATA_MODELS_DIR", "?") in hint and "token" in hint.lower(),
+           "they name the models folder in use and where the Hub's token comes from", hint.replace("\n", " | ")[:200])
+        screenshot(driver, "library-settings")
+        tab(driver, "models")
     before = engine_status(driver) or {}
     if before.get("state") != "ready":
         return

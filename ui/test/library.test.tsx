@@ -5,7 +5,13 @@
 import { cleanup, fireEvent, render, screen, waitFor, within } from "@testing-library/preact";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import type { DownloadView, FileView, FitView, LocalModel } from "../src/bindings";
-import { TransportError, type LibraryApi, type LocalModels } from "../src/transport/types";
+import {
+  TransportError,
+  type LibraryApi,
+  type LibrarySettings,
+  type LibrarySettingsView,
+  type LocalModels,
+} from "../src/transport/types";
 import { LibraryPanel } from "../src/views/models/LibraryPanel";
 import { ModelsView } from "../src/views/models/ModelsView";
 import { FakeTransport, plan, row } from "./fakes";
@@ -58,6 +64,8 @@ class FakeLibrary implements LibraryApi {
     return 1;
   });
   cancelDownload = vi.fn(async (_id: number) => {});
+  settings?: () => Promise<LibrarySettingsView>;
+  saveSettings?: (s: LibrarySettings) => Promise<LibrarySettingsView>;
 }
 
 afterEach(cleanup);
@@ -173,5 +181,46 @@ describe("LibraryPanel", () => {
     await waitFor(() =>
       expect(screen.getByTestId("local-load-state").textContent).toContain("does not fit beside the model served now"),
     );
+  });
+
+  it("in the desktop app the models folder and a Hugging Face token are settings; the token never comes back", async () => {
+    const lib = new FakeLibrary();
+    const view = (models_dir: string, hf_token: LibrarySettingsView["settings"]["hf_token"]): LibrarySettingsView => ({
+      settings: { models_dir, hf_token },
+      models_dir: models_dir || "/home/u/.local/share/strata/models",
+      default_models_dir: "/home/u/.local/share/strata/models",
+      token_from: hf_token.kind === "kept" ? "settings" : "none",
+    });
+    const saved: LibrarySettings[] = [];
+    lib.settings = vi.fn(async () => view("", { kind: "kept", hint: "wxyz" }));
+    lib.saveSettings = vi.fn(async (s: LibrarySettings) => {
+      saved.push(s);
+      if (!s.models_dir.startsWith("/") && s.models_dir !== "") {
+        throw new TransportError("invalid", `${s.models_dir}: name the folder by its whole path`, "models_dir");
+      }
+      return view(s.models_dir, s.hf_token.kind === "new" ? { kind: "kept", hint: s.hf_token.key.slice(-4) } : s.hf_token);
+    });
+    render(<LibraryPanel library={lib} />);
+    const form = await screen.findByTestId("library-settings");
+    expect(within(form).getByTestId("library-token-status").textContent).toBe("A token is kept (ending in …wxyz).");
+    expect((within(form).getByTestId("library-models-dir") as HTMLInputElement).placeholder).toBe("/home/u/.local/share/strata/models");
+    // A relative folder is refused at its field.
+    fireEvent.input(within(form).getByTestId("library-models-dir"), { target: { value: "models" } });
+    fireEvent.click(within(form).getByTestId("library-settings-save"));
+    await waitFor(() => expect(within(form).getByTestId("error-models_dir").textContent).toContain("whole path"));
+    // A folder and a new token are saved; the kept token is sent back as kept, never as its text.
+    fireEvent.input(within(form).getByTestId("library-models-dir"), { target: { value: "/data/models" } });
+    fireEvent.input(within(form).getByTestId("library-hf-token"), { target: { value: "hf_abcdefgh1234" } });
+    fireEvent.click(within(form).getByTestId("library-settings-save"));
+    await waitFor(() => expect(within(form).getByRole("status").textContent).toContain("Downloads go to /data/models"));
+    expect(saved.at(-1)).toEqual({ models_dir: "/data/models", hf_token: { kind: "new", key: "hf_abcdefgh1234" } });
+    expect((within(form).getByTestId("library-hf-token") as HTMLInputElement).value).toBe("");
+    expect(within(form).getByTestId("library-token-status").textContent).toBe("A token is kept (ending in …1234).");
+    // Forget the token: sent as none.
+    fireEvent.click(within(form).getByRole("button", { name: "Forget the token" }));
+    fireEvent.click(within(form).getByTestId("library-settings-save"));
+    await waitFor(() => expect(saved.at(-1)?.hf_token).toEqual({ kind: "none" }));
+    await waitFor(() => expect(within(form).getByTestId("library-token-status").textContent).toContain("No token"));
+    expect(lib.local).toHaveBeenCalledTimes(3);
   });
 });

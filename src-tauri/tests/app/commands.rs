@@ -3,7 +3,8 @@
 //! history survives a crash between writes, chat preferences are kept and checked, a chat's user
 //! message is stored (with its title) before the reply streams, and a remote endpoint's key is kept in a
 //! 0600 file of its own (moved out of an older settings.json), never sent to the page, and sent to the
-//! endpoint; an http:// endpoint that is not loopback needs Allow insecure.
+//! endpoint; an http:// endpoint that is not loopback needs Allow insecure; the model library's folder is a
+//! setting and its Hugging Face token is kept the same way as the remote key.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -532,4 +533,99 @@ fn an_http_endpoint_needs_loopback_or_allow_insecure() {
             .unwrap_or_else(|e| panic!("{url} (allow_insecure {allow}): {e}"));
         assert_eq!(saved["engine"]["url"], url);
     }
+}
+
+/// A stand-in Hub that answers one search with no repository and says what Authorization it got.
+fn stub_hub() -> (String, std::thread::JoinHandle<Option<String>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let handle = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut authorization = None;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if line.to_ascii_lowercase().starts_with("authorization:") {
+                authorization = Some(line["authorization:".len()..].trim().to_owned());
+            }
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+        }
+        let mut out = stream;
+        out.write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]",
+        )
+        .unwrap();
+        authorization
+    });
+    (url, handle)
+}
+
+#[test]
+fn the_library_keeps_its_folder_and_a_hub_token_in_a_0600_file_never_sent_to_the_page() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    const TOKEN: &str = "hf_secretTokenTyped0123";
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("my models");
+    let token_file = dir.path().join(strata_desktop::remote_key::HF_TOKEN_FILE);
+    std::env::remove_var("HF_TOKEN");
+    std::env::set_var("HF_HOME", dir.path().join("no-hf-home"));
+    let (hub, seen) = stub_hub();
+    std::env::set_var("HF_ENDPOINT", &hub);
+    let a = app(dir.path());
+    let got = call(&a, "library_settings", json!({})).expect("library_settings");
+    assert_eq!(got["settings"], json!({"models_dir": "", "hf_token": {"kind": "none"}}), "{got}");
+    assert_eq!(got["token_from"], "none");
+
+    // A folder named by a relative path, and a token of two words, are refused at their fields.
+    let e =
+        call(&a, "library_save_settings", json!({"settings": {"models_dir": "models", "hf_token": {"kind": "none"}}}))
+            .unwrap_err();
+    assert_eq!(e["field"], "models_dir", "{e}");
+    let e = call(
+        &a,
+        "library_save_settings",
+        json!({"settings": {"models_dir": "", "hf_token": {"kind": "new", "key": "hf two words"}}}),
+    )
+    .unwrap_err();
+    assert_eq!(e["field"], "hf_token", "{e}");
+
+    // Saved: the folder is made and used, the token is in its own 0600 file, the page reads it masked.
+    let saved = call(
+        &a,
+        "library_save_settings",
+        json!({"settings": {"models_dir": models.to_str().unwrap(), "hf_token": {"kind": "new", "key": TOKEN}}}),
+    )
+    .expect("save");
+    assert_eq!(saved["settings"]["hf_token"], json!({"kind": "kept", "hint": "0123"}), "{saved}");
+    assert_eq!(saved["token_from"], "settings");
+    assert!(!saved.to_string().contains(TOKEN));
+    assert!(models.is_dir());
+    assert_eq!(std::fs::read_to_string(&token_file).unwrap(), TOKEN);
+    #[cfg(unix)]
+    assert_eq!(mode(&token_file), 0o600);
+    let local = call(&a, "library_local", json!({})).expect("library_local");
+    assert_eq!(local["models_dir"], json!(models.to_str().unwrap()));
+    let on_disk = std::fs::read_to_string(dir.path().join(strata_desktop::SETTINGS_FILE)).unwrap();
+    assert!(!on_disk.contains(TOKEN) && on_disk.contains("my models"), "{on_disk}");
+
+    // The Hub gets the token.
+    call(&a, "library_search", json!({"text": "qwen"})).expect("search");
+    assert_eq!(seen.join().unwrap().as_deref(), Some(format!("Bearer {TOKEN}").as_str()));
+
+    // Kept across launches; forgotten when the page says none.
+    drop(a);
+    let a = app(dir.path());
+    let got = call(&a, "library_settings", json!({})).unwrap();
+    assert_eq!(got["settings"]["models_dir"], json!(models.to_str().unwrap()));
+    assert_eq!(got["settings"]["hf_token"], json!({"kind": "kept", "hint": "0123"}));
+    let cleared =
+        call(&a, "library_save_settings", json!({"settings": {"models_dir": "", "hf_token": {"kind": "none"}}}))
+            .unwrap();
+    assert_eq!(cleared["settings"]["hf_token"], json!({"kind": "none"}));
+    assert!(!token_file.exists());
+    std::env::remove_var("HF_ENDPOINT");
+    std::env::remove_var("HF_HOME");
 }

@@ -32,6 +32,8 @@ export const COMMANDS = [
   "library_downloads",
   "library_start",
   "library_cancel",
+  "library_settings",
+  "library_save_settings",
 ] as const;
 
 /** One of the commands above. */

@@ -28,7 +28,14 @@ import type {
 } from "../bindings";
 import { cleanTitle, exportFile, titleAfter } from "../chat/conversation";
 import type { CommandName, EventName } from "./commands";
-import { TransportError, type LibraryApi, type LocalModels, type Transport, type Unsubscribe } from "./types";
+import {
+  TransportError,
+  type LibraryApi,
+  type LibrarySettingsView,
+  type LocalModels,
+  type Transport,
+  type Unsubscribe,
+} from "./types";
 
 /** Invokes one command of COMMANDS; a rejection becomes a TransportError (CommandError fields kept). */
 export async function callCommand<T>(name: CommandName, args?: Record<string, unknown>): Promise<T> {
@@ -72,6 +79,8 @@ export class TauriTransport implements Transport {
     downloads: () => callCommand("library_downloads"),
     startDownload: (repo, file) => callCommand("library_start", { repo, file }),
     cancelDownload: (id) => callCommand("library_cancel", { id }),
+    settings: () => callCommand<LibrarySettingsView>("library_settings"),
+    saveSettings: (settings) => callCommand<LibrarySettingsView>("library_save_settings", { settings }),
   };
 
   inspectModel(path: string): Promise<ModelFacts> {

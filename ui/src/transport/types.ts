@@ -25,6 +25,7 @@ import type {
   LoadProgress,
   ModelFacts,
   PlanReply,
+  RemoteKey,
   TelemetryEntry,
   TelemetryView,
 } from "../bindings";
@@ -68,6 +69,23 @@ export interface LibraryApi {
   startDownload(repo: string, file: string): Promise<number>;
   /** Stops a running download (its part is deleted) or forgets a finished one. */
   cancelDownload(id: number): Promise<void>;
+  /** The library's own settings, where the app keeps them (the desktop app; a server takes flags). */
+  settings?(): Promise<LibrarySettingsView>;
+  saveSettings?(settings: LibrarySettings): Promise<LibrarySettingsView>;
+}
+
+/** The library's settings: the models folder ("" for the default) and a Hugging Face token (kept or not). */
+export interface LibrarySettings {
+  models_dir: string;
+  hf_token: RemoteKey;
+}
+
+/** The library's settings as read: the folder they come to, the default, and where the Hub's token comes from. */
+export interface LibrarySettingsView {
+  settings: LibrarySettings;
+  models_dir: string;
+  default_models_dir: string;
+  token_from: "settings" | "environment" | "none";
 }
 
 export interface Transport {

@@ -9,6 +9,7 @@ import type { LibraryApi, LocalModels } from "../../transport/types";
 import { messageOf } from "../../util/errors";
 import { bytesText } from "../../util/format";
 import { PlanTable } from "../PlanTable";
+import { LibrarySettingsForm } from "./LibrarySettingsForm";
 
 /** How often the downloads are read while one runs. */
 export const POLL_MS = 500;
@@ -449,6 +450,7 @@ export function LibraryPanel({ library, onOpen, onLoad, servedPath }: LibraryPan
           )}
         </div>
       )}
+      {library.settings && <LibrarySettingsForm library={library} onSaved={() => void refreshLocal()} />}
     </section>
   );
 }
