@@ -81,8 +81,9 @@ page.setDefaultTimeout(15_000);
 const pageErrors = [];
 page.on("pageerror", (e) => pageErrors.push(String(e)));
 page.on("console", (m) => {
-  // The settings check gets 400s from POST /strata/plan on purpose; the browser logs those.
-  if (m.type() === "error" && !/status of 400/.test(m.text())) pageErrors.push(m.text());
+  // The settings check gets 400s from POST /strata/plan, and a 409 from POST /strata/model/load, on purpose;
+  // the browser logs those.
+  if (m.type() === "error" && !/status of 40[09]/.test(m.text())) pageErrors.push(m.text());
 });
 
 const tab = (name) => page.getByRole("tab", { name, exact: true });
@@ -332,6 +333,27 @@ try {
     const flags = await page.getByTestId("restart-flags").innerText();
     check("4 settings: Check with valid values shows the restart flags", flags.includes("--layer-split 15") && flags.includes("--vram-reserve-mib 32"), flags);
     check("4 settings: no field error is left", (await page.locator("#panel-settings .field-error").count()) === 0);
+
+    // Applied without a restart: the conversation cache's budget changes in the running server.
+    const budget = page.locator("#settings-cache_mib");
+    const before = (await api("/strata/cache")).budget_bytes;
+    await budget.fill("192");
+    await page.getByTestId("apply-in-place").click();
+    await page.locator("#panel-settings .ok[role=status]").filter({ hasText: "without a restart" }).waitFor({ timeout: 60_000 });
+    const after = (await api("/strata/cache")).budget_bytes;
+    check("4 settings: Apply without a restart changes the running server's cache budget", after === 192 * 1024 * 1024 && before !== after, `${before} → ${after}`);
+    // A setting only a restart applies is refused at its field, and the server keeps running as it was.
+    const devices = page.locator("#settings-devices");
+    await devices.fill("sim:300,sim:400");
+    await page.getByTestId("apply-in-place").click();
+    const devErr = page.getByTestId("error-devices");
+    await devErr.waitFor();
+    check("4 settings: changing the devices in place is refused at the field", /started again/.test(await devErr.innerText()), await devErr.innerText());
+    await devices.fill("sim:200,sim:400");
+    await budget.fill("256");
+    await page.getByTestId("apply-in-place").click();
+    await page.locator("#panel-settings .ok[role=status]").filter({ hasText: "without a restart" }).waitFor({ timeout: 60_000 });
+    check("4 settings: and back", (await api("/strata/cache")).budget_bytes === 256 * 1024 * 1024);
   });
 
   // 5. Screenshots of each view.

@@ -1,7 +1,8 @@
 // The settings view: an invalid value shows its error AT its field (aria-invalid, a message element
 // named by aria-describedby), whether the backend names the field in a CommandError (desktop) or in a
 // 400's error.param (browser, through the real HTTP transport); the plan bars follow the values,
-// re-planned after a pause; Apply saves; a browser shows the flags to restart strata serve with. The
+// re-planned after a pause; Apply saves; a browser shows the flags to restart strata serve with, or applies
+// them in the running server (POST /strata/model/load), a restart-only one refused at its field. The
 // speculative decoding card shows the fields of the kind chosen, sends them, and shows their errors at
 // them; a device holding the model and its draft has one bar with the draft's share marked. Requests at
 // once are planned as typed (empty: the server's default), the bars and the count following.
@@ -95,6 +96,40 @@ describe("SettingsView", () => {
     expect(flags.textContent).toContain("restart strata serve with:");
     // The flags leave the model out: it is added from the settings, quoted for the shell.
     expect(flags.textContent).toContain("strata serve -m '/m/a b.gguf' --devices cuda:0,cuda:1 --kv f16");
+  });
+
+  it("in a browser applies settings without a restart through POST /strata/model/load; a restart-only one is refused at its field", async () => {
+    let served = settings({ model_path: "/m/a.gguf", devices: "cpu" });
+    const loads: Record<string, unknown>[] = [];
+    const fetchFn = vi.fn(async (url: RequestInfo | URL, init?: RequestInit) => {
+      const u = String(url);
+      if (u === "/strata/settings") return new Response(JSON.stringify(served), { status: 200 });
+      if (u === "/strata/model/load") {
+        const body = JSON.parse(String(init?.body)) as typeof served;
+        loads.push(body);
+        if (body.devices !== "cpu") {
+          return new Response(
+            JSON.stringify({ error: { message: "changing the devices needs the engine started again", type: "invalid_request_error", param: "devices", code: "needs_restart" } }),
+            { status: 409 },
+          );
+        }
+        served = body;
+        return new Response(JSON.stringify({ model: { id: "a" }, switch: { ms: 5, parked: 0, cached: 0 } }), { status: 200 });
+      }
+      return new Response(JSON.stringify({ plan: plan([row()]), flags: ["--devices", "cpu"] }), { status: 200 });
+    });
+    const t = new HttpTransport({ fetch: fetchFn as unknown as typeof fetch });
+    render(<SettingsView transport={t} planDelayMs={5} />);
+    await waitFor(() => expect(input("devices").value).toBe("cpu"));
+    fireEvent.input(input("cache_mib"), { target: { value: "512" } });
+    fireEvent.click(screen.getByTestId("apply-in-place"));
+    await waitFor(() => expect(screen.getByRole("status").textContent).toContain("without a restart"));
+    expect(loads[0]).toMatchObject({ model_path: "/m/a.gguf", cache_mib: 512 });
+    expect(input("cache_mib").value).toBe("512");
+    fireEvent.input(input("devices"), { target: { value: "sim:300" } });
+    fireEvent.click(screen.getByTestId("apply-in-place"));
+    await waitFor(() => expectErrorAt("devices", "changing the devices needs the engine started again"));
+    expect(served.devices).toBe("cpu");
   });
 
   it("re-plans after a pause as values change and the bars follow", async () => {

@@ -99,6 +99,12 @@ export interface Transport {
   inspectModel(path: string): Promise<ModelFacts>;
   /** Plans a load (settings.model_path: the file to plan; null: the loaded model), per device. */
   plan(settings: EngineSettings): Promise<PlanReply>;
+  /**
+   * Applies settings to the running engine without a restart, where the transport can (a browser's
+   * `strata serve`: POST /strata/model/load); resolves with the settings it runs with then. A setting only a
+   * restart applies is refused at its field.
+   */
+  applyInPlace?(settings: EngineSettings): Promise<EngineSettings>;
   /** Loads a model, reporting progress, and resolves with its facts. */
   loadModel(path: string, onProgress: (p: LoadProgress) => void): Promise<ModelFacts>;
   /** Unloads the model. */

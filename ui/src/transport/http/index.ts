@@ -101,6 +101,14 @@ export class HttpTransport implements Transport {
     return facts;
   }
 
+  async applyInPlace(settings: EngineSettings): Promise<EngineSettings> {
+    await this.client.postJson<{ model: unknown }>("/strata/model/load", settings);
+    this.model = null;
+    this.modelId = null;
+    for (const poll of this.pollers) poll();
+    return this.getSettings();
+  }
+
   async unloadModel(): Promise<void> {
     throw new TransportError("invalid", DESKTOP_ONLY);
   }

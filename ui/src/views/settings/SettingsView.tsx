@@ -135,6 +135,30 @@ export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps
     setFlags(null);
   };
 
+  const applyInPlace = async () => {
+    const parsed = settingsFromForm(form);
+    if (!parsed.ok) {
+      setErrors(parsed.errors);
+      return;
+    }
+    setSaving(true);
+    setResult(null);
+    setFlags(null);
+    try {
+      const now = await transport.getSettings();
+      const applied = await transport.applyInPlace!({ ...parsed.settings, model_path: now.model_path });
+      seq.current++;
+      setForm(formFromSettings(applied));
+      setErrors({});
+      setFormError(null);
+      setResult("Applied: the server runs with these settings now, without a restart.");
+    } catch (e) {
+      showError(e);
+    } finally {
+      setSaving(false);
+    }
+  };
+
   const submit = async () => {
     const parsed = settingsFromForm(form);
     if (!parsed.ok) {
@@ -428,6 +452,11 @@ export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps
         <button type="submit" class="primary" disabled={saving}>
           {apply ? "Apply" : "Check"}
         </button>
+        {!apply && transport.applyInPlace && (
+          <button type="button" disabled={saving} onClick={() => void applyInPlace()} data-testid="apply-in-place">
+            Apply without a restart
+          </button>
+        )}
         {result && (
           <span class="ok" role="status">
             {result}
@@ -437,7 +466,13 @@ export function SettingsView({ transport, planDelayMs = 300 }: SettingsViewProps
       {!apply && (
         <p class="note">
           A browser cannot restart <code>strata serve</code>: Check validates these settings and shows the flags to
-          restart it with.
+          restart it with.{" "}
+          {transport.applyInPlace && (
+            <>
+              Apply without a restart changes them in the running server (the model reloads beside the one serving);
+              the devices, the VRAM reserve and speculative decoding need a restart.
+            </>
+          )}
         </p>
       )}
       {flags && (
