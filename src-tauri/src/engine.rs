@@ -161,6 +161,17 @@ fn parse_event(block: &[u8]) -> Option<SseEvent> {
     any.then_some(ev)
 }
 
+/// A POST the engine did not answer with success.
+#[derive(Debug)]
+pub struct PostError {
+    /// None: no answer came (the connection failed or timed out).
+    pub status: Option<u16>,
+    pub code: Option<String>,
+    /// The request field the error is about.
+    pub param: Option<String>,
+    pub message: String,
+}
+
 #[derive(Clone)]
 pub struct EngineClient {
     http: reqwest::Client,
@@ -203,27 +214,27 @@ impl EngineClient {
     }
 
     /// `POST path` with a JSON body, waiting up to `timeout` for the answer: Ok(its JSON) on success, else
-    /// Err(the HTTP status, and the error's `code` and message).
-    pub async fn post_json(
-        &self,
-        path: &str,
-        body: &Value,
-        timeout: Duration,
-    ) -> Result<Value, (Option<u16>, Option<String>, String)> {
+    /// the error (its HTTP status when one came, and the error's `code`, `param` and message).
+    pub async fn post_json(&self, path: &str, body: &Value, timeout: Duration) -> Result<Value, PostError> {
         let mut r = self.http.post(format!("{}{path}", self.endpoint.url)).json(body).timeout(timeout);
         if let Some(k) = self.endpoint.api_key.as_deref().filter(|k| !k.is_empty()) {
             r = r.bearer_auth(k);
         }
-        let r = r.send().await.map_err(|e| (None, None, e.to_string()))?;
+        let failed = |status: Option<u16>, message: String| PostError { status, code: None, param: None, message };
+        let r = r.send().await.map_err(|e| failed(None, e.to_string()))?;
         let status = r.status();
-        let bytes = read_capped(r, MAX_JSON_BYTES).await.map_err(|e| (Some(status.as_u16()), None, e.to_string()))?;
+        let bytes = read_capped(r, MAX_JSON_BYTES).await.map_err(|e| failed(Some(status.as_u16()), e.to_string()))?;
         let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         if status.is_success() {
             return Ok(v);
         }
-        let code = v["error"]["code"].as_str().map(str::to_owned);
-        let message = v["error"]["message"].as_str().map_or_else(|| format!("HTTP {status}"), str::to_owned);
-        Err((Some(status.as_u16()), code, message))
+        let text = |k: &str| v["error"][k].as_str().map(str::to_owned);
+        Err(PostError {
+            status: Some(status.as_u16()),
+            code: text("code"),
+            param: text("param"),
+            message: text("message").unwrap_or_else(|| format!("HTTP {status}")),
+        })
     }
 
     /// 200 from `/health`.

@@ -57,6 +57,14 @@ pub struct AppState {
     library_dir: Mutex<String>,
     /// The Hugging Face token the library's settings keep (else `HF_TOKEN` or the saved login).
     pub hf_token: KeyFile,
+    /// Held while settings are applied to the engine (a switch in place or a restart).
+    applying: tokio::sync::Mutex<()>,
+}
+
+/// Why settings were not applied in place: the engine is started again with them, or they are refused.
+enum Switch {
+    Restart(String),
+    Refused(CommandError),
 }
 
 impl AppState {
@@ -79,6 +87,7 @@ impl AppState {
             library: Mutex::new(library::make_library("", hf_token.key())),
             library_dir: Mutex::new(String::new()),
             hf_token,
+            applying: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -142,37 +151,49 @@ impl AppState {
     /// the engine again: when none is ready, when a setting needs a new process, or when the switch fails.
     /// Whether it switched in place.
     pub async fn apply_engine(&self, s: &EngineSettings) -> CmdResult<bool> {
+        // One at a time: a second Load waits for the first instead of restarting the engine under it.
+        let _one = self.applying.lock().await;
         match self.switch_engine(s).await {
             Ok(()) => return Ok(true),
-            Err(why) => tracing::info!("the engine is started again ({why})"),
+            Err(Switch::Refused(e)) => return Err(e),
+            Err(Switch::Restart(why)) => tracing::info!("the engine is started again ({why})"),
         }
         self.start_engine(s)?;
         Ok(false)
     }
 
-    async fn switch_engine(&self, s: &EngineSettings) -> Result<(), String> {
+    async fn switch_engine(&self, s: &EngineSettings) -> Result<(), Switch> {
+        use Switch::Restart;
         if std::env::var_os("STRATA_NO_ENGINE").is_some() {
-            return Err("STRATA_NO_ENGINE is set".into());
+            return Err(Restart("STRATA_NO_ENGINE is set".into()));
         }
         let (EngineLocation::Local, Some(model)) = (&s.engine, &s.model_path) else {
-            return Err("no local model to switch to".into());
+            return Err(Restart("no local model to switch to".into()));
         };
+        let generation = self.supervisor.generation();
         let (Some(endpoint), Some(running)) = (self.supervisor.endpoint(), self.supervisor.spec()) else {
-            return Err("no engine is ready".into());
+            return Err(Restart("no engine is ready".into()));
         };
         if self.supervisor.status().state != crate::types::EngineState::Ready {
-            return Err("the engine is not ready".into());
+            return Err(Restart("the engine is not ready".into()));
         }
         let client = crate::engine::EngineClient::new(endpoint);
-        let body = serde_json::to_value(s).map_err(|e| e.to_string())?;
+        let body = serde_json::to_value(s).map_err(|e| Restart(e.to_string()))?;
         let t0 = std::time::Instant::now();
-        let reply = client.post_json("/strata/model/load", &body, supervisor::LOAD_TIMEOUT).await.map_err(
-            |(status, code, message)| match (status, code) {
-                (Some(404), _) => "this engine cannot switch models in place".to_owned(),
-                (_, Some(code)) => format!("{code}: {message}"),
-                _ => message,
-            },
-        )?;
+        let reply =
+            client.post_json("/strata/model/load", &body, supervisor::LOAD_TIMEOUT).await.map_err(|e| {
+                match (e.status, e.code.as_deref()) {
+                    (Some(404), _) => Restart("this engine cannot switch models in place".to_owned()),
+                    // A setting the engine refuses as it would at a restart: said at its field, nothing restarted.
+                    (Some(400), _) => Switch::Refused(CommandError {
+                        code: types::ErrorCode::Invalid,
+                        field: e.param,
+                        message: e.message,
+                    }),
+                    (_, Some(code)) => Restart(format!("{code}: {}", e.message)),
+                    _ => Restart(e.message),
+                }
+            })?;
         tracing::info!(
             "switched the engine to {model} in place in {:.0} ms ({} conversation(s) parked)",
             t0.elapsed().as_secs_f64() * 1e3,
@@ -180,12 +201,10 @@ impl AppState {
         );
         let facts =
             strata::gguf::GgufFile::open(Path::new(model)).ok().and_then(|f| ModelFacts::of(&f, Path::new(model)).ok());
-        self.supervisor.switched(EngineSpec {
-            binary: running.binary,
-            model: PathBuf::from(model),
-            flags: s.serve_flags(),
-            facts,
-        });
+        let spec = EngineSpec { binary: running.binary, model: PathBuf::from(model), flags: s.serve_flags(), facts };
+        if !self.supervisor.switched(generation, spec) {
+            tracing::info!("the engine was started again meanwhile: it runs what that start asked for");
+        }
         Ok(())
     }
 

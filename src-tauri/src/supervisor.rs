@@ -139,12 +139,24 @@ impl Supervisor {
         self.shared.spec.lock_unpoisoned().clone()
     }
 
+    /// Which start or stop came last (a switch asked for before another start must not name its model).
+    pub fn generation(&self) -> u64 {
+        *self.shared.generation.borrow()
+    }
+
     /// The running engine switched to `spec` in place (`POST /strata/model/load`): a later restart starts
-    /// it with `spec`, and the status names its model. Nothing is restarted.
-    pub fn switched(&self, spec: EngineSpec) {
+    /// it with `spec`, and the status names its model. Nothing is restarted. Ignored (false) when the engine
+    /// was started or stopped since `generation`: that engine runs something else.
+    pub fn switched(&self, generation: u64, spec: EngineSpec) -> bool {
+        let mut kept = self.shared.spec.lock_unpoisoned();
+        if self.generation() != generation {
+            return false;
+        }
         let facts = spec.facts.clone();
-        *self.shared.spec.lock_unpoisoned() = Some(spec);
+        *kept = Some(spec);
+        drop(kept);
         self.shared.status.send_modify(|s| s.model = facts);
+        true
     }
 
     /// Stops the engine (no restart) and waits up to `timeout` for the child to be gone.

@@ -183,12 +183,12 @@ impl<'a> Session<'a> {
     /// conversation that comes back to this model later restores instead of being read again. Every slot
     /// must be idle. How many were parked.
     pub fn park_live(&mut self) -> usize {
-        let before = self.cache.len();
+        let mut parked = 0;
         for slot in 0..self.slots.len() {
             debug_assert!(!self.slots[slot].busy, "parking a slot a stream runs on");
-            self.park(slot);
+            parked += usize::from(self.park(slot));
         }
-        self.cache.len().saturating_sub(before)
+        parked
     }
 
     /// The conversation cache, leaving this session an empty one (the session ends: its cache goes on in the
@@ -574,12 +574,12 @@ impl<'a> Session<'a> {
     }
 
     /// Parks `slot`'s sequence in the cache (when it fits the budget), evicting as needed (with slot 0's, the
-    /// drafter's sequence too). The sequence itself is left as it is.
-    fn park(&mut self, slot: usize) {
+    /// drafter's sequence too). The sequence itself is left as it is. Whether it was parked.
+    fn park(&mut self, slot: usize) -> bool {
         let live = &self.slots[slot];
         let n = live.seq.tokens.len();
         if n == 0 || self.cache.slots == 0 {
-            return;
+            return false;
         }
         let t0 = Instant::now();
         let draft_live =
@@ -592,7 +592,7 @@ impl<'a> Session<'a> {
                 self.cache.budget_bytes
             );
             self.telemetry.emit(EngineEvent::NotParked { tokens: n, bytes, error: None });
-            return;
+            return false;
         };
         for e in &room.evicted {
             self.telemetry.emit(EngineEvent::Evicted { tokens: e.tokens, bytes: e.bytes });
@@ -605,7 +605,7 @@ impl<'a> Session<'a> {
             Err(e) => {
                 tracing::info!("conversation cache: not parked: {e}");
                 self.telemetry.emit(EngineEvent::NotParked { tokens: n, bytes, error: None });
-                return;
+                return false;
             }
         };
         let draft = draft_live.map(|d| d.kv.snapshot_into(None)).transpose();
@@ -614,7 +614,7 @@ impl<'a> Session<'a> {
             Err(e) => {
                 tracing::warn!("conversation cache: not parked: {e}");
                 self.telemetry.emit(EngineEvent::NotParked { tokens: n, bytes, error: Some(e.to_string()) });
-                return;
+                return false;
             }
         };
         let (kv, draft) = kv;
@@ -640,8 +640,9 @@ impl<'a> Session<'a> {
                     evictions: self.cache.evictions(),
                 });
             }
-            ParkOutcome::NoRoom { .. } | ParkOutcome::Disabled => {}
+            ParkOutcome::NoRoom { .. } | ParkOutcome::Disabled => return false,
         }
+        true
     }
 
     /// Restores `tokens` positions of snapshot `id` into `slot`'s sequence if the gate admits it (counting

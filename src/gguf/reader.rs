@@ -58,6 +58,9 @@ impl TensorInfo {
 /// Tensor data bytes [`GgufFile::fingerprint`] reads at each end of the data section.
 pub const FINGERPRINT_SAMPLE_BYTES: usize = 64 * 1024;
 
+/// Bytes of each tensor's data [`GgufFile::fingerprint`] reads.
+pub const FINGERPRINT_TENSOR_BYTES: usize = 256;
+
 enum Bytes {
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
@@ -148,9 +151,11 @@ impl GgufFile {
     }
 
     /// A number that tells this file from another: a hash of its header (metadata and tensor index), its
-    /// length, and the first and last [`FINGERPRINT_SAMPLE_BYTES`] of its tensor data (two fine-tunes of one
-    /// model share their header, not their weights). The conversation cache keys snapshots by it, so a
-    /// snapshot parked for one file never restores into another. Stable within one build of Strata.
+    /// length, the first and last [`FINGERPRINT_SAMPLE_BYTES`] of its tensor data and the first
+    /// [`FINGERPRINT_TENSOR_BYTES`] of every tensor (two fine-tunes of one model share their header, not
+    /// their weights, and a merge may differ in its middle layers only). The conversation cache keys
+    /// snapshots by it, so a snapshot parked for one file never restores into another. Stable within one
+    /// build of Strata.
     pub fn fingerprint(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let data = self.data();
@@ -162,6 +167,11 @@ impl GgufFile {
         let n = FINGERPRINT_SAMPLE_BYTES.min(tail.len());
         tail[..n].hash(&mut h);
         tail[tail.len() - n..].hash(&mut h);
+        for t in &self.tensors {
+            let start = (t.file_offset as usize).min(data.len());
+            let end = (start + FINGERPRINT_TENSOR_BYTES.min(t.n_bytes as usize)).min(data.len());
+            data[start..end].hash(&mut h);
+        }
         h.finish()
     }
 

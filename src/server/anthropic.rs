@@ -260,11 +260,12 @@ async fn messages_inner(app: &App, peer: Option<Peer>, headers: &HeaderMap, body
     api::check_admission(app)?;
     let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
     // The model does not change until the request is queued (a switch waits for it, and it for a switch).
-    let _lease = app.models.lease().await?;
+    let lease = app.models.lease().await?;
     let (_req, queued, reply) = prepare(app, peer, headers, body).await?;
     let id = format!("msg_{}", api::request_id("m").trim_start_matches("m-"));
     let input_tokens = queued.prompt.len();
     let (mut rx, guard) = api::submit(app, queued, reply.checked.clone())?;
+    drop(lease);
     if reply.checked.stream {
         let first = first_message(&mut rx).await?;
         return Ok(stream(id, input_tokens, reply, first, rx, guard).into_response());

@@ -254,13 +254,13 @@ async fn chat_inner(app: &App, peer: Option<Peer>, headers: &HeaderMap, body: Bo
     // Bodies being read and prepared at once are bounded, so that many clients cannot make the server hold
     // many bodies before the queue refuses them.
     let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
-    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
-    let _lease = app.models.lease().await?;
     let bytes = read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: ChatRequest = openai::parse(&bytes)?;
     drop(bytes);
+    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
+    let lease = app.models.lease().await?;
     let (queued, reply) = prepare_chat(app, peer, req).await?;
-    run_queued(app, queued, reply).await
+    run_queued(app, queued, reply, lease).await
 }
 
 /// A chat request checked, rendered and tokenized: the job to queue and how to answer (the Chat shape; the
@@ -352,11 +352,11 @@ async fn completions_inner(
     // Bodies being read and prepared at once are bounded, so that many clients cannot make the server hold
     // many bodies before the queue refuses them.
     let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
-    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
-    let _lease = app.models.lease().await?;
     let bytes = read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: CompletionRequest = openai::parse(&bytes)?;
     drop(bytes);
+    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
+    let lease = app.models.lease().await?;
     let model = check_model(app, &req.model)?;
     let top = req.check()?;
     let mut checked = openai::check_common(&req.common(), &req.stop, app.opts.batch, &app.model().sampling)?;
@@ -376,7 +376,7 @@ async fn completions_inner(
         reply_format: None,
         tools: None,
     };
-    run(app, client, prompt, 0, top, reply).await
+    run(app, client, prompt, 0, top, reply, lease).await
 }
 
 /// The constraint of a request's grammar, compiled off the async threads (the first one also builds the
@@ -419,17 +419,23 @@ async fn run(
     kept_reply_tokens: usize,
     top_logprobs: usize,
     reply: Reply,
+    lease: Lease<'_>,
 ) -> Result<Response, ApiError> {
     let endpoint = match reply.endpoint {
         Endpoint::Chat => "chat",
         Endpoint::Completion => "completions",
     };
     let queued = Queued { prompt, kept_reply_tokens, top_logprobs, endpoint, reply_format: reply.reply_format, client };
-    run_queued(app, queued, reply).await
+    run_queued(app, queued, reply, lease).await
 }
 
-async fn run_queued(app: &App, queued: Queued, reply: Reply) -> Result<Response, ApiError> {
+/// A request's hold on the model it is prepared for ([`super::switch::ModelSlot::lease`]), let go once it
+/// is queued.
+pub(super) type Lease<'a> = tokio::sync::RwLockReadGuard<'a, ()>;
+
+async fn run_queued(app: &App, queued: Queued, reply: Reply, lease: Lease<'_>) -> Result<Response, ApiError> {
     let (mut rx, guard) = submit(app, queued, reply.checked.clone())?;
+    drop(lease);
     if reply.checked.stream {
         let first = first_message(&mut rx).await?;
         return Ok(stream(reply, first, rx, guard).into_response());

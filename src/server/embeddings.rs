@@ -94,11 +94,11 @@ async fn embeddings_inner(
 ) -> Result<Response, ApiError> {
     check_admission(app)?;
     let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
-    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
-    let _lease = app.models.lease().await?;
     let bytes = read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: EmbeddingRequest = openai::parse(&bytes)?;
     drop(bytes);
+    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
+    let lease = app.models.lease().await?;
     let model = check_model(app, &req.model)?;
     let encoding = match req.encoding_format.as_deref() {
         None | Some("float") => Encoding::Float,
@@ -147,6 +147,7 @@ async fn embeddings_inner(
     };
     let checked = Checked { params: GenerateParams::default(), choices: 1, stream: false, include_usage: false };
     let (mut rx, _guard) = api::submit_task(app, Task::Embed(inputs), queued, checked)?;
+    drop(lease);
     let (vectors, summary) = match rx.recv().await {
         Some(Msg::Embeddings(v, s)) => (v, s),
         Some(Msg::Error(e)) => return Err(e),

@@ -187,11 +187,11 @@ async fn completion_inner(
     api::check_admission(app)?;
     // Bodies being read and prepared at once are bounded, as on /v1.
     let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
-    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
-    let _lease = app.models.lease().await?;
     let bytes = api::read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: NativeRequest = openai::parse(&bytes)?;
     drop(bytes);
+    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
+    let lease = app.models.lease().await?;
     api::check_model(app, &req.model)?;
     req.refuse_unsupported()?;
     let mut checked = openai::check_common(&req.common()?, &req.stop, app.opts.batch, &app.model().sampling)?;
@@ -223,6 +223,7 @@ async fn completion_inner(
         client,
     };
     let (mut rx, guard) = api::submit(app, queued, checked)?;
+    drop(lease);
     if answer.checked.stream {
         let first = api::first_message(&mut rx).await?;
         return Ok(stream(answer, first, rx, guard).into_response());

@@ -250,16 +250,17 @@ pub async fn responses(
 async fn responses_inner(app: &App, peer: Option<Peer>, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
     api::check_admission(app)?;
     let _permit = app.shared.preparing.try_acquire().map_err(|_| ApiError::queue_full(app.shared.queue_cap))?;
-    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
-    let _lease = app.models.lease().await?;
     let bytes = read_body(headers, body, app.opts.max_body_bytes, app.opts.body_timeout).await?;
     let req: ResponsesRequest = openai::parse(&bytes)?;
     drop(bytes);
+    // The model does not change until the request is queued (a switch waits for it, and it for a switch).
+    let lease = app.models.lease().await?;
     let chat = chat_request(&req)?;
     let (mut queued, reply) = prepare_chat(app, peer, chat).await?;
     queued.endpoint = "responses";
     let head = Head::new(&reply, &req);
     let (mut rx, guard) = api::submit(app, queued, reply.checked.clone())?;
+    drop(lease);
     if reply.checked.stream {
         let first = first_message(&mut rx).await?;
         return Ok(stream(head, reply, first, rx, guard).into_response());

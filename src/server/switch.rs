@@ -49,8 +49,8 @@ pub struct ModelSlot {
     /// Read: a request preparing for the current model (from its start until it is queued). Write: a switch
     /// taking its turn.
     lease: tokio::sync::RwLock<()>,
-    /// One switch at a time.
-    switching: tokio::sync::Mutex<()>,
+    /// One switch at a time (held by the task that loads and switches, which a client leaving does not end).
+    switching: Arc<tokio::sync::Mutex<()>>,
     /// Every model file served by this process: they may be loaded again (besides the library's).
     served_paths: Mutex<Vec<PathBuf>>,
     /// The model the server started with: its file, and the chat template and pooling it ran with
@@ -77,7 +77,7 @@ impl ModelSlot {
             start,
             current: RwLock::new(Arc::new(model)),
             lease: tokio::sync::RwLock::new(()),
-            switching: tokio::sync::Mutex::new(()),
+            switching: Arc::new(tokio::sync::Mutex::new(())),
             served_paths: Mutex::new(paths),
         }
     }
@@ -145,7 +145,14 @@ fn prepare(settings: &EngineSettings, devices: DeviceSet, app: &App, generation:
     // The settings checked field by field, and the model planned on the devices alone...
     let alone = settings.plan(&file).map_err(field)?;
     if let Some(problem) = alone.problem {
-        return Err(ApiError::conflict("model_does_not_fit", format!("{path} does not fit: {problem}")));
+        // (A GPU's free memory is the driver's: the model served now is not in it.)
+        return Err(ApiError::conflict(
+            "model_does_not_fit",
+            format!(
+                "{path} does not fit on the devices as they are now (the model served now holds part of them): \
+                 {problem}; if it fits them alone, start the engine again with it (`strata serve -m {path}`)"
+            ),
+        ));
     }
     // ...then beside the model served now (the server's devices hold it).
     let mut opts = settings.load_options().map_err(field)?;
@@ -321,31 +328,38 @@ async fn load_inner(app: &App, headers: &HeaderMap, body: Body) -> Result<Value,
     let bytes = api::read_body(headers, body, 1 << 16, app.opts.body_timeout).await?;
     let settings: EngineSettings = super::openai::parse(&bytes)?;
     settings.check().map_err(|e| ApiError::invalid(&e.field, e.message))?;
-    let Ok(_one) = app.models.switching.try_lock() else {
+    let Ok(one) = app.models.switching.clone().try_lock_owned() else {
         return Err(ApiError::conflict("switch_busy", "a model switch is under way: wait for it to end"));
     };
     let current = app.model();
     if let Some((field, why)) = needs_restart(&current.settings, &settings) {
         return Err(ApiError { param: Some(field.into()), ..ApiError::conflict("needs_restart", why) });
     }
+    drop(current);
     let path = settings.model_path.clone().ok_or_else(|| ApiError::invalid("model_path", "name the model to load"))?;
     let t0 = Instant::now();
-    let (a2, p2) = (app.clone(), path.clone());
-    tokio::task::spawn_blocking(move || loadable(&a2, &p2))
-        .await
-        .map_err(|e| ApiError::internal(format!("checking the path failed: {e}")))??;
-    let devices = current.model.placement.devices.clone();
-    let generation = current.generation + 1;
-    drop(current);
+    // Loading and switching go on if the client leaves, holding the one-switch guard to their end: the lease
+    // must not be let go half-way, nor a second switch plan beside a model not yet counted.
     let a2 = app.clone();
-    let prepared = tokio::task::spawn_blocking(move || prepare(&settings, devices, &a2, generation))
-        .await
-        .map_err(|e| ApiError::internal(format!("loading the model failed: {e}")))??;
-    // The switch goes on if the client leaves: the lease must not be dropped half-way.
-    let a2 = app.clone();
-    let switched = tokio::spawn(async move { take_turn(&a2, prepared).await })
-        .await
-        .map_err(|e| ApiError::internal(format!("the switch failed: {e}")))??;
+    let p2 = path.clone();
+    let switched = tokio::spawn(async move {
+        let _one = one;
+        let (a3, p3) = (a2.clone(), p2.clone());
+        tokio::task::spawn_blocking(move || loadable(&a3, &p3))
+            .await
+            .map_err(|e| ApiError::internal(format!("checking the path failed: {e}")))??;
+        let current = a2.model();
+        let devices = current.model.placement.devices.clone();
+        let generation = current.generation + 1;
+        drop(current);
+        let a3 = a2.clone();
+        let prepared = tokio::task::spawn_blocking(move || prepare(&settings, devices, &a3, generation))
+            .await
+            .map_err(|e| ApiError::internal(format!("loading the model failed: {e}")))??;
+        take_turn(&a2, prepared).await
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("the switch failed: {e}")))??;
     let now = app.model();
     let ms = t0.elapsed().as_secs_f64() * 1e3;
     tracing::info!(
@@ -382,10 +396,11 @@ async fn take_turn(app: &App, prepared: Prepared) -> Result<Switched, ApiError> 
         api::submit_task(app, Task::Switch(Box::new(order)), queued, checked)?;
     let done = rx.await.map_err(|_| ApiError::internal("the engine ended without finishing the switch"))?;
     let done = done.map_err(|e| {
-        ApiError::conflict(
-            "model_load_failed",
-            format!("the engine could not start the new model: {e}; the model loaded before goes on serving"),
-        )
+        let after = match app.shared.unhealthy() {
+            None => "; the model loaded before goes on serving",
+            Some(_) => "",
+        };
+        ApiError::conflict("model_load_failed", format!("the engine could not start the new model: {e}{after}"))
     })?;
     let id = served.id.clone();
     let max_context = served.max_context;

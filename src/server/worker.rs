@@ -238,9 +238,14 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
     let mut cache: Option<crate::cache::ConversationCache> = None;
     let mut previous: Option<EngineParts> = None;
     let mut order: Option<(SwitchReply, usize, Instant)> = None;
+    // A switch that failed: its answer waits until the session of the old parts runs again.
+    let mut failed: Option<(SwitchReply, String)> = None;
     loop {
         let pool = ThreadPool::new(parts.threads);
-        let mut session = match new_session(&parts, &pool, &shared, &mut cache) {
+        let made =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| new_session(&parts, &pool, &shared, &mut cache)))
+                .unwrap_or_else(|_| Err("starting the session panicked (a bug: see the log above)".to_owned()));
+        let mut session = match made {
             Ok(s) => s,
             Err(e) => {
                 if let Some(ready) = ready.take() {
@@ -249,17 +254,27 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
                 }
                 match (order.take(), previous.take()) {
                     (Some((reply, _, _)), Some(old)) => {
-                        tracing::warn!("model switch failed: {e}; going on with the model loaded before");
-                        let _ = reply.send(Err(e));
+                        tracing::warn!("model switch failed: {e}; going back to the model loaded before");
+                        failed = Some((reply, e));
                         parts = old;
                         continue;
                     }
-                    _ => return shared.set_unhealthy(format!("unhealthy: the engine cannot start again: {e}")),
+                    _ => {
+                        let why = format!("unhealthy: the engine cannot start again: {e}");
+                        if let Some((reply, first)) = failed.take() {
+                            let _ =
+                                reply.send(Err(format!("{first}; and the model loaded before could not start again")));
+                        }
+                        return shared.set_unhealthy(why);
+                    }
                 }
             }
         };
         if let Some(ready) = ready.take() {
             let _ = ready.send(Ok(()));
+        }
+        if let Some((reply, e)) = failed.take() {
+            let _ = reply.send(Err(e));
         }
         if let Some((reply, parked, t0)) = order.take() {
             // The old model's last handle here goes: its memory is freed once the handlers let go of it.

@@ -89,40 +89,63 @@ fn a_running_server_switches_models_and_back_and_the_old_conversation_restores()
     assert!(!s.stderr().contains("panicked"), "{}", s.stderr());
 }
 
+/// A reply's model id and text.
+fn answer(r: &common::server::Resp) -> (String, String) {
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    (v["model"].as_str().unwrap().to_owned(), v["choices"][0]["message"]["content"].as_str().unwrap().to_owned())
+}
+
 #[test]
-fn requests_sent_during_a_switch_are_answered_and_settings_change_with_the_model() {
+fn requests_sent_during_a_switch_are_answered_by_the_model_they_were_made_for() {
     let _g = common::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let q8 = second_model(dir.path());
     let s = Server::start(&["-c", "512", "--models-dir", dir.path().to_str().unwrap()]);
-    // Requests keep coming while the model switches: each is answered whole (by the model it was made for).
-    let answers = std::thread::scope(|sc| {
-        let clients: Vec<_> = (0..3)
-            .map(|i| {
-                let s = &s;
-                sc.spawn(move || {
-                    std::thread::sleep(std::time::Duration::from_millis(150 * i));
-                    let r = s.post("/v1/chat/completions", &conversation(16));
-                    (r.status, r.text())
-                })
+    let long = json!({"messages": [{"role": "user", "content": "Count from one to sixty in words, one per line."}],
+        "temperature": 0, "max_tokens": 96});
+    let (a_id, reply_a) = answer(&s.post("/v1/chat/completions", &long));
+    // One request generating when the switch is asked for, two more sent while it goes on: each answer names
+    // the model it was tokenized for, and is that model's own answer (greedy: the same every time).
+    let (first, later, loaded) = std::thread::scope(|sc| {
+        let first = sc.spawn(|| s.post("/v1/chat/completions", &long));
+        let t0 = std::time::Instant::now();
+        while s.get("/health").json()["busy"] != json!(true) && t0.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let loader = sc.spawn(|| {
+            load(&s, &q8, |v| {
+                v["max_context"] = json!(384);
+                v["cache_mib"] = json!(64);
             })
-            .collect();
-        let r = load(&s, &q8, |v| {
-            v["max_context"] = json!(384);
-            v["cache_mib"] = json!(64);
         });
-        assert_eq!(r.status, 200, "{}", r.text());
-        clients.into_iter().map(|c| c.join().unwrap()).collect::<Vec<_>>()
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let later: Vec<_> = (0..2).map(|_| sc.spawn(|| s.post("/v1/chat/completions", &long))).collect();
+        let loaded = loader.join().unwrap();
+        (first.join().unwrap(), later.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>(), loaded)
     });
-    for (status, text) in answers {
-        assert_eq!(status, 200, "{text}");
+    assert_eq!(loaded.status, 200, "{}", loaded.text());
+    let (b_id, reply_b) = answer(&s.post("/v1/chat/completions", &long));
+    assert_eq!(b_id, "SmolLM2-135M-Instruct.Q8_0");
+    assert_ne!(reply_a, reply_b, "the two models answer alike: this test could not tell them apart");
+    let (model, text) = answer(&first);
+    assert_eq!(model, a_id, "the request generating when the switch came was the first model's");
+    assert_eq!(text, reply_a, "and it was answered whole by it");
+    for r in &later {
+        let (model, text) = answer(r);
+        let want = if model == a_id { &reply_a } else { &reply_b };
+        assert!(model == a_id || model == b_id, "{model}");
+        assert_eq!(&text, want, "a request made for {model} was answered by the other model");
     }
+    // The settings came with the model.
     let m = s.get("/strata/model").json();
     assert_eq!(u(&m["context"]), 384, "{m}");
     assert_eq!(u(&s.get("/strata/cache").json()["budget_bytes"]), 64 << 20);
-    // The new context is the limit now.
-    let long = "word ".repeat(500);
-    let r = s.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": long}], "max_tokens": 1}));
+    let long_prompt = "word ".repeat(500);
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": long_prompt}], "max_tokens": 1}),
+    );
     let e = r.expect_error(400);
     assert!(e["message"].as_str().unwrap().contains("holds 384"), "{e}");
     assert!(!s.stderr().contains("panicked"), "{}", s.stderr());
