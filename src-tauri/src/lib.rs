@@ -180,20 +180,19 @@ impl AppState {
         let client = crate::engine::EngineClient::new(endpoint);
         let body = serde_json::to_value(s).map_err(|e| Restart(e.to_string()))?;
         let t0 = std::time::Instant::now();
-        let reply =
-            client.post_json("/strata/model/load", &body, supervisor::LOAD_TIMEOUT).await.map_err(|e| {
-                match (e.status, e.code.as_deref()) {
-                    (Some(404), _) => Restart("this engine cannot switch models in place".to_owned()),
-                    // A setting the engine refuses as it would at a restart: said at its field, nothing restarted.
-                    (Some(400), _) => Switch::Refused(CommandError {
-                        code: types::ErrorCode::Invalid,
-                        field: e.param,
-                        message: e.message,
-                    }),
-                    (_, Some(code)) => Restart(format!("{code}: {}", e.message)),
-                    _ => Restart(e.message),
-                }
-            })?;
+        let reply = client.post_json("/strata/model/load", &body, supervisor::LOAD_TIMEOUT).await.map_err(|e| {
+            match (e.status, e.code.as_deref()) {
+                (Some(404), _) => Restart("this engine cannot switch models in place".to_owned()),
+                // A setting the engine refuses as it would at a restart: said at its field, nothing restarted.
+                (Some(400), _) => Switch::Refused(CommandError {
+                    code: types::ErrorCode::Invalid,
+                    field: e.param,
+                    message: e.message,
+                }),
+                (_, Some(code)) => Restart(format!("{code}: {}", e.message)),
+                _ => Restart(e.message),
+            }
+        })?;
         tracing::info!(
             "switched the engine to {model} in place in {:.0} ms ({} conversation(s) parked)",
             t0.elapsed().as_secs_f64() * 1e3,

@@ -118,6 +118,19 @@ impl Server {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Whether the server's log says `text` within 10 s (its log lines come on their own thread, and a
+    /// request's stats line may be written after its answer was sent).
+    pub fn logs(&self, text: &str) -> bool {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if self.stderr().contains(text) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }

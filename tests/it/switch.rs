@@ -82,7 +82,7 @@ fn a_running_server_switches_models_and_back_and_the_old_conversation_restores()
     let (reply_again, cached) = chat(&s, &conversation(12));
     assert!(cached > 20, "the parked conversation was not restored: {cached} cached tokens");
     assert_eq!(reply_again, reply_a, "the restored conversation answered differently");
-    assert!(s.stderr().contains("model switch: 1 live conversation(s) parked"), "{}", s.stderr());
+    assert!(s.logs("model switch: 1 live conversation(s) parked"), "{}", s.stderr());
     let events = s.get("/strata/telemetry").json();
     let loaded = events["events"].as_array().unwrap().iter().filter(|e| e["event"] == "model_loaded").count();
     assert_eq!(loaded, 3, "a model_loaded marker per model: {events}");
