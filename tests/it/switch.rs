@@ -192,16 +192,54 @@ fn a_model_that_does_not_fit_beside_the_served_one_is_refused_and_the_served_one
     // A 200 MiB simulated GPU holds the 94 MiB q4_1 model, or the 136 MiB q8_0 one, not both.
     let s = Server::start(&["--devices", "sim:200", "-c", "256", "--models-dir", dir.path().to_str().unwrap()]);
     let id = s.get("/strata/model").json()["id"].clone();
-    let free_before = s.get("/strata/devices").json();
+    let free_before = sim_device(&s);
     let e = load(&s, &q8, |_| {}).expect_error(409);
     assert_eq!(e["code"], "model_does_not_fit", "{e}");
     let msg = e["message"].as_str().unwrap();
     assert!(msg.contains("does not fit beside the model served now") && msg.contains("strata serve -m"), "{e}");
     // Nothing was loaded: the device holds what it held, and the served model answers.
     assert_eq!(s.get("/strata/model").json()["id"], id);
-    let free_after = s.get("/strata/devices").json();
-    assert_eq!(free_before["devices"][0]["free_bytes"], free_after["devices"][0]["free_bytes"], "{free_after}");
+    let free_after = sim_device(&s);
+    assert!(free_before["free_bytes"].as_u64().is_some(), "{free_before}");
+    assert_eq!(free_before["free_bytes"], free_after["free_bytes"], "{free_after}");
     let (reply, _) = chat(&s, &conversation(4));
     assert!(!reply.is_empty());
+    assert!(!s.stderr().contains("panicked"), "{}", s.stderr());
+}
+
+/// The simulated GPU's entry of `/strata/devices`.
+fn sim_device(s: &Server) -> Value {
+    let d = s.get("/strata/devices").json();
+    d["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["kind"] == "sim")
+        .cloned()
+        .unwrap_or_else(|| panic!("no sim device: {d}"))
+}
+
+#[test]
+fn after_a_switch_the_device_holds_the_new_model_only() {
+    let _g = common::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let q8 = second_model(dir.path());
+    let weights = |s: &Server| u(&sim_device(s)["by_purpose_bytes"]["weights"]);
+    // What the q8_0 model holds on the device when a server starts with it.
+    let fresh = Server::start(&["--devices", "sim:400", "-c", "256", "-m", q8.to_str().unwrap()]);
+    let q8_weights = weights(&fresh);
+    drop(fresh);
+    // A server that started with the q4_1 model and switched to the q8_0 one holds the same: the old
+    // model's weights left the device.
+    let s = Server::start(&["--devices", "sim:400", "-c", "256", "--models-dir", dir.path().to_str().unwrap()]);
+    let q4_weights = weights(&s);
+    assert!(q4_weights > 0 && q4_weights < q8_weights, "{q4_weights} {q8_weights}");
+    let r = load(&s, &q8, |_| {});
+    assert_eq!(r.status, 200, "{}", r.text());
+    let t0 = std::time::Instant::now();
+    while weights(&s) != q8_weights && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(weights(&s), q8_weights, "the device still holds the old model's weights");
     assert!(!s.stderr().contains("panicked"), "{}", s.stderr());
 }
