@@ -270,6 +270,9 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
                 }
             }
         };
+        // What /health and /strata/cache show is the new session's before anyone hears it is ready.
+        publish_cache(&session, &shared);
+        shared.publish_slots(session.parallel(), []);
         if let Some(ready) = ready.take() {
             let _ = ready.send(Ok(()));
         }
@@ -284,8 +287,6 @@ fn run(parts: EngineParts, shared: Arc<Shared>, jobs: Receiver<Job>, ready: Sync
             let done = Switched { parked, cached: session.cache.len(), ms: t0.elapsed().as_secs_f64() * 1e3 };
             let _ = reply.send(Ok(done));
         }
-        publish_cache(&session, &shared);
-        shared.publish_slots(session.parallel(), []);
         let next = if session.drafter().is_some() {
             run_serial(&mut session, &parts.tokenizer, &shared, &mut queue)
         } else {
