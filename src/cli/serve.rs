@@ -193,7 +193,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<u8> {
         loaded.model.cfg.pooling = p;
     }
     let max_context = a.engine.context(&loaded.model);
-    let id = model_id(&loaded.path);
+    let id = strata::server::switch::model_id(&loaded.path);
     let info = model_info(&loaded, &id, &a, max_context)?;
     let sampling = SamplingDefaults::of(&loaded.model.file);
     tracing::info!("sampling for fields a request does not send: {}", sampling.describe());
@@ -320,11 +320,6 @@ fn cors_origins(origins: &[String]) -> anyhow::Result<Vec<HeaderValue>> {
     Ok(cors)
 }
 
-/// The id the model is served under: its file name without `.gguf`.
-fn model_id(path: &Path) -> String {
-    path.file_name().map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_owned()).unwrap_or_else(|| "model".into())
-}
-
 /// Logs where the web UI at / comes from: --ui-dir, the binary, or nowhere.
 fn log_ui(ui_dir: Option<&Path>) {
     match ui_dir {
@@ -398,21 +393,7 @@ fn model_info(
 ) -> anyhow::Result<serde_json::Value> {
     let m = &loaded.model;
     let facts = ModelFacts::of(&m.file, &loaded.path)?;
-    let stages: Vec<serde_json::Value> = m
-        .placement
-        .stages
-        .iter()
-        .map(|s| {
-            serde_json::json!({
-                "device": s.device.name(),
-                "index": s.device.index,
-                "layers": [s.layers.start, s.layers.end],
-                "weights_bytes": s.weights_bytes,
-                "scratch_bytes": s.scratch_bytes,
-                "kv_bytes_per_token": s.kv_bytes_per_token,
-            })
-        })
-        .collect();
+    let stages = strata::server::switch::split_json(m);
     let mut info = serde_json::to_value(&facts)?;
     let more = serde_json::json!({
         "id": id,

@@ -233,17 +233,9 @@ pub fn model_id(path: &Path) -> String {
     path.file_name().map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_owned()).unwrap_or_else(|| "model".into())
 }
 
-/// What `/strata/model` shows of a model a switch loaded (the keys of the one the server started with).
-fn info_of(
-    facts: &ModelFacts,
-    m: &Model,
-    id: &str,
-    settings: &EngineSettings,
-    max_context: usize,
-    aliases: &[String],
-) -> Value {
-    let stages: Vec<Value> = m
-        .placement
+/// The split as `/strata/model` shows it: each stage's device, layers and bytes.
+pub fn split_json(m: &Model) -> Vec<Value> {
+    m.placement
         .stages
         .iter()
         .map(|s| {
@@ -256,7 +248,19 @@ fn info_of(
                 "kv_bytes_per_token": s.kv_bytes_per_token,
             })
         })
-        .collect();
+        .collect()
+}
+
+/// What `/strata/model` shows of a model a switch loaded (the keys of the one the server started with).
+fn info_of(
+    facts: &ModelFacts,
+    m: &Model,
+    id: &str,
+    settings: &EngineSettings,
+    max_context: usize,
+    aliases: &[String],
+) -> Value {
+    let stages = split_json(m);
     let summary: Vec<String> =
         m.placement.stages.iter().map(|s| format!("{}[{}..{}]", s.device.kind, s.layers.start, s.layers.end)).collect();
     let mut flags = vec!["-m".to_owned(), settings.model_path.clone().unwrap_or_default()];
