@@ -417,8 +417,8 @@ impl PackedMatrix {
         {
             let (from, to) = (g0 * self.group_bytes, (g1.min(self.groups()) * self.group_bytes));
             let ahead = match self.format.kind {
-                // Called for the decoding passes (a few tokens streaming the weights): their distance.
-                Kind::Legacy => x86::legacy_decode_prefetch_bytes().0,
+                // Called for the passes of a few tokens, which stream the weights: a decoding pass's distance.
+                Kind::Legacy => x86::legacy_distances(super::simd_level(), self.format, 1).0,
                 Kind::Q2K | Kind::Q3K | Kind::Q4K | Kind::Q5K | Kind::Q6K | Kind::IQ4XS => x86::PREFETCH_BYTES,
             };
             let to = to.min(from + ahead);

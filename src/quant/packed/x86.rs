@@ -50,7 +50,10 @@ const LEGACY_PREFETCH_BYTES: usize = 16384;
 /// a plain read loop takes 30. With the lines already in L1 the loads do not wait. The moe preset's q8_0
 /// model (`strata synth --preset moe`, tg128 at 1 thread, AVX-512, 5 rounds alternating, mean tok/s): L2 at
 /// 16 KiB alone 234.5; with L1 at 2 KiB 246.9; L2 at 24 KiB and L1 at 2 KiB 256.2, at 4 KiB 278.5; L2 at
-/// 32 KiB and L1 at 4 KiB 267.5.
+/// 32 KiB and L1 at 4 KiB 267.5. SmolLM2 at 1 thread (5 rounds): q4_0 195.3 -> 211.2, q4_1 181.4 -> 190.9
+/// on AVX-512. The 256-bit kernels of the 4-bit formats do more work per byte (nibbles, two 8-row halves)
+/// and lost to the extra instructions (AVX2, q4_0 175.4 -> 160.3, q4_1 173.2 -> 166.3): there only q8_0 takes
+/// it (its moe model on AVX2 232.0 -> 274.4; SmolLM2 q8_0 about even).
 const LEGACY_NEAR_BYTES: usize = 4096;
 
 /// `LEGACY_PREFETCH_BYTES` with L1 prefetching beside it (`LEGACY_NEAR_BYTES`), for the decoding passes.
@@ -94,6 +97,17 @@ const MXFP4_OFFSET: i32 = 12;
 /// Columns one pass takes: their accumulators stay in registers beside the block's weights.
 const PASS_COLS: usize = 4;
 
+/// The prefetch distances `(L2, L1)` of a legacy kernel on `level` for `f` over `cols` columns: L1
+/// prefetching where it pays (see `LEGACY_NEAR_BYTES`), in decoding passes (one or two columns) of the
+/// 512-bit kernels and of q8_0 on 256 bits; else L2 alone at `legacy_prefetch_bytes`.
+pub(super) fn legacy_distances(level: SimdLevel, f: Format, cols: usize) -> (usize, usize) {
+    if cols <= 2 && (level == SimdLevel::Avx512 || f.vectors == 8) {
+        legacy_decode_prefetch_bytes()
+    } else {
+        (legacy_prefetch_bytes(), 0)
+    }
+}
+
 /// Dispatches `xs` in passes of up to `PASS_COLS` columns to the level's kernel.
 ///
 /// # Safety
@@ -107,7 +121,7 @@ pub(super) unsafe fn tile(
     xs: &[ActRow],
     out: &mut [f32],
 ) {
-    let (distance, near) = if xs.len() <= 2 { legacy_decode_prefetch_bytes() } else { (legacy_prefetch_bytes(), 0) };
+    let (distance, near) = legacy_distances(level, f, xs.len());
     let lim = Lim { offset: f.offset, ahead, distance, near, table: f.table };
     let vnni = matches!(level, SimdLevel::Avx512 | SimdLevel::Avx2Vnni);
     let narrow_table = f.table.is_some_and(|t| *t == KVALUES_MXFP4);
