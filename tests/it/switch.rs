@@ -152,6 +152,54 @@ fn requests_sent_during_a_switch_are_answered_by_the_model_they_were_made_for() 
 }
 
 #[test]
+fn a_second_switch_asked_for_while_one_is_under_way_is_refused_busy_and_the_first_completes() {
+    let _g = common::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let q8 = second_model(dir.path());
+    let s = Server::start(&["-c", "512", "--models-dir", dir.path().to_str().unwrap()]);
+    let first_id = s.get("/strata/model").json()["id"].clone();
+    let long = json!({"messages": [{"role": "user", "content": "Count from one to sixty in words, one per line."}],
+        "temperature": 0, "max_tokens": 96});
+    // A request generating holds the first switch (it waits for that request to end), so the second switch
+    // is asked for while the first is surely under way: exactly one of the two goes through.
+    let (generating, loads, still_busy) = std::thread::scope(|sc| {
+        let generating = sc.spawn(|| s.post("/v1/chat/completions", &long));
+        let t0 = std::time::Instant::now();
+        while s.get("/health").json()["busy"] != json!(true) && t0.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let a = sc.spawn(|| load(&s, &q8, |_| {}));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let b = sc.spawn(|| load(&s, &q8, |_| {}));
+        let b = b.join().unwrap();
+        // The request was still generating when the second answer came: the first switch could not have ended.
+        let still_busy = !generating.is_finished();
+        (generating.join().unwrap(), [a.join().unwrap(), b], still_busy)
+    });
+    assert!(still_busy, "the generating request ended before the second switch was refused: no overlap was tested");
+    let statuses: Vec<u16> = loads.iter().map(|r| r.status).collect();
+    assert!(
+        statuses.contains(&200) && statuses.contains(&409),
+        "one switch goes through, one is refused: {statuses:?}"
+    );
+    let refused = loads.iter().find(|r| r.status == 409).unwrap();
+    let e = refused.json();
+    assert_eq!(e["error"]["code"], "switch_busy", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("under way"), "{e}");
+    // The request made before the switch was answered whole by the first model; the switch then went through.
+    let (model, _) = answer(&generating);
+    assert_eq!(json!(model), first_id);
+    assert_eq!(s.get("/strata/model").json()["id"], "SmolLM2-135M-Instruct.Q8_0");
+    let (reply, _) = chat(&s, &conversation(4));
+    assert!(!reply.is_empty());
+    // Once the first switch has ended, another may start.
+    let r = load(&s, &common::model_path(), |_| {});
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(s.get("/strata/model").json()["id"], first_id);
+    assert!(!s.stderr().contains("panicked"), "{}", s.stderr());
+}
+
+#[test]
 fn a_switch_that_needs_a_restart_or_names_a_file_not_listed_is_refused_and_the_model_goes_on() {
     let _g = common::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
