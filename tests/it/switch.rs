@@ -96,23 +96,33 @@ fn answer(r: &common::server::Resp) -> (String, String) {
     (v["model"].as_str().unwrap().to_owned(), v["choices"][0]["message"]["content"].as_str().unwrap().to_owned())
 }
 
+/// A greedy request that generates for a while (96 tokens): it keeps the engine busy while a switch is asked for.
+fn long_request() -> Value {
+    json!({"messages": [{"role": "user", "content": "Count from one to sixty in words, one per line."}],
+        "temperature": 0, "max_tokens": 96})
+}
+
+/// Waits (up to 10 s) until `/health` says a request is generating.
+fn wait_busy(s: &Server) {
+    let t0 = std::time::Instant::now();
+    while s.get("/health").json()["busy"] != json!(true) && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 #[test]
 fn requests_sent_during_a_switch_are_answered_by_the_model_they_were_made_for() {
     let _g = common::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let q8 = second_model(dir.path());
     let s = Server::start(&["-c", "512", "--models-dir", dir.path().to_str().unwrap()]);
-    let long = json!({"messages": [{"role": "user", "content": "Count from one to sixty in words, one per line."}],
-        "temperature": 0, "max_tokens": 96});
+    let long = long_request();
     let (a_id, reply_a) = answer(&s.post("/v1/chat/completions", &long));
     // One request generating when the switch is asked for, two more sent while it goes on: each answer names
     // the model it was tokenized for, and is that model's own answer (greedy: the same every time).
     let (first, later, loaded) = std::thread::scope(|sc| {
         let first = sc.spawn(|| s.post("/v1/chat/completions", &long));
-        let t0 = std::time::Instant::now();
-        while s.get("/health").json()["busy"] != json!(true) && t0.elapsed() < std::time::Duration::from_secs(10) {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
+        wait_busy(&s);
         let loader = sc.spawn(|| {
             load(&s, &q8, |v| {
                 v["max_context"] = json!(384);
@@ -158,16 +168,12 @@ fn a_second_switch_asked_for_while_one_is_under_way_is_refused_busy_and_the_firs
     let q8 = second_model(dir.path());
     let s = Server::start(&["-c", "512", "--models-dir", dir.path().to_str().unwrap()]);
     let first_id = s.get("/strata/model").json()["id"].clone();
-    let long = json!({"messages": [{"role": "user", "content": "Count from one to sixty in words, one per line."}],
-        "temperature": 0, "max_tokens": 96});
+    let long = long_request();
     // A request generating holds the first switch (it waits for that request to end), so the second switch
     // is asked for while the first is surely under way: exactly one of the two goes through.
     let (generating, loads, still_busy) = std::thread::scope(|sc| {
         let generating = sc.spawn(|| s.post("/v1/chat/completions", &long));
-        let t0 = std::time::Instant::now();
-        while s.get("/health").json()["busy"] != json!(true) && t0.elapsed() < std::time::Duration::from_secs(10) {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
+        wait_busy(&s);
         let a = sc.spawn(|| load(&s, &q8, |_| {}));
         std::thread::sleep(std::time::Duration::from_millis(50));
         let b = sc.spawn(|| load(&s, &q8, |_| {}));

@@ -44,7 +44,7 @@ pub(super) const PREFETCH_BYTES: usize = 8192;
 const LEGACY_PREFETCH_BYTES: usize = 16384;
 
 /// How far ahead the legacy kernels also prefetch into L1 (`_MM_HINT_T0`) when they decode (one or two
-/// columns), beside the L2 prefetch `LEGACY_PREFETCH_BYTES` ahead. With one column a block's products are
+/// columns), beside the L2 prefetch `LEGACY_FAR_BYTES_DECODE` ahead. With one column a block's products are
 /// few, and each waits in the scheduler for its line: while a line comes from L2 the scheduler fills with
 /// such waiters and stops taking the loads behind them, so one thread streamed q8_0 at about 17 GB/s where
 /// a plain read loop takes 30. With the lines already in L1 the loads do not wait. The moe preset's q8_0
@@ -301,16 +301,18 @@ unsafe fn prefetch_block<const V: usize, const MIN: bool>(group: *const u8, b: u
     if pf == 0 {
         return;
     }
-    let (from, to) = (pf + b * step, (pf + (b + 1) * step).min(lim.ahead));
-    for at in (from.next_multiple_of(64)..to).step_by(64) {
-        // Wrapping: with no bound (`tile_on`) the address may lie past the matrix; a prefetch cannot fault.
-        _mm_prefetch::<_MM_HINT_T1>(group.wrapping_add(at) as *const i8);
-    }
+    prefetch_span::<_MM_HINT_T1>(group, pf + b * step, step, lim.ahead);
     if lim.near > 0 {
-        let (from, to) = (lim.near + b * step, (lim.near + (b + 1) * step).min(lim.ahead));
-        for at in (from.next_multiple_of(64)..to).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(at) as *const i8);
-        }
+        prefetch_span::<_MM_HINT_T0>(group, lim.near + b * step, step, lim.ahead);
+    }
+}
+
+/// Prefetches (with `HINT`) the lines of `group`'s bytes `from..from + len`, not reaching `ahead`.
+#[inline(always)]
+unsafe fn prefetch_span<const HINT: i32>(group: *const u8, from: usize, len: usize, ahead: usize) {
+    for at in (from.next_multiple_of(64)..(from + len).min(ahead)).step_by(64) {
+        // Wrapping: with no bound (`tile_on`) the address may lie past the matrix; a prefetch cannot fault.
+        _mm_prefetch::<HINT>(group.wrapping_add(at) as *const i8);
     }
 }
 
