@@ -2,7 +2,7 @@
 // activations: `matvec_T` for one token (decode), `gemm_T` for a batch (prompts), `rows_T` to dequantize
 // chosen rows (the embedding lookup). With `accumulate`, the products add to y (y += W x: the residual
 // stream takes a projection without a separate add). T is one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K,
-// q6_K: every weight type the CPU reads.
+// q6_K, iq4_nl, mxfp4 (gpt-oss's experts): every weight type the CPU reads but q2_K, q3_K and iq4_xs.
 // Shapes: W (rows, cols) stored as `row_bytes` bytes per row, cols a multiple of 32 (of 256 for K-quants);
 // x (tokens, cols); y (tokens, rows).
 #include "common.cuh"
@@ -18,7 +18,9 @@
 #define T_Q4_K 12
 #define T_Q5_K 13
 #define T_Q6_K 14
+#define T_IQ4_NL 20
 #define T_BF16 30
+#define T_MXFP4 39
 
 // The scale and minimum of sub-block j of a q4_K / q5_K block's 12 packed scale bytes.
 __device__ __forceinline__ void scale_min_k4(int j, const u8 *q, int *sc, int *m) {
@@ -29,6 +31,26 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8 *q, int *sc, int *m
         *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
+}
+
+// Entry i (0..16) of iq4_nl's levels (ggml's kvalues_iq4nl: -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69
+// 89 113), packed a byte each into two 64-bit words.
+__device__ __forceinline__ int iq4nl_level(int i) {
+    unsigned long long w = i < 8 ? 0xf6eaddcfbfad9881ull : 0x7159453526190d01ull;
+    return (int)(signed char)((w >> (8 * (i & 7))) & 0xFF);
+}
+
+// Entry i (0..16) of mxfp4's levels (ggml's kvalues_mxfp4, the e2m1 values doubled: 0 1 2 3 4 6 8 12, then the
+// same negated), the magnitudes packed a nibble each.
+__device__ __forceinline__ int mxfp4_level(int i) {
+    int v = (int)((0xC8643210u >> (4 * (i & 7))) & 0xF);
+    return i & 8 ? -v : v;
+}
+
+// Half the e8m0 scale, 2^(e - 128), from its bits as ggml's ggml_e8m0_to_fp32_half (e = 0 and 1 subnormal).
+__device__ __forceinline__ float e8m0_half(u8 e) {
+    u32 bits = e < 2 ? (0x00200000u << e) : ((u32)(e - 1) << 23);
+    return bits_to_f32(bits);
 }
 
 // Values 32c .. 32c + 31 of a row (its chunk c) into out[0..32), with ggml's float operations.
@@ -73,6 +95,20 @@ template <int T> __device__ __forceinline__ void dequant32(const u8 *row, int c,
             u32 q = b[8 + j], h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
             out[j] = (float)((q & 0xF) | h0) * d + m;
             out[j + 16] = (float)((q >> 4) | h1) * d + m;
+        }
+    } else if constexpr (T == T_IQ4_NL) {
+        const u8 *b = row + (long long)c * 18;
+        float d = load_f16(b);
+        for (int j = 0; j < 16; j++) {
+            out[j] = d * (float)iq4nl_level(b[2 + j] & 0xF);
+            out[j + 16] = d * (float)iq4nl_level(b[2 + j] >> 4);
+        }
+    } else if constexpr (T == T_MXFP4) {
+        const u8 *b = row + (long long)c * 17;
+        float d = e8m0_half(b[0]);
+        for (int j = 0; j < 16; j++) {
+            out[j] = (float)mxfp4_level(b[1 + j] & 0xF) * d;
+            out[j + 16] = (float)mxfp4_level(b[1 + j] >> 4) * d;
         }
     } else if constexpr (T == T_Q8_0) {
         const u8 *b = row + (long long)c * 34;
@@ -252,3 +288,5 @@ QUANT_KERNELS(q5_1, T_Q5_1)
 QUANT_KERNELS(q4_K, T_Q4_K)
 QUANT_KERNELS(q5_K, T_Q5_K)
 QUANT_KERNELS(q6_K, T_Q6_K)
+QUANT_KERNELS(iq4_nl, T_IQ4_NL)
+QUANT_KERNELS(mxfp4, T_MXFP4)

@@ -18,7 +18,7 @@ use strata::engine::{generate, prefill, GenerateParams, Quiet, Request, Sequence
 use strata::gguf::GgufFile;
 use strata::model::kv::KV_PAGE_TOKENS;
 use strata::model::synthetic::SyntheticSpec;
-use strata::model::{KvType, LoadOptions, Model};
+use strata::model::{ExpertsPlacement, KvType, LoadOptions, Model};
 use strata::quant::GgmlType;
 use strata::sample::SamplerConfig;
 use strata::threadpool::ThreadPool;
@@ -160,9 +160,18 @@ fn every_weight_type_on_the_gpu_agrees_with_float64() {
             ..Default::default()
         },
     ));
+    // Mixtures of experts (Mixtral's layout) with their experts on the GPU, in the types users' MoE files
+    // carry them (gpt-oss: MXFP4).
+    for ty in [GgmlType::MXFP4, GgmlType::Q4K, GgmlType::Q8_0, GgmlType::IQ4NL] {
+        let spec = SyntheticSpec { experts: Some((4, 2)), expert_type: Some(ty), ..Default::default() };
+        specs.push((format!("mixture of experts, {} experts", ty.name()), spec));
+    }
     for (name, spec) in specs {
         let file = synthetic(spec);
         let gpu = load(&file, devices(&[emu(256)], 0), None, None);
+        if gpu.cfg.moe.is_some() {
+            assert!(gpu.placement.stages[0].experts_bytes > 0, "{name}: the experts are on the GPU");
+        }
         let toks = common::tokens(40, gpu.cfg.n_vocab, 3);
         let exact = common::reference_logits(&gpu, &toks);
         // A prompt batch, then single tokens: both product kernels (gemm and matvec).
@@ -486,7 +495,8 @@ fn max_row_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 /// tokens. (gemma2 with int8 KV parts from llama.cpp's tokens on the CPU too; its q8_0 window and
 /// soft-cap are checked kernel by kernel in tests/gpu_kernels.rs.) The mixtures of experts (qwen3moe,
 /// mixtral, gpt-oss) run attention on the GPU (gpt-oss's sinks, YaRN and output bias too) and their experts
-/// from host memory (`--experts auto`).
+/// there (`--experts auto`: the router's scores come down, the picks go up), and once more with their
+/// experts from host memory (`--experts cpu`).
 #[test]
 fn every_family_on_gpu_stages_follows_the_cpu_and_llama_cpp() {
     let (mut report, mut failures) = (Vec::new(), Vec::new());
@@ -501,14 +511,26 @@ fn every_family_on_gpu_stages_follows_the_cpu_and_llama_cpp() {
         assert_eq!(cpu_tokens, want, "{ref_stem}: the cpu's greedy tokens (f16 KV)");
         let cpu_f64 = max_diff64(&common::families::log_softmax(&cpu_rows[prompt.len() - 1]), &exact);
         let half = vec![cpu.cfg.n_layer / 2];
-        let placements = [
-            ("gpu", vec![emu(64)], None),
-            ("gpu|gpu", vec![emu(64), emu(64)], Some(half.clone())),
-            ("cpu|gpu", vec![DeviceKind::Cpu, emu(64)], Some(half.clone())),
-            ("gpu|cpu", vec![emu(64), DeviceKind::Cpu], Some(half)),
+        let mut placements = vec![
+            ("gpu", vec![emu(64)], None, ExpertsPlacement::Auto),
+            ("gpu|gpu", vec![emu(64), emu(64)], Some(half.clone()), ExpertsPlacement::Auto),
+            ("cpu|gpu", vec![DeviceKind::Cpu, emu(64)], Some(half.clone()), ExpertsPlacement::Auto),
+            ("gpu|cpu", vec![emu(64), DeviceKind::Cpu], Some(half), ExpertsPlacement::Auto),
         ];
-        for (name, kinds, split) in placements {
-            let gpu = load(&file, devices(&kinds, 0), split, None);
+        if cpu.cfg.moe.is_some() {
+            placements.push(("gpu, experts on the host", vec![emu(64)], None, ExpertsPlacement::Cpu));
+        }
+        for (name, kinds, split, experts) in placements {
+            // The qwen3moe fixture's experts (48 rows) are not whole 32-value chunks: auto keeps them on
+            // the host.
+            let on_gpu = experts == ExpertsPlacement::Auto && cpu.cfg.moe.is_some_and(|m| m.n_ff_exp % 32 == 0);
+            let opts = LoadOptions { devices: devices(&kinds, 0), split, experts, ..Default::default() };
+            let gpu = Model::from_file_with(file.clone(), &opts).expect("model loads");
+            for s in gpu.placement.stages.iter().filter(|s| s.device.kind.is_gpu() && cpu.cfg.moe.is_some()) {
+                if (s.experts_bytes > 0) != on_gpu || (s.host_experts_bytes > 0) == on_gpu {
+                    failures.push(format!("{ref_stem} on {name}: {}'s experts are not where asked", s.device.name()));
+                }
+            }
             let (rows, tokens) = family_run(&gpu, KvType::F16, &prompt, want.len(), ctx);
             let vs_cpu = max_row_diff(&rows, &cpu_rows) / max_abs(&cpu_rows);
             let last = common::families::log_softmax(&rows[prompt.len() - 1]);
@@ -570,18 +592,20 @@ fn max_diff64(a: &[f64], b: &[f64]) -> f64 {
 
 /// Sequences decoded together on GPU stages (`Model::forward_many`: one pass, the products over every row,
 /// the decoded tokens in one `matvec_many` launch) give each sequence the logits it has alone, read in the
-/// same chunks: on one GPU, over two, and with pages on the host.
+/// same chunks: on one GPU, over two, with pages on the host, and a mixture of experts on the GPU.
 #[test]
 fn sequences_read_together_on_the_gpu_give_each_the_bits_it_has_alone() {
     use strata::model::SeqInput;
-    let file = four_layers();
+    let (dense, moe) = (four_layers(), synthetic(SyntheticSpec { experts: Some((4, 2)), ..Default::default() }));
     let pool = ThreadPool::new(2);
-    for (kinds, split, resident) in [
-        (vec![emu(256)], None, None),
-        (vec![emu(128), emu(128)], Some(vec![2]), None),
-        (vec![emu(256)], None, Some(64)),
+    for (file, kinds, split, resident) in [
+        (&dense, vec![emu(256)], None, None),
+        (&dense, vec![emu(128), emu(128)], Some(vec![2]), None),
+        (&dense, vec![emu(256)], None, Some(64)),
+        // Experts on the GPU: an expert's rows of each sequence as that sequence alone gives them.
+        (&moe, vec![emu(256)], None, None),
     ] {
-        let model = load(&file, devices(&kinds, 0), split, resident);
+        let model = load(file, devices(&kinds, 0), split, resident);
         let v = model.cfg.n_vocab as u32;
         let seqs: Vec<Vec<u32>> = (0..4u32)
             .map(|i| common::tokens(90 + 20 * i as usize, 90, 3 + i).iter().map(|&t| t % v).collect())

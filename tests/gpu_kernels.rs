@@ -239,6 +239,15 @@ fn norms_rope_glus_caps_and_adds_match_the_cpu() {
     ops::glu(&mut want, &u2, strata::model::FfnAct::GeluTanh);
     assert_close("geglu", &g2b.read_f32(1000).unwrap(), &want, 1e-6);
 
+    // gpt-oss's clamped SwiGLU, over ranges past both clamps (g above 7, u outside [-7, 7]).
+    let (g3, u3) = (randn(&mut rng, 1000, 12.0), randn(&mut rng, 1000, 10.0));
+    let (g3b, u3b) = (upload_f32(&gpu, &g3), upload_f32(&gpu, &u3));
+    let args = [Arg::Ptr(g3b.ptr()), Arg::Ptr(u3b.ptr()), Arg::I32(1000)];
+    run(&*gpu, "swiglu_oai_f32", Dims::over(1000, 256), &args).unwrap();
+    let mut want = g3.clone();
+    ops::glu(&mut want, &u3, strata::model::FfnAct::SwigluOai);
+    assert_close("swiglu_oai", &g3b.read_f32(1000).unwrap(), &want, 1e-6);
+
     // Scaling (Gemma's embeddings) is exact; the soft-cap (Gemma 2's logits) within tanh's rounding.
     let sb = upload_f32(&gpu, &g2);
     run(&*gpu, "scale_f32", Dims::over(1000, 256), &[Arg::Ptr(sb.ptr()), Arg::F32(8.0), Arg::I32(1000)]).unwrap();
@@ -274,6 +283,58 @@ fn norms_rope_glus_caps_and_adds_match_the_cpu() {
     .unwrap();
     let want: Vec<f32> = [4, 1].iter().flat_map(|&r| x[r * n..(r + 1) * n].to_vec()).collect();
     assert_eq!(picked.read_f32(2 * n).unwrap(), want, "gather_rows");
+}
+
+/// A mixture's steps between its products: an expert's outputs weighted and put by (token, rank), then each
+/// token's sum over its ranks, best first. Both exact: one multiply per value, then the adds in the CPU's
+/// order (`moe::forward`).
+#[test]
+fn expert_outputs_are_weighted_into_their_slots_and_summed_best_first() {
+    let gpu = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let (tokens, n_used, d) = (3usize, 2usize, 300usize);
+    // Two "experts": the first took slots 5, 0 and 2, the second 1, 3 and 4 (token * n_used + rank).
+    let groups: [&[i32]; 2] = [&[5, 0, 2], &[1, 3, 4]];
+    let weights: Vec<f32> = randn(&mut rng, tokens * n_used, 1.0);
+    let outs = Buffer::device(&gpu, (tokens * n_used * d * 4) as u64).unwrap();
+    let mut want_outs = vec![0f32; tokens * n_used * d];
+    let mut at = 0;
+    for slots in groups {
+        let src = randn(&mut rng, slots.len() * d, 2.0);
+        let w = &weights[at..at + slots.len()];
+        let (sb, slb, wb) = (upload_f32(&gpu, &src), upload(&gpu, bytemuck::cast_slice(slots)), upload_f32(&gpu, w));
+        let args =
+            [Arg::Ptr(sb.ptr()), Arg::Ptr(outs.ptr()), Arg::Ptr(slb.ptr()), Arg::Ptr(wb.ptr()), Arg::I32(d as i32)];
+        run(&*gpu, "moe_scatter_f32", Dims::linear(slots.len() as u32, 128), &args).unwrap();
+        for (i, &slot) in slots.iter().enumerate() {
+            for j in 0..d {
+                want_outs[slot as usize * d + j] = src[i * d + j] * w[i];
+            }
+        }
+        at += slots.len();
+    }
+    assert_eq!(outs.read_f32(tokens * n_used * d).unwrap(), want_outs, "moe_scatter");
+
+    let sum = Buffer::device(&gpu, (tokens * d * 4) as u64).unwrap();
+    let args = [
+        Arg::Ptr(outs.ptr()),
+        Arg::Ptr(sum.ptr()),
+        Arg::I32(n_used as i32),
+        Arg::I32(d as i32),
+        Arg::I32((tokens * d) as i32),
+    ];
+    run(&*gpu, "moe_sum_f32", Dims::over(tokens * d, 256), &args).unwrap();
+    let want: Vec<f32> = (0..tokens * d)
+        .map(|i| {
+            let (t, j) = (i / d, i % d);
+            let mut acc = want_outs[t * n_used * d + j];
+            for r in 1..n_used {
+                acc += want_outs[(t * n_used + r) * d + j];
+            }
+            acc
+        })
+        .collect();
+    assert_eq!(sum.read_f32(tokens * d).unwrap(), want, "moe_sum");
 }
 
 /// Where two stores of rows of `row_bytes` differ: how many bytes, and the first few as (position, byte in

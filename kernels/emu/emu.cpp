@@ -28,6 +28,7 @@
 
 #include "../attn.cu"
 #include "../elementwise.cu"
+#include "../moe.cu"
 #include "../norm.cu"
 #include "../quant.cu"
 
@@ -301,12 +302,13 @@ struct Entry {
 
 static const Entry TABLE[] = {
     ENTRY(rms_norm_f32),    ENTRY(rms_norm_add_f32), ENTRY(add_bias_f32),   ENTRY(swiglu_f32),
-    ENTRY(geglu_f32),       ENTRY(scale_f32),        ENTRY(softcap_f32),
+    ENTRY(swiglu_oai_f32),  ENTRY(geglu_f32),        ENTRY(scale_f32),      ENTRY(softcap_f32),
+    ENTRY(moe_scatter_f32), ENTRY(moe_sum_f32),
     ENTRY(gather_rows_f32), ENTRY(rope_f32),    ENTRY(kv_store_f16),    ENTRY(kv_store_q8_0), ENTRY(kv_gather),
     ENTRY(attention_f16),  ENTRY(attention_q8_0), QUANT_ENTRIES(f32),   QUANT_ENTRIES(f16),
     QUANT_ENTRIES(bf16),   QUANT_ENTRIES(q8_0), QUANT_ENTRIES(q4_0),    QUANT_ENTRIES(q4_1),
     QUANT_ENTRIES(q5_0),   QUANT_ENTRIES(q5_1), QUANT_ENTRIES(q4_K),    QUANT_ENTRIES(q5_K),
-    QUANT_ENTRIES(q6_K),
+    QUANT_ENTRIES(q6_K),   QUANT_ENTRIES(iq4_nl), QUANT_ENTRIES(mxfp4),
 };
 
 static const Entry *find(const char *name) {

@@ -216,9 +216,10 @@ pub struct PlacementArgs {
     /// Positions of KV per layer kept on the device; older pages move to the host [default: all]
     #[arg(long = "kv-resident", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_resident: Option<u32>,
-    /// Where a mixture of experts' experts live: auto (in host memory for a GPU stage; with a sim stage
-    /// while it fits), cpu (host memory, computed by the CPU; attention stays on the device), gpu (with
-    /// their stage), or cpu:A..B (the experts of layers A..B in host memory, the others with their stage)
+    /// Where a mixture of experts' experts live: auto (with their stage while it fits, the first layers'
+    /// in host memory until the rest does), cpu (host memory, computed by the CPU; attention stays on the
+    /// device), gpu (with their stage), or cpu:A..B (the experts of layers A..B in host memory, the others
+    /// with their stage)
     #[arg(long = "experts", value_name = "WHERE", default_value = "auto", value_parser = parse_experts)]
     pub experts: ExpertsPlacement,
     /// A fault for a GPU-like device (sim, emu, cuda), DEVICE:WHAT=N[@tokens=T] with WHAT pressure-mib,

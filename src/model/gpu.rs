@@ -7,10 +7,15 @@
 //! (the projection into scratch, normed and added to the residual stream in one launch), SwiGLU or GeGLU,
 //! each layer's RoPE (base, linear scale, attention factor) with the file's frequency factors for the
 //! sequence's context, sliding windows and score soft-caps in the attention kernels, the embeddings' scale
-//! and the final soft-cap. `supported` names what a stage refuses at load; nothing runs half-supported. A
-//! mixture of experts runs attention here and its experts from host memory on the CPU (`--experts`): the
-//! normed rows of a layer go down, the router and the experts run as on a CPU stage, and the sum comes up
-//! into the residual stream (`GpuFfn::HostExperts`); this backend has no expert kernels yet.
+//! and the final soft-cap. `supported` names what a stage refuses at load; nothing runs half-supported.
+//!
+//! A mixture of experts' block runs where the plan put it (`--experts`). On the device (`GpuFfn::Experts`):
+//! the router's scores come down, the host picks each token's experts with the CPU's `moe::route` (the
+//! same ties), the picks go up, and each expert with tokens runs its gate, up and down products over its
+//! gathered rows with the dense kernels; its outputs are weighted and put by (token, rank), and each
+//! token's sum is taken best expert first, as the CPU adds them. In host memory (`GpuFfn::HostExperts`):
+//! the normed rows go down, the CPU runs the router and the experts as a CPU stage does, and the sum comes
+//! up into the residual stream.
 //!
 //! Activations stay exact f32 (the CPU quantizes them to 8 bits per block, as llama.cpp does), so the GPU is
 //! the more exact of the two: on the default model its logits are within 0.02 of a float64 forward pass,
@@ -37,9 +42,11 @@ use super::weights::{Experts, FactorSet, Ffn, LayerWeights, QTensor, RopeFactors
 use crate::sync::LockUnpoisoned;
 use crate::threadpool::ThreadPool;
 
-/// A weight matrix in GPU memory, in its on-disk format.
+/// A weight matrix in GPU memory, in its on-disk format: `offset` bytes into `mem` (a mixture's experts of
+/// one kind share one allocation).
 struct GpuMatrix {
-    mem: Allocation,
+    mem: Arc<Allocation>,
+    offset: u64,
     rows: usize,
     cols: usize,
     row_bytes: usize,
@@ -70,6 +77,8 @@ struct GpuLayer {
 /// A layer's feed-forward block on a GPU stage.
 enum GpuFfn {
     Dense(Box<GpuDense>),
+    /// A mixture of experts in this device's memory.
+    Experts(Box<GpuExperts>),
     /// A mixture of experts kept in host memory (`--experts`): the normed rows go down, the CPU runs the
     /// router and the experts (`moe::forward`, the CPU backend's own bits), and their sum comes back up.
     HostExperts,
@@ -81,6 +90,18 @@ struct GpuDense {
     down: GpuMatrix, // (n_embd, n_ff)
 }
 
+/// A mixture of experts' block on a GPU stage: the router, and each expert's matrices, the experts of a
+/// kind in one allocation (in expert order, each as stored).
+struct GpuExperts {
+    router: GpuMatrix,               // (n_expert, n_embd)
+    router_bias: Option<Allocation>, // (n_expert)
+    gate: Vec<GpuMatrix>,            // n_expert x (n_ff_exp, n_embd)
+    up: Vec<GpuMatrix>,              // n_expert x (n_ff_exp, n_embd)
+    down: Vec<GpuMatrix>,            // n_expert x (n_embd, n_ff_exp)
+    /// The experts' biases (gpt-oss): gate and up (n_expert, n_ff_exp), down (n_expert, n_embd).
+    biases: Option<[Allocation; 3]>,
+}
+
 /// What a GPU stage's layers need from the host: the pool and the weights its host-side experts run on.
 #[derive(Clone, Copy)]
 pub struct HostSide<'a> {
@@ -88,12 +109,13 @@ pub struct HostSide<'a> {
     pub weights: &'a Weights,
 }
 
-/// The host's buffers for a pass's host-side experts.
+/// The host's buffers for a pass's host-side experts, and for routing the device's.
 #[derive(Default)]
 struct HostScratch {
     act: QuantActs,
     moe: MoeScratch,
-    out: Vec<f32>, // (t, n_embd)
+    out: Vec<f32>,         // (t, n_embd)
+    picks: Vec<moe::Pick>, // (t, n_used)
 }
 
 /// Activations of one layer over a batch of up to `batch` tokens, f32.
@@ -104,10 +126,24 @@ struct Scratch {
     k: Allocation,   // (batch, kv_dim)
     v: Allocation,   // (batch, kv_dim)
     att: Allocation, // (batch, q_dim)
-    /// The dense FFN's; None for a mixture of experts (its experts run on the host with their own buffers).
-    gate: Option<Allocation>, // (batch, n_ff)
-    up: Option<Allocation>, // (batch, n_ff)
+    /// The dense FFN's, or an expert's on this device (n_ff_exp wide); None when every block of the model
+    /// is a mixture kept on the host.
+    gate: Option<Allocation>, // (batch, ff)
+    up: Option<Allocation>, // (batch, ff)
     idx: Allocation, // (batch) i32: rows wanted from the head
+    /// A mixture's buffers when this stage holds experts.
+    moe: Option<MoeBuffers>,
+}
+
+/// What a mixture of experts on the device works in besides `gate` and `up` (`moe.cu`).
+struct MoeBuffers {
+    logits: Allocation, // (batch, n_expert): the router's scores
+    rows: Allocation,   // (batch, n_embd): one expert's tokens, gathered
+    down: Allocation,   // (batch, n_embd): its down product
+    outs: Allocation,   // (batch, n_used, n_embd): every pick's weighted output
+    /// The picks, grouped by expert: the tokens (i32), their slots (i32, token * n_used + rank) and
+    /// weights (f32), batch * n_used of each, in that order.
+    picks: Allocation,
 }
 
 /// The output head of the last stage, with room for one row of logits.
@@ -192,22 +228,42 @@ pub fn expert_bytes(l: &LayerWeights) -> u64 {
     }
 }
 
-/// Scratch bytes of a GPU stage for batches of up to `batch` tokens (one row of logits on the last stage).
-pub fn scratch_bytes(cfg: &ModelConfig, batch: usize, last: bool) -> u64 {
-    let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), dense_ff(cfg));
+/// Why a GPU stage cannot run layer `l`'s mixture of experts (such a block runs from host memory only): a
+/// weight type without kernels, or experts whose rows are not whole 32-value chunks. None for a dense
+/// layer or a mixture the GPU runs.
+pub fn experts_unsupported(cfg: &ModelConfig, l: &LayerWeights) -> Option<String> {
+    let (Ffn::Moe(_), Some(m)) = (&l.ffn, cfg.moe) else { return None };
+    if let Some(ty) = l.ffn.matrices().iter().map(|m| m.ty).find(|&ty| !kernels::has_weight_kernels(ty)) {
+        return Some(format!("it has no kernels for their {} weights", ty.name()));
+    }
+    if !m.n_ff_exp.is_multiple_of(32) {
+        return Some(format!("their rows of {} values are not whole 32-value chunks", m.n_ff_exp));
+    }
+    None
+}
+
+/// Scratch bytes of a GPU stage for batches of up to `batch` tokens (one row of logits on the last stage),
+/// `experts` when it holds a mixture's experts.
+pub fn scratch_bytes(cfg: &ModelConfig, batch: usize, last: bool, experts: bool) -> u64 {
+    let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), ffn_width(cfg, experts));
     let mut f32s = batch * (2 * d + 2 * q + 2 * kv + 2 * ff) + batch; // + idx
+    if let (Some(m), true) = (cfg.moe, experts) {
+        // MoeBuffers.
+        f32s += batch * (m.n_expert + 2 * d + m.n_used * d + 3 * m.n_used);
+    }
     if last {
         f32s += d + cfg.n_vocab;
     }
     f32s as u64 * 4
 }
 
-/// Rows of the dense FFN's gate/up buffers: 0 for a mixture of experts, whose experts run on the host.
-fn dense_ff(cfg: &ModelConfig) -> usize {
-    if cfg.moe.is_some() {
-        0
-    } else {
-        cfg.n_ff
+/// Rows of the gate/up buffers: the dense FFN's, an expert's when the stage holds experts, else 0 (a
+/// mixture whose experts run on the host).
+fn ffn_width(cfg: &ModelConfig, experts: bool) -> usize {
+    match cfg.moe {
+        None => cfg.n_ff,
+        Some(m) if experts => m.n_ff_exp,
+        Some(_) => 0,
     }
 }
 
@@ -243,7 +299,7 @@ pub fn supported(cfg: &ModelConfig) -> Result<(), String> {
         fused_gate_up: _,           // the same
         swa,                        // below
         experts: _,                 // cfg.moe below
-        gating: _,                  // the host's moe::route (experts in host memory)
+        gating: _,                  // the host's moe::route, on the device's scores or the CPU's
         attn_sinks: _,              // the attention kernels' sinks
         ffn_norm: _,                // a tensor name: the loader reads it
         attn_softcap: _,            // the attention kernels' softcap
@@ -253,15 +309,11 @@ pub fn supported(cfg: &ModelConfig) -> Result<(), String> {
         features: _,
     } = cfg.family;
     match ffn_act {
-        FfnAct::Silu | FfnAct::GeluTanh => {}
-        // Only a mixture's experts use it (gpt-oss), and they run on the host.
-        FfnAct::SwigluOai => {}
+        FfnAct::Silu | FfnAct::GeluTanh | FfnAct::SwigluOai => {}
     }
     match swa {
         SwaLayers::None | SwaLayers::Pattern(_) => {}
     }
-    // A mixture of experts runs with its experts in host memory (`GpuFfn::HostExperts`); the plan refuses
-    // `--experts gpu` on a GPU stage.
     if cfg.head_dim > 256 || !cfg.head_dim.is_multiple_of(2) {
         return Err(format!(
             "{name}: the CUDA backend needs heads of at most 256 values (this model's: {})",
@@ -308,9 +360,10 @@ impl GpuStage {
         };
         let vector = |v: &[f32]| upload(Purpose::Weights, bytemuck::cast_slice(v));
         let optional = |v: &Option<Vec<f32>>| v.as_deref().map(vector).transpose();
-        let matrix = |m: &QTensor| -> Result<GpuMatrix, DeviceError> {
+        let view = |mem: &Arc<Allocation>, offset: u64, m: &QTensor| -> Result<GpuMatrix, DeviceError> {
             Ok(GpuMatrix {
-                mem: upload(Purpose::Weights, m.data())?,
+                mem: mem.clone(),
+                offset,
                 rows: m.rows,
                 cols: m.cols,
                 row_bytes: m.row_bytes,
@@ -319,19 +372,40 @@ impl GpuStage {
                 gemm: kernel("gemm", m.ty)?,
             })
         };
+        let matrix = |m: &QTensor| view(&Arc::new(upload(Purpose::Weights, m.data())?), 0, m);
+        // The matrices of one kind of a mixture's experts, one after another in one allocation.
+        let experts = |ms: &[QTensor]| -> Result<Vec<GpuMatrix>, DeviceError> {
+            let total: u64 = ms.iter().map(|m| m.data().len() as u64).sum();
+            let mem = Arc::new(device.alloc(Purpose::Weights, total)?);
+            let gpu_mem = mem.mem().expect("GPU allocations have memory");
+            let mut offset = 0u64;
+            let mut views = Vec::with_capacity(ms.len());
+            for m in ms {
+                views.push(view(&mem, offset, m)?);
+                gpu_mem.write_at(offset, m.data()).map_err(|e| gpu_err(device, e))?;
+                device.count_copy_in(m.data().len() as u64);
+                offset += m.data().len() as u64;
+            }
+            Ok(views)
+        };
         let mut gpu_layers = Vec::with_capacity(layers.len());
         for (i, l) in weights.layers[layers.clone()].iter().enumerate() {
-            let ffn = match l.ffn.dense() {
-                Some((gate, up, down)) => {
+            let ffn = match (&l.ffn, experts_on_host.get(i).copied().unwrap_or(false)) {
+                (Ffn::Dense { gate, up, down }, _) => {
                     GpuFfn::Dense(Box::new(GpuDense { gate: matrix(gate)?, up: matrix(up)?, down: matrix(down)? }))
                 }
-                // The plan put every expert block of a GPU stage on the host, or refused.
-                None if experts_on_host.get(i).copied().unwrap_or(false) => GpuFfn::HostExperts,
-                None => {
-                    let why =
-                        format!("layer {}: a mixture of experts runs here only from host memory", layers.start + i);
-                    return Err(DeviceError::Unavailable { device: device.name(), why });
-                }
+                (Ffn::Moe(_), true) => GpuFfn::HostExperts,
+                (Ffn::Moe(e), false) => GpuFfn::Experts(Box::new(GpuExperts {
+                    router: matrix(&e.router)?,
+                    router_bias: e.biases.as_ref().map(|b| vector(&b.router)).transpose()?,
+                    gate: experts(&e.gate)?,
+                    up: experts(&e.up)?,
+                    down: experts(&e.down)?,
+                    biases: match &e.biases {
+                        Some(b) => Some([vector(&b.gate)?, vector(&b.up)?, vector(&b.down)?]),
+                        None => None,
+                    },
+                })),
             };
             gpu_layers.push(GpuLayer {
                 attn_norm: vector(&l.attn_norm)?,
@@ -361,8 +435,19 @@ impl GpuStage {
             short: if has_layers { optional(&f.short)? } else { None },
         };
         let f32s = |n: usize| device.alloc(Purpose::Scratch, (n * 4) as u64);
-        let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), dense_ff(cfg));
+        let holds_experts = gpu_layers.iter().any(|l| matches!(l.ffn, GpuFfn::Experts(_)));
+        let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), ffn_width(cfg, holds_experts));
         let dense = |n: usize| if ff > 0 { f32s(n).map(Some) } else { Ok(None) };
+        let moe = match (cfg.moe, holds_experts) {
+            (Some(m), true) => Some(MoeBuffers {
+                logits: f32s(batch * m.n_expert)?,
+                rows: f32s(batch * d)?,
+                down: f32s(batch * d)?,
+                outs: f32s(batch * m.n_used * d)?,
+                picks: f32s(3 * batch * m.n_used)?,
+            }),
+            _ => None,
+        };
         let scratch = Scratch {
             x: f32s(batch * d)?,
             xn: f32s(batch * d)?,
@@ -373,6 +458,7 @@ impl GpuStage {
             gate: dense(batch * ff)?,
             up: dense(batch * ff)?,
             idx: f32s(batch)?,
+            moe,
         };
         let head = if last {
             Some(Head {
@@ -498,14 +584,16 @@ impl GpuStage {
     }
 
     fn add_bias(&self, x: u64, b: &Option<Allocation>, n: usize, rows: usize) -> Result<(), DeviceError> {
-        match b {
-            Some(b) => self.run(
-                "add_bias_f32",
-                Dims::over(n * rows, 256),
-                &[Arg::Ptr(x), Arg::Ptr(ptr(b)), Arg::I32(n as i32), Arg::I32((n * rows) as i32)],
-            ),
-            None => Ok(()),
+        self.add_bias_at(x, opt_ptr(b), n, rows)
+    }
+
+    /// [`GpuStage::add_bias`] with the bias at a device address (0: none).
+    fn add_bias_at(&self, x: u64, b: u64, n: usize, rows: usize) -> Result<(), DeviceError> {
+        if b == 0 || rows == 0 {
+            return Ok(());
         }
+        let args = [Arg::Ptr(x), Arg::Ptr(b), Arg::I32(n as i32), Arg::I32((n * rows) as i32)];
+        self.run("add_bias_f32", Dims::over(n * rows, 256), &args)
     }
 
     /// RoPE of layer `l` on the queries `q` and keys `k` of `t` tokens, in one launch; `factors` the device
@@ -644,12 +732,7 @@ impl GpuStage {
         }
         let factors: Vec<u64> =
             segs.iter().map(|s| self.rope_factors.for_context(s.kv.max_tokens, cfg.rope_orig_ctx)).collect();
-        // gpt-oss's clamped SwiGLU has no kernel: only its experts use it, and they run on the host.
-        let glu = match cfg.family.ffn_act {
-            FfnAct::Silu => Some("swiglu_f32"),
-            FfnAct::GeluTanh => Some("geglu_f32"),
-            FfnAct::SwigluOai => None,
-        };
+        let glu = glu_kernel(cfg.family.ffn_act);
         let hd = cfg.head_dim;
         let (store, attend) =
             if int8 { ("kv_store_q8_0", "attention_q8_0") } else { ("kv_store_f16", "attention_f16") };
@@ -710,10 +793,6 @@ impl GpuStage {
             self.rms_norm(x, &w.ffn_norm, xn, t, d, cfg.rms_eps)?;
             match &w.ffn {
                 GpuFfn::Dense(m) => {
-                    let glu = glu.ok_or_else(|| DeviceError::Unavailable {
-                        device: self.device.name(),
-                        why: "the clamped SwiGLU of gpt-oss runs only on the host".to_owned(),
-                    })?;
                     self.products(&m.gate, xn, gate, &parts, false)?;
                     self.products(&m.up, xn, up, &parts, false)?;
                     let args = [Arg::Ptr(gate), Arg::Ptr(up), Arg::I32((t * ff) as i32)];
@@ -726,9 +805,96 @@ impl GpuStage {
                     };
                     self.host_experts(cfg, host.pool, e, &w.ffn_post_norm, t, &mut host_scratch)?;
                 }
+                GpuFfn::Experts(e) => {
+                    self.device_experts(cfg, e, &w.ffn_post_norm, &parts, &mut host_scratch.picks)?;
+                }
             }
         }
         Ok(())
+    }
+
+    /// A mixture of experts' block on the device over the normed rows in `xn` (the rows of `parts`, one
+    /// part per sequence): the router's scores come down and the host picks (`moe::route`); the picks go
+    /// up grouped by expert, each expert's in token order; each expert with tokens gathers their rows and
+    /// runs its gate, up, GLU and down over them, a sequence's rows as that sequence alone would (a lone
+    /// row by `matvec`), and its outputs go weighted to their (token, rank) slots; each token's sum, best
+    /// expert first, comes into `xn`, then into the residual stream (post-normed first where the family
+    /// has an FFN post-norm).
+    fn device_experts(
+        &self,
+        cfg: &ModelConfig,
+        e: &GpuExperts,
+        post_norm: &Option<Allocation>,
+        parts: &[(usize, usize)],
+        picks: &mut Vec<moe::Pick>,
+    ) -> Result<(), DeviceError> {
+        let m = cfg.moe.as_ref().expect("a mixture of experts has its config");
+        let b = self.scratch.moe.as_ref().expect("a stage holding experts has their buffers");
+        let (d, k, ff) = (cfg.n_embd, m.n_used, m.n_ff_exp);
+        let t: usize = parts.iter().map(|p| p.1).sum();
+        let xn = ptr(&self.scratch.xn);
+        let (gate, up) = (opt_ptr(&self.scratch.gate), opt_ptr(&self.scratch.up));
+        let (logits, rows, down, outs) = (ptr(&b.logits), ptr(&b.rows), ptr(&b.down), ptr(&b.outs));
+
+        self.products(&e.router, xn, logits, parts, false)?;
+        self.add_bias(logits, &e.router_bias, m.n_expert, t)?;
+        let scores = b.logits.mem().expect("GPU memory").read_f32(t * m.n_expert).map_err(|e| self.err(e))?;
+        moe::route(&scores, m, picks);
+
+        // The picks grouped by expert (a stable sort: each expert's in token order).
+        let n = t * k;
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| picks[i].expert);
+        let mut up_bytes: Vec<u32> = Vec::with_capacity(3 * n);
+        up_bytes.extend(order.iter().map(|&i| (i / k) as u32));
+        up_bytes.extend(order.iter().map(|&i| i as u32));
+        up_bytes.extend(order.iter().map(|&i| picks[i].weight.to_bits()));
+        let picks_mem = b.picks.mem().expect("GPU memory");
+        picks_mem.write_at(0, bytemuck::cast_slice(&up_bytes)).map_err(|e| self.err(e))?;
+        self.device.count_copy_in((up_bytes.len() * 4) as u64);
+        let (token_at, slot_at, weight_at) =
+            (picks_mem.ptr(), picks_mem.ptr() + n as u64 * 4, picks_mem.ptr() + 2 * n as u64 * 4);
+
+        let glu = glu_kernel(cfg.family.ffn_act);
+        let mut first = 0;
+        while first < n {
+            let ex = picks[order[first]].expert;
+            let count = order[first..].iter().take_while(|&&i| picks[i].expert == ex).count();
+            // This expert's rows per sequence part, in the gathered buffer's order.
+            let mut expert_parts = Vec::with_capacity(parts.len());
+            let mut at = 0;
+            for &(start, len) in parts {
+                let c =
+                    order[first..first + count].iter().filter(|&&i| (start..start + len).contains(&(i / k))).count();
+                expert_parts.push((at, c));
+                at += c;
+            }
+            let off = first as u64 * 4;
+            let args = [Arg::Ptr(xn), Arg::Ptr(token_at + off), Arg::Ptr(rows), Arg::I32(d as i32)];
+            self.run("gather_rows_f32", Dims::linear(count as u32, 256), &args)?;
+            let bias = |which: usize, width: usize| {
+                e.biases.as_ref().map_or(0, |bs| ptr(&bs[which]) + (ex * width * 4) as u64)
+            };
+            self.products(&e.gate[ex], rows, gate, &expert_parts, false)?;
+            self.add_bias_at(gate, bias(0, ff), ff, count)?;
+            self.products(&e.up[ex], rows, up, &expert_parts, false)?;
+            self.add_bias_at(up, bias(1, ff), ff, count)?;
+            self.run(glu, Dims::over(count * ff, 256), &[Arg::Ptr(gate), Arg::Ptr(up), Arg::I32((count * ff) as i32)])?;
+            self.products(&e.down[ex], gate, down, &expert_parts, false)?;
+            self.add_bias_at(down, bias(2, d), d, count)?;
+            let args = [
+                Arg::Ptr(down),
+                Arg::Ptr(outs),
+                Arg::Ptr(slot_at + off),
+                Arg::Ptr(weight_at + off),
+                Arg::I32(d as i32),
+            ];
+            self.run("moe_scatter_f32", Dims::linear(count as u32, 256), &args)?;
+            first += count;
+        }
+        let args = [Arg::Ptr(outs), Arg::Ptr(xn), Arg::I32(k as i32), Arg::I32(d as i32), Arg::I32((t * d) as i32)];
+        self.run("moe_sum_f32", Dims::over(t * d, 256), &args)?;
+        self.add_block_output(post_norm, cfg, t)
     }
 
     /// A mixture of experts' block on the host: the normed rows in `xn` (t, n_embd) go down, the CPU runs
@@ -750,7 +916,13 @@ impl GpuStage {
         moe::forward(pool, e, cfg.family.ffn_act, &rows, d, &mut hs.act, &mut hs.moe, &mut hs.out);
         xn_mem.write_f32(&hs.out).map_err(|e| self.err(e))?;
         self.device.count_copy_in((t * d * 4) as u64);
-        let (x, xn) = (ptr(&self.scratch.x), ptr(&self.scratch.xn));
+        self.add_block_output(post_norm, cfg, t)
+    }
+
+    /// `x += post_norm(xn)` over `t` rows, or `x += xn` without a post-norm: a block's output, in `xn`,
+    /// into the residual stream.
+    fn add_block_output(&self, post_norm: &Option<Allocation>, cfg: &ModelConfig, t: usize) -> Result<(), DeviceError> {
+        let (x, xn, d) = (ptr(&self.scratch.x), ptr(&self.scratch.xn), cfg.n_embd);
         match post_norm {
             Some(n) => self.rms_norm_add(xn, n, x, t, d, cfg.rms_eps),
             // x += xn: a "bias" as long as the whole batch.
@@ -773,23 +945,14 @@ impl GpuStage {
         cfg: &ModelConfig,
         parts: &[(usize, usize)],
     ) -> Result<(), DeviceError> {
-        let (x, xn) = (ptr(&self.scratch.x), ptr(&self.scratch.xn));
         let t: usize = parts.iter().map(|p| p.1).sum();
-        let d = cfg.n_embd;
         if bias.is_none() && post_norm.is_none() {
-            return self.products(m, input, x, parts, true);
+            return self.products(m, input, ptr(&self.scratch.x), parts, true);
         }
+        let (xn, d) = (ptr(&self.scratch.xn), cfg.n_embd);
         self.products(m, input, xn, parts, false)?;
         self.add_bias(xn, bias, d, t)?;
-        match post_norm {
-            Some(n) => self.rms_norm_add(xn, n, x, t, d, cfg.rms_eps),
-            // x += xn: a "bias" as long as the whole batch.
-            None => self.run(
-                "add_bias_f32",
-                Dims::over(t * d, 256),
-                &[Arg::Ptr(x), Arg::Ptr(xn), Arg::I32((t * d) as i32), Arg::I32((t * d) as i32)],
-            ),
-        }
+        self.add_block_output(post_norm, cfg, t)
     }
 
     /// Logits of the batch rows `want` (the last stage only): (want.len(), n_vocab), on the host. `parts`
@@ -841,13 +1004,22 @@ impl GpuStage {
 /// The arguments every product kernel starts with: the weights, `x`, `y` and the matrix's shape.
 fn matrix_args(m: &GpuMatrix, x: u64, y: u64) -> Vec<Arg> {
     vec![
-        Arg::Ptr(ptr(&m.mem)),
+        Arg::Ptr(ptr(&m.mem) + m.offset),
         Arg::Ptr(x),
         Arg::Ptr(y),
         Arg::I32(m.rows as i32),
         Arg::I32(m.cols as i32),
         Arg::I64(m.row_bytes as i64),
     ]
+}
+
+/// The GLU kernel of a family's FFN activation.
+fn glu_kernel(act: FfnAct) -> &'static str {
+    match act {
+        FfnAct::Silu => "swiglu_f32",
+        FfnAct::GeluTanh => "geglu_f32",
+        FfnAct::SwigluOai => "swiglu_oai_f32",
+    }
 }
 
 /// The device address of an optional buffer (0: none).

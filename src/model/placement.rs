@@ -29,13 +29,13 @@ pub struct PlanOptions {
 /// A CPU stage's experts are on the host whatever this says.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum ExpertsPlacement {
-    /// On the host for a GPU stage (the CUDA backend runs experts from host memory only); with a `sim`
-    /// stage while it fits, else the experts of its first layers on the host until the rest fits.
+    /// With their stage while it fits, else the experts of its first layers on the host until the rest
+    /// fits; on a GPU stage, the blocks it cannot run (`gpu::experts_unsupported`) on the host.
     #[default]
     Auto,
     /// Every layer's experts on the host.
     Cpu,
-    /// Every layer's experts with their stage (refused on a GPU stage).
+    /// Every layer's experts with their stage (refused on a GPU stage for blocks it cannot run).
     Gpu,
     /// The experts of these layers on the host, the others with their stage.
     CpuLayers(Range<usize>),
@@ -192,30 +192,49 @@ pub fn plan(
             let moe_layers = || layers.clone().filter(|&l| weights.layers[l].expert_bytes() > 0);
             if device.kind.is_gpu() {
                 // The CUDA backend's own layout (see model::gpu): weights as stored, f32 scratch; hidden
-                // states pass through host memory. Its experts run from the host.
+                // states pass through host memory.
                 for l in moe_layers() {
-                    if !opts.experts.wants_host(l).unwrap_or(true) {
-                        let spec = opts.experts.spec();
-                        return Err(SplitError::ExpertsOnGpu { spec, layer: l, device: device.name() });
-                    }
-                    experts_on_host[l - layers.start] = true;
+                    let unsupported = gpu::experts_unsupported(cfg, &weights.layers[l]);
+                    experts_on_host[l - layers.start] = match (opts.experts.wants_host(l), unsupported) {
+                        (Some(false), Some(why)) => {
+                            let spec = opts.experts.spec();
+                            return Err(SplitError::ExpertsOnGpu { spec, layer: l, device: device.name(), why });
+                        }
+                        (Some(on_host), _) => on_host,
+                        (None, missing) => missing.is_some(),
+                    };
                 }
-                let experts_bytes = |on_host: bool| -> u64 {
+                let experts_bytes = |on_host: &[bool], which: bool| -> u64 {
                     moe_layers()
-                        .filter(|&l| experts_on_host[l - layers.start] == on_host)
+                        .filter(|&l| on_host[l - layers.start] == which)
                         .map(|l| gpu::expert_bytes(&weights.layers[l]))
                         .sum()
                 };
+                let need = |on_host: &[bool]| {
+                    gpu::weight_bytes(weights, layers.clone(), last, on_host)
+                        + gpu::scratch_bytes(cfg, opts.batch, last, experts_bytes(on_host, false) > 0)
+                };
+                if opts.experts == ExpertsPlacement::Auto {
+                    // The first layers' experts move to the host until the rest fits.
+                    let fits = |need: u64| free[s] >= need.saturating_add(device.reserve_bytes);
+                    for l in moe_layers() {
+                        if fits(need(&experts_on_host)) {
+                            break;
+                        }
+                        experts_on_host[l - layers.start] = true;
+                    }
+                }
+                let on_device = experts_bytes(&experts_on_host, false);
                 return Ok(StagePlan {
                     device: device.clone(),
                     kv_bytes_per_token: 2 * row_bytes * layers.len() as u64,
                     swa_kv_bytes_per_token: 2 * row_bytes * swa_layers as u64,
                     swa_kept_tokens,
                     weights_bytes: gpu::weight_bytes(weights, layers.clone(), last, &experts_on_host),
-                    scratch_bytes: gpu::scratch_bytes(cfg, opts.batch, last),
+                    scratch_bytes: gpu::scratch_bytes(cfg, opts.batch, last, on_device > 0),
                     staging_bytes: 0,
-                    experts_bytes: experts_bytes(false),
-                    host_experts_bytes: experts_bytes(true),
+                    experts_bytes: on_device,
+                    host_experts_bytes: experts_bytes(&experts_on_host, true),
                     experts_on_host,
                     layers,
                 });

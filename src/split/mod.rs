@@ -35,12 +35,12 @@ pub enum SplitError {
         reserve_bytes: u64,
         shortfall_bytes: u64,
     },
-    /// `--experts` puts a mixture's experts on a GPU stage, whose backend runs them only from the host.
+    /// `--experts` puts a mixture's experts on a GPU stage that cannot run them (`why`).
     #[error(
-        "--experts {spec} puts the experts of layer {layer} on {device}, but the CUDA backend runs a mixture's \
-         experts only from host memory: use --experts auto or cpu (attention stays on the GPU)"
+        "--experts {spec} puts the experts of layer {layer} on {device}, but the CUDA backend cannot run them \
+         ({why}): use --experts auto or cpu (attention stays on the GPU, the experts run from host memory)"
     )]
-    ExpertsOnGpu { spec: String, layer: usize, device: String },
+    ExpertsOnGpu { spec: String, layer: usize, device: String, why: String },
     #[error("bad --experts {spec:?}: {why}")]
     BadExperts { spec: String, why: String },
     #[error(transparent)]

@@ -183,7 +183,43 @@ pub fn reference_hidden(model: &strata::model::Model, toks: &[u32]) -> Vec<Vec<f
         let group = c.n_head / c.n_head_kv;
         // Dequantized once per layer (the same values at every position).
         let fn_w = vecf(&p("ffn_norm.weight"));
-        let (wg, wu, wd) = (mat(&p("ffn_gate.weight")), mat(&p("ffn_up.weight")), mat(&p("ffn_down.weight")));
+        // A mixture of experts (Mixtral's layout: a softmax router, the best `n_used` renormalized, SiLU
+        // experts) or a dense FFN.
+        let moe = file.tensor(&p("ffn_gate_inp.weight")).map(|_| {
+            let m = c.moe.expect("a mixture's config");
+            assert!(
+                m.gating == strata::model::family::Gating::Softmax && m.norm_weights && m.weights_scale == 1.0,
+                "the float64 reference runs Mixtral's routing only"
+            );
+            let exps = |s: &str| mat(&p(&format!("ffn_{s}_exps.weight")));
+            (m, mat(&p("ffn_gate_inp.weight")), exps("gate"), exps("up"), exps("down"))
+        });
+        let silu_glu = |g: Vec<f64>, u: Vec<f64>| -> Vec<f64> {
+            g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()
+        };
+        // Rows `at..at + n` of a matrix, as a matrix.
+        let rows_of =
+            |m: &(Vec<f64>, usize, usize), at: usize, n: usize| (m.0[at * m.2..(at + n) * m.2].to_vec(), n, m.2);
+        let moe_ffn = |h: &[f64]| -> Vec<f64> {
+            let (m, router, gate, up, down) = moe.as_ref().expect("a mixture");
+            let scores = matvec(router, h);
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|v| (v - max).exp()).collect();
+            let mut order: Vec<usize> = (0..e.len()).collect();
+            order.sort_by(|&a, &b| e[b].total_cmp(&e[a]));
+            let picked = &order[..m.n_used];
+            let total: f64 = picked.iter().map(|&i| e[i]).sum();
+            let mut out = vec![0f64; h.len()];
+            for &ex in picked {
+                let ff = m.n_ff_exp;
+                let a = silu_glu(matvec(&rows_of(gate, ex * ff, ff), h), matvec(&rows_of(up, ex * ff, ff), h));
+                let dn = matvec(&rows_of(down, ex * h.len(), h.len()), &a);
+                out.iter_mut().zip(&dn).for_each(|(o, v)| *o += e[ex] / total * v);
+            }
+            out
+        };
+        let dense =
+            moe.is_none().then(|| (mat(&p("ffn_gate.weight")), mat(&p("ffn_up.weight")), mat(&p("ffn_down.weight"))));
         for (t, x) in xs.iter_mut().enumerate() {
             let mut att = vec![0f64; c.q_dim()];
             for h in 0..c.n_head {
@@ -203,10 +239,10 @@ pub fn reference_hidden(model: &strata::model::Model, toks: &[u32]) -> Vec<Vec<f
             let o = matvec(&wo, &att);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let h = rms(x, &fn_w);
-            let g = matvec(&wg, &h);
-            let u = matvec(&wu, &h);
-            let a: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
-            let dn = matvec(&wd, &a);
+            let dn = match &dense {
+                Some((wg, wu, wd)) => matvec(wd, &silu_glu(matvec(wg, &h), matvec(wu, &h))),
+                None => moe_ffn(&h),
+            };
             x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
         }
     }
@@ -260,11 +296,7 @@ pub fn gpu_weight_types() -> Vec<strata::quant::GgmlType> {
     use strata::quant::GgmlType;
     let (with, without): (Vec<GgmlType>, Vec<GgmlType>) =
         GgmlType::WEIGHT_TYPES.iter().partition(|&&t| has_weight_kernels(t));
-    assert_eq!(
-        without,
-        [GgmlType::Q2K, GgmlType::Q3K, GgmlType::IQ4NL, GgmlType::IQ4XS, GgmlType::MXFP4],
-        "the CPU-only weight types"
-    );
+    assert_eq!(without, [GgmlType::Q2K, GgmlType::Q3K, GgmlType::IQ4XS], "the CPU-only weight types");
     println!("note: no GPU kernels (CPU only, refused on a GPU stage): {without:?}");
     with
 }

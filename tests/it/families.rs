@@ -10,7 +10,9 @@ use serde_json::Value;
 use crate::common::families::{self, floats, ids, log_softmax, reference, FIXTURES};
 use strata::device::{DeviceKind, DeviceSet, Purpose};
 use strata::gguf::GgufFile;
+use strata::model::synthetic::SyntheticSpec;
 use strata::model::{ExpertsPlacement, FfnAct, KvType, LoadOptions, Model, SeqInput};
+use strata::quant::GgmlType;
 use strata::threadpool::ThreadPool;
 
 fn load(stem: &str) -> Model {
@@ -245,13 +247,14 @@ fn sequences_read_together_on_an_emulated_gpu_give_each_the_logits_it_has_alone(
     }
 }
 
-/// `--experts` on a split: a GPU stage keeps its experts in host memory (`auto`, `cpu`) and refuses
-/// `gpu` naming the layer and the way out; a sim stage holds them or not as asked, and `auto` moves the
-/// first layers' experts to the host only when the stage would not fit. Every device's ledger holds what
-/// the plan says: a stage's weights without its host experts, the host those experts.
+/// `--experts` on a split: a GPU or sim stage holds its experts or keeps them in host memory as asked, and
+/// `auto` moves the first layers' experts to the host only when the stage would not fit. Every device's
+/// ledger holds what the plan says: a stage's weights without its host experts, the host those experts.
+/// A GPU stage refuses `gpu` for experts whose weight type it has no kernels for, naming the layer, the
+/// type and the way out, and `auto` keeps those on the host.
 #[test]
 fn experts_live_where_the_placement_says_and_the_ledgers_hold_them_there() {
-    let path = families::file("qwen3moe.gguf");
+    let path = families::file("mixtral.gguf");
     let file = Arc::new(GgufFile::open(&path).expect("fixture"));
     let emu = DeviceKind::Emu { capacity_bytes: 64 << 20 };
     let sim = |mib: u64| DeviceKind::Sim { capacity_bytes: mib << 20 };
@@ -262,16 +265,30 @@ fn experts_live_where_the_placement_says_and_the_ledgers_hold_them_there() {
         ..Default::default()
     };
 
-    let err = match Model::from_file_with(file.clone(), &opts(&[emu], ExpertsPlacement::Gpu)) {
-        Ok(_) => panic!("a GPU stage took its experts"),
-        Err(e) => e.to_string(),
-    };
-    assert!(err.contains("--experts gpu") && err.contains("layer 0") && err.contains("--experts auto or cpu"), "{err}");
+    // Experts a GPU cannot run: a weight type without kernels (q2_K), rows that are not whole 32-value
+    // chunks (the qwen3moe fixture's experts of 48 rows).
+    let q2k =
+        SyntheticSpec { n_layer: 2, experts: Some((4, 2)), expert_type: Some(GgmlType::Q2K), ..Default::default() };
+    let q2k = Arc::new(GgufFile::from_bytes(q2k.to_gguf()).expect("synthetic"));
+    let qwen3moe = Arc::new(GgufFile::open(&families::file("qwen3moe.gguf")).expect("fixture"));
+    for (f, why) in [(&q2k, "q2_K weights"), (&qwen3moe, "rows of 48 values")] {
+        let err = match Model::from_file_with(f.clone(), &opts(&[emu], ExpertsPlacement::Gpu)) {
+            Ok(_) => panic!("a GPU stage took experts it cannot run ({why})"),
+            Err(e) => e.to_string(),
+        };
+        let named = ["--experts gpu", "layer 0", why, "--experts auto or cpu"];
+        assert!(named.iter().all(|n| err.contains(n)), "{err}");
+        let (_, stages) = Model::plan(f, &opts(&[emu], ExpertsPlacement::Auto)).expect("plan");
+        assert_eq!(stages[0].experts_on_host, vec![true, true], "auto keeps the experts on the host ({why})");
+    }
 
     // (devices, --experts, whether each stage's experts are on the host)
     let cases = [
-        (vec![emu], ExpertsPlacement::Auto, vec![true]),
-        (vec![sim(64), emu], ExpertsPlacement::Auto, vec![false, true]),
+        (vec![emu], ExpertsPlacement::Auto, vec![false]),
+        (vec![emu], ExpertsPlacement::Gpu, vec![false]),
+        (vec![emu], ExpertsPlacement::Cpu, vec![true]),
+        (vec![sim(64), emu], ExpertsPlacement::Auto, vec![false, false]),
+        (vec![emu, emu], ExpertsPlacement::parse("cpu:1..2").unwrap(), vec![false, true]),
         (vec![sim(64), sim(64)], ExpertsPlacement::Auto, vec![false, false]),
         (vec![sim(64), sim(64)], ExpertsPlacement::Cpu, vec![true, true]),
         (vec![sim(64), sim(64)], ExpertsPlacement::parse("cpu:1..2").unwrap(), vec![false, true]),
@@ -289,6 +306,10 @@ fn experts_live_where_the_placement_says_and_the_ledgers_hold_them_there() {
             if !s.device.is_host() {
                 assert_eq!(s.device.usage().bytes(Purpose::Weights), s.weights_bytes, "{case}: {}", s.device.name());
             }
+            if s.device.kind.is_gpu() {
+                // The experts' buffers (router scores, gathered rows, picks) when the stage holds experts.
+                assert_eq!(s.device.usage().bytes(Purpose::Scratch), s.scratch_bytes, "{case}: {}", s.device.name());
+            }
             host_experts += s.host_experts_bytes;
         }
         let host = &model.placement.devices.host;
@@ -301,14 +322,18 @@ fn experts_live_where_the_placement_says_and_the_ledgers_hold_them_there() {
         assert!(host_scratch >= want && (want == 0 || host_scratch > 0), "{case}: host scratch {host_scratch}");
     }
 
-    // Auto on a sim card too small for both layers' experts: the first layer's go to the host; on one
-    // just large enough, none.
-    let (_, full) = Model::plan(&file, &opts(&[sim(64)], ExpertsPlacement::Gpu)).expect("plan");
-    let (need, half) = (full[0].load_bytes(), full[0].experts_bytes / 2);
-    for (capacity_bytes, want) in [(need - half / 2, vec![true, false]), (need, vec![false, false])] {
-        let o = opts(&[DeviceKind::Sim { capacity_bytes }], ExpertsPlacement::Auto);
-        let (_, stages) = Model::plan(&file, &o).expect("plan");
-        assert_eq!(stages[0].experts_on_host, want, "a card of {capacity_bytes} B for a load of {need} B");
+    // Auto on a sim or GPU card too small for both layers' experts: the first layer's go to the host; on
+    // one just large enough, none.
+    let cards: [fn(u64) -> DeviceKind; 2] =
+        [|capacity_bytes| DeviceKind::Sim { capacity_bytes }, |capacity_bytes| DeviceKind::Emu { capacity_bytes }];
+    for card in cards {
+        let (_, full) = Model::plan(&file, &opts(&[card(64 << 20)], ExpertsPlacement::Gpu)).expect("plan");
+        let (need, half) = (full[0].load_bytes(), full[0].experts_bytes / 2);
+        for (capacity_bytes, want) in [(need - half / 2, vec![true, false]), (need, vec![false, false])] {
+            let kind = card(capacity_bytes);
+            let (_, stages) = Model::plan(&file, &opts(&[kind], ExpertsPlacement::Auto)).expect("plan");
+            assert_eq!(stages[0].experts_on_host, want, "{kind:?} for a load of {need} B");
+        }
     }
 }
 

@@ -24,8 +24,13 @@ macro_rules! kernel_file {
     };
 }
 
-pub const KERNEL_FILES: &[KernelFile] =
-    &[kernel_file!("attn"), kernel_file!("elementwise"), kernel_file!("norm"), kernel_file!("quant")];
+pub const KERNEL_FILES: &[KernelFile] = &[
+    kernel_file!("attn"),
+    kernel_file!("elementwise"),
+    kernel_file!("moe"),
+    kernel_file!("norm"),
+    kernel_file!("quant"),
+];
 
 /// The header every source includes (NVRTC finds it through the include path).
 pub const COMMON_HEADER: &str = include_str!("../../../kernels/common.cuh");
@@ -50,18 +55,22 @@ macro_rules! quant_entries {
     };
 }
 
-const QUANT: [[Entry; 4]; 11] = quant_entries!(f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K);
+const QUANT: [[Entry; 4]; 13] =
+    quant_entries!(f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K, iq4_nl, mxfp4);
 
-const OTHERS: [Entry; 14] = [
+const OTHERS: [Entry; 17] = [
     Entry { name: "rms_norm_f32", file: "norm", params: "pppif" },
     Entry { name: "rms_norm_add_f32", file: "norm", params: "pppif" },
     Entry { name: "add_bias_f32", file: "elementwise", params: "ppii" },
     Entry { name: "swiglu_f32", file: "elementwise", params: "ppi" },
+    Entry { name: "swiglu_oai_f32", file: "elementwise", params: "ppi" },
     Entry { name: "geglu_f32", file: "elementwise", params: "ppi" },
     Entry { name: "scale_f32", file: "elementwise", params: "pfi" },
     Entry { name: "softcap_f32", file: "elementwise", params: "pfi" },
     Entry { name: "gather_rows_f32", file: "elementwise", params: "pppi" },
     Entry { name: "rope_f32", file: "elementwise", params: "pppiiiiiifffiiff" },
+    Entry { name: "moe_scatter_f32", file: "moe", params: "ppppi" },
+    Entry { name: "moe_sum_f32", file: "moe", params: "ppiii" },
     Entry { name: "kv_store_f16", file: "attn", params: "ppppiii" },
     Entry { name: "kv_store_q8_0", file: "attn", params: "ppppiii" },
     Entry { name: "kv_gather", file: "attn", params: "ppiii" },
