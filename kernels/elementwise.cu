@@ -18,13 +18,13 @@ extern "C" __global__ void swiglu_f32(float *g, const float *u, int n) {
     }
 }
 
-// gpt-oss's clamped SwiGLU, as the CPU's `ops::glu` writes it: v = min(g[i], 7) (a NaN stays NaN), y = u[i]
-// clamped to [-7, 7], g[i] = v * sigmoid(1.702 v) * (y + 1), the sigmoid from e = exp(-|z|).
+// gpt-oss's clamped SwiGLU, as the CPU's `ops::glu` writes it: v = min(g[i], 7), y = u[i] clamped to [-7, 7]
+// (a NaN stays NaN in both), g[i] = v * sigmoid(1.702 v) * (y + 1), the sigmoid from e = exp(-|z|).
 extern "C" __global__ void swiglu_oai_f32(float *g, const float *u, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float v = g[i] > 7.0f ? 7.0f : g[i];
-        float y = fminf(fmaxf(u[i], -7.0f), 7.0f);
+        float y = u[i] < -7.0f ? -7.0f : (u[i] > 7.0f ? 7.0f : u[i]);
         float z = 1.702f * v;
         float e = expf(-fabsf(z));
         float s = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);

@@ -395,17 +395,24 @@ impl GpuStage {
                     GpuFfn::Dense(Box::new(GpuDense { gate: matrix(gate)?, up: matrix(up)?, down: matrix(down)? }))
                 }
                 (Ffn::Moe(_), true) => GpuFfn::HostExperts,
-                (Ffn::Moe(e), false) => GpuFfn::Experts(Box::new(GpuExperts {
-                    router: matrix(&e.router)?,
-                    router_bias: e.biases.as_ref().map(|b| vector(&b.router)).transpose()?,
-                    gate: experts(&e.gate)?,
-                    up: experts(&e.up)?,
-                    down: experts(&e.down)?,
-                    biases: match &e.biases {
-                        Some(b) => Some([vector(&b.gate)?, vector(&b.up)?, vector(&b.down)?]),
-                        None => None,
-                    },
-                })),
+                (Ffn::Moe(e), false) => {
+                    // The plan keeps such blocks on the host; a caller that skipped it is refused here.
+                    if let Some(why) = experts_unsupported(cfg, l) {
+                        let why = format!("layer {}: its experts cannot run here: {why}", layers.start + i);
+                        return Err(DeviceError::Unavailable { device: device.name(), why });
+                    }
+                    GpuFfn::Experts(Box::new(GpuExperts {
+                        router: matrix(&e.router)?,
+                        router_bias: e.biases.as_ref().map(|b| vector(&b.router)).transpose()?,
+                        gate: experts(&e.gate)?,
+                        up: experts(&e.up)?,
+                        down: experts(&e.down)?,
+                        biases: match &e.biases {
+                            Some(b) => Some([vector(&b.gate)?, vector(&b.up)?, vector(&b.down)?]),
+                            None => None,
+                        },
+                    }))
+                }
             };
             gpu_layers.push(GpuLayer {
                 attn_norm: vector(&l.attn_norm)?,
