@@ -864,15 +864,13 @@ impl GpuStage {
 
         let glu = glu_kernel(cfg.family.ffn_act);
         let mut first = 0;
-        while first < n {
-            let ex = picks[order[first]].expert;
-            let count = order[first..].iter().take_while(|&&i| picks[i].expert == ex).count();
+        for group in order.chunk_by(|&a, &b| picks[a].expert == picks[b].expert) {
+            let (ex, count) = (picks[group[0]].expert, group.len());
             // This expert's rows per sequence part, in the gathered buffer's order.
             let mut expert_parts = Vec::with_capacity(parts.len());
             let mut at = 0;
             for &(start, len) in parts {
-                let c =
-                    order[first..first + count].iter().filter(|&&i| (start..start + len).contains(&(i / k))).count();
+                let c = group.iter().filter(|&&i| (start..start + len).contains(&(i / k))).count();
                 expert_parts.push((at, c));
                 at += c;
             }

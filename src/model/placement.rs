@@ -201,7 +201,7 @@ pub fn plan(
                             return Err(SplitError::ExpertsOnGpu { spec, layer: l, device: device.name(), why });
                         }
                         (Some(on_host), _) => on_host,
-                        (None, missing) => missing.is_some(),
+                        (None, unsupported) => unsupported.is_some(),
                     };
                 }
                 let experts_bytes = |on_host: &[bool], which: bool| -> u64 {
