@@ -18,21 +18,50 @@ use super::weights::QTensor;
 
 /// `out = x / rms(x) * w`, with the mean of squares summed in f64 as ggml does.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
-    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
-        *o = (v * scale) * g;
-    }
+    let [sum] = sums_of_squares([x]);
+    scale_row(x, rms_scale(sum, x.len(), eps), w, out);
 }
 
 /// `x = x / rms(x) * w` in place (`rms_norm`'s operations).
 pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
-    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
+    let [sum] = sums_of_squares([&*x]);
+    let scale = rms_scale(sum, x.len(), eps);
     for (v, &g) in x.iter_mut().zip(w) {
         *v = (*v * scale) * g;
+    }
+}
+
+/// Rows a norm sums side by side (`sums_of_squares`).
+const NORM_ROWS: usize = 4;
+
+/// Each row's sum of `(v * v) as f64`, in value order from 0: one dependent chain of f64 adds per row, so
+/// `R` rows summed side by side overlap their adds' latency where one row alone waits on each (SmolLM2's
+/// 576-value rows: about 4 cycles a value). Every row's sum is the one it gets alone.
+#[inline(always)]
+fn sums_of_squares<const R: usize>(rows: [&[f32]; R]) -> [f64; R] {
+    let n = rows[0].len();
+    assert!(rows.iter().all(|r| r.len() == n), "rows of one length");
+    let mut sums = [0f64; R];
+    for i in 0..n {
+        for (s, r) in sums.iter_mut().zip(&rows) {
+            let v = r[i];
+            *s += (v * v) as f64;
+        }
+    }
+    sums
+}
+
+/// `1 / sqrt(mean + eps)`, the mean of squares of `n` values from their f64 sum.
+#[inline(always)]
+fn rms_scale(sum: f64, n: usize, eps: f32) -> f32 {
+    let mean = (sum / n as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
+
+#[inline(always)]
+fn scale_row(x: &[f32], scale: f32, w: &[f32], out: &mut [f32]) {
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = (v * scale) * g;
     }
 }
 
@@ -154,11 +183,9 @@ fn glu_body(g: &mut [f32], u: &[f32], act: FfnAct) {
 #[inline(always)]
 fn sigmoid(v: f32) -> f32 {
     let e = super::attn::exp_nonpos(-v.abs());
-    if v >= 0.0 {
-        1.0 / (1.0 + e)
-    } else {
-        e / (1.0 + e)
-    }
+    // One division for both signs: `1 / (1 + e)` or `e / (1 + e)`.
+    let num = if v >= 0.0 { 1.0 } else { e };
+    num / (1.0 + e)
 }
 
 /// `x = c * tanh(x / c)` for each value (Gemma 2's soft-capping of scores and logits).
@@ -236,25 +263,48 @@ pub fn add_par(pool: &ThreadPool, x: &mut [f32], y: &[f32]) {
     });
 }
 
-/// `rms_norm_in_place` of each of the rows of `d` values of `x`, rows split over the pool's threads.
+/// `rms_norm_in_place` of each of the rows of `d` values of `x`, rows split over the pool's threads (their
+/// sums `NORM_ROWS` at a time, each row's bits as alone).
 pub fn rms_norm_rows_in_place(pool: &ThreadPool, x: &mut [f32], w: &[f32], eps: f32, d: usize) {
     let n = x.len() / d;
     let shared = SharedMut::new(x);
     par_items(pool, n, d, |rows| {
-        for t in rows {
-            // SAFETY: each row is written by one thread.
-            rms_norm_in_place(unsafe { shared.slice(t * d, d) }, w, eps);
+        // SAFETY: each row is written by one thread.
+        let x = unsafe { shared.slice(rows.start * d, rows.len() * d) };
+        let mut groups = x.chunks_exact_mut(NORM_ROWS * d);
+        for g in &mut groups {
+            let sums = sums_of_squares::<NORM_ROWS>(std::array::from_fn(|r| &g[r * d..(r + 1) * d]));
+            for (row, sum) in g.chunks_exact_mut(d).zip(sums) {
+                let scale = rms_scale(sum, d, eps);
+                for (v, &gw) in row.iter_mut().zip(w) {
+                    *v = (*v * scale) * gw;
+                }
+            }
+        }
+        for row in groups.into_remainder().chunks_exact_mut(d) {
+            rms_norm_in_place(row, w, eps);
         }
     });
 }
 
-/// `rms_norm` of each of the rows of `d` values of `x` into `out`, rows split over the pool's threads.
+/// `rms_norm` of each of the rows of `d` values of `x` into `out`, rows split over the pool's threads (their
+/// sums `NORM_ROWS` at a time, each row's bits as alone).
 pub fn rms_norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, d: usize, out: &mut [f32]) {
     let shared = SharedMut::new(out);
     par_items(pool, x.len() / d, d, |rows| {
-        for t in rows {
-            // SAFETY: each row is written by one thread.
-            rms_norm(&x[t * d..(t + 1) * d], w, eps, unsafe { shared.slice(t * d, d) });
+        let x = &x[rows.start * d..rows.end * d];
+        // SAFETY: each row is written by one thread.
+        let out = unsafe { shared.slice(rows.start * d, rows.len() * d) };
+        let mut groups = x.chunks_exact(NORM_ROWS * d);
+        let mut outs = out.chunks_exact_mut(NORM_ROWS * d);
+        for (g, o) in (&mut groups).zip(&mut outs) {
+            let sums = sums_of_squares::<NORM_ROWS>(std::array::from_fn(|r| &g[r * d..(r + 1) * d]));
+            for ((row, o), sum) in g.chunks_exact(d).zip(o.chunks_exact_mut(d)).zip(sums) {
+                scale_row(row, rms_scale(sum, d, eps), w, o);
+            }
+        }
+        for (row, o) in groups.remainder().chunks_exact(d).zip(outs.into_remainder().chunks_exact_mut(d)) {
+            rms_norm(row, w, eps, o);
         }
     });
 }
@@ -605,6 +655,35 @@ mod tests {
             let mut split = g.clone();
             glu_par(&pool, &mut split, &u, act);
             assert!(split.iter().zip(&fast).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+
+    #[test]
+    fn norms_of_many_rows_give_each_row_its_bits_alone_and_the_f64_norm() {
+        // 11 rows: two groups of `NORM_ROWS` and a remainder, and rows of very different sizes.
+        let d = 96;
+        let x: Vec<f32> = (0..11 * d).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01 * (1 + i / d) as f32).collect();
+        let w: Vec<f32> = (0..d).map(|i| 0.5 + (i % 5) as f32 * 0.1).collect();
+        let eps = 1e-5;
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads);
+            let mut rows = vec![0f32; x.len()];
+            rms_norm_rows(&pool, &x, &w, eps, d, &mut rows);
+            let mut in_place = x.clone();
+            rms_norm_rows_in_place(&pool, &mut in_place, &w, eps, d);
+            for (t, xr) in x.chunks_exact(d).enumerate() {
+                let mut alone = vec![0f32; d];
+                rms_norm(xr, &w, eps, &mut alone);
+                let r = t * d..(t + 1) * d;
+                assert!(rows[r.clone()].iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()), "row {t}");
+                assert!(in_place[r].iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()), "row {t} in place");
+                let ms = xr.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / d as f64;
+                let scale = 1.0 / (ms + eps as f64).sqrt();
+                for ((&a, &v), &g) in alone.iter().zip(xr).zip(&w) {
+                    let want = v as f64 * scale * g as f64;
+                    assert!((a as f64 - want).abs() <= 1e-6 * want.abs().max(1e-3), "row {t}: {a} vs {want}");
+                }
+            }
         }
     }
 }

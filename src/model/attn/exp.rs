@@ -7,14 +7,18 @@
 #[inline(always)]
 pub fn exp_nonpos(x: f32) -> f32 {
     let x = x.max(EXP_MIN);
-    let n = (x * std::f32::consts::LOG2_E + EXP_ROUND) - EXP_ROUND;
+    let shifted = x * std::f32::consts::LOG2_E + EXP_ROUND;
+    let n = shifted - EXP_ROUND;
     let r = (x - n * EXP_LN2_HI) - n * EXP_LN2_LO;
     let mut p = EXP_POLY[0];
     for &k in &EXP_POLY[1..] {
         p = p * r + k;
     }
     let e = (p * r) * r + r + 1.0;
-    e * f32::from_bits((((n as i32) + 127) << 23) as u32)
+    // `n` as an integer, read from `shifted`'s low mantissa bits (exact for |n| < 2^22) rather than by `as
+    // i32`, whose saturating conversion the compiler cannot vectorize: the same value, in integer lanes.
+    let n_int = shifted.to_bits().wrapping_sub(EXP_ROUND.to_bits());
+    e * f32::from_bits(n_int.wrapping_add(127) << 23)
 }
 
 /// `exp_nonpos`'s constants: the lowest argument, ln 2 in two parts, 1.5 * 2^23 (adding and subtracting
