@@ -162,7 +162,7 @@ fn every_path_gives_the_portable_bits_and_columns_are_independent() {
                         assert_eq!(o.to_bits(), s.to_bits(), "{ty} {level:?} group {g} column {c} row {r} alone");
                     }
                 }
-                // Every pass width a kernel has (1..=8 columns: AVX2's q8_0 takes up to 8 at once).
+                // Every pass width a kernel has (1..=8 columns: AVX2's q8_0 and q6_K take up to 8 at once).
                 for n in 2..8 {
                     let mut some = vec![0f32; n * PACK_ROWS];
                     p.tile_on(level, g, &xs[..n], &mut some);

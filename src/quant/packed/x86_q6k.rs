@@ -12,10 +12,45 @@ use std::arch::x86_64::*;
 
 use super::q6k::{D_AT, HI_AT, SB_BYTES, SC_AT, Y_BLOCK};
 use super::x86::{bcast4, chunk_blocks, store_halves, PREFETCH_BYTES};
-use super::x86_q4k::{pass_tile, Y_BSUMS, Y_QS};
+use super::x86_q4k::{Y_BSUMS, Y_QS};
 use super::{ActRow, SimdLevel, PACK_ROWS, VECTOR_BYTES};
 
-pass_tile!(tile_512, tile_256_vnni, tile_256);
+/// Columns one pass of AVX2's q6_K kernel (without VNNI) takes: a sub-block's codes cost about as many
+/// instructions to unpack as one column's products with them, so eight columns share each unpacking where
+/// the other K-quant kernels take `PASS_COLS` (4).
+const AVX2_PASS_COLS: usize = 8;
+
+/// Dispatches `xs` in passes of up to `PASS_COLS` columns (`AVX2_PASS_COLS` on AVX2 without VNNI) to the
+/// level's kernel.
+///
+/// # Safety
+/// See the module comment.
+pub(super) unsafe fn tile(level: SimdLevel, nb: usize, group: &[u8], xs: &[ActRow], out: &mut [f32]) {
+    use super::x86_q4k::PASS_COLS;
+    let cols = if matches!(level, SimdLevel::Avx512 | SimdLevel::Avx2Vnni) { PASS_COLS } else { AVX2_PASS_COLS };
+    for (xs, out) in xs.chunks(cols).zip(out.chunks_mut(cols * PACK_ROWS)) {
+        macro_rules! pass {
+            ($c:literal) => {{
+                let q: [*const u8; $c] = std::array::from_fn(|i| xs[i].q.as_ptr());
+                match level {
+                    SimdLevel::Avx512 => tile_512::<$c>(nb, group.as_ptr(), q, out),
+                    SimdLevel::Avx2Vnni => tile_256_vnni::<$c>(nb, group.as_ptr(), q, out),
+                    _ => tile_256::<$c>(nb, group.as_ptr(), q, out),
+                }
+            }};
+        }
+        match xs.len() {
+            1 => pass!(1),
+            2 => pass!(2),
+            3 => pass!(3),
+            4 => pass!(4),
+            5 => pass!(5),
+            6 => pass!(6),
+            7 => pass!(7),
+            _ => pass!(8),
+        }
+    }
+}
 
 /// `-32 * bsums[k]` of the q8_K block at `y`: the correction for the codes' offset.
 #[inline(always)]
