@@ -25,10 +25,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 /// `x = x / rms(x) * w` in place (`rms_norm`'s operations).
 pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     let [sum] = sums_of_squares([&*x]);
-    let scale = rms_scale(sum, x.len(), eps);
-    for (v, &g) in x.iter_mut().zip(w) {
-        *v = (*v * scale) * g;
-    }
+    scale_row_in_place(x, rms_scale(sum, x.len(), eps), w);
 }
 
 /// Rows a norm sums side by side (`sums_of_squares`).
@@ -62,6 +59,13 @@ fn rms_scale(sum: f64, n: usize, eps: f32) -> f32 {
 fn scale_row(x: &[f32], scale: f32, w: &[f32], out: &mut [f32]) {
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
         *o = (v * scale) * g;
+    }
+}
+
+#[inline(always)]
+fn scale_row_in_place(x: &mut [f32], scale: f32, w: &[f32]) {
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v = (*v * scale) * g;
     }
 }
 
@@ -275,10 +279,7 @@ pub fn rms_norm_rows_in_place(pool: &ThreadPool, x: &mut [f32], w: &[f32], eps: 
         for g in &mut groups {
             let sums = sums_of_squares::<NORM_ROWS>(std::array::from_fn(|r| &g[r * d..(r + 1) * d]));
             for (row, sum) in g.chunks_exact_mut(d).zip(sums) {
-                let scale = rms_scale(sum, d, eps);
-                for (v, &gw) in row.iter_mut().zip(w) {
-                    *v = (*v * scale) * gw;
-                }
+                scale_row_in_place(row, rms_scale(sum, d, eps), w);
             }
         }
         for row in groups.into_remainder().chunks_exact_mut(d) {

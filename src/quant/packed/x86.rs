@@ -166,6 +166,24 @@ pub(super) unsafe fn tile(
     }
 }
 
+/// `$pass!(n)` for a pass of `$len` columns, `n` the literal from 1 to 8 that a kernel takes as its column
+/// count (more than 8 take 8): the dispatch of the kernels that run up to eight columns at once.
+macro_rules! up_to_8_columns {
+    ($len:expr, $pass:ident) => {
+        match $len {
+            1 => $pass!(1),
+            2 => $pass!(2),
+            3 => $pass!(3),
+            4 => $pass!(4),
+            5 => $pass!(5),
+            6 => $pass!(6),
+            7 => $pass!(7),
+            _ => $pass!(8),
+        }
+    };
+}
+pub(super) use up_to_8_columns;
+
 /// Columns one pass of AVX2's q8_0 kernel takes: its sums are one register per column beside `w`, `|w|`
 /// and two constants, so eight fit AVX2's sixteen registers, and the block's weights are read and their
 /// absolute values taken once for all eight (one `TOKEN_TILE`); `PASS_COLS` (4) left the kernel 2-3%
@@ -190,16 +208,7 @@ unsafe fn tile_q8_avx2(lim: Lim, nb: usize, group: &[u8], xs: &[ActRow], out: &m
                 }
             }};
         }
-        match xs.len() {
-            1 => pass!(1),
-            2 => pass!(2),
-            3 => pass!(3),
-            4 => pass!(4),
-            5 => pass!(5),
-            6 => pass!(6),
-            7 => pass!(7),
-            _ => pass!(8),
-        }
+        up_to_8_columns!(xs.len(), pass);
     }
 }
 

@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::q6k::{D_AT, HI_AT, SB_BYTES, SC_AT, Y_BLOCK};
-use super::x86::{bcast4, chunk_blocks, store_halves, PREFETCH_BYTES};
+use super::x86::{bcast4, chunk_blocks, store_halves, up_to_8_columns, PREFETCH_BYTES};
 use super::x86_q4k::{Y_BSUMS, Y_QS};
 use super::{ActRow, SimdLevel, PACK_ROWS, VECTOR_BYTES};
 
@@ -39,16 +39,7 @@ pub(super) unsafe fn tile(level: SimdLevel, nb: usize, group: &[u8], xs: &[ActRo
                 }
             }};
         }
-        match xs.len() {
-            1 => pass!(1),
-            2 => pass!(2),
-            3 => pass!(3),
-            4 => pass!(4),
-            5 => pass!(5),
-            6 => pass!(6),
-            7 => pass!(7),
-            _ => pass!(8),
-        }
+        up_to_8_columns!(xs.len(), pass);
     }
 }
 
